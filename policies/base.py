@@ -1,0 +1,88 @@
+"""The policy interface."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class PolicyError(ValueError):
+    """Bad policy parameters; ``field`` names the offending parameter."""
+
+    def __init__(self, message: str, field: str | None = None):
+        self.message, self.field = message, field
+        super().__init__(message)
+
+
+class CostModelLike(Protocol):
+    """What a policy may ask of the cost model (a protocol, not an import of ``sim``)."""
+
+    def step_time(self, batch_size: int, k: int, context_tokens: float) -> float: ...
+
+
+class BatchView:
+    """The running batch as a policy sees it just before a decode step.
+
+    The engine reuses one instance and updates it in place each step (cheap), so a
+    policy must read it during ``choose_k`` and keep no reference to its arrays.
+    """
+
+    __slots__ = ("now_s", "step", "batch_size", "mean_context_tokens", "context_tokens",
+                 "remaining_tokens", "k_max")
+
+    def __init__(self, k_max: int) -> None:
+        self.now_s = 0.0
+        self.step = 0
+        self.batch_size = 0
+        self.mean_context_tokens = 0.0
+        self.context_tokens: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.remaining_tokens: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.k_max = k_max
+
+
+class StepFeedback:
+    """What happened in the step just run (also reused in place by the engine)."""
+
+    __slots__ = ("now_s", "step", "batch_size", "k", "step_time_s", "drafted_tokens", "accepted_tokens",
+                 "accepted_per_sequence")
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.step = 0
+        self.batch_size = 0
+        self.k = 0
+        self.step_time_s = 0.0
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
+        self.accepted_per_sequence: np.ndarray = np.zeros(0, dtype=np.int64)
+
+
+class Policy:
+    """Base class of speculation-length policies.
+
+    Subclasses set ``name``, take their parameters as keyword arguments, and
+    implement :meth:`choose_k`. ``max_k`` is the largest k the policy may return,
+    checked against what the profile measured before a run starts.
+    """
+
+    name = "policy"
+
+    def bind(self, k_max: int, cost_model: CostModelLike | None = None) -> None:
+        """Called once before a run with the largest k the profile supports."""
+        if self.max_k > k_max:
+            raise PolicyError(f"k = {self.max_k} is beyond the profile's measured k_max = {k_max}", field="k")
+
+    @property
+    def max_k(self) -> int:
+        raise NotImplementedError
+
+    def choose_k(self, view: BatchView) -> int:
+        raise NotImplementedError
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """Learning policies update here; the default ignores feedback."""
+
+    def params(self) -> dict[str, Any]:
+        """Parameters as they would be written in a config (for the resolved config)."""
+        return {}

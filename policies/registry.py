@@ -1,0 +1,52 @@
+"""Policies by name, or a user's own as ``module:Class``."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from policies.base import Policy, PolicyError
+from policies.fixed import FixedK
+from policies.none import NoSpeculation
+
+BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (NoSpeculation, FixedK)}
+
+
+def available_policies() -> list[str]:
+    return sorted(BUILTIN)
+
+
+def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
+    """Build a policy; unknown names or parameters raise :class:`PolicyError`."""
+    cls = _resolve(name)
+    params = dict(params or {})
+    accepted = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    unknown = [key for key in params if key not in accepted and not takes_any]
+    if unknown:
+        raise PolicyError(f"policy '{name}' takes no parameter '{unknown[0]}'", field=unknown[0])
+    try:
+        policy = cls(**params)
+    except TypeError as exc:
+        raise PolicyError(f"policy '{name}': {exc}") from None
+    if not isinstance(policy, Policy):
+        raise PolicyError(f"'{name}' is not a subclass of policies.Policy", field="name")
+    return policy
+
+
+def _resolve(name: str) -> type[Policy]:
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if ":" not in name:
+        raise PolicyError(f"unknown policy '{name}' (built in: {', '.join(available_policies())}; "
+                          "or give your own as module:Class)", field="name")
+    module_name, _, class_name = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PolicyError(f"cannot import module '{module_name}' for policy '{name}': {exc}", field="name") from None
+    cls = getattr(module, class_name, None)
+    if not (inspect.isclass(cls) and issubclass(cls, Policy)):
+        raise PolicyError(f"'{name}' does not name a subclass of policies.Policy", field="name")
+    return cls

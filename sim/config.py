@@ -1,0 +1,327 @@
+"""Run configuration: shipped defaults < TOML file < command-line flags.
+
+Every value remembers where it came from (a file and line, a flag, or the shipped
+defaults), so a bad one is answered with one line naming the field, the source and
+the line. Unknown keys are errors too: a typo must not silently fall back to a
+default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from sim.acceptance import DISTRIBUTIONS, AcceptanceSpec
+from sim.errors import InputError
+from sim.scheduler import BATCHING
+from workloads.lengths import LengthSpec, parse_length_spec
+
+ARRIVALS = ("poisson", "gamma")
+RECORDS = ("csv", "parquet", "none")
+DEFAULT_SCENARIO = "default.toml"
+
+
+
+@dataclass(frozen=True)
+class Source:
+    where: str  # a file path, a flag such as "--rate", or "defaults"
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    arrival: str
+    rate: float
+    burstiness: float
+    duration_s: float | None
+    num_requests: int | None
+    prompt_tokens: LengthSpec
+    output_tokens: LengthSpec
+    trace: str | None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    batching: str
+    max_batch_size: int
+    kv_cache_tokens: int | None
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    name: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dir: str | None
+    records: str
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int
+    profile: str
+    workload: WorkloadConfig
+    engine: EngineConfig
+    policy: PolicyConfig
+    acceptance: AcceptanceSpec
+    output: OutputConfig
+    sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
+
+    def error(self, key: str, message: str) -> InputError:
+        """An InputError naming ``key`` and where its value came from."""
+        return error_at(self.sources, key, message)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as TOML-ready data (None values are left out)."""
+        w = self.workload
+        workload = {"arrival": w.arrival, "rate": w.rate, "burstiness": w.burstiness,
+                    "duration_s": w.duration_s, "num_requests": w.num_requests,
+                    "prompt_tokens": w.prompt_tokens.to_dict(), "output_tokens": w.output_tokens.to_dict(),
+                    "trace": w.trace}
+        data = {
+            "seed": self.seed,
+            "profile": self.profile,
+            "workload": workload,
+            "engine": {"batching": self.engine.batching, "max_batch_size": self.engine.max_batch_size,
+                       "kv_cache_tokens": self.engine.kv_cache_tokens},
+            "policy": {"name": self.policy.name, **self.policy.params},
+            "acceptance": {"alpha": self.acceptance.alpha, "distribution": self.acceptance.distribution,
+                           "concentration": self.acceptance.concentration},
+            "output": {"dir": self.output.dir, "records": self.output.records},
+        }
+        return _drop_none(data)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    def digest(self) -> str:
+        """Short hash of everything that determines the run's results (not where they are written)."""
+        data = self.to_dict()
+        data.pop("output", None)
+        return hashlib.sha256(tomli_w.dumps(data).encode()).hexdigest()[:10]
+
+
+def error_at(sources: dict[str, Source], key: str, message: str) -> InputError:
+    src = sources.get(key) or sources.get(key.rsplit(".", 1)[0])
+    if src is None:
+        return InputError(message, field=key)
+    if src.where.startswith("--"):
+        return InputError(message, field=key, source=src.where)
+    return InputError(message, field=key, source=src.where, line=src.line)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, tuple[Any, str]] | None = None) -> RunConfig:
+    """Resolve a run config. ``overrides`` maps dotted keys to (value, flag name)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, Source] = {}
+    default_text = (resources.files("sim") / "scenarios" / DEFAULT_SCENARIO).read_text()
+    _merge(values, sources, _parse_toml(default_text, "defaults"), None, "defaults")
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError("no such config file", source=path, field="config")
+        text = path.read_text()
+        table = _parse_toml(text, str(path))
+        _check_exclusive(table, text, path)
+        if "workload.num_requests" in _flatten(table):
+            values.pop("workload.duration_s", None)
+        if "workload.duration_s" in _flatten(table):
+            values.pop("workload.num_requests", None)
+        _merge(values, sources, table, text, str(path))
+    overrides = {k: v for k, v in (overrides or {}).items() if v[0] is not None}
+    if "policy.name" in overrides:
+        _forget_policy(values)
+    for key, (value, flag) in overrides.items():
+        if key == "workload.num_requests":
+            values.pop("workload.duration_s", None)
+        if key == "workload.duration_s":
+            values.pop("workload.num_requests", None)
+        values[key] = value
+        sources[key] = Source(flag)
+    return _build(values, sources)
+
+
+def _forget_policy(values: dict[str, Any]) -> None:
+    """A new policy name drops the parameters set for an earlier layer's policy."""
+    for key in [k for k in values if k.startswith("policy.")]:
+        del values[key]
+
+
+def _parse_toml(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        line = int(match.group(1)) if match else None
+        raise InputError(f"not valid TOML: {str(exc).split(' (at')[0]}", source=where, line=line) from None
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and dotted in ("workload", "engine", "policy", "acceptance", "output"):
+            out.update(_flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _merge(values: dict, sources: dict, table: dict, text: str | None, where: str) -> None:
+    flat = _flatten(table)
+    if "policy.name" in flat:
+        _forget_policy(values)
+    for key, value in flat.items():
+        values[key] = value
+        sources[key] = Source(where, _locate(text, key) if text is not None else None)
+
+
+def _check_exclusive(table: dict, text: str, path: Path) -> None:
+    flat = _flatten(table)
+    if "workload.duration_s" in flat and "workload.num_requests" in flat:
+        raise InputError("give either duration_s or num_requests, not both", field="workload.num_requests",
+                         source=path, line=_locate(text, "workload.num_requests"))
+
+
+def _locate(text: str, dotted: str) -> int | None:
+    """Line of ``dotted`` in a TOML text: its ``key =`` under the right [table], else the table's header."""
+    section, _, key = dotted.rpartition(".")
+    current, header_line = "", None
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        header = re.match(r"^\[\s*([A-Za-z0-9_.\-\s]+?)\s*\]", stripped)
+        if header:
+            current = header.group(1).replace(" ", "")
+            if current == section:
+                header_line = number
+            continue
+        assignment = re.match(r"^([A-Za-z0-9_.\-\"]+)\s*=", stripped)
+        if assignment:
+            name = assignment.group(1).strip('"')
+            full = f"{current}.{name}" if current else name
+            if full == dotted:
+                return number
+    return header_line
+
+
+KNOWN = {
+    "seed", "profile",
+    "workload.arrival", "workload.rate", "workload.burstiness", "workload.duration_s", "workload.num_requests",
+    "workload.prompt_tokens", "workload.output_tokens", "workload.trace",
+    "engine.batching", "engine.max_batch_size", "engine.kv_cache_tokens",
+    "policy.name",
+    "acceptance.alpha", "acceptance.distribution", "acceptance.concentration",
+    "output.dir", "output.records",
+}
+
+
+def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
+    for key in values:
+        if key not in KNOWN and not key.startswith("policy."):
+            raise error_at(sources, key, "unknown setting")
+    get = _Getter(values, sources)
+    workload = WorkloadConfig(
+        arrival=get.choice("workload.arrival", ARRIVALS),
+        rate=get.number("workload.rate", positive=True),
+        burstiness=get.number("workload.burstiness", positive=True),
+        duration_s=get.number("workload.duration_s", positive=True, optional=True),
+        num_requests=get.integer("workload.num_requests", minimum=1, optional=True),
+        prompt_tokens=get.length("workload.prompt_tokens"),
+        output_tokens=get.length("workload.output_tokens"),
+        trace=get.text("workload.trace", optional=True),
+    )
+    if workload.trace is None and workload.duration_s is None and workload.num_requests is None:
+        raise error_at(sources, "workload.duration_s", "give duration_s or num_requests (or a trace)")
+    engine = EngineConfig(
+        batching=get.choice("engine.batching", BATCHING),
+        max_batch_size=get.integer("engine.max_batch_size", minimum=1),
+        kv_cache_tokens=get.integer("engine.kv_cache_tokens", minimum=1, optional=True),
+    )
+    params = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("policy.") and k != "policy.name"}
+    policy = PolicyConfig(name=get.text("policy.name"), params=params)
+    alpha = get.number("acceptance.alpha")
+    if not 0.0 < alpha < 1.0:
+        raise error_at(sources, "acceptance.alpha", f"must be inside (0, 1), got {alpha}")
+    acceptance = AcceptanceSpec(alpha=alpha, distribution=get.choice("acceptance.distribution", DISTRIBUTIONS),
+                                concentration=get.number("acceptance.concentration", positive=True))
+    output = OutputConfig(dir=get.text("output.dir", optional=True), records=get.choice("output.records", RECORDS))
+    return RunConfig(seed=get.integer("seed", minimum=0), profile=get.text("profile"), workload=workload,
+                     engine=engine, policy=policy, acceptance=acceptance, output=output, sources=dict(sources))
+
+
+class _Getter:
+    """Typed reads of the merged values, each failing with the value's source."""
+
+    def __init__(self, values: dict[str, Any], sources: dict[str, Source]) -> None:
+        self.values, self.sources = values, sources
+
+    def _raw(self, key: str, optional: bool):
+        if key not in self.values or self.values[key] is None:
+            if optional:
+                return None
+            raise error_at(self.sources, key, "missing")
+        return self.values[key]
+
+    def number(self, key: str, positive: bool = False, optional: bool = False) -> float | None:
+        raw = self._raw(key, optional)
+        if raw is None:
+            return None
+        try:
+            value = float(raw) if not isinstance(raw, bool) else math.nan
+        except (TypeError, ValueError):
+            raise error_at(self.sources, key, f"'{raw}' is not a number") from None
+        if not math.isfinite(value):
+            raise error_at(self.sources, key, f"'{raw}' is not a finite number")
+        if positive and value <= 0:
+            raise error_at(self.sources, key, f"must be greater than 0, got {raw}")
+        return value
+
+    def integer(self, key: str, minimum: int, optional: bool = False) -> int | None:
+        raw = self._raw(key, optional)
+        if raw is None:
+            return None
+        if isinstance(raw, str):
+            try:
+                raw = int(raw)
+            except ValueError:
+                raise error_at(self.sources, key, f"'{raw}' is not a whole number") from None
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise error_at(self.sources, key, f"'{raw}' is not a whole number")
+        if raw < minimum:
+            raise error_at(self.sources, key, f"must be at least {minimum}, got {raw}")
+        return raw
+
+    def choice(self, key: str, allowed: tuple[str, ...]) -> str:
+        raw = self._raw(key, False)
+        if raw not in allowed:
+            raise error_at(self.sources, key, f"'{raw}' is not one of {', '.join(allowed)}")
+        return raw
+
+    def text(self, key: str, optional: bool = False) -> str | None:
+        raw = self._raw(key, optional)
+        if raw is None:
+            return None
+        if not isinstance(raw, str) or not raw:
+            raise error_at(self.sources, key, f"expected a non-empty string, got {raw!r}")
+        return raw
+
+    def length(self, key: str) -> LengthSpec:
+        try:
+            return parse_length_spec(self._raw(key, False))
+        except ValueError as exc:
+            raise error_at(self.sources, key, str(exc)) from None
+
+
+def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in data.items() if v is not None}

@@ -1,0 +1,138 @@
+"""Step times from a calibrated profile (DESIGN.md, "Cost model").
+
+A speculative decode step over b sequences with mean context c and speculation
+length k costs
+
+    k * t_draft(b, c) + t_target(b, q = k + 1, c) + t_verify(b, k)
+
+and k = 0 is one target pass over one token plus sampling (t_verify(b, 0)). A
+prefill of b prompts of mean length p costs t_prefill_target(b, p), plus
+t_prefill_draft(b, p) when the run speculates. Every number comes from the
+profile's curves; nothing here is a constant of its own.
+
+The engine never interpolates per step: :meth:`CostModel.tabulate` evaluates the
+curves once, vectorised, over every (b, k, context) a run can reach, and
+:class:`StepTable` answers per step with two list look-ups and a linear blend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.curves import Curve, decode_features, prefill_features, verify_features
+from sim.profile import Profile
+
+TABLE_COLUMNS = 256  # context (and prompt) columns of a StepTable: fine enough for linear blending
+
+
+class CostModel:
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.k_max = profile.k_max
+        self.prefill_target = Curve.from_points("prefill/target", profile.phase("prefill", "target"),
+                                                ("batch_size", "query_tokens"), prefill_features)
+        draft_prefill = profile.phase("prefill", "draft")
+        self.prefill_draft = (Curve.from_points("prefill/draft", draft_prefill, ("batch_size", "query_tokens"),
+                                                prefill_features) if len(draft_prefill) else None)
+        self.decode_draft = Curve.from_points("decode/draft", profile.phase("decode", "draft"),
+                                              ("batch_size", "context_tokens"), _draft_features)
+        self.decode_target = Curve.from_points("decode/target", profile.phase("decode", "target"),
+                                               ("batch_size", "query_tokens", "context_tokens"), decode_features)
+        self.verify = Curve.from_points("verify", profile.phase("verify", "target"),
+                                        ("batch_size", "query_tokens"), verify_features)
+
+    @property
+    def curves(self) -> list[Curve]:
+        return [c for c in (self.prefill_target, self.prefill_draft, self.decode_draft, self.decode_target,
+                            self.verify) if c is not None]
+
+    # Vectorised, exact evaluation (used to build tables, by policies and by tests).
+    def step_times(self, batch_size, k, context_tokens) -> np.ndarray:
+        b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
+        draft = self.decode_draft(batch_size=b, context_tokens=c)
+        target = self.decode_target(batch_size=b, query_tokens=k + 1, context_tokens=c)
+        verify = self.verify(batch_size=b, query_tokens=k)
+        return k * draft + target + verify
+
+    def step_time(self, batch_size: int, k: int, context_tokens: float) -> float:
+        return float(self.step_times(batch_size, k, context_tokens))
+
+    def prefill_times(self, batch_size, prompt_tokens, with_draft: bool) -> np.ndarray:
+        t = self.prefill_target(batch_size=batch_size, query_tokens=prompt_tokens)
+        if with_draft:
+            if self.prefill_draft is None:
+                raise ValueError("the profile has no draft prefill curve")
+            t = t + self.prefill_draft(batch_size=batch_size, query_tokens=prompt_tokens)
+        return t
+
+    def range_warnings(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
+                       with_draft: bool) -> list[str]:
+        """Say where a run can leave the measured grid (and so rely on the fitted extrapolation)."""
+        reach = {"batch_size": max_batch, "context_tokens": max_context}
+        checks = [(self.decode_target, {**reach, "query_tokens": k_max + 1}),
+                  (self.prefill_target, {"batch_size": max_batch, "query_tokens": max_prompt})]
+        if k_max > 0:
+            checks.append((self.decode_draft, reach))
+            if with_draft and self.prefill_draft is not None:
+                checks.append((self.prefill_draft, {"batch_size": max_batch, "query_tokens": max_prompt}))
+        out = []
+        for curve, wanted in checks:
+            for axis, value in wanted.items():
+                top = curve.bounds(axis)[1]
+                if value > top:
+                    out.append(f"{curve.name}: {axis} up to {value} is beyond the measured {int(top)}; "
+                               f"extrapolating with the fitted roofline model ({value / top:.1f}x the grid)")
+        return out
+
+    def tabulate(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
+                 with_draft: bool) -> "StepTable":
+        ctx_step = max(1, math.ceil(max_context / TABLE_COLUMNS))
+        prompt_step = max(1, math.ceil(max_prompt / TABLE_COLUMNS))
+        b = np.arange(max_batch + 1, dtype=float)[:, None, None]
+        k = np.arange(k_max + 1, dtype=float)[None, :, None]
+        c = (np.arange(TABLE_COLUMNS + 2) * ctx_step).astype(float)[None, None, :]
+        decode = self.step_times(np.maximum(b, 1), k, c)
+        decode[0] = 0.0
+        bp = np.arange(max_batch + 1, dtype=float)[:, None]
+        p = (np.arange(TABLE_COLUMNS + 2) * prompt_step).astype(float)[None, :]
+        prefill = self.prefill_times(np.maximum(bp, 1), np.maximum(p, 1), with_draft)
+        prefill[0] = 0.0
+        return StepTable(decode.tolist(), prefill.tolist(), float(ctx_step), float(prompt_step),
+                         max_batch, k_max)
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """Pre-tabulated step costs; lists rather than arrays because scalar look-ups are faster."""
+
+    decode: list  # [b][k][context column]
+    prefill: list  # [b][prompt column]
+    context_step: float
+    prompt_step: float
+    max_batch: int
+    k_max: int
+
+    def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
+        row = self.decode[batch_size][k]
+        x = mean_context / self.context_step
+        j = int(x)
+        if j >= len(row) - 1:
+            return row[-1]
+        lo = row[j]
+        return lo + (x - j) * (row[j + 1] - lo)
+
+    def prefill_time(self, batch_size: int, mean_prompt: float) -> float:
+        row = self.prefill[batch_size]
+        x = mean_prompt / self.prompt_step
+        j = int(x)
+        if j >= len(row) - 1:
+            return row[-1]
+        lo = row[j]
+        return lo + (x - j) * (row[j + 1] - lo)
+
+
+def _draft_features(x: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return decode_features({**x, "query_tokens": np.ones_like(x["batch_size"])})

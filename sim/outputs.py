@@ -1,0 +1,133 @@
+"""Run outputs: the terminal summary and the files of an output folder.
+
+Files are written into a staging folder beside the target and renamed into place,
+so a folder is either a complete run or absent. Nothing in them depends on the
+wall clock, so the same config and seed give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+import sim
+from sim.errors import InputError
+from sim.simulate import RunResult
+
+MARKER = "summary.json"
+
+
+def default_output_dir(result_digest: str) -> Path:
+    return Path("runs") / result_digest
+
+
+def summary_document(result: RunResult) -> dict:
+    cfg = result.config
+    return {
+        "specbatch_version": sim.__version__,
+        "config_digest": cfg.digest(),
+        "profile": {"name": result.profile.name, "device": result.profile.meta.get("device", {}),
+                    "models": {role: m.get("name") for role, m in result.profile.meta.get("models", {}).items()}},
+        "policy": {"name": cfg.policy.name, **cfg.policy.params},
+        "batching": cfg.engine.batching,
+        "seed": cfg.seed,
+        "metrics": {k: _json_number(v) for k, v in result.summary.items()},
+        "warnings": result.warnings,
+    }
+
+
+def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not (out_dir.is_dir() and (out_dir / MARKER).is_file()):
+        raise InputError("exists and is not a specbatch run folder; refusing to replace it",
+                         field="output.dir", source=str(out_dir))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        records = result.config.output.records
+        (staging / "config.toml").write_text(result.config.to_toml())
+        if records != "none":
+            _write_table(result.requests, staging / f"requests.{records}", records)
+            _write_table(result.steps, staging / f"steps.{records}", records)
+        (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
+        _replace_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _write_table(frame: pd.DataFrame, path: Path, fmt: str) -> None:
+    if fmt == "csv":
+        frame.to_csv(path, index=False, float_format="%.9g", lineterminator="\n")
+    else:
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise InputError("parquet output needs pyarrow: pip install 'specbatch[parquet]'",
+                             field="output.records") from None
+        frame.to_parquet(path, index=False)
+
+
+def _replace_dir(staging: Path, target: Path) -> None:
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    retired = target.with_name(f".{target.name}.old")
+    shutil.rmtree(retired, ignore_errors=True)
+    os.replace(target, retired)
+    os.replace(staging, target)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _json_number(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def format_summary(result: RunResult) -> str:
+    """A vLLM-style result block, readable at a glance."""
+    s, cfg = result.summary, result.config
+    width = 52
+    lines = ["{s:{c}^{n}}".format(s=" specbatch simulation result ", n=width, c="=")]
+
+    def row(label: str, value, fmt: str = "{:<40}{:>12}") -> None:
+        if isinstance(value, float):
+            value = "n/a" if not math.isfinite(value) else f"{value:.2f}"
+        lines.append(fmt.format(label, value))
+
+    def header(title: str) -> None:
+        lines.append("{s:{c}^{n}}".format(s=f" {title} ", n=width, c="-"))
+
+    lines.append(f"{'Profile:':<12}{result.profile.name:>40}")
+    policy = cfg.policy.name + "".join(f" {k}={v}" for k, v in cfg.policy.params.items())
+    lines.append(f"{'Policy:':<12}{policy:>40}")
+    lines.append(f"{'Batching:':<12}{cfg.engine.batching + f' (max {cfg.engine.max_batch_size})':>40}")
+    row("Successful requests:", s["completed"])
+    row("Benchmark duration (s):", s["duration_s"])
+    row("Total input tokens:", s["total_input_tokens"])
+    row("Total generated tokens:", s["total_output_tokens"])
+    row("Request throughput (req/s):", s["request_throughput"])
+    row("Output token throughput (tok/s):", s["output_throughput"])
+    row("Total token throughput (tok/s):", s["total_token_throughput"])
+    for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        header(title)
+        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
+            row(f"{label} {key.upper()} (ms):", s[f"{stat}_{key}_ms"])
+    header("Speculative Decoding")
+    row("Acceptance rate (%):", s["acceptance_rate"] * 100 if math.isfinite(s["acceptance_rate"]) else s["acceptance_rate"])
+    row("Mean acceptance length:", s["mean_acceptance_length"])
+    row("Mean k:", s["mean_k"])
+    row("Mean batch size (decode):", s["mean_batch_size"])
+    row("Engine steps (prefill + decode):", s["num_steps"])
+    row("Token goodput (tok/s of busy time):", s["token_goodput"])
+    lines.append("=" * width)
+    return "\n".join(lines)

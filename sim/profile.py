@@ -1,0 +1,248 @@
+"""The profile format: what the cost model needs from calibration.
+
+``sim`` owns this format (the consumer says what it needs); ``calibrate`` writes it.
+A profile is a directory holding two files:
+
+* ``profile.csv`` -- one row per measured point (see :data:`COLUMNS`);
+* ``profile.json`` -- the sidecar: device, dtype, versions, model configs, grid,
+  timing method, date (see :data:`REQUIRED_META`).
+
+Phases and what ``query_tokens`` / ``context_tokens`` mean in each:
+
+=========  =======  ==================================  ===========================
+phase      model    query_tokens                        context_tokens
+=========  =======  ==================================  ===========================
+prefill    both     prompt length per sequence          0
+decode     draft    1                                   tokens already in KV cache
+decode     target   q = 1 (plain decode) .. k_max + 1   tokens already in KV cache
+verify     target   k = 0 (sample one token) .. k_max   0
+=========  =======  ==================================  ===========================
+
+This module imports only numpy and pandas so that calibration boxes can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import InputError
+
+FORMAT_VERSION = 1
+CSV_NAME = "profile.csv"
+META_NAME = "profile.json"
+DEFAULT_PROFILE = "cpu-tinyllama-1.1b-llama-68m"
+
+PHASES = ("prefill", "decode", "verify")
+MODELS = ("target", "draft")
+STATUSES = ("ok", "oom", "error")
+
+COLUMNS: tuple[str, ...] = (
+    "phase",
+    "model",
+    "batch_size",
+    "query_tokens",
+    "context_tokens",
+    "status",
+    "samples",
+    "latency_median_s",
+    "latency_mean_s",
+    "latency_std_s",
+    "latency_p10_s",
+    "latency_p90_s",
+    "latency_min_s",
+)
+KEY_COLUMNS = ("phase", "model", "batch_size", "query_tokens", "context_tokens")
+INT_COLUMNS = ("batch_size", "query_tokens", "context_tokens", "samples")
+LATENCY_COLUMNS = tuple(c for c in COLUMNS if c.startswith("latency_"))
+
+REQUIRED_META = ("format_version", "device", "dtype", "versions", "models", "grid", "timing", "created_utc")
+
+# (phase, model) pairs a usable profile must contain at least one "ok" point of.
+REQUIRED_PHASES = (("prefill", "target"), ("decode", "draft"), ("decode", "target"), ("verify", "target"))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded, validated profile. ``points`` holds only the ``ok`` rows."""
+
+    path: Path
+    meta: dict[str, Any]
+    points: pd.DataFrame
+    skipped: pd.DataFrame
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.path.name)
+
+    def phase(self, phase: str, model: str) -> pd.DataFrame:
+        rows = self.points[(self.points.phase == phase) & (self.points.model == model)]
+        return rows.reset_index(drop=True)
+
+    @property
+    def k_max(self) -> int:
+        """Largest speculation length every needed curve was measured for."""
+        target_q = self.phase("decode", "target").query_tokens.max()
+        verify_k = self.phase("verify", "target").query_tokens.max()
+        return int(min(target_q - 1, verify_k))
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        value = self.meta.get("kv_capacity_tokens")
+        return int(value) if value is not None else None
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles that ship inside the package."""
+    root = resources.files("sim") / "profiles"
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / META_NAME).is_file())
+
+
+def resolve_profile_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """A directory path, or the name of a shipped profile."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if path.suffix in (".csv", ".json") and path.is_file():
+        return path.parent
+    shipped = resources.files("sim") / "profiles" / str(name_or_path)
+    if shipped.is_dir():
+        return Path(str(shipped))
+    names = ", ".join(shipped_profiles()) or "none"
+    raise InputError(
+        f"no profile directory '{name_or_path}' and no shipped profile of that name (shipped: {names})",
+        field="profile",
+    )
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
+    """Load and validate a profile; every problem is one :class:`InputError`."""
+    directory = resolve_profile_path(name_or_path)
+    csv_path, meta_path = directory / CSV_NAME, directory / META_NAME
+    for needed in (csv_path, meta_path):
+        if not needed.is_file():
+            raise InputError(f"missing {needed.name} (a profile is a directory with {CSV_NAME} and {META_NAME})",
+                             source=directory, field="profile")
+    meta = _load_meta(meta_path)
+    table = read_points(csv_path)
+    ok = table[table.status == "ok"].reset_index(drop=True)
+    skipped = table[table.status != "ok"].reset_index(drop=True)
+    for phase, model in REQUIRED_PHASES:
+        if not ((ok.phase == phase) & (ok.model == model)).any():
+            raise InputError(f"profile has no measured '{phase}' points for the {model} model",
+                             source=csv_path, field="phase")
+    return Profile(path=directory, meta=meta, points=ok, skipped=skipped)
+
+
+def _load_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc.msg}", source=path, line=exc.lineno) from None
+    if not isinstance(meta, dict):
+        raise InputError("expected a JSON object", source=path, line=1)
+    for key in REQUIRED_META:
+        if key not in meta:
+            raise InputError("missing key", source=path, field=key)
+    if meta["format_version"] != FORMAT_VERSION:
+        raise InputError(f"unsupported format version {meta['format_version']!r} (this specbatch reads "
+                         f"{FORMAT_VERSION})", source=path, field="format_version")
+    return meta
+
+
+def read_points(csv_path: Path) -> pd.DataFrame:
+    """Read and check a points CSV; errors name the 1-based file line and the column."""
+    try:
+        table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot parse CSV: {exc}", source=csv_path) from None
+    missing = [c for c in COLUMNS if c not in table.columns]
+    if missing:
+        raise InputError(f"missing column(s) {', '.join(missing)}", source=csv_path, line=1, field=missing[0])
+    table = table[list(COLUMNS)].copy()
+    line_of = lambda row: int(row) + 2  # header is line 1  # noqa: E731
+    for col, allowed in (("phase", PHASES), ("model", MODELS), ("status", STATUSES)):
+        bad = ~table[col].isin(allowed)
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(f"'{table[col].iloc[row]}' is not one of {', '.join(allowed)}",
+                             source=csv_path, line=line_of(row), field=col)
+    for col in INT_COLUMNS:
+        values = pd.to_numeric(table[col], errors="coerce")
+        bad = values.isna() | (values < 0) | (values != values.round())
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(f"'{table[col].iloc[row]}' is not a non-negative integer",
+                             source=csv_path, line=line_of(row), field=col)
+        table[col] = values.astype(np.int64)
+    ok = (table.status == "ok").to_numpy()
+    for col in LATENCY_COLUMNS:
+        values = pd.to_numeric(table[col].replace("", np.nan), errors="coerce")
+        bad = ok & ~(values.to_numpy() >= 0)
+        bad |= ~ok & table[col].ne("").to_numpy() & values.isna().to_numpy()
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise InputError(f"'{table[col].iloc[row]}' is not a non-negative number of seconds",
+                             source=csv_path, line=line_of(row), field=col)
+        table[col] = values.astype(float)
+    bad_batch = ok & (table.batch_size.to_numpy() < 1)
+    bad_q = ok & (table.query_tokens.to_numpy() < 1) & (table.phase != "verify").to_numpy()
+    for bad, col in ((bad_batch, "batch_size"), (bad_q, "query_tokens")):
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise InputError("must be at least 1 for a measured point", source=csv_path,
+                             line=line_of(row), field=col)
+    dup = table.duplicated(subset=list(KEY_COLUMNS))
+    if dup.any():
+        row = int(np.flatnonzero(dup.to_numpy())[0])
+        raise InputError("duplicate measured point", source=csv_path, line=line_of(row), field="phase")
+    return table
+
+
+def sort_points(points: pd.DataFrame) -> pd.DataFrame:
+    """Canonical row order so that equal measurements give byte-identical files."""
+    order = {p: i for i, p in enumerate(PHASES)}
+    keyed = points.assign(_p=points.phase.map(order), _m=points.model.map({m: i for i, m in enumerate(MODELS)}))
+    keyed = keyed.sort_values(["_p", "_m", "batch_size", "query_tokens", "context_tokens"], kind="stable")
+    return keyed.drop(columns=["_p", "_m"]).reset_index(drop=True)[list(COLUMNS)]
+
+
+def write_profile(directory: str | os.PathLike[str], meta: dict[str, Any], points: pd.DataFrame) -> Path:
+    """Write a profile atomically: both files appear complete or not at all."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"format_version": FORMAT_VERSION, **meta}
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise ValueError(f"profile metadata lacks {missing}")
+    csv_text = sort_points(points).to_csv(index=False, float_format="%.9g", lineterminator="\n")
+    atomic_write_text(directory / CSV_NAME, csv_text)
+    atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return directory
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory and rename over the target."""
+    write_atomic(path, text.encode())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,153 @@
+"""One simulated run: resolve inputs, check them all, then run the SimPy replica.
+
+A run is a pure function of (config, seed). Random streams are spawned from the
+seed in a fixed order (workload, per-request alpha, acceptance draws), so adding
+one stream never shifts another.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from policies import Policy, PolicyError, make_policy
+from sim.acceptance import AcceptanceSampler, acceptance_scale
+from sim.config import RunConfig
+from sim.costmodel import CostModel
+from sim.engine import Replica, ReplicaRecords
+from sim.errors import InputError
+from sim.metrics import summarize
+from sim.profile import Profile, load_profile
+from sim.scheduler import make_scheduler
+from workloads import Requests, TraceError, gamma_arrivals, read_trace
+
+
+@dataclass
+class PreparedRun:
+    config: RunConfig
+    profile: Profile
+    cost_model: CostModel
+    policy: Policy
+    requests: Requests
+    alphas: np.ndarray
+    kv_budget_tokens: int
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    profile: Profile
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    warnings: list[str]
+    wall_s: float
+
+
+def prepare(config: RunConfig) -> PreparedRun:
+    """Everything that can be wrong with the inputs fails here, before the run."""
+    try:
+        profile = load_profile(config.profile)
+    except InputError as exc:
+        if exc.source is None:  # the name itself was bad: point at where it was given
+            raise config.error("profile", exc.message) from None
+        raise
+    try:
+        policy = make_policy(config.policy.name, config.policy.params)
+        cost_model = CostModel(profile)
+        policy.bind(profile.k_max, cost_model)
+    except PolicyError as exc:
+        key = "policy.name" if exc.field in (None, "name") else f"policy.{exc.field}"
+        raise config.error(key, exc.message) from None
+    seeds = np.random.SeedSequence(config.seed).spawn(3)
+    requests = make_requests(config, np.random.default_rng(seeds[0]))
+    alphas = config.acceptance.request_alphas(np.random.default_rng(seeds[1]), len(requests))
+    reserve = requests.prompt_tokens + requests.output_tokens + policy.max_k
+    budget = config.engine.kv_cache_tokens or profile.kv_capacity_tokens or int(reserve.sum())
+    worst = int(np.argmax(reserve))
+    if reserve[worst] > budget:
+        key = "engine.kv_cache_tokens"
+        raise config.error(key, f"request {worst} needs {int(reserve[worst])} tokens of KV cache, more than the "
+                                f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens else
+                                                                 " (the profile's measured capacity)"))
+    prepared = PreparedRun(config, profile, cost_model, policy, requests, alphas, budget)
+    prepared.warnings.extend(cost_model.range_warnings(**_table_reach(prepared)))
+    return prepared
+
+
+def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
+    w = config.workload
+    if w.trace is not None:
+        try:
+            return read_trace(w.trace)
+        except TraceError as exc:
+            raise InputError(exc.message, source=exc.path, line=exc.line, field=exc.field) from None
+    burstiness = 1.0 if w.arrival == "poisson" else w.burstiness
+    arrivals = gamma_arrivals(rng, w.rate, burstiness, duration_s=None if w.num_requests else w.duration_s,
+                              num_requests=w.num_requests)
+    if arrivals.size == 0:
+        raise config.error("workload.duration_s", "no request arrives within the duration at this rate")
+    n = arrivals.size
+    return Requests(arrivals, w.prompt_tokens.sample(rng, n), w.output_tokens.sample(rng, n))
+
+
+def _table_reach(run: PreparedRun) -> dict:
+    r = run.requests
+    return {"max_batch": run.config.engine.max_batch_size, "k_max": run.policy.max_k,
+            "max_context": int((r.prompt_tokens + r.output_tokens).max()) + run.policy.max_k,
+            "max_prompt": int(r.prompt_tokens.max()), "with_draft": run.policy.max_k > 0}
+
+
+def execute(run: PreparedRun) -> RunResult:
+    started = time.perf_counter()
+    config, requests = run.config, run.requests
+    table = run.cost_model.tabulate(**_table_reach(run))
+    env = simpy.Environment()
+    replica = Replica(
+        env, arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
+        output_tokens=requests.output_tokens, acceptance_scale=acceptance_scale(run.alphas),
+        kv_reserve=requests.prompt_tokens + requests.output_tokens + run.policy.max_k, table=table,
+        scheduler=make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens),
+        policy=run.policy, sampler=AcceptanceSampler(np.random.default_rng(np.random.SeedSequence(config.seed)
+                                                                           .spawn(3)[2])),
+        speculative=run.policy.max_k > 0)
+    env.run()
+    records = replica.records()
+    summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
+                        records.finish_s, records.itl_values, records.itl_weights, records.steps)
+    return RunResult(config, run.profile, request_table(requests, run.alphas, records),
+                     pd.DataFrame(records.steps), summary, list(run.warnings), time.perf_counter() - started)
+
+
+def simulate(config: RunConfig) -> RunResult:
+    return execute(prepare(config))
+
+
+def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -> pd.DataFrame:
+    ttft = rec.first_token_s - requests.arrival_s
+    e2el = rec.finish_s - requests.arrival_s
+    out = requests.output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2el - ttft) / (out - 1), np.nan)
+    return pd.DataFrame({
+        "request_id": np.arange(len(requests)),
+        "arrival_s": requests.arrival_s,
+        "prompt_tokens": requests.prompt_tokens,
+        "output_tokens": out,
+        "alpha": alphas,
+        "scheduled_s": rec.scheduled_s,
+        "first_token_s": rec.first_token_s,
+        "finish_s": rec.finish_s,
+        "queue_s": rec.scheduled_s - requests.arrival_s,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2el_s": e2el,
+        "decode_steps": rec.decode_steps,
+        "drafted_tokens": rec.drafted_tokens,
+        "accepted_tokens": rec.accepted_tokens,
+    })

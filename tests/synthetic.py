@@ -1,0 +1,51 @@
+"""Hand-made profiles with known costs, for tests that need exact answers."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from sim.profile import write_profile
+
+Latency = Callable[[str, str, int, int, int], float]
+
+
+def linear_latency(phase: str, model: str, b: int, q: int, c: int) -> float:
+    """Costs linear in work: easy to reason about and exactly interpolated."""
+    if phase == "prefill":
+        return (0.010 if model == "target" else 0.002) + 1e-5 * b * q
+    if phase == "decode":
+        base, per_token, per_ctx = (0.020, 1e-4, 1e-7) if model == "target" else (0.004, 2e-5, 2e-8)
+        return base + per_token * b * q + per_ctx * b * c
+    return 0.0005 + 1e-6 * b * (q + 1)
+
+
+def make_profile(directory: Path, latency: Latency = linear_latency, *, batch=(1, 2, 4, 8, 16, 32),
+                 q_max: int = 8, contexts=(128, 512, 1024, 2048), prompts=(32, 128, 512, 1024),
+                 kv_capacity_tokens: int | None = 1_000_000) -> Path:
+    rows = []
+
+    def add(phase, model, b, q, c):
+        t = float(latency(phase, model, b, q, c))
+        rows.append({"phase": phase, "model": model, "batch_size": b, "query_tokens": q, "context_tokens": c,
+                     "status": "ok", "samples": 5, "latency_median_s": t, "latency_mean_s": t,
+                     "latency_std_s": 0.0, "latency_p10_s": t, "latency_p90_s": t, "latency_min_s": t})
+
+    for model in ("target", "draft"):
+        for b, p in itertools.product(batch, prompts):
+            add("prefill", model, b, p, 0)
+    for b, c in itertools.product(batch, contexts):
+        add("decode", "draft", b, 1, c)
+        for q in range(1, q_max + 1):
+            add("decode", "target", b, q, c)
+    for b, k in itertools.product(batch, range(q_max)):
+        add("verify", "target", b, k, 0)
+    meta = {"name": directory.name, "device": {"type": "synthetic", "name": "hand-made"}, "dtype": "float32",
+            "versions": {}, "models": {"target": {"name": "synthetic-target"}, "draft": {"name": "synthetic-draft"}},
+            "grid": {}, "timing": {"method": "synthetic"}, "created_utc": "2026-01-01T00:00:00Z"}
+    if kv_capacity_tokens is not None:
+        meta["kv_capacity_tokens"] = kv_capacity_tokens
+    return write_profile(directory, meta, pd.DataFrame(rows))

@@ -1,0 +1,33 @@
+"""The request table every workload produces and the engine consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Requests as columns, sorted by arrival time (seconds from the start of the run)."""
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        arrival = np.ascontiguousarray(self.arrival_s, dtype=np.float64)
+        prompt = np.ascontiguousarray(self.prompt_tokens, dtype=np.int64)
+        output = np.ascontiguousarray(self.output_tokens, dtype=np.int64)
+        if not (arrival.shape == prompt.shape == output.shape) or arrival.ndim != 1:
+            raise ValueError("arrival_s, prompt_tokens and output_tokens must be 1-D arrays of one length")
+        if arrival.size and (arrival[0] < 0 or np.any(np.diff(arrival) < 0)):
+            raise ValueError("arrival times must be non-negative and sorted")
+        if np.any(prompt < 1) or np.any(output < 1):
+            raise ValueError("every request needs at least one prompt token and one output token")
+        object.__setattr__(self, "arrival_s", arrival)
+        object.__setattr__(self, "prompt_tokens", prompt)
+        object.__setattr__(self, "output_tokens", output)
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.size)

@@ -1,0 +1,84 @@
+"""Replay of a request trace: a CSV with arrival_s, prompt_tokens, output_tokens.
+
+Extra columns are ignored. Rows may come in any order; they are sorted by arrival
+(stably, so ties keep file order). Every bad line is reported with its line number.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from workloads.requests import Requests
+
+TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+
+
+class TraceError(ValueError):
+    def __init__(self, message: str, path: Path, line: int | None = None, field: str | None = None):
+        self.message, self.path, self.line, self.field = message, path, line, field
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {field + ': ' if field else ''}{message}")
+
+
+def read_trace(path: str | os.PathLike[str]) -> Requests:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError("no such trace file", path)
+    with path.open(newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise TraceError("empty trace file", path, 1)
+        header = [h.strip() for h in header]
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        if missing:
+            raise TraceError(f"missing column(s) {', '.join(missing)}", path, 1, missing[0])
+        index = {c: header.index(c) for c in TRACE_COLUMNS}
+        arrival, prompt, output = [], [], []
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) != len(header):
+                raise TraceError(f"expected {len(header)} fields, found {len(row)}", path, line)
+            arrival.append(_number(row[index["arrival_s"]], path, line, "arrival_s"))
+            prompt.append(_count(row[index["prompt_tokens"]], path, line, "prompt_tokens"))
+            output.append(_count(row[index["output_tokens"]], path, line, "output_tokens"))
+    if not arrival:
+        raise TraceError("trace has no requests", path, 2)
+    order = np.argsort(np.asarray(arrival), kind="stable")
+    return Requests(np.asarray(arrival)[order], np.asarray(prompt)[order], np.asarray(output)[order])
+
+
+def write_trace(path: str | os.PathLike[str], requests: Requests) -> None:
+    with Path(path).open("w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(TRACE_COLUMNS)
+        for a, p, o in zip(requests.arrival_s.tolist(), requests.prompt_tokens.tolist(),
+                           requests.output_tokens.tolist()):
+            writer.writerow((repr(a), p, o))
+
+
+def _number(text: str, path: Path, line: int, field: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(f"'{text.strip()}' is not a number", path, line, field) from None
+    if not math.isfinite(value) or value < 0:
+        raise TraceError(f"'{text.strip()}' must be a finite number >= 0", path, line, field)
+    return value
+
+
+def _count(text: str, path: Path, line: int, field: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise TraceError(f"'{text.strip()}' is not a whole number of tokens", path, line, field) from None
+    if value < 1:
+        raise TraceError(f"'{text.strip()}' must be at least 1", path, line, field)
+    return value
