@@ -28,17 +28,23 @@ class BatchView:
     policy must read it during ``choose_k`` and keep no reference to its arrays.
     """
 
-    __slots__ = ("now_s", "step", "batch_size", "mean_context_tokens", "context_tokens",
-                 "remaining_tokens", "k_max")
+    __slots__ = ("now_s", "step", "batch_size", "running", "mean_context_tokens", "remaining_tokens",
+                 "final_context_tokens", "k_max")
 
     def __init__(self, k_max: int) -> None:
         self.now_s = 0.0
         self.step = 0
-        self.batch_size = 0
+        self.batch_size = 0  # the size the step is charged at (static batches keep their padding)
+        self.running = 0  # sequences still generating
         self.mean_context_tokens = 0.0
-        self.context_tokens: np.ndarray = np.zeros(0, dtype=np.int64)
-        self.remaining_tokens: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.remaining_tokens: np.ndarray = np.zeros(0, dtype=np.int64)  # tokens each still has to emit
+        self.final_context_tokens: np.ndarray = np.zeros(0, dtype=np.int64)  # context when each finishes
         self.k_max = k_max
+
+    @property
+    def context_tokens(self) -> np.ndarray:
+        """Tokens already in each running sequence's KV cache (computed only when asked for)."""
+        return self.final_context_tokens - self.remaining_tokens
 
 
 class StepFeedback:

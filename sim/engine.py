@@ -30,6 +30,7 @@ from sim.costmodel import StepTable
 PREFILL, DECODE = 0, 1
 STEP_FIELDS = ("start_s", "end_s", "phase", "batch_size", "running", "k", "mean_context_tokens",
                "drafted_tokens", "accepted_tokens", "emitted_tokens")
+FLOAT_STEP_FIELDS = ("start_s", "end_s", "mean_context_tokens")
 
 
 @dataclass
@@ -50,20 +51,19 @@ class ReplicaRecords:
 class Replica:
     def __init__(self, env: simpy.Environment, *, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                  output_tokens: np.ndarray, acceptance_scale: np.ndarray, kv_reserve: np.ndarray,
-                 table: StepTable, scheduler, policy: Policy, sampler: AcceptanceSampler,
-                 speculative: bool) -> None:
+                 table: StepTable, scheduler, policy: Policy, sampler: AcceptanceSampler) -> None:
         self.env = env
-        self.arrival_s = arrival_s
         self._arrivals = arrival_s.tolist()  # bisect on a list is the cheapest clock check
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
+        # A sequence's context is final_context - remaining, so only `remaining` moves per step.
+        self.final_context = prompt_tokens + output_tokens - 1
         self.acceptance_scale = acceptance_scale
         self.kv_reserve = kv_reserve
         self.table = table
         self.scheduler = scheduler
         self.policy = policy
         self.sampler = sampler
-        self.speculative = speculative
         n = arrival_s.shape[0]
         self.scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
@@ -74,21 +74,25 @@ class Replica:
         cap = scheduler.max_batch_size
         self.row_req = np.zeros(cap, dtype=np.int64)
         self.row_remaining = np.zeros(cap, dtype=np.int64)
-        self.row_context = np.zeros(cap, dtype=np.int64)
-        self.row_drafted = np.zeros(cap, dtype=np.int64)
+        self.row_final_context = np.zeros(cap, dtype=np.int64)
         self.row_accepted = np.zeros(cap, dtype=np.int64)
-        self.row_steps = np.zeros(cap, dtype=np.int64)
+        self.row_joined_step = np.zeros(cap, dtype=np.int64)  # decode steps run before the row joined
+        self.row_joined_k = np.zeros(cap, dtype=np.int64)  # sum of k over those steps
         self.row_scale = np.zeros(cap)
         self.row_first_token_s = np.zeros(cap)
-        self._rows = (self.row_req, self.row_remaining, self.row_context, self.row_drafted,
-                      self.row_accepted, self.row_steps, self.row_scale, self.row_first_token_s)
+        self._rows = (self.row_req, self.row_remaining, self.row_final_context, self.row_accepted,
+                      self.row_joined_step, self.row_joined_k, self.row_scale, self.row_first_token_s)
         self.running = 0
         self.kv_used = 0
         self.queue_head = 0
         self.arrived = 0
         self.fresh = 0  # rows admitted since the last decode step (at the end of the arrays)
+        self.total_remaining = 0  # Python-int sums over the running rows, kept in step
+        self.total_final_context = 0
+        self.decode_count = 0
+        self.k_sum = 0
         self.last_decode_end = 0.0
-        self.steps: dict[str, list] = {f: [] for f in STEP_FIELDS}
+        self.step_rows: list[tuple] = []
         self.itl_values: list[float] = []
         self.itl_weights: list[int] = []
         self.view = BatchView(table.k_max)
@@ -96,9 +100,9 @@ class Replica:
         self.process = env.process(self._run())
 
     def records(self) -> ReplicaRecords:
-        steps = {f: np.asarray(v, dtype=np.int64 if f in ("phase", "batch_size", "running", "k", "drafted_tokens",
-                                                             "accepted_tokens", "emitted_tokens") else np.float64)
-                 for f, v in self.steps.items()}
+        table = np.array(self.step_rows, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
+        steps = {f: table[:, i] if f in FLOAT_STEP_FIELDS else table[:, i].astype(np.int64)
+                 for i, f in enumerate(STEP_FIELDS)}
         return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps,
                               self.drafted, self.accepted, steps,
                               np.asarray(self.itl_values, dtype=np.float64),
@@ -129,16 +133,14 @@ class Replica:
         env, head = self.env, self.queue_head
         idx = slice(head, head + n)
         self.queue_head += n
-        prompts = self.prompt_tokens[idx]
-        mean_prompt = float(prompts.mean())
+        mean_prompt = float(self.prompt_tokens[idx].mean())
         self.kv_used += int(self.kv_reserve[idx].sum())
         start = env.now
         yield env.timeout(self.table.prefill_time(n, mean_prompt))
         end = env.now
         self.scheduled_s[idx] = start
         self.first_token_s[idx] = end
-        outputs = self.output_tokens[idx]
-        more = outputs > 1
+        more = self.output_tokens[idx] > 1
         joining = int(np.count_nonzero(more))
         if joining < n:  # one-token requests end with their prefill
             done = np.flatnonzero(~more) + head
@@ -147,34 +149,36 @@ class Replica:
         if joining:
             lo, hi = self.running, self.running + joining
             req = np.flatnonzero(more) + head if joining < n else np.arange(head, head + n)
+            remaining = self.output_tokens[req] - 1
+            final_context = self.final_context[req]
             self.row_req[lo:hi] = req
-            self.row_remaining[lo:hi] = self.output_tokens[req] - 1
-            self.row_context[lo:hi] = self.prompt_tokens[req]
-            self.row_drafted[lo:hi] = 0
+            self.row_remaining[lo:hi] = remaining
+            self.row_final_context[lo:hi] = final_context
             self.row_accepted[lo:hi] = 0
-            self.row_steps[lo:hi] = 0
+            self.row_joined_step[lo:hi] = self.decode_count
+            self.row_joined_k[lo:hi] = self.k_sum
             self.row_scale[lo:hi] = self.acceptance_scale[req]
             self.row_first_token_s[lo:hi] = end
+            self.total_remaining += int(remaining.sum())
+            self.total_final_context += int(final_context.sum())
             self.running = hi
             self.fresh += joining
         self.scheduler.on_admit(n, self.running)
-        self._record(start, end, PREFILL, n, self.running, 0, mean_prompt, 0, 0, n)
+        self.step_rows.append((start, end, PREFILL, n, self.running, 0, mean_prompt, 0, 0, n))
 
     def _decode(self):
         env, b = self.env, self.running
         charged = self.scheduler.charged_batch_size(b)
-        context = self.row_context[:b]
         remaining = self.row_remaining[:b]
-        mean_context = float(context.sum()) / b
+        mean_context = (self.total_final_context - self.total_remaining) / b
         start = env.now
         view = self.view
-        view.now_s, view.step, view.batch_size = start, len(self.steps["start_s"]), charged
-        view.mean_context_tokens, view.context_tokens, view.remaining_tokens = mean_context, context, remaining
+        view.now_s, view.step, view.batch_size, view.running = start, len(self.step_rows), charged, b
+        view.mean_context_tokens, view.remaining_tokens = mean_context, remaining
+        view.final_context_tokens = self.row_final_context[:b]
         k = self.policy.choose_k(view)
-        if k.__class__ is not int:
+        if k.__class__ is not int or not 0 <= k <= self.table.k_max:
             k = _checked_k(k, self.table.k_max, self.policy)
-        elif not 0 <= k <= self.table.k_max:
-            _checked_k(k, self.table.k_max, self.policy)
         dt = self.table.decode_time(charged, k, mean_context)
         yield env.timeout(dt)
         end = env.now
@@ -182,17 +186,16 @@ class Replica:
             accepted = self.sampler.accepted(self.row_scale[:b], k)
             emitted = accepted + 1
             np.minimum(emitted, remaining, out=emitted)
-            self.row_drafted[:b] += k
             self.row_accepted[:b] += accepted
-            accepted_total = int(accepted.sum())
+            accepted_total = int(np.add.reduce(accepted))
+            emitted_total = int(np.add.reduce(emitted))
+            remaining -= emitted
         else:
-            accepted = None
-            emitted = 1
-            accepted_total = 0
-        remaining -= emitted
-        context += emitted
-        self.row_steps[:b] += 1
-        emitted_total = int(emitted.sum()) if k else b
+            accepted, accepted_total, emitted_total = None, 0, b
+            remaining -= 1
+        self.total_remaining -= emitted_total
+        self.decode_count += 1
+        self.k_sum += k
         steady = b - self.fresh
         if steady:
             self.itl_values.append(end - self.last_decode_end)
@@ -206,11 +209,10 @@ class Replica:
             self._retire(b, end)
         fb = self.feedback
         fb.now_s, fb.step, fb.batch_size, fb.k, fb.step_time_s = end, view.step, charged, k, dt
-        fb.drafted_tokens, fb.accepted_tokens = k * b, accepted_total
-        if accepted is not None:
-            fb.accepted_per_sequence = accepted
+        fb.drafted_tokens, fb.accepted_tokens, fb.accepted_per_sequence = k * b, accepted_total, accepted
         self.policy.observe(fb)
-        self._record(start, end, DECODE, charged, b, k, mean_context, k * b, accepted_total, emitted_total)
+        self.step_rows.append((start, end, DECODE, charged, b, k, mean_context, k * b, accepted_total,
+                               emitted_total))
 
     def _retire(self, b: int, now: float) -> None:
         """Record finished rows and compact the survivors to the front, keeping their order."""
@@ -218,24 +220,22 @@ class Replica:
         rows = np.flatnonzero(done)
         req = self.row_req[rows]
         self.finish_s[req] = now
-        self.decode_steps[req] = self.row_steps[rows]
-        self.drafted[req] = self.row_drafted[rows]
+        self.decode_steps[req] = self.decode_count - self.row_joined_step[rows]
+        self.drafted[req] = self.k_sum - self.row_joined_k[rows]
         self.accepted[req] = self.row_accepted[rows]
         self.kv_used -= int(self.kv_reserve[req].sum())
+        self.total_final_context -= int(self.row_final_context[rows].sum())
         keep = ~done
         survivors = b - rows.shape[0]
         for array in self._rows:
             array[:survivors] = array[:b][keep]
         self.running = survivors
 
-    def _record(self, *values) -> None:
-        for field, value in zip(STEP_FIELDS, values):
-            self.steps[field].append(value)
-
 
 def _checked_k(k, k_max: int, policy: Policy) -> int:
     if isinstance(k, (bool, float)) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"policy '{policy.name}' returned k = {k!r}; it must return an int")
     if not 0 <= int(k) <= k_max:
-        raise ValueError(f"policy '{policy.name}' returned k = {int(k)}, outside 0..{k_max} (the profile's range)")
+        raise ValueError(f"policy '{policy.name}' returned k = {int(k)}, outside 0..{k_max} "
+                         "(its max_k, within what the profile measured)")
     return int(k)

@@ -15,7 +15,7 @@ import pandas as pd
 import simpy
 
 from policies import Policy, PolicyError, make_policy
-from sim.acceptance import AcceptanceSampler, acceptance_scale
+from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
 from sim.config import RunConfig
 from sim.costmodel import CostModel
 from sim.engine import Replica, ReplicaRecords
@@ -24,6 +24,20 @@ from sim.metrics import summarize
 from sim.profile import Profile, load_profile
 from sim.scheduler import make_scheduler
 from workloads import Requests, TraceError, gamma_arrivals, read_trace
+
+
+WORKLOAD, REQUEST_ALPHA, ACCEPTANCE = range(3)  # the run's random streams, in spawn order
+
+
+def _stream(config: RunConfig, which: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(config.seed).spawn(3)[which])
+
+
+def make_sampler(config: RunConfig, alphas: np.ndarray) -> AcceptanceSampler:
+    rng = _stream(config, ACCEPTANCE)
+    if config.acceptance.distribution == "fixed":
+        return SharedAlphaSampler(rng, float(acceptance_scale(np.asarray([config.acceptance.alpha]))[0]))
+    return AcceptanceSampler(rng)
 
 
 @dataclass
@@ -64,9 +78,8 @@ def prepare(config: RunConfig) -> PreparedRun:
     except PolicyError as exc:
         key = "policy.name" if exc.field in (None, "name") else f"policy.{exc.field}"
         raise config.error(key, exc.message) from None
-    seeds = np.random.SeedSequence(config.seed).spawn(3)
-    requests = make_requests(config, np.random.default_rng(seeds[0]))
-    alphas = config.acceptance.request_alphas(np.random.default_rng(seeds[1]), len(requests))
+    requests = make_requests(config, _stream(config, WORKLOAD))
+    alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     reserve = requests.prompt_tokens + requests.output_tokens + policy.max_k
     budget = config.engine.kv_cache_tokens or profile.kv_capacity_tokens or int(reserve.sum())
     worst = int(np.argmax(reserve))
@@ -113,9 +126,7 @@ def execute(run: PreparedRun) -> RunResult:
         output_tokens=requests.output_tokens, acceptance_scale=acceptance_scale(run.alphas),
         kv_reserve=requests.prompt_tokens + requests.output_tokens + run.policy.max_k, table=table,
         scheduler=make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens),
-        policy=run.policy, sampler=AcceptanceSampler(np.random.default_rng(np.random.SeedSequence(config.seed)
-                                                                           .spawn(3)[2])),
-        speculative=run.policy.max_k > 0)
+        policy=run.policy, sampler=make_sampler(config, run.alphas))
     env.run()
     records = replica.records()
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,

@@ -1,0 +1,207 @@
+"""The SimPy replica: conservation, ordering, budgets, acceptance, and queueing theory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.acceptance import expected_tokens_per_step
+from sim.simulate import prepare, simulate
+
+
+def check_invariants(result) -> None:
+    req, steps = result.requests, result.steps
+    # Every request finishes exactly once, in order arrival <= scheduled <= first token <= finish.
+    assert not req[["scheduled_s", "first_token_s", "finish_s"]].isna().any().any()
+    assert (req.scheduled_s >= req.arrival_s - 1e-12).all()
+    assert (req.first_token_s > req.scheduled_s).all()
+    assert (req.finish_s >= req.first_token_s).all()
+    # Tokens are conserved: steps emit exactly the requested output tokens, no more.
+    assert int(steps.emitted_tokens.sum()) == int(req.output_tokens.sum())
+    # Prefill emits one token per admitted request; decode steps the rest.
+    assert int(steps.emitted_tokens[steps.phase == 0].sum()) == len(req)
+    # Time never runs backwards and steps never overlap on one replica.
+    assert (steps.end_s > steps.start_s).all()
+    assert (steps.start_s.to_numpy()[1:] >= steps.end_s.to_numpy()[:-1] - 1e-12).all()
+    # Per-request counters agree with the step records.
+    assert int(req.drafted_tokens.sum()) == int(steps.drafted_tokens.sum())
+    assert int(req.accepted_tokens.sum()) == int(steps.accepted_tokens.sum())
+    assert int(req.decode_steps.sum()) == int(steps.running[steps.phase == 1].sum())
+    assert (req.accepted_tokens <= req.drafted_tokens).all()
+
+
+def kv_in_use_at_step_starts(result, reserve_extra: int) -> np.ndarray:
+    req = result.requests
+    reserve = (req.prompt_tokens + req.output_tokens + reserve_extra).to_numpy()
+    starts = result.steps.start_s.to_numpy()
+    admitted = req.scheduled_s.to_numpy()[None, :] <= starts[:, None]
+    still_running = req.finish_s.to_numpy()[None, :] > starts[:, None]
+    return (reserve[None, :] * (admitted & still_running)).sum(axis=1)
+
+
+def test_continuous_run_conserves_requests_and_tokens(run_config):
+    result = simulate(run_config(workload__num_requests=400, workload__rate=4.0, policy__k=3))
+    check_invariants(result)
+    assert result.summary["completed"] == 400
+
+
+def test_static_batching_runs_each_batch_to_completion(run_config):
+    result = simulate(run_config(workload__num_requests=300, workload__rate=6.0, engine__batching="static",
+                                 engine__max_batch_size=8))
+    check_invariants(result)
+    req = result.requests.sort_values("scheduled_s")
+    # A batch is the set of requests scheduled together; the next starts only after all finish.
+    batches = list(req.groupby("scheduled_s"))
+    assert all(len(group) <= 8 for _, group in batches)
+    for (_, first), (start_next, _) in zip(batches, batches[1:]):
+        assert start_next >= first.finish_s.max() - 1e-12
+    # Each step of a batch is charged at the batch's starting size, even as members finish.
+    decode = result.steps[result.steps.phase == 1]
+    assert (decode.batch_size >= decode.running).all()
+    assert (decode.batch_size > decode.running).any()
+
+
+def test_kv_budget_is_never_exceeded(run_config):
+    config = run_config(workload__num_requests=300, workload__rate=50.0, engine__kv_cache_tokens=3000,
+                        engine__max_batch_size=64, workload__prompt_tokens="uniform:100:600",
+                        workload__output_tokens="uniform:10:200")
+    result = simulate(config)
+    check_invariants(result)
+    in_use = kv_in_use_at_step_starts(result, reserve_extra=3)
+    assert in_use.max() <= 3000
+    assert in_use.max() > 3000 * 0.5  # the budget, not the batch limit, was binding
+
+
+def test_a_request_larger_than_the_kv_budget_is_refused_before_running(run_config):
+    from sim.errors import InputError
+
+    with pytest.raises(InputError, match="engine.kv_cache_tokens"):
+        prepare(run_config(engine__kv_cache_tokens=100, workload__num_requests=5))
+
+
+@pytest.mark.parametrize("alpha,k", [(0.5, 1), (0.7, 3), (0.9, 5), (0.8, 7)])
+def test_mean_tokens_per_speculative_step_matches_geometric_formula(run_config, alpha, k):
+    # Long outputs so that truncation at a request's end is negligible.
+    config = run_config(workload__num_requests=40, workload__rate=100.0, acceptance__alpha=alpha,
+                        policy__k=k, workload__output_tokens=4000, workload__prompt_tokens=64)
+    result = simulate(config)
+    s = result.summary
+    expected = expected_tokens_per_step(alpha, k)
+    # Standard error of the mean over ~num_drafts samples; the variance of a+1 is below k^2.
+    tolerance = 5 * k / np.sqrt(s["num_drafts"])
+    assert s["mean_acceptance_length"] == pytest.approx(expected, abs=tolerance)
+    decode = result.steps[result.steps.phase == 1]
+    emitted_per_sequence = decode.emitted_tokens.sum() / decode.running.sum()
+    assert emitted_per_sequence == pytest.approx(expected, abs=tolerance + 0.01)
+
+
+def test_plain_decoding_emits_one_token_per_sequence_per_step(run_config):
+    result = simulate(run_config(policy__name="none", workload__num_requests=100, workload__rate=5.0))
+    check_invariants(result)
+    decode = result.steps[result.steps.phase == 1]
+    assert (decode.emitted_tokens == decode.running).all()
+    assert (decode.k == 0).all() and result.summary["num_draft_tokens"] == 0
+
+
+def test_single_server_matches_md1_queue(run_config):
+    """One sequence at a time, fixed lengths, no speculation: an M/D/1 queue.
+
+    Pollaczek-Khinchine for deterministic service S at utilisation rho = lambda S:
+    mean wait in queue W = rho S / (2 (1 - rho)).
+    """
+    lam = 1.0
+    config = run_config(policy__name="none", engine__batching="static", engine__max_batch_size=1,
+                        workload__prompt_tokens=128, workload__output_tokens=3,
+                        workload__num_requests=30000, workload__rate=lam, seed=7)
+    result = simulate(config)
+    req = result.requests
+    service = (req.finish_s - req.scheduled_s).to_numpy()
+    assert np.ptp(service) < 1e-9  # deterministic service
+    s = float(service[0])
+    # Scale the rate so rho = 0.6 exactly, whatever the synthetic costs are.
+    lam = 0.6 / s
+    config = run_config(policy__name="none", engine__batching="static", engine__max_batch_size=1,
+                        workload__prompt_tokens=128, workload__output_tokens=3,
+                        workload__num_requests=30000, workload__rate=lam, seed=7)
+    req = simulate(config).requests
+    rho = lam * s
+    expected_wait = rho * s / (2 * (1 - rho))
+    measured = float(req.queue_s.mean())
+    assert measured == pytest.approx(expected_wait, rel=0.06)
+    # Little's law on the whole system: L = lambda * W_total.
+    assert float(req.e2el_s.mean()) == pytest.approx(expected_wait + s, rel=0.04)
+
+
+def test_continuous_batching_of_one_equals_static_batching_of_one(run_config):
+    common = dict(workload__num_requests=300, workload__rate=3.0, engine__max_batch_size=1, policy__k=2)
+    a = simulate(run_config(engine__batching="continuous", **common))
+    b = simulate(run_config(engine__batching="static", **common))
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+
+
+def test_same_config_and_seed_give_identical_records(run_config):
+    config = run_config(workload__num_requests=500, workload__rate=8.0, acceptance__distribution="beta")
+    a, b = simulate(config), simulate(config)
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+    assert a.summary == b.summary or all(
+        (x == y) or (x != x and y != y) for x, y in zip(a.summary.values(), b.summary.values()))
+    c = simulate(run_config(workload__num_requests=500, workload__rate=8.0, acceptance__distribution="beta",
+                            seed=1))
+    assert not a.requests.finish_s.equals(c.requests.finish_s)
+
+
+def test_higher_load_means_larger_batches_and_longer_waits(run_config):
+    low = simulate(run_config(workload__num_requests=400, workload__rate=1.0))
+    high = simulate(run_config(workload__num_requests=400, workload__rate=40.0))
+    assert high.summary["mean_batch_size"] > 2 * low.summary["mean_batch_size"]
+    assert high.summary["mean_ttft_ms"] > low.summary["mean_ttft_ms"]
+
+
+def test_one_token_requests_finish_at_prefill(run_config):
+    result = simulate(run_config(workload__num_requests=50, workload__rate=5.0, workload__output_tokens=1))
+    check_invariants(result)
+    req = result.requests
+    assert (req.finish_s == req.first_token_s).all()
+    assert (result.steps.phase == 0).all()
+
+
+def test_a_policy_returning_k_outside_the_profile_is_reported(run_config, tmp_path, monkeypatch):
+    (tmp_path / "badpolicy.py").write_text(
+        "from policies import Policy\n"
+        "class Greedy(Policy):\n"
+        "    name = 'greedy'\n"
+        "    max_k = 2\n"
+        "    def choose_k(self, view):\n"
+        "        return 99\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="outside 0..2"):
+        simulate(run_config(policy__name="badpolicy:Greedy", workload__num_requests=5))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 60),
+    rate=st.floats(0.2, 200.0),
+    k=st.integers(0, 7),
+    batch=st.integers(1, 16),
+    batching=st.sampled_from(["continuous", "static"]),
+    alpha=st.floats(0.05, 0.95),
+    out_hi=st.integers(1, 80),
+    kv=st.integers(300, 5000),
+    seed=st.integers(0, 2**16),
+)
+def test_invariants_hold_for_any_small_run(run_config, n, rate, k, batch, batching, alpha, out_hi, kv, seed):
+    config = run_config(workload__num_requests=n, workload__rate=rate, policy__k=k, engine__max_batch_size=batch,
+                        engine__batching=batching, acceptance__alpha=alpha, seed=seed,
+                        workload__prompt_tokens="uniform:1:200", workload__output_tokens=f"uniform:1:{out_hi}",
+                        engine__kv_cache_tokens=kv)
+    result = simulate(config)
+    check_invariants(result)
+    assert kv_in_use_at_step_starts(result, reserve_extra=k).max() <= kv
+    decode = result.steps[result.steps.phase == 1]
+    assert (decode.running <= batch).all()
+    assert ((decode.accepted_tokens >= 0) & (decode.accepted_tokens <= decode.drafted_tokens)).all()
