@@ -98,7 +98,7 @@ class CostModel:
         decode[0] = 0.0
         bp = np.arange(max_batch + 1, dtype=float)[:, None]
         p = (np.arange(TABLE_COLUMNS + 2) * prompt_step).astype(float)[None, :]
-        prefill = self.prefill_times(np.maximum(bp, 1), np.maximum(p, 1), with_draft)
+        prefill = self.prefill_times(np.maximum(bp, 1), p, with_draft)
         prefill[0] = 0.0
         return StepTable(decode.tolist(), prefill.tolist(), float(ctx_step), float(prompt_step),
                          max_batch, k_max)
