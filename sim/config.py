@@ -203,6 +203,8 @@ def _locate(text: str, dotted: str) -> int | None:
         header = re.match(r"^\[\s*([A-Za-z0-9_.\-\s]+?)\s*\]", stripped)
         if header:
             current = header.group(1).replace(" ", "")
+            if current == dotted:  # an unknown [table], or a value written as a [table]
+                return number
             if current == section:
                 header_line = number
             continue

@@ -72,16 +72,14 @@ class Replica:
         self.drafted = np.zeros(n, dtype=np.int64)
         self.accepted = np.zeros(n, dtype=np.int64)
         cap = scheduler.max_batch_size
-        self.row_req = np.zeros(cap, dtype=np.int64)
-        self.row_remaining = np.zeros(cap, dtype=np.int64)
-        self.row_final_context = np.zeros(cap, dtype=np.int64)
-        self.row_accepted = np.zeros(cap, dtype=np.int64)
-        self.row_joined_step = np.zeros(cap, dtype=np.int64)  # decode steps run before the row joined
-        self.row_joined_k = np.zeros(cap, dtype=np.int64)  # sum of k over those steps
-        self.row_scale = np.zeros(cap)
-        self.row_first_token_s = np.zeros(cap)
-        self._rows = (self.row_req, self.row_remaining, self.row_final_context, self.row_accepted,
-                      self.row_joined_step, self.row_joined_k, self.row_scale, self.row_first_token_s)
+        # Row state lives in two field-major blocks so that retiring rows compacts every
+        # field with one fancy-indexed copy per block; the names below are views into them.
+        self._int_rows = np.zeros((6, cap), dtype=np.int64)
+        self._float_rows = np.zeros((2, cap))
+        (self.row_req, self.row_remaining, self.row_final_context, self.row_accepted,
+         self.row_joined_step,  # decode steps run before the row joined
+         self.row_joined_k) = self._int_rows  # sum of k over those steps
+        self.row_scale, self.row_first_token_s = self._float_rows
         self.running = 0
         self.kv_used = 0
         self.queue_head = 0
@@ -109,8 +107,10 @@ class Replica:
                               np.asarray(self.itl_weights, dtype=np.int64))
 
     def _run(self):
+        # Steps are split into a start (decide, price) and a finish (apply) around one
+        # timeout, rather than sub-generators, to keep SimPy's per-step overhead minimal.
         env, arrivals, total = self.env, self._arrivals, len(self._arrivals)
-        admit = self.scheduler.admit
+        admit, timeout = self.scheduler.admit, env.timeout
         while True:
             now = env.now
             self.arrived = bisect_right(arrivals, now, self.arrived)
@@ -118,26 +118,29 @@ class Replica:
             if self.running == 0 and waiting == 0:
                 if self.arrived == total:
                     return
-                yield env.timeout(arrivals[self.arrived] - now)
+                yield timeout(arrivals[self.arrived] - now)
                 continue
             n = admit(self.running, self.kv_used,
                       self.kv_reserve[self.queue_head:self.arrived]) if waiting else 0
             if n:
-                yield from self._prefill(n)
+                yield timeout(self._start_prefill(n, now))
+                self._finish_prefill(n, now, env.now)
             elif self.running:
-                yield from self._decode()
+                yield timeout(self._start_decode(now))
+                self._finish_decode(now, env.now)
             else:
                 raise RuntimeError("a waiting request can never be admitted (checked before the run)")
 
-    def _prefill(self, n: int):
-        env, head = self.env, self.queue_head
+    def _start_prefill(self, n: int, now: float) -> float:
+        idx = slice(self.queue_head, self.queue_head + n)
+        self._mean_prompt = int(np.add.reduce(self.prompt_tokens[idx])) / n
+        self.kv_used += int(np.add.reduce(self.kv_reserve[idx]))
+        return self.table.prefill_time(n, self._mean_prompt)
+
+    def _finish_prefill(self, n: int, start: float, end: float) -> None:
+        head = self.queue_head
         idx = slice(head, head + n)
         self.queue_head += n
-        mean_prompt = float(self.prompt_tokens[idx].mean())
-        self.kv_used += int(self.kv_reserve[idx].sum())
-        start = env.now
-        yield env.timeout(self.table.prefill_time(n, mean_prompt))
-        end = env.now
         self.scheduled_s[idx] = start
         self.first_token_s[idx] = end
         more = self.output_tokens[idx] > 1
@@ -145,7 +148,7 @@ class Replica:
         if joining < n:  # one-token requests end with their prefill
             done = np.flatnonzero(~more) + head
             self.finish_s[done] = end
-            self.kv_used -= int(self.kv_reserve[done].sum())
+            self.kv_used -= int(np.add.reduce(self.kv_reserve[done]))
         if joining:
             lo, hi = self.running, self.running + joining
             req = np.flatnonzero(more) + head if joining < n else np.arange(head, head + n)
@@ -159,29 +162,31 @@ class Replica:
             self.row_joined_k[lo:hi] = self.k_sum
             self.row_scale[lo:hi] = self.acceptance_scale[req]
             self.row_first_token_s[lo:hi] = end
-            self.total_remaining += int(remaining.sum())
-            self.total_final_context += int(final_context.sum())
+            self.total_remaining += int(np.add.reduce(remaining))
+            self.total_final_context += int(np.add.reduce(final_context))
             self.running = hi
             self.fresh += joining
         self.scheduler.on_admit(n, self.running)
-        self.step_rows.append((start, end, PREFILL, n, self.running, 0, mean_prompt, 0, 0, n))
+        self.step_rows.append((start, end, PREFILL, n, self.running, 0, self._mean_prompt, 0, 0, n))
 
-    def _decode(self):
-        env, b = self.env, self.running
-        charged = self.scheduler.charged_batch_size(b)
-        remaining = self.row_remaining[:b]
-        mean_context = (self.total_final_context - self.total_remaining) / b
-        start = env.now
+    def _start_decode(self, now: float) -> float:
+        b = self.running
+        charged = self._charged = self.scheduler.charged_batch_size(b)
+        mean_context = self._mean_context = (self.total_final_context - self.total_remaining) / b
         view = self.view
-        view.now_s, view.step, view.batch_size, view.running = start, len(self.step_rows), charged, b
-        view.mean_context_tokens, view.remaining_tokens = mean_context, remaining
+        view.now_s, view.step, view.batch_size, view.running = now, len(self.step_rows), charged, b
+        view.mean_context_tokens, view.remaining_tokens = mean_context, self.row_remaining[:b]
         view.final_context_tokens = self.row_final_context[:b]
         k = self.policy.choose_k(view)
         if k.__class__ is not int or not 0 <= k <= self.table.k_max:
             k = _checked_k(k, self.table.k_max, self.policy)
-        dt = self.table.decode_time(charged, k, mean_context)
-        yield env.timeout(dt)
-        end = env.now
+        self._k = k
+        self._dt = dt = self.table.decode_time(charged, k, mean_context)
+        return dt
+
+    def _finish_decode(self, start: float, end: float) -> None:
+        b, k = self.running, self._k
+        remaining = self.row_remaining[:b]
         if k:
             accepted = self.sampler.accepted(self.row_scale[:b], k)
             emitted = accepted + 1
@@ -207,11 +212,12 @@ class Replica:
         self.last_decode_end = end
         if np.count_nonzero(remaining) < b:
             self._retire(b, end)
+        charged, step = self._charged, len(self.step_rows)
         fb = self.feedback
-        fb.now_s, fb.step, fb.batch_size, fb.k, fb.step_time_s = end, view.step, charged, k, dt
+        fb.now_s, fb.step, fb.batch_size, fb.k, fb.step_time_s = end, step, charged, k, self._dt
         fb.drafted_tokens, fb.accepted_tokens, fb.accepted_per_sequence = k * b, accepted_total, accepted
         self.policy.observe(fb)
-        self.step_rows.append((start, end, DECODE, charged, b, k, mean_context, k * b, accepted_total,
+        self.step_rows.append((start, end, DECODE, charged, b, k, self._mean_context, k * b, accepted_total,
                                emitted_total))
 
     def _retire(self, b: int, now: float) -> None:
@@ -223,12 +229,12 @@ class Replica:
         self.decode_steps[req] = self.decode_count - self.row_joined_step[rows]
         self.drafted[req] = self.k_sum - self.row_joined_k[rows]
         self.accepted[req] = self.row_accepted[rows]
-        self.kv_used -= int(self.kv_reserve[req].sum())
-        self.total_final_context -= int(self.row_final_context[rows].sum())
-        keep = ~done
-        survivors = b - rows.shape[0]
-        for array in self._rows:
-            array[:survivors] = array[:b][keep]
+        self.kv_used -= int(np.add.reduce(self.kv_reserve[req]))
+        self.total_final_context -= int(np.add.reduce(self.row_final_context[rows]))
+        keep = np.flatnonzero(~done)
+        survivors = keep.shape[0]
+        self._int_rows[:, :survivors] = self._int_rows[:, keep]
+        self._float_rows[:, :survivors] = self._float_rows[:, keep]
         self.running = survivors
 
 

@@ -161,14 +161,18 @@ def _load_meta(path: Path) -> dict[str, Any]:
 def read_points(csv_path: Path) -> pd.DataFrame:
     """Read and check a points CSV; errors name the 1-based file line and the column."""
     try:
-        table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+        table = pd.read_csv(csv_path, dtype=str, keep_default_na=False, skip_blank_lines=False)
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot parse CSV: {exc}", source=csv_path) from None
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
         raise InputError(f"missing column(s) {', '.join(missing)}", source=csv_path, line=1, field=missing[0])
     table = table[list(COLUMNS)].copy()
-    line_of = lambda row: int(row) + 2  # header is line 1  # noqa: E731
+    # Blank lines are read as empty rows and dropped here, so that line numbers stay exact.
+    blank = (table.isna() | table.eq("")).all(axis=1).to_numpy()
+    lines = np.flatnonzero(~blank) + 2  # header is line 1
+    table = table[~blank].reset_index(drop=True)
+    line_of = lambda row: int(lines[row])  # noqa: E731
     for col, allowed in (("phase", PHASES), ("model", MODELS), ("status", STATUSES)):
         bad = ~table[col].isin(allowed)
         if bad.any():

@@ -61,6 +61,7 @@ class RunResult:
     summary: dict
     warnings: list[str]
     wall_s: float
+    engine_wall_s: float  # the SimPy loop alone, for the speed benchmark
 
 
 def prepare(config: RunConfig) -> PreparedRun:
@@ -127,12 +128,15 @@ def execute(run: PreparedRun) -> RunResult:
         kv_reserve=requests.prompt_tokens + requests.output_tokens + run.policy.max_k, table=table,
         scheduler=make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens),
         policy=run.policy, sampler=make_sampler(config, run.alphas))
+    engine_started = time.perf_counter()
     env.run()
+    engine_wall = time.perf_counter() - engine_started
     records = replica.records()
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
                         records.finish_s, records.itl_values, records.itl_weights, records.steps)
     return RunResult(config, run.profile, request_table(requests, run.alphas, records),
-                     pd.DataFrame(records.steps), summary, list(run.warnings), time.perf_counter() - started)
+                     pd.DataFrame(records.steps), summary, list(run.warnings), time.perf_counter() - started,
+                     engine_wall)
 
 
 def simulate(config: RunConfig) -> RunResult:
