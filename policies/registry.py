@@ -21,7 +21,7 @@ def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
     """Build a policy; unknown names or parameters raise :class:`PolicyError`."""
     cls = _resolve(name)
     params = dict(params or {})
-    accepted = inspect.signature(cls.__init__).parameters
+    accepted = inspect.signature(cls).parameters  # not cls.__init__: object's takes *args, **kwargs
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     unknown = [key for key in params if key not in accepted and not takes_any]
     if unknown:

@@ -7,6 +7,8 @@ run of n requests spans n - 1 gaps. Gamma gaps have shape = burstiness and mean
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -21,8 +23,8 @@ def gamma_arrivals(rng: np.random.Generator, rate: float, burstiness: float, *,
 
     Exactly one of ``duration_s`` (every arrival before it) and ``num_requests`` is given.
     """
-    if rate <= 0 or burstiness <= 0:
-        raise ValueError("rate and burstiness must be positive")
+    if not (rate > 0 and burstiness > 0 and math.isfinite(rate) and math.isfinite(burstiness)):
+        raise ValueError("rate and burstiness must be positive finite numbers")
     if (duration_s is None) == (num_requests is None):
         raise ValueError("give exactly one of duration_s and num_requests")
     scale = 1.0 / (rate * burstiness)

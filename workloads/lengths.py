@@ -78,17 +78,16 @@ def parse_length_spec(value: object) -> LengthSpec:
         unknown = set(table) - allowed[kind]
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))} for dist '{kind}'")
+        if allowed[kind] - {"max"} - set(table):  # every field has a default: a missing one must not pass
+            raise ValueError(f"dist '{kind}' needs {', '.join(sorted(allowed[kind] - {'max'}))}")
         for key, item in table.items():
             if isinstance(item, bool) or not isinstance(item, (int, float)):
                 raise ValueError(f"'{key}' must be a number")
-            if key != "sigma" and key != "mean" and item != int(item):
+            if key != "sigma" and key != "mean" and not float(item).is_integer():
                 raise ValueError(f"'{key}' must be a whole number of tokens")
         ints = {k: int(v) for k, v in table.items() if k in ("value", "low", "high", "max")}
         floats = {k: float(v) for k, v in table.items() if k in ("mean", "sigma")}
-        try:
-            return LengthSpec(kind, **ints, **floats)
-        except TypeError:
-            raise ValueError(f"dist '{kind}' needs {', '.join(sorted(allowed[kind] - {'max'}))}") from None
+        return LengthSpec(kind, **ints, **floats)
     if isinstance(value, str):
         parts = value.strip().split(":")
         try:

@@ -1,0 +1,267 @@
+"""Run configuration (sim/config.py): shipped defaults < TOML file < flags, with precise errors."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+
+import pytest
+
+from policies import make_policy
+from sim.config import Source, load_config
+from sim.errors import InputError
+from workloads import LengthSpec
+
+
+def _file(tmp_path, text, name="run.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _expect_error(path, overrides=None) -> InputError:
+    with pytest.raises(InputError) as info:
+        load_config(path, overrides)
+    return info.value
+
+
+# ---------------------------------------------------------------------------------------------- layering
+
+
+def test_shipped_defaults_load():
+    shipped = tomllib.loads((resources.files("sim") / "scenarios" / "default.toml").read_text())
+    cfg = load_config()
+    assert cfg.seed == shipped["seed"] and cfg.profile == shipped["profile"]
+    w = shipped["workload"]
+    assert (cfg.workload.arrival, cfg.workload.rate, cfg.workload.burstiness) == (
+        w["arrival"], w["rate"], w["burstiness"])
+    assert cfg.workload.duration_s == w["duration_s"] and cfg.workload.num_requests is None
+    assert cfg.workload.prompt_tokens.to_dict() == w["prompt_tokens"]
+    assert cfg.workload.output_tokens.to_dict() == w["output_tokens"]
+    assert cfg.engine.batching == shipped["engine"]["batching"]
+    assert cfg.engine.max_batch_size == shipped["engine"]["max_batch_size"]
+    policy = dict(shipped["policy"])
+    assert cfg.policy.name == policy.pop("name") and cfg.policy.params == policy
+    assert cfg.acceptance.alpha == shipped["acceptance"]["alpha"]
+    assert cfg.output.records == shipped["output"]["records"]
+    assert cfg.sources["workload.rate"] == Source("defaults")
+
+
+def test_file_overrides_defaults_and_flags_override_the_file(tmp_path):
+    path = _file(tmp_path, "seed = 5\n"
+                           "[workload]\n"
+                           "rate = 2.0\n"
+                           "prompt_tokens = \"uniform:8:16\"\n"
+                           "[engine]\n"
+                           "max_batch_size = 8\n")
+    cfg = load_config(path, {"workload.rate": (3.0, "--rate"), "seed": (None, "--seed")})
+    assert cfg.workload.rate == 3.0  # flag beats file
+    assert cfg.seed == 5  # a flag left unset (None) does not override
+    assert cfg.engine.max_batch_size == 8  # file beats defaults
+    assert cfg.workload.prompt_tokens == LengthSpec("uniform", low=8, high=16)
+    assert cfg.acceptance.alpha == load_config().acceptance.alpha  # untouched keys keep defaults
+    assert cfg.sources["workload.rate"] == Source("--rate")
+    assert cfg.sources["engine.max_batch_size"] == Source(str(path), 6)
+    assert cfg.sources["seed"] == Source(str(path), 1)
+
+
+def test_flags_alone_override_defaults():
+    cfg = load_config(None, {"engine.batching": ("static", "--batching"), "acceptance.alpha": (0.55, "--alpha")})
+    assert cfg.engine.batching == "static" and cfg.acceptance.alpha == 0.55
+
+
+def test_missing_config_file_is_an_input_error(tmp_path):
+    err = _expect_error(tmp_path / "absent.toml")
+    assert "no such config file" in str(err) and err.source == str(tmp_path / "absent.toml")
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("text,key,line", [
+    ("seed = 1\n[workload]\nrate = 2.0\nrat = 3.0\n", "workload.rat", 4),
+    ("seed = 1\nsede = 2\n", "sede", 2),
+    ("[engine]\nmax_batch_size = 4\n\n[policy]\nname = \"fixed\"\n[acceptance]\nalfa = 0.5\n", "acceptance.alfa", 7),
+    ("seed = 1\n\n[worklaod]\nrate = 2\n", "worklaod", 3),
+    ("seed = 1\nengine.max_batchsize = 3\n", "engine.max_batchsize", 2),
+])
+def test_unknown_key_names_the_key_file_and_line(tmp_path, text, key, line):
+    path = _file(tmp_path, text)
+    err = _expect_error(path)
+    assert (err.field, err.source, err.line) == (key, str(path), line)
+    assert str(err) == f"{path}:{line}: {key}: unknown setting"
+
+
+@pytest.mark.parametrize("text,key,line,message", [
+    ("[workload]\nrate = 0\n", "workload.rate", 2, "must be greater than 0"),
+    ("[workload]\narrival = \"gamma\"\nrate = -1.5\n", "workload.rate", 3, "must be greater than 0"),
+    ("seed = 1\n[acceptance]\nalpha = 1.5\n", "acceptance.alpha", 3, "must be inside (0, 1)"),
+    ("[engine]\nbatching = \"foo\"\n", "engine.batching", 2, "'foo' is not one of continuous, static"),
+    ("[engine]\n# comment\nmax_batch_size = 0\n", "engine.max_batch_size", 3, "must be at least 1"),
+    ("seed = 1.5\n", "seed", 1, "'1.5' is not a whole number"),
+    ("seed = true\n", "seed", 1, "not a whole number"),
+    ("\nseed = -1\n", "seed", 2, "must be at least 0"),
+    ("[workload]\nduration_s = 0\n", "workload.duration_s", 2, "must be greater than 0"),
+    ("[workload]\narrival = \"weibull\"\n", "workload.arrival", 2, "not one of poisson, gamma"),
+    ("[workload]\nprompt_tokens = \"uniform:5\"\n", "workload.prompt_tokens", 2, "uniform:LOW:HIGH"),
+    ("[workload]\noutput_tokens = { dist = \"lognormal\", mean = 9 }\n", "workload.output_tokens", 2,
+     "needs mean, sigma"),
+    ("[workload]\nrate = 1\n[workload.prompt_tokens]\ndist = \"fixed\"\nvalue = 0\n", "workload.prompt_tokens", 3,
+     "at least 1"),
+    ("[acceptance]\ndistribution = \"gauss\"\n", "acceptance.distribution", 2, "not one of fixed, beta"),
+    ("[acceptance]\nconcentration = 0\n", "acceptance.concentration", 2, "greater than 0"),
+    ("[output]\nrecords = \"json\"\n", "output.records", 2, "not one of csv, parquet, none"),
+    ("profile = \"\"\n", "profile", 1, "non-empty string"),
+    ("[workload]\nrate = \"fast\"\n", "workload.rate", 2, "'fast' is not a number"),
+])
+def test_bad_value_in_file_names_field_file_and_line(tmp_path, text, key, line, message):
+    path = _file(tmp_path, text)
+    err = _expect_error(path)
+    assert (err.field, err.source, err.line) == (key, str(path), line)
+    assert message in err.message
+    assert str(err).startswith(f"{path}:{line}: {key}: ")
+
+
+@pytest.mark.parametrize("key,value,flag,message", [
+    ("workload.rate", 0.0, "--rate", "must be greater than 0"),
+    ("acceptance.alpha", 1.5, "--alpha", "must be inside (0, 1)"),
+    ("engine.batching", "foo", "--batching", "not one of"),
+    ("engine.max_batch_size", 0, "--max-batch-size", "must be at least 1"),
+    ("seed", "abc", "--seed", "'abc' is not a whole number"),
+    ("workload.prompt_tokens", "lognormal:1", "--prompt-tokens", "not a length"),
+])
+def test_bad_value_from_a_flag_names_the_flag(tmp_path, key, value, flag, message):
+    path = _file(tmp_path, "seed = 3\n[workload]\nrate = 2.0\n[engine]\nmax_batch_size = 4\n")
+    err = _expect_error(path, {key: (value, flag)})
+    assert (err.field, err.source, err.line) == (key, flag, None)
+    assert message in err.message
+    assert str(err).startswith(f"{flag}: {key}: ")
+
+
+def test_invalid_toml_reports_its_line(tmp_path):
+    path = _file(tmp_path, "seed = 1\n[workload]\nrate = 2\nburstiness = = 3\n")
+    err = _expect_error(path)
+    assert (err.source, err.line) == (str(path), 4)
+    assert "not valid TOML" in err.message
+
+
+def test_duration_and_num_requests_in_one_file_is_an_error(tmp_path):
+    path = _file(tmp_path, "[workload]\nduration_s = 10.0\nrate = 1.0\nnum_requests = 50\n")
+    err = _expect_error(path)
+    assert (err.field, err.source, err.line) == ("workload.num_requests", str(path), 4)
+    assert "not both" in err.message
+
+
+def test_num_requests_in_a_file_replaces_the_default_duration(tmp_path):
+    cfg = load_config(_file(tmp_path, "[workload]\nnum_requests = 50\n"))
+    assert (cfg.workload.num_requests, cfg.workload.duration_s) == (50, None)
+
+
+def test_num_requests_flag_replaces_a_files_duration(tmp_path):
+    path = _file(tmp_path, "[workload]\nduration_s = 30.0\n")
+    cfg = load_config(path, {"workload.num_requests": (20, "--num-requests")})
+    assert (cfg.workload.num_requests, cfg.workload.duration_s) == (20, None)
+
+
+def test_duration_flag_replaces_a_files_num_requests(tmp_path):
+    path = _file(tmp_path, "[workload]\nnum_requests = 20\n")
+    cfg = load_config(path, {"workload.duration_s": (12.5, "--duration")})
+    assert (cfg.workload.num_requests, cfg.workload.duration_s) == (None, 12.5)
+
+
+# ---------------------------------------------------------------------------------------------- policy
+
+
+def test_defaults_give_fixed_policy_with_k():
+    cfg = load_config()
+    assert cfg.policy.name == "fixed" and cfg.policy.params == {"k": 3}
+
+
+def test_policy_flag_drops_the_defaults_policy_params():
+    cfg = load_config(None, {"policy.name": ("none", "--policy")})
+    assert cfg.policy.name == "none" and cfg.policy.params == {}
+    assert make_policy(cfg.policy.name, cfg.policy.params).max_k == 0  # 'none' must not be given k
+
+
+def test_policy_name_in_a_file_drops_the_defaults_policy_params(tmp_path):
+    cfg = load_config(_file(tmp_path, "[policy]\nname = \"none\"\n"))
+    assert cfg.policy.params == {}
+
+
+def test_policy_flag_drops_the_files_policy_params_but_keeps_param_flags(tmp_path):
+    path = _file(tmp_path, "[policy]\nname = \"fixed\"\nk = 6\n")
+    cfg = load_config(path, {"policy.name": ("fixed", "--policy"), "policy.k": (2, "--k")})
+    assert cfg.policy.params == {"k": 2}
+    cfg = load_config(path, {"policy.name": ("none", "--policy"), "policy.k": (None, "--k")})
+    assert cfg.policy.params == {}
+
+
+def test_policy_params_from_the_policy_table_reach_policy_config(tmp_path):
+    cfg = load_config(_file(tmp_path, "[policy]\nname = \"mypkg.mod:Smart\"\nthreshold = 0.25\nwindow = 8\n"))
+    assert cfg.policy.name == "mypkg.mod:Smart"
+    assert cfg.policy.params == {"threshold": 0.25, "window": 8}
+
+
+def test_policy_param_without_a_name_keeps_the_earlier_policy(tmp_path):
+    cfg = load_config(_file(tmp_path, "[policy]\nk = 5\n"))
+    assert cfg.policy.name == "fixed" and cfg.policy.params == {"k": 5}
+
+
+# ---------------------------------------------------------------------------------------------- round trip, digest
+
+
+RICH = """seed = 17
+profile = "some/profile/dir"
+
+[workload]
+arrival = "gamma"
+rate = 3.5
+burstiness = 0.4
+num_requests = 250
+prompt_tokens = "uniform:16:512"
+output_tokens = 64
+
+[engine]
+batching = "static"
+max_batch_size = 12
+kv_cache_tokens = 40000
+
+[policy]
+name = "fixed"
+k = 5
+
+[acceptance]
+alpha = 0.62
+distribution = "beta"
+concentration = 4.0
+
+[output]
+dir = "runs/x"
+records = "parquet"
+"""
+
+
+@pytest.mark.parametrize("text", [RICH, None], ids=["rich", "defaults"])
+def test_to_toml_round_trips_to_an_equal_config(tmp_path, text):
+    cfg = load_config(_file(tmp_path, text) if text else None)
+    again = load_config(_file(tmp_path, cfg.to_toml(), "resolved.toml"))
+    assert again == cfg
+    assert again.to_toml() == cfg.to_toml()
+
+
+def test_round_trip_keeps_every_rich_setting(tmp_path):
+    cfg = load_config(_file(tmp_path, RICH))
+    assert cfg.workload.burstiness == 0.4 and cfg.workload.num_requests == 250
+    assert cfg.engine.kv_cache_tokens == 40000 and cfg.acceptance.distribution == "beta"
+    assert cfg.output.dir == "runs/x" and cfg.policy.params == {"k": 5}
+
+
+def test_digest_ignores_output_dir_but_changes_with_seed(tmp_path):
+    path = _file(tmp_path, RICH)
+    base = load_config(path)
+    assert load_config(path).digest() == base.digest()
+    moved = load_config(path, {"output.dir": ("elsewhere", "--out")})
+    assert moved.output.dir == "elsewhere" and moved.digest() == base.digest()
+    reseeded = load_config(path, {"seed": (18, "--seed")})
+    assert reseeded.digest() != base.digest()
+    assert load_config(path, {"workload.rate": (3.6, "--rate")}).digest() != base.digest()
