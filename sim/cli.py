@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: specbatch calibrate needs torch ({exc}); pip install 'specbatch[calibrate]'",
                   file=sys.stderr)
             return 2
-        return calibrate_main(argv[1:])
+        return calibrate_main(argv[1:], prog="specbatch calibrate")
     args = build_parser().parse_args(argv)
     try:
         if args.command == "run":

@@ -18,6 +18,7 @@ import pandas as pd
 
 import sim
 from sim.errors import InputError
+from sim.profile import current_umask
 from sim.simulate import RunResult
 
 MARKER = "summary.json"
@@ -50,6 +51,7 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes 0700
         records = result.config.output.records
         (staging / "config.toml").write_text(result.config.to_toml())
         if records != "none":

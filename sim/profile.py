@@ -238,10 +238,17 @@ def atomic_write_text(path: Path, text: str) -> None:
     write_atomic(path, text.encode())
 
 
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a profile is for everyone to read
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

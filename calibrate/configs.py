@@ -1,0 +1,125 @@
+"""Published model shapes, so calibration can build a model without downloading a checkpoint.
+
+Timing depends on tensor shapes, not on weight values, so a config is all we need.
+Each shape lives in ``calibrate/models/<name>.json``. This module imports no torch, so
+``specbatch calibrate --list-models`` and input checking work without it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from sim.errors import InputError
+
+ARCHS = ("opt", "llama")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+OPT_POSITION_OFFSET = 2  # OPT's learned position table has two extra leading rows
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a decoder-only transformer (OPT or Llama family)."""
+
+    name: str
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    rope_theta: float | None = None
+    tie_word_embeddings: bool = True
+    norm_eps: float = 1e-5
+    source: str = ""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise InputError(f"arch '{self.arch}' is not one of {', '.join(ARCHS)}", field="arch", source=self.name)
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise InputError("hidden_size must divide by num_heads and num_heads by num_kv_heads",
+                             field="num_heads", source=self.name)
+        if self.arch == "opt" and self.num_kv_heads != self.num_heads:
+            raise InputError("OPT has no grouped-query attention", field="num_kv_heads", source=self.name)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@lru_cache(maxsize=1)
+def _all_configs() -> dict[str, ModelConfig]:
+    known = {f.name for f in fields(ModelConfig)}
+    configs = {}
+    for entry in sorted(resources.files("calibrate").joinpath("models").iterdir(), key=lambda p: p.name):
+        if not entry.name.endswith(".json"):
+            continue
+        raw = json.loads(entry.read_text())
+        extra = set(raw) - known
+        if extra:
+            raise InputError(f"unknown key(s) {sorted(extra)}", source=f"calibrate/models/{entry.name}")
+        configs[raw["name"]] = ModelConfig(**raw)
+    return configs
+
+
+def known_models() -> list[str]:
+    """Names accepted by :func:`get_config`."""
+    return list(_all_configs())
+
+
+def get_config(name: str, field: str = "model") -> ModelConfig:
+    """The config called ``name``; an unknown name is an :class:`InputError` naming ``field``."""
+    configs = _all_configs()
+    if name not in configs:
+        raise InputError(f"unknown model '{name}' (known: {', '.join(configs)})", field=field)
+    return configs[name]
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Parameters as built by :mod:`calibrate.model` (matches the published checkpoints)."""
+    h, f, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    kv = cfg.num_kv_heads * cfg.head_dim
+    attn = h * (h + 2 * kv) + h * h
+    embed = cfg.vocab_size * h
+    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
+    if cfg.arch == "opt":
+        attn += (h + 2 * kv) + h  # biases
+        mlp = 2 * h * f + f + h
+        norms = 2 * 2 * h
+        positions = (cfg.max_position_embeddings + OPT_POSITION_OFFSET) * h
+        return embed + positions + head + layers * (attn + mlp + norms) + 2 * h
+    mlp = 3 * h * f
+    norms = 2 * h
+    return embed + head + layers * (attn + mlp + norms) + h
+
+
+def dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise InputError(f"'{dtype}' is not one of {', '.join(DTYPE_BYTES)}", field="dtype")
+    return DTYPE_BYTES[dtype]
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
+    return param_count(cfg) * dtype_bytes(dtype)
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
+    """Key + value bytes one token occupies across all layers."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes(dtype)
+
+
+def describe(cfg: ModelConfig) -> str:
+    """One line for ``--list-models``."""
+    heads = f"{cfg.num_heads}" if cfg.num_kv_heads == cfg.num_heads else f"{cfg.num_heads}/{cfg.num_kv_heads}kv"
+    return (f"{cfg.name:<16} {cfg.arch:<6} {param_count(cfg) / 1e6:>9.1f}M  layers {cfg.num_layers:>2}  "
+            f"hidden {cfg.hidden_size:>5}  heads {heads:<7} ffn {cfg.intermediate_size:>5}  "
+            f"vocab {cfg.vocab_size:>6}  max_len {cfg.max_position_embeddings}")

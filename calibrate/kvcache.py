@@ -1,0 +1,85 @@
+"""A preallocated KV cache with per-sequence lengths, as a serving engine keeps one.
+
+Speculative decoding appends k+1 tokens per sequence and then throws away the rejected
+draft tokens, a different number per sequence; :meth:`KVCache.rollback` does that by
+moving lengths back (stale entries past a length are masked out, never read).
+
+Besides the device tensor ``lengths`` the cache keeps a host-side int ``span``: an upper
+bound of every length, so attention reads only ``[:span]`` keys (cost grows with the
+context actually used, not with the allocation) without a device->host sync. All
+updates are plain tensor ops, so a forward pass plus a rollback can be captured in a
+CUDA graph and replayed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Per-layer keys/values of shape ``[batch, kv_heads, max_len, head_dim]``."""
+
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
+                 *, dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (num_layers, batch, kv_heads, max_len, head_dim)
+        # zeros, not empty: uninitialised memory may hold NaNs or denormals that slow CPU math
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.span = 0
+        self.max_len = max_len
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, batch: int, max_len: int) -> "KVCache":
+        cfg = model.cfg
+        return cls(cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim,
+                   dtype=model.dtype, device=model.device)
+
+    @property
+    def batch(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def fill(self, length: int) -> None:
+        """Pretend every sequence already holds ``length`` tokens (contents are irrelevant to timing)."""
+        self.check_room(length)
+        self.lengths.fill_(length)
+        self.span = length
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, positions: torch.Tensor) -> None:
+        """Store ``[b, kv_heads, q, d]`` keys/values at absolute ``positions [b, q]`` of each sequence."""
+        rows = torch.arange(self.batch, device=positions.device)[:, None]
+        self.k[layer][rows, :, positions] = k_new.transpose(1, 2)
+        self.v[layer][rows, :, positions] = v_new.transpose(1, 2)
+
+    def advance(self, q: int) -> None:
+        """Count ``q`` freshly written tokens in every sequence."""
+        self.check_room(self.span + q)
+        self.lengths.add_(q)
+        self.span += q
+
+    def append(self, layer_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write ``q`` new tokens for every layer at the current lengths and advance (no model needed)."""
+        q = layer_kv[0][0].shape[2]
+        self.check_room(self.span + q)
+        positions = self.lengths[:, None] + torch.arange(q, device=self.lengths.device)
+        for layer, (k_new, v_new) in enumerate(layer_kv):
+            self.write(layer, k_new, v_new, positions)
+        self.advance(q)
+
+    def rollback(self, n: int | torch.Tensor) -> None:
+        """Forget the last ``n`` tokens: an int for every sequence, or a LongTensor ``[batch]`` each."""
+        if isinstance(n, torch.Tensor):
+            n = n.to(device=self.lengths.device, dtype=torch.long)
+            if bool((n < 0).any()) or bool((n > self.lengths).any()):
+                raise ValueError("rollback count must lie in [0, length] for every sequence")
+            self.lengths.sub_(n)
+            self.span = int(self.lengths.max()) if self.batch else 0
+            return
+        if n < 0 or n > self.span:
+            raise ValueError(f"cannot roll back {n} tokens from a cache of span {self.span}")
+        self.lengths.sub_(n)  # a device op with no sync, so it can live inside a CUDA graph
+        self.span -= n
+
+    def check_room(self, length: int) -> None:
+        if length > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} tokens per sequence; {length} requested")

@@ -1,0 +1,225 @@
+"""Decoder-only transformers (OPT, Llama) in plain torch with random weights.
+
+Timing needs the real shapes and the real sequence of kernels, not trained weights, so
+weights are random and built directly on the device in the target dtype (no float32
+detour, no slow initialiser). Like serving engines we fuse q/k/v (and Llama's gate/up)
+projections into one matmul each.
+
+``forward(tokens[b, q], cache)`` writes the q new tokens' keys/values into the cache at
+each sequence's current length, attends causally over the cached prefix (an additive mask
+handles ragged lengths) and returns logits ``[b, q, vocab]`` (or ``[b, 1, vocab]`` with
+``last_only``, as prefill needs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from calibrate.configs import OPT_POSITION_OFFSET, ModelConfig
+from calibrate.kvcache import KVCache
+
+INIT_STD = 0.02
+
+
+class Init:
+    """Random-normal weights built by tiling one random pool: as fast as a memcpy.
+
+    ``normal_`` on a billion CPU parameters takes many seconds; values only need to be
+    small, finite and not denormal for timing, so every tensor is filled from a random
+    offset of a shared ``N(0, INIT_STD)`` pool of 2**20 values.
+    """
+
+    POOL = 1 << 20
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.pool = (torch.randn(2 * self.POOL, generator=gen) * INIT_STD).to(device=device, dtype=dtype)
+        self.offsets = torch.randint(0, self.POOL, (1 << 16,), generator=gen).tolist()
+        self.device, self.dtype, self.count = device, dtype, 0
+
+    def weight(self, *shape: int) -> nn.Parameter:
+        flat = torch.empty(shape, device=self.device, dtype=self.dtype).view(-1)
+        start = self.offsets[self.count % len(self.offsets)]
+        self.count += 1
+        src, n, size = self.pool[start:start + self.POOL], flat.numel(), self.POOL
+        full = n // size
+        if full:
+            flat[:full * size].view(full, size).copy_(src.expand(full, size))
+        flat[full * size:].copy_(src[:n - full * size])
+        return nn.Parameter(flat.view(shape), requires_grad=False)
+
+
+def _const(value: float, *shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.full(shape, value, device=device, dtype=dtype), requires_grad=False)
+
+
+class Block(nn.Module):
+    """One pre-norm decoder layer of either architecture."""
+
+    def __init__(self, cfg: ModelConfig, init: Init) -> None:
+        super().__init__()
+        h, f, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_kv_heads * cfg.head_dim
+        mk = dict(device=init.device, dtype=init.dtype)
+        self.cfg = cfg
+        self.norm1_w, self.norm2_w = _const(1.0, h, **mk), _const(1.0, h, **mk)
+        self.qkv_w = init.weight(h + 2 * kv, h)
+        self.out_w = init.weight(h, h)
+        if cfg.arch == "opt":
+            self.norm1_b, self.norm2_b = _const(0.0, h, **mk), _const(0.0, h, **mk)
+            self.qkv_b, self.out_b = init.weight(h + 2 * kv), init.weight(h)
+            self.fc1_w, self.fc1_b = init.weight(f, h), init.weight(f)
+            self.fc2_w, self.fc2_b = init.weight(h, f), init.weight(h)
+        else:
+            self.gate_up_w = init.weight(2 * f, h)
+            self.down_w = init.weight(h, f)
+
+    def norm(self, x: torch.Tensor, which: int) -> torch.Tensor:
+        w = self.norm1_w if which == 1 else self.norm2_w
+        if self.cfg.arch == "opt":
+            b = self.norm1_b if which == 1 else self.norm2_b
+            return F.layer_norm(x, (x.shape[-1],), w, b, self.cfg.norm_eps)
+        return rms_norm(x, w, self.cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, cache: KVCache, layer: int, positions: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None) -> torch.Tensor:
+        cfg = self.cfg
+        b, q, _ = x.shape
+        d, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        qkv = F.linear(self.norm(x, 1), self.qkv_w, getattr(self, "qkv_b", None))
+        xq, xk, xv = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+        xq = xq.view(b, q, nh, d).transpose(1, 2)
+        xk = xk.view(b, q, nkv, d).transpose(1, 2)
+        xv = xv.view(b, q, nkv, d).transpose(1, 2)
+        if rope is not None:
+            xq, xk = apply_rope(xq, *rope), apply_rope(xk, *rope)
+        attn = attend(xq, xk, xv, cache, layer, positions, mask)
+        x = x + F.linear(attn.transpose(1, 2).reshape(b, q, nh * d), self.out_w, getattr(self, "out_b", None))
+        y = self.norm(x, 2)
+        if cfg.arch == "opt":
+            y = F.linear(F.relu(F.linear(y, self.fc1_w, self.fc1_b)), self.fc2_w, self.fc2_b)
+        else:
+            gate, up = F.linear(y, self.gate_up_w).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down_w)
+        return x + y
+
+
+class Transformer(nn.Module):
+    """An OPT or Llama decoder with random weights, for timing and for real replay."""
+
+    def __init__(self, cfg: ModelConfig, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+        super().__init__()
+        device = torch.device(device)
+        init = Init(device, dtype, seed)
+        mk = dict(device=device, dtype=dtype)
+        self.cfg = cfg
+        self.embed = init.weight(cfg.vocab_size, cfg.hidden_size)
+        if cfg.arch == "opt":
+            self.positions = init.weight(cfg.max_position_embeddings + OPT_POSITION_OFFSET, cfg.hidden_size)
+            self.final_norm_b = _const(0.0, cfg.hidden_size, **mk)
+        self.final_norm_w = _const(1.0, cfg.hidden_size, **mk)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else init.weight(cfg.vocab_size, cfg.hidden_size)
+        self.blocks = nn.ModuleList(Block(cfg, init) for _ in range(cfg.num_layers))
+        if cfg.arch == "llama":
+            inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device).float() / cfg.head_dim))
+            self.register_buffer("inv_freq", inv, persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache.for_model(self, batch, max_len)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, *, last_only: bool = False) -> torch.Tensor:
+        b, q = tokens.shape
+        if b != cache.batch:
+            raise ValueError(f"tokens have batch {b}, cache has {cache.batch}")
+        cache.check_room(cache.span + q)
+        if self.cfg.arch == "opt" and cache.span + q > self.cfg.max_position_embeddings:
+            raise ValueError(f"{self.cfg.name} has learned positions up to {self.cfg.max_position_embeddings}")
+        positions = cache.lengths[:, None] + torch.arange(q, device=tokens.device)
+        x = F.embedding(tokens, self.embed)
+        rope = None
+        if self.cfg.arch == "opt":
+            x = x + F.embedding(positions + OPT_POSITION_OFFSET, self.positions)
+        else:
+            rope = rope_tables(positions, self.inv_freq, x.dtype)
+        mask = None if cache.span == 0 else attention_mask(cache, positions, self.cfg, x.dtype)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer, positions, rope, mask)
+        cache.advance(q)
+        if last_only:
+            x = x[:, -1:]
+        if self.cfg.arch == "opt":
+            x = F.layer_norm(x, (x.shape[-1],), self.final_norm_w, self.final_norm_b, self.cfg.norm_eps)
+        else:
+            x = rms_norm(x, self.final_norm_w, self.cfg.norm_eps)
+        return F.linear(x, self.lm_head)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm, computed in float32 as the reference implementation does."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[b, 1, q, head_dim]`` for absolute positions ``[b, q]`` (computed per pass, no table)."""
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention_mask(cache: KVCache, positions: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    """Additive causal mask ``[b, 1, group * q, kv_len]`` over the cached prefix, built once per pass.
+
+    Query i of sequence s (absolute position length_s + i) sees key j iff j <= length_s + i,
+    which also hides stale entries left behind by a rollback. Rows repeat per grouped-query
+    head (see :func:`attend`). The key axis is allocated padded to a multiple of 16 so that
+    fused kernels accept the mask's stride without copying it in every layer.
+    """
+    qlen = positions.shape[1]
+    kv_len = cache.span + qlen
+    padded = -(-kv_len // 16) * 16
+    visible = torch.arange(padded, device=positions.device) <= positions[:, None, :, None]  # [b, 1, q, padded]
+    mask = torch.zeros(visible.shape, dtype=dtype, device=positions.device).masked_fill_(~visible, float("-inf"))
+    group = cfg.num_heads // cfg.num_kv_heads
+    if group > 1:
+        mask = mask.repeat(1, 1, group, 1)
+    return mask[..., :kv_len]
+
+
+def attend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache: KVCache, layer: int,
+           positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Causal attention of ``q [b, H, q, d]`` over the cached prefix plus the new keys.
+
+    An empty cache (prefill, ``mask`` None) attends over the new keys alone with
+    ``is_causal`` (flash kernels apply). Otherwise the new keys are written to the cache
+    first and attention reads the cache up to its span under ``mask``. Grouped-query heads
+    are folded into the query axis (``[b, kv_heads, group * q, d]``), so keys are never
+    copied per query head.
+    """
+    b, nh, qlen, d = q.shape
+    nkv = k_new.shape[1]
+    cache.write(layer, k_new, v_new, positions)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k_new, v_new, is_causal=qlen > 1, enable_gqa=nh != nkv)
+    kv_len = mask.shape[-1]
+    keys, values = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
+    if nh != nkv:
+        q = q.reshape(b, nkv, (nh // nkv) * qlen, d)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).reshape(b, nh, qlen, d)

@@ -1,0 +1,72 @@
+"""What exactly is timed at each grid point: one closure per point, repeatable.
+
+* prefill: one forward over ``prompt`` tokens per sequence into an empty cache, logits
+  of the last position only (what an engine samples from);
+* decode/draft: one draft step: forward over 1 token at ``ctx`` cached tokens, then
+  softmax and sampling of the next draft token (both sit on the draft loop's critical path);
+* decode/target: one forward over q tokens per sequence at ``ctx`` cached tokens, logits
+  for all q positions (k = q - 1 drafts plus the bonus position);
+* verify: softmax of the target logits ``[b, k+1, V]`` and rejection sampling against the
+  draft probabilities (k = 0: sampling one token).
+
+Each closure rolls the cache back after its forward pass, so repeats (and CUDA graph
+replays) all run at the same context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from calibrate.grid import Point
+from calibrate.model import Transformer
+from calibrate.verify import sample, verify_logits
+
+GRAPHABLE = {("decode", "draft"), ("decode", "target")}  # decode-sized passes, as vLLM captures
+
+
+@dataclass
+class Pass:
+    fn: Callable[[], object]
+    graphable: bool
+
+
+def build_pass(point: Point, models: dict[str, Transformer], generator: torch.Generator) -> Pass:
+    """The timed closure for ``point`` with its inputs already allocated on the device."""
+    model = models[point.model]
+    device, vocab = model.device, model.cfg.vocab_size
+    b, q, ctx = point.batch_size, point.query_tokens, point.context_tokens
+    graphable = (point.phase, point.model) in GRAPHABLE
+
+    if point.phase == "verify":
+        k = q
+        logits = torch.randn(b, k + 1, vocab, generator=generator, device=device).to(model.dtype)
+        draft_probs = torch.softmax(torch.randn(b, k, vocab, generator=generator, device=device), dim=-1)
+        draft_tokens = sample(draft_probs, generator) if k else torch.empty(b, 0, dtype=torch.long, device=device)
+        return Pass(lambda: verify_logits(logits, draft_probs, draft_tokens, generator), graphable)
+
+    tokens = torch.randint(0, vocab, (b, q), generator=generator, device=device)
+    cache = model.new_cache(b, ctx + q)
+    cache.fill(ctx)
+
+    if point.phase == "prefill":
+        def prefill() -> torch.Tensor:
+            out = model(tokens, cache, last_only=True)
+            cache.rollback(q)
+            return out
+        return Pass(prefill, graphable)
+
+    if point.model == "draft":
+        def draft_step() -> torch.Tensor:
+            logits = model(tokens, cache)
+            cache.rollback(q)
+            return sample(torch.softmax(logits[:, -1].float(), dim=-1))  # default generator: graph-safe
+        return Pass(draft_step, graphable)
+
+    def target_pass() -> torch.Tensor:
+        out = model(tokens, cache)
+        cache.rollback(q)
+        return out
+    return Pass(target_pass, graphable)

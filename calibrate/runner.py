@@ -1,0 +1,231 @@
+"""Run a calibration: load both models, time every grid point, write the profile.
+
+Points that cannot fit are skipped with status ``oom`` (estimated up front, or caught);
+other failures get ``error``; either way the point is recorded and the run goes on.
+Progress is resumable (see :mod:`calibrate.partial`); the profile itself is written
+only at the end, atomically, through :func:`sim.profile.write_profile`.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from calibrate import memory
+from calibrate.configs import ModelConfig, get_config, kv_bytes_per_token, param_count, weight_bytes
+from calibrate.environment import device_info, versions
+from calibrate.grid import Grid, Point
+from calibrate.model import Transformer
+from calibrate.partial import PartialRun
+from calibrate.passes import GRAPHABLE, build_pass
+from calibrate.timing import Measurement, TimerConfig, time_cpu, time_cuda
+from sim.profile import COLUMNS, INT_COLUMNS, KEY_COLUMNS, LATENCY_COLUMNS, write_profile
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that determines what a calibration measures."""
+
+    target: str
+    draft: str
+    device: str  # "cpu" | "cuda"
+    dtype: str  # resolved: float32 | float16 | bfloat16
+    grid: Grid
+    seed: int = 0
+    threads: int | None = None
+    memory_fraction: float = 0.9
+    cuda_graphs: bool = True
+
+    def fingerprint(self, device_name: str) -> dict[str, Any]:
+        """What must match for a partial run to be resumed."""
+        return {"target": self.target, "draft": self.draft, "device": self.device, "device_name": device_name,
+                "dtype": self.dtype, "grid": self.grid.to_dict(), "seed": self.seed, "threads": self.threads,
+                "cuda_graphs": self.cuda_graphs and self.device == "cuda"}
+
+
+@dataclass
+class RunResult:
+    out: Path
+    table: pd.DataFrame  # every grid point, partial-file columns (COLUMNS + note)
+    elapsed_s: float
+    measured: int  # points timed or skipped by this invocation
+    resumed: int  # points taken over from an earlier, interrupted run
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto``: bfloat16 (else float16) on CUDA, float32 on CPU."""
+    if dtype != "auto":
+        return dtype
+    if device == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"
+
+
+def run_calibration(settings: Settings, out: str | Path, *, fresh: bool = False, progress: bool = True,
+                    on_point: Callable[[Point, dict[str, Any]], None] | None = None) -> RunResult:
+    """Measure every grid point not already in ``out``'s partial file, then write the profile."""
+    started = time.perf_counter()
+    out = Path(out)
+    if settings.device == "cpu":
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        torch.set_flush_denormal(True)
+    cfgs = {"target": get_config(settings.target, "target"), "draft": get_config(settings.draft, "draft")}
+    device = device_info(settings.device)
+    partial = PartialRun(out, settings.fingerprint(device["name"]), fresh=fresh)
+    points = settings.grid.points()
+    todo = [p for p in points if not partial.done(p.key)]
+    resumed = len(points) - len(todo)
+
+    available = memory.available_memory_bytes(settings.device)
+    budget = int(available * settings.memory_fraction)
+    resident = memory.resident_bytes(cfgs["target"], cfgs["draft"], settings.dtype, settings.device)
+    partial.start()
+    models = _load_models(cfgs, settings) if todo and resident <= budget else {}
+    generator = torch.Generator(device=settings.device).manual_seed(settings.seed)
+    timer = TimerConfig(settings.grid.warmup, settings.grid.repeats, settings.grid.budget_s)
+    bar = Progress(len(points), partial.resumed, enabled=progress)
+    for point in todo:
+        need = resident + memory.point_bytes(point, cfgs[point.model], settings.dtype)
+        if need > budget:
+            row = _row(point, "oom", note=f"needs ~{need / 2**20:.0f} MiB of {budget / 2**20:.0f} MiB allowed")
+        else:
+            row = _measure(point, models, generator, timer, settings)
+        partial.record(row)
+        bar.update(point, row)
+        if on_point is not None:
+            on_point(point, row)
+    bar.close()
+
+    table = _typed(pd.DataFrame([partial.rows[tuple(str(v) for v in p.key)] for p in points]))
+    meta = build_meta(settings, cfgs, device, available, budget, table)
+    write_profile(out, meta, table[list(COLUMNS)])
+    partial.finish()
+    return RunResult(out, table, time.perf_counter() - started, len(todo), resumed, meta)
+
+
+def _typed(table: pd.DataFrame) -> pd.DataFrame:
+    """Partial-file strings back to ints and floats (empty latency cells become NaN)."""
+    for col in INT_COLUMNS:
+        table[col] = table[col].astype("int64")
+    for col in LATENCY_COLUMNS:
+        table[col] = pd.to_numeric(table[col].replace("", float("nan")))
+    return table
+
+
+def _load_models(cfgs: dict[str, ModelConfig], settings: Settings) -> dict[str, Transformer]:
+    dtype = TORCH_DTYPES[settings.dtype]
+    return {role: Transformer(cfg, device=settings.device, dtype=dtype, seed=settings.seed + i)
+            for i, (role, cfg) in enumerate(cfgs.items())}
+
+
+def _measure(point: Point, models: dict[str, Transformer], generator: torch.Generator, timer: TimerConfig,
+             settings: Settings) -> dict[str, Any]:
+    """Time one point; an out-of-memory error becomes ``oom``, anything else ``error``."""
+    timed = None
+    try:
+        timed = build_pass(point, models, generator)
+        if settings.device == "cuda":
+            m = time_cuda(timed.fn, timer, graph=settings.cuda_graphs and timed.graphable)
+        else:
+            m = time_cpu(timed.fn, timer)
+        return _row(point, "ok", m, note=m.note or ("graph" if m.graph else "eager"))
+    except torch.cuda.OutOfMemoryError as exc:
+        return _row(point, "oom", note=_first_line(exc))
+    except RuntimeError as exc:
+        status = "oom" if "out of memory" in str(exc) or "can't allocate memory" in str(exc) else "error"
+        return _row(point, status, note=_first_line(exc))
+    except Exception as exc:  # noqa: BLE001 - one bad point must not end an hours-long run
+        return _row(point, "error", note=_first_line(exc))
+    finally:
+        del timed
+        if settings.device == "cuda":
+            gc.collect()
+            torch.cuda.empty_cache()
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+
+
+def _row(point: Point, status: str, m: Measurement | None = None, note: str = "") -> dict[str, Any]:
+    row: dict[str, Any] = dict(zip(KEY_COLUMNS, point.key))
+    row.update(status=status, samples=0, note=note)
+    if m is not None:
+        row.update(m.stats())
+    return row
+
+
+def build_meta(settings: Settings, cfgs: dict[str, ModelConfig], device: dict[str, Any], available: int,
+               budget: int, table: pd.DataFrame) -> dict[str, Any]:
+    """The profile sidecar: REQUIRED_META and what a reader needs to trust or reproduce it."""
+    graph_phases = sorted(f"{p}/{m}" for p, m in GRAPHABLE) if settings.device == "cuda" and settings.cuda_graphs else []
+    ok = table[table.status == "ok"]
+    fallbacks = ok[ok.note.str.startswith("CUDA graph capture failed")]
+    skipped = table[table.status != "ok"]
+    return {
+        "name": f"{settings.device}-{settings.target}-{settings.draft}",
+        "device": device,
+        "dtype": settings.dtype,
+        "versions": versions(),
+        "models": {role: {"name": cfg.name, "config": cfg.to_dict(), "params": param_count(cfg),
+                          "weight_bytes": weight_bytes(cfg, settings.dtype),
+                          "kv_bytes_per_token": kv_bytes_per_token(cfg, settings.dtype)}
+                   for role, cfg in cfgs.items()},
+        "grid": {**settings.grid.to_dict(), "max_len": min(c.max_position_embeddings for c in cfgs.values())},
+        "timing": {"method": "cuda_events" if settings.device == "cuda" else "perf_counter",
+                   "cuda_graphs": graph_phases, "graph_fallbacks": int(len(fallbacks)),
+                   "warmup": settings.grid.warmup, "repeats": settings.grid.repeats,
+                   "budget_s": settings.grid.budget_s, "threads": device["threads"]},
+        "memory": {"available_bytes": available, "fraction": settings.memory_fraction, "budget_bytes": budget},
+        "kv_capacity_tokens": memory.kv_capacity_tokens(budget, cfgs["target"], cfgs["draft"], settings.dtype,
+                                                        settings.device),
+        "seed": settings.seed,
+        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "skipped": [{**{k: r[k] for k in KEY_COLUMNS}, "status": r["status"], "reason": r["note"]}
+                    for r in skipped[list(KEY_COLUMNS) + ["status", "note"]].to_dict("records")],
+    }
+
+
+class Progress:
+    """tqdm when installed, else one plain line per point on stderr."""
+
+    def __init__(self, total: int, done: int, *, enabled: bool) -> None:
+        self.total, self.done, self.enabled, self.bar = total, done, enabled, None
+        self.start = time.perf_counter()
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, initial=done, unit="pt", file=sys.stderr, dynamic_ncols=True)
+            except ImportError:
+                if done:
+                    print(f"resuming: {done} of {total} points already measured", file=sys.stderr)
+
+    def update(self, point: Point, row: dict[str, Any]) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        result = f"{row['latency_median_s'] * 1e3:.2f} ms" if row["status"] == "ok" else row["status"]
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{point.label()}: {result}", refresh=False)
+            self.bar.update(1)
+        else:
+            elapsed = time.perf_counter() - self.start
+            print(f"[{self.done:>{len(str(self.total))}}/{self.total}] {elapsed:7.1f}s  {point.label()}: {result}",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
