@@ -104,4 +104,8 @@ class SharedAlphaSampler(AcceptanceSampler):
         return out
 
     def accepted(self, scale: np.ndarray, k: int) -> np.ndarray:
-        return np.minimum(self._take(scale.shape[0]), k)
+        n, pos = scale.shape[0], self._pos
+        if pos + n <= self._geometric.shape[0]:  # the common case, inlined
+            self._pos = pos + n
+            return np.minimum(self._geometric[pos:pos + n], k)
+        return np.minimum(self._take(n), k)

@@ -95,6 +95,8 @@ class Replica:
         self.itl_weights: list[int] = []
         self.view = BatchView(table.k_max)
         self.feedback = StepFeedback()
+        # Fill in feedback only for policies that listen (fixed and none do not).
+        self._observes = type(policy).observe is not Policy.observe
         self.process = env.process(self._run())
 
     def records(self) -> ReplicaRecords:
@@ -189,15 +191,18 @@ class Replica:
         remaining = self.row_remaining[:b]
         if k:
             accepted = self.sampler.accepted(self.row_scale[:b], k)
-            emitted = accepted + 1
-            np.minimum(emitted, remaining, out=emitted)
             self.row_accepted[:b] += accepted
             accepted_total = int(np.add.reduce(accepted))
-            emitted_total = int(np.add.reduce(emitted))
-            remaining -= emitted
+            remaining -= accepted + 1  # goes negative where a request ends mid-step
+            emitted_total = accepted_total + b
         else:
             accepted, accepted_total, emitted_total = None, 0, b
             remaining -= 1
+        finishing = remaining.min() <= 0
+        if finishing:  # surplus tokens past a request's end are wasted, not emitted
+            surplus = remaining[remaining < 0]
+            emitted_total += int(np.add.reduce(surplus))
+            np.maximum(remaining, 0, out=remaining)
         self.total_remaining -= emitted_total
         self.decode_count += 1
         self.k_sum += k
@@ -210,13 +215,14 @@ class Replica:
             self.itl_weights.extend([1] * self.fresh)
             self.fresh = 0
         self.last_decode_end = end
-        if np.count_nonzero(remaining) < b:
+        if finishing:
             self._retire(b, end)
-        charged, step = self._charged, len(self.step_rows)
-        fb = self.feedback
-        fb.now_s, fb.step, fb.batch_size, fb.k, fb.step_time_s = end, step, charged, k, self._dt
-        fb.drafted_tokens, fb.accepted_tokens, fb.accepted_per_sequence = k * b, accepted_total, accepted
-        self.policy.observe(fb)
+        charged = self._charged
+        if self._observes:
+            fb = self.feedback
+            fb.now_s, fb.step, fb.batch_size, fb.k, fb.step_time_s = end, len(self.step_rows), charged, k, self._dt
+            fb.drafted_tokens, fb.accepted_tokens, fb.accepted_per_sequence = k * b, accepted_total, accepted
+            self.policy.observe(fb)
         self.step_rows.append((start, end, DECODE, charged, b, k, self._mean_context, k * b, accepted_total,
                                emitted_total))
 
