@@ -25,6 +25,7 @@ import numpy as np
 from sim.curves import Curve, decode_features, prefill_features, verify_features
 from sim.profile import Profile
 
+FAR_BEYOND = 1.1  # warn when a run can reach more than 10% past the grid's largest measured value
 TABLE_COLUMNS = 256  # context (and prompt) columns of a StepTable: fine enough for linear blending
 
 
@@ -70,7 +71,11 @@ class CostModel:
 
     def range_warnings(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
                        with_draft: bool) -> list[str]:
-        """Say where a run can leave the measured grid (and so rely on the fitted extrapolation)."""
+        """Say where a run can go well beyond the measured grid (and so rely on the fitted extrapolation).
+
+        Within FAR_BEYOND of the grid's edge the fit's ratio to the edge value is close to
+        1 and not worth a warning; values below the grid's bottom are never costly enough.
+        """
         reach = {"batch_size": max_batch, "context_tokens": max_context}
         checks = [(self.decode_target, {**reach, "query_tokens": k_max + 1}),
                   (self.prefill_target, {"batch_size": max_batch, "query_tokens": max_prompt})]
@@ -82,7 +87,7 @@ class CostModel:
         for curve, wanted in checks:
             for axis, value in wanted.items():
                 top = curve.bounds(axis)[1]
-                if value > top:
+                if value > top * FAR_BEYOND:
                     out.append(f"{curve.name}: {axis} up to {value} is beyond the measured {int(top)}; "
                                f"extrapolating with the fitted roofline model ({value / top:.1f}x the grid)")
         return out

@@ -104,6 +104,9 @@ def test_step_table_agrees_with_exact_evaluation(roofline_model):
 def test_range_warnings_name_the_axis_beyond_the_grid(linear_model):
     inside = linear_model.range_warnings(max_batch=32, k_max=7, max_context=2048, max_prompt=1024, with_draft=True)
     assert inside == []
+    just_past = linear_model.range_warnings(max_batch=33, k_max=7, max_context=2100, max_prompt=1100,
+                                            with_draft=True)
+    assert just_past == []  # within 10% of the edge the extrapolation is negligible
     outside = linear_model.range_warnings(max_batch=128, k_max=3, max_context=8192, max_prompt=1024,
                                           with_draft=True)
     text = "\n".join(outside)
