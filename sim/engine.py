@@ -112,7 +112,7 @@ class Replica:
         # Steps are split into a start (decide, price) and a finish (apply) around one
         # timeout, rather than sub-generators, to keep SimPy's per-step overhead minimal.
         env, arrivals, total = self.env, self._arrivals, len(self._arrivals)
-        admit, timeout = self.scheduler.admit, env.timeout
+        admit, timeout, cap = self.scheduler.admit, env.timeout, self.scheduler.max_batch_size
         while True:
             now = env.now
             self.arrived = bisect_right(arrivals, now, self.arrived)
@@ -123,7 +123,7 @@ class Replica:
                 yield timeout(arrivals[self.arrived] - now)
                 continue
             n = admit(self.running, self.kv_used,
-                      self.kv_reserve[self.queue_head:self.arrived]) if waiting else 0
+                      self.kv_reserve[self.queue_head:self.arrived]) if waiting and self.running < cap else 0
             if n:
                 yield timeout(self._start_prefill(n, now))
                 self._finish_prefill(n, now, env.now)
@@ -198,7 +198,7 @@ class Replica:
         else:
             accepted, accepted_total, emitted_total = None, 0, b
             remaining -= 1
-        finishing = remaining.min() <= 0
+        finishing = np.minimum.reduce(remaining) <= 0
         if finishing:  # surplus tokens past a request's end are wasted, not emitted
             surplus = remaining[remaining < 0]
             emitted_total += int(np.add.reduce(surplus))
