@@ -63,13 +63,15 @@ class AcceptanceSampler:
     def __init__(self, rng: np.random.Generator, block: int = 1 << 16) -> None:
         self._rng = rng
         self._block = block
-        self._buffer = rng.standard_exponential(block)
+        self._buffer = self._fresh(block)
         self._pos = 0
+
+    def _fresh(self, n: int) -> np.ndarray:
+        return self._rng.standard_exponential(n)
 
     def _take(self, n: int) -> np.ndarray:
         if self._pos + n > self._buffer.shape[0]:
-            fresh = self._rng.standard_exponential(max(self._block, n))
-            self._buffer = np.concatenate((self._buffer[self._pos:], fresh))
+            self._buffer = np.concatenate((self._buffer[self._pos:], self._fresh(max(self._block, n))))
             self._pos = 0
         draws = self._buffer[self._pos:self._pos + n]
         self._pos += n
@@ -92,20 +94,9 @@ class SharedAlphaSampler(AcceptanceSampler):
     def __init__(self, rng: np.random.Generator, scale: float, block: int = 1 << 16) -> None:
         self._scale = scale
         super().__init__(rng, block)
-        self._geometric = (self._buffer * scale).astype(np.int64)
 
-    def _take(self, n: int) -> np.ndarray:
-        if self._pos + n > self._geometric.shape[0]:
-            fresh = (self._rng.standard_exponential(max(self._block, n)) * self._scale).astype(np.int64)
-            self._geometric = np.concatenate((self._geometric[self._pos:], fresh))
-            self._pos = 0
-        out = self._geometric[self._pos:self._pos + n]
-        self._pos += n
-        return out
+    def _fresh(self, n: int) -> np.ndarray:
+        return (self._rng.standard_exponential(n) * self._scale).astype(np.int64)
 
     def accepted(self, scale: np.ndarray, k: int) -> np.ndarray:
-        n, pos = scale.shape[0], self._pos
-        if pos + n <= self._geometric.shape[0]:  # the common case, inlined
-            self._pos = pos + n
-            return np.minimum(self._geometric[pos:pos + n], k)
-        return np.minimum(self._take(n), k)
+        return np.minimum(self._take(scale.shape[0]), k)

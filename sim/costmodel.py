@@ -121,22 +121,19 @@ class StepTable:
     k_max: int
 
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
-        row = self.decode[batch_size][k]
-        x = mean_context / self.context_step
-        j = int(x)
-        if j >= len(row) - 1:
-            return row[-1]
-        lo = row[j]
-        return lo + (x - j) * (row[j + 1] - lo)
+        return _blend(self.decode[batch_size][k], mean_context / self.context_step)
 
     def prefill_time(self, batch_size: int, mean_prompt: float) -> float:
-        row = self.prefill[batch_size]
-        x = mean_prompt / self.prompt_step
-        j = int(x)
-        if j >= len(row) - 1:
-            return row[-1]
-        lo = row[j]
-        return lo + (x - j) * (row[j + 1] - lo)
+        return _blend(self.prefill[batch_size], mean_prompt / self.prompt_step)
+
+
+def _blend(row: list, x: float) -> float:
+    """Linear interpolation in a row of evenly spaced values at fractional column x."""
+    j = int(x)
+    if j >= len(row) - 1:
+        return row[-1]
+    lo = row[j]
+    return lo + (x - j) * (row[j + 1] - lo)
 
 
 def _draft_features(x: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
