@@ -8,6 +8,7 @@ torch); ``specbatch profiles`` lists and describes profiles.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -153,5 +154,16 @@ def _version() -> str:
     return sim.__version__
 
 
+def entry_point() -> None:
+    """Console script: like main(), but a closed pipe (``specbatch run | head``) ends quietly."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        code = 0
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()
