@@ -16,7 +16,12 @@ class PolicyError(ValueError):
 
 
 class CostModelLike(Protocol):
-    """What a policy may ask of the cost model (a protocol, not an import of ``sim``)."""
+    """What a policy may ask of the cost model (a protocol, not an import of ``sim``).
+
+    In a simulation this is the run's pre-tabulated step table: cheap enough to call
+    for every candidate k at every step, valid for batch sizes up to the run's
+    max_batch_size and k up to the policy's max_k.
+    """
 
     def step_time(self, batch_size: int, k: int, context_tokens: float) -> float: ...
 
@@ -75,7 +80,7 @@ class Policy:
     name = "policy"
 
     def bind(self, k_max: int, cost_model: CostModelLike | None = None) -> None:
-        """Called once before a run with the largest k the profile supports."""
+        """Called once before a run with the largest k the profile supports and the step costs."""
         if self.max_k > k_max:
             raise PolicyError(f"k = {self.max_k} is beyond the profile's measured k_max = {k_max}", field="k")
 

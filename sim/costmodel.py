@@ -123,6 +123,8 @@ class StepTable:
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
         return _blend(self.decode[batch_size][k], mean_context / self.context_step)
 
+    step_time = decode_time  # what policies.CostModelLike asks for
+
     def prefill_time(self, batch_size: int, mean_prompt: float) -> float:
         return _blend(self.prefill[batch_size], mean_prompt / self.prompt_step)
 

@@ -17,7 +17,7 @@ import simpy
 from policies import Policy, PolicyError, make_policy
 from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
 from sim.config import RunConfig
-from sim.costmodel import CostModel
+from sim.costmodel import CostModel, StepTable
 from sim.engine import Replica, ReplicaRecords
 from sim.errors import InputError
 from sim.metrics import summarize
@@ -45,6 +45,7 @@ class PreparedRun:
     config: RunConfig
     profile: Profile
     cost_model: CostModel
+    table: StepTable
     policy: Policy
     requests: Requests
     alphas: np.ndarray
@@ -74,11 +75,12 @@ def prepare(config: RunConfig) -> PreparedRun:
         raise
     try:
         policy = make_policy(config.policy.name, config.policy.params)
-        cost_model = CostModel(profile)
-        policy.bind(profile.k_max, cost_model)
+        if policy.max_k > profile.k_max:
+            raise PolicyError(f"k = {policy.max_k} is beyond the profile's measured k_max = {profile.k_max}",
+                              field="k")
     except PolicyError as exc:
-        key = "policy.name" if exc.field in (None, "name") else f"policy.{exc.field}"
-        raise config.error(key, exc.message) from None
+        raise _policy_error(config, exc) from None
+    cost_model = CostModel(profile)
     requests = make_requests(config, _stream(config, WORKLOAD))
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     reserve = requests.prompt_tokens + requests.output_tokens + policy.max_k
@@ -89,9 +91,20 @@ def prepare(config: RunConfig) -> PreparedRun:
         raise config.error(key, f"request {worst} needs {int(reserve[worst])} tokens of KV cache, more than the "
                                 f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens else
                                                                  " (the profile's measured capacity)"))
-    prepared = PreparedRun(config, profile, cost_model, policy, requests, alphas, budget)
-    prepared.warnings.extend(cost_model.range_warnings(**_table_reach(prepared)))
+    reach = _table_reach(config, policy, requests)
+    table = cost_model.tabulate(**reach)
+    try:
+        policy.bind(profile.k_max, table)  # the fast table: policies may price every step
+    except PolicyError as exc:
+        raise _policy_error(config, exc) from None
+    prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget)
+    prepared.warnings.extend(cost_model.range_warnings(**reach))
     return prepared
+
+
+def _policy_error(config: RunConfig, exc: PolicyError) -> InputError:
+    key = "policy.name" if exc.field in (None, "name") else f"policy.{exc.field}"
+    return config.error(key, exc.message)
 
 
 def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
@@ -110,22 +123,21 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
     return Requests(arrivals, w.prompt_tokens.sample(rng, n), w.output_tokens.sample(rng, n))
 
 
-def _table_reach(run: PreparedRun) -> dict:
-    r = run.requests
-    return {"max_batch": run.config.engine.max_batch_size, "k_max": run.policy.max_k,
-            "max_context": int((r.prompt_tokens + r.output_tokens).max()) + run.policy.max_k,
-            "max_prompt": int(r.prompt_tokens.max()), "with_draft": run.policy.max_k > 0}
+def _table_reach(config: RunConfig, policy: Policy, r: Requests) -> dict:
+    """Every (batch, k, context, prompt) the run can touch: what the step table must cover."""
+    return {"max_batch": config.engine.max_batch_size, "k_max": policy.max_k,
+            "max_context": int((r.prompt_tokens + r.output_tokens).max()) + policy.max_k,
+            "max_prompt": int(r.prompt_tokens.max()), "with_draft": policy.max_k > 0}
 
 
 def execute(run: PreparedRun) -> RunResult:
     started = time.perf_counter()
     config, requests = run.config, run.requests
-    table = run.cost_model.tabulate(**_table_reach(run))
     env = simpy.Environment()
     replica = Replica(
         env, arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
         output_tokens=requests.output_tokens, acceptance_scale=acceptance_scale(run.alphas),
-        kv_reserve=requests.prompt_tokens + requests.output_tokens + run.policy.max_k, table=table,
+        kv_reserve=requests.prompt_tokens + requests.output_tokens + run.policy.max_k, table=run.table,
         scheduler=make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens),
         policy=run.policy, sampler=make_sampler(config, run.alphas))
     engine_started = time.perf_counter()

@@ -205,3 +205,30 @@ def test_invariants_hold_for_any_small_run(run_config, n, rate, k, batch, batchi
     decode = result.steps[result.steps.phase == 1]
     assert (decode.running <= batch).all()
     assert ((decode.accepted_tokens >= 0) & (decode.accepted_tokens <= decode.drafted_tokens)).all()
+
+
+def test_policies_are_bound_to_the_runs_step_costs(run_config, tmp_path, monkeypatch):
+    (tmp_path / "pricing.py").write_text(
+        "from policies import Policy\n"
+        "class Pricing(Policy):\n"
+        "    name = 'pricing'\n"
+        "    max_k = 3\n"
+        "    seen = []\n"
+        "    def bind(self, k_max, cost_model=None):\n"
+        "        super().bind(k_max, cost_model)\n"
+        "        self.cost = cost_model\n"
+        "    def choose_k(self, view):\n"
+        "        t = self.cost.step_time(view.batch_size, 3, view.mean_context_tokens)\n"
+        "        Pricing.seen.append((view.batch_size, view.mean_context_tokens, t))\n"
+        "        return 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = simulate(run_config(policy__name="pricing:Pricing", workload__num_requests=30, workload__rate=5.0))
+    import pricing
+
+    from sim.costmodel import CostModel
+    exact = CostModel(result.profile)
+    assert len(pricing.Pricing.seen) == result.summary["num_decode_steps"]
+    for b, c, t in pricing.Pricing.seen[:50]:
+        assert t == pytest.approx(exact.step_time(b, 3, c), rel=5e-3)
+    decode = result.steps[result.steps.phase == 1]
+    assert np.allclose(decode.end_s - decode.start_s, [t for _, _, t in pricing.Pricing.seen])
