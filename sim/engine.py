@@ -80,6 +80,12 @@ class Replica:
          self.row_joined_step,  # decode steps run before the row joined
          self.row_joined_k) = self._int_rows  # sum of k over those steps
         self.row_scale, self.row_first_token_s = self._float_rows
+        # What a request brings to its row when it joins (the first four int fields), and
+        # prefix sums over requests so that admitting a queue block costs O(1) arithmetic.
+        self._joining_ints = np.stack([np.arange(n), output_tokens - 1, self.final_context, np.zeros(n, np.int64)])
+        self._prefix = {name: np.concatenate(([0], np.cumsum(values))).tolist() for name, values in (
+            ("prompt", prompt_tokens), ("reserve", kv_reserve), ("multi", output_tokens > 1),
+            ("remaining", output_tokens - 1), ("final", self.final_context))}
         self.running = 0
         self.kv_used = 0
         self.queue_head = 0
@@ -134,38 +140,37 @@ class Replica:
                 raise RuntimeError("a waiting request can never be admitted (checked before the run)")
 
     def _start_prefill(self, n: int, now: float) -> float:
-        idx = slice(self.queue_head, self.queue_head + n)
-        self._mean_prompt = int(np.add.reduce(self.prompt_tokens[idx])) / n
-        self.kv_used += int(np.add.reduce(self.kv_reserve[idx]))
+        head, cum = self.queue_head, self._prefix
+        self._mean_prompt = (cum["prompt"][head + n] - cum["prompt"][head]) / n
+        self.kv_used += cum["reserve"][head + n] - cum["reserve"][head]
         return self.table.prefill_time(n, self._mean_prompt)
 
     def _finish_prefill(self, n: int, start: float, end: float) -> None:
-        head = self.queue_head
+        head, cum = self.queue_head, self._prefix
         idx = slice(head, head + n)
         self.queue_head += n
         self.scheduled_s[idx] = start
         self.first_token_s[idx] = end
-        more = self.output_tokens[idx] > 1
-        joining = int(np.count_nonzero(more))
-        if joining < n:  # one-token requests end with their prefill
+        joining = cum["multi"][head + n] - cum["multi"][head]
+        if joining == n:  # the common case: every request continues, a contiguous block
+            req = idx
+            self.total_remaining += cum["remaining"][head + n] - cum["remaining"][head]
+            self.total_final_context += cum["final"][head + n] - cum["final"][head]
+        else:  # one-token requests end with their prefill
+            more = self.output_tokens[idx] > 1
             done = np.flatnonzero(~more) + head
             self.finish_s[done] = end
             self.kv_used -= int(np.add.reduce(self.kv_reserve[done]))
+            req = np.flatnonzero(more) + head
+            self.total_remaining += int(np.add.reduce(self.output_tokens[req] - 1))
+            self.total_final_context += int(np.add.reduce(self.final_context[req]))
         if joining:
             lo, hi = self.running, self.running + joining
-            req = np.flatnonzero(more) + head if joining < n else np.arange(head, head + n)
-            remaining = self.output_tokens[req] - 1
-            final_context = self.final_context[req]
-            self.row_req[lo:hi] = req
-            self.row_remaining[lo:hi] = remaining
-            self.row_final_context[lo:hi] = final_context
-            self.row_accepted[lo:hi] = 0
+            self._int_rows[:4, lo:hi] = self._joining_ints[:, req]
             self.row_joined_step[lo:hi] = self.decode_count
             self.row_joined_k[lo:hi] = self.k_sum
             self.row_scale[lo:hi] = self.acceptance_scale[req]
             self.row_first_token_s[lo:hi] = end
-            self.total_remaining += int(np.add.reduce(remaining))
-            self.total_final_context += int(np.add.reduce(final_context))
             self.running = hi
             self.fresh += joining
         self.scheduler.on_admit(n, self.running)
