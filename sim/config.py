@@ -106,10 +106,16 @@ class RunConfig:
         return tomli_w.dumps(self.to_dict())
 
     def digest(self) -> str:
-        """Short hash of everything that determines the run's results (not where they are written)."""
+        """Short hash of everything that determines the run's results (not where they are written).
+
+        A trace is hashed by its contents, not its path, so an edited trace is a new run.
+        """
         data = self.to_dict()
         data.pop("output", None)
-        return hashlib.sha256(tomli_w.dumps(data).encode()).hexdigest()[:10]
+        payload = tomli_w.dumps(data).encode()
+        if self.workload.trace is not None and Path(self.workload.trace).is_file():
+            payload += hashlib.sha256(Path(self.workload.trace).read_bytes()).digest()
+        return hashlib.sha256(payload).hexdigest()[:10]
 
 
 def error_at(sources: dict[str, Source], key: str, message: str) -> InputError:
@@ -140,8 +146,11 @@ def load_config(path: str | Path | None = None, overrides: dict[str, tuple[Any, 
             values.pop("workload.num_requests", None)
         _merge(values, sources, table, text, str(path))
     overrides = {k: v for k, v in (overrides or {}).items() if v[0] is not None}
+    if "workload.duration_s" in overrides and "workload.num_requests" in overrides:
+        raise InputError("give either --duration or --num-requests, not both", field="workload.num_requests",
+                         source=overrides["workload.num_requests"][1])
     if "policy.name" in overrides:
-        _forget_policy(values)
+        _forget_policy(values, sources, overrides["policy.name"][0])
     for key, (value, flag) in overrides.items():
         if key == "workload.num_requests":
             values.pop("workload.duration_s", None)
@@ -152,10 +161,13 @@ def load_config(path: str | Path | None = None, overrides: dict[str, tuple[Any, 
     return _build(values, sources)
 
 
-def _forget_policy(values: dict[str, Any]) -> None:
-    """A new policy name drops the parameters set for an earlier layer's policy."""
+def _forget_policy(values: dict[str, Any], sources: dict[str, Source], new_name: str) -> None:
+    """A different policy name drops the parameters (and their sources) set for the earlier policy."""
+    if values.get("policy.name") == new_name:
+        return
     for key in [k for k in values if k.startswith("policy.")]:
         del values[key]
+        sources.pop(key, None)
 
 
 def _parse_toml(text: str, where: str) -> dict[str, Any]:
@@ -181,7 +193,7 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _merge(values: dict, sources: dict, table: dict, text: str | None, where: str) -> None:
     flat = _flatten(table)
     if "policy.name" in flat:
-        _forget_policy(values)
+        _forget_policy(values, sources, flat["policy.name"])
     for key, value in flat.items():
         values[key] = value
         sources[key] = Source(where, _locate(text, key) if text is not None else None)

@@ -35,9 +35,8 @@ class CostModel:
         self.k_max = profile.k_max
         self.prefill_target = Curve.from_points("prefill/target", profile.phase("prefill", "target"),
                                                 ("batch_size", "query_tokens"), prefill_features)
-        draft_prefill = profile.phase("prefill", "draft")
-        self.prefill_draft = (Curve.from_points("prefill/draft", draft_prefill, ("batch_size", "query_tokens"),
-                                                prefill_features) if len(draft_prefill) else None)
+        self.prefill_draft = Curve.from_points("prefill/draft", profile.phase("prefill", "draft"),
+                                               ("batch_size", "query_tokens"), prefill_features)
         self.decode_draft = Curve.from_points("decode/draft", profile.phase("decode", "draft"),
                                               ("batch_size", "context_tokens"), _draft_features)
         self.decode_target = Curve.from_points("decode/target", profile.phase("decode", "target"),
@@ -47,8 +46,7 @@ class CostModel:
 
     @property
     def curves(self) -> list[Curve]:
-        return [c for c in (self.prefill_target, self.prefill_draft, self.decode_draft, self.decode_target,
-                            self.verify) if c is not None]
+        return [self.prefill_target, self.prefill_draft, self.decode_draft, self.decode_target, self.verify]
 
     # Vectorised, exact evaluation (used to build tables, by policies and by tests).
     def step_times(self, batch_size, k, context_tokens) -> np.ndarray:
@@ -64,8 +62,6 @@ class CostModel:
     def prefill_times(self, batch_size, prompt_tokens, with_draft: bool) -> np.ndarray:
         t = self.prefill_target(batch_size=batch_size, query_tokens=prompt_tokens)
         if with_draft:
-            if self.prefill_draft is None:
-                raise ValueError("the profile has no draft prefill curve")
             t = t + self.prefill_draft(batch_size=batch_size, query_tokens=prompt_tokens)
         return t
 
@@ -81,7 +77,7 @@ class CostModel:
                   (self.prefill_target, {"batch_size": max_batch, "query_tokens": max_prompt})]
         if k_max > 0:
             checks.append((self.decode_draft, reach))
-            if with_draft and self.prefill_draft is not None:
+            if with_draft:
                 checks.append((self.prefill_draft, {"batch_size": max_batch, "query_tokens": max_prompt}))
         out = []
         for curve, wanted in checks:

@@ -26,6 +26,7 @@ import simpy
 from policies.base import BatchView, Policy, StepFeedback
 from sim.acceptance import AcceptanceSampler
 from sim.costmodel import StepTable
+from sim.errors import InputError
 
 PREFILL, DECODE = 0, 1
 STEP_FIELDS = ("start_s", "end_s", "phase", "batch_size", "running", "k", "mean_context_tokens",
@@ -250,9 +251,10 @@ class Replica:
 
 
 def _checked_k(k, k_max: int, policy: Policy) -> int:
+    """A policy's bad answer ends the run with one line naming it (and nothing written)."""
     if isinstance(k, (bool, float)) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"policy '{policy.name}' returned k = {k!r}; it must return an int")
+        raise InputError(f"policy '{policy.name}' returned k = {k!r}; it must return an int", field="policy.name")
     if not 0 <= int(k) <= k_max:
-        raise ValueError(f"policy '{policy.name}' returned k = {int(k)}, outside 0..{k_max} "
-                         "(its max_k, within what the profile measured)")
+        raise InputError(f"policy '{policy.name}' returned k = {int(k)}, outside 0..{k_max} "
+                         "(its max_k, within what the profile measured)", field="policy.name")
     return int(k)

@@ -67,7 +67,8 @@ LATENCY_COLUMNS = tuple(c for c in COLUMNS if c.startswith("latency_"))
 REQUIRED_META = ("format_version", "device", "dtype", "versions", "models", "grid", "timing", "created_utc")
 
 # (phase, model) pairs a usable profile must contain at least one "ok" point of.
-REQUIRED_PHASES = (("prefill", "target"), ("decode", "draft"), ("decode", "target"), ("verify", "target"))
+REQUIRED_PHASES = (("prefill", "target"), ("prefill", "draft"), ("decode", "draft"), ("decode", "target"),
+                   ("verify", "target"))
 
 
 @dataclass(frozen=True)

@@ -176,3 +176,22 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_policy_returning_a_bad_k_mid_run_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch,
+                                                                           synthetic_profile):
+    (tmp_path / "wild.py").write_text(
+        "from policies import Policy\n"
+        "class Wild(Policy):\n"
+        "    name = 'wild'\n"
+        "    max_k = 3\n"
+        "    def choose_k(self, view):\n"
+        "        return 3 if view.step < 5 else 4\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "never"
+    code, _, err = run_cli(capsys, "run", "--profile", str(synthetic_profile), *SHORT, "--policy", "wild:Wild",
+                           "--out", str(out))
+    assert code == 2
+    assert err == "error: policy.name: policy 'wild' returned k = 4, outside 0..3 (its max_k, within what the " \
+                  "profile measured)\n"
+    assert not out.exists()

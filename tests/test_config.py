@@ -265,3 +265,31 @@ def test_digest_ignores_output_dir_but_changes_with_seed(tmp_path):
     reseeded = load_config(path, {"seed": (18, "--seed")})
     assert reseeded.digest() != base.digest()
     assert load_config(path, {"workload.rate": (3.6, "--rate")}).digest() != base.digest()
+
+
+def test_naming_the_same_policy_again_keeps_the_earlier_params(tmp_path):
+    path = _file(tmp_path, "[policy]\nname = \"fixed\"\nk = 5\n")
+    cfg = load_config(path, {"policy.name": ("fixed", "--policy")})
+    assert cfg.policy.params == {"k": 5}
+    assert cfg.sources["policy.k"].where == str(path)
+
+
+def test_a_new_policy_forgets_where_the_dropped_params_came_from(tmp_path):
+    path = _file(tmp_path, "[policy]\nname = \"fixed\"\nk = 5\n")
+    cfg = load_config(path, {"policy.name": ("mine:Policy", "--policy")})
+    assert "policy.k" not in cfg.sources
+
+
+def test_duration_and_num_requests_flags_together_are_an_error():
+    err = _expect_error(None, {"workload.duration_s": (60.0, "--duration"),
+                               "workload.num_requests": (10, "--num-requests")})
+    assert err.format() == "--num-requests: workload.num_requests: give either --duration or --num-requests, not both"
+
+
+def test_digest_follows_the_trace_contents_not_only_its_path(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n")
+    flags = {"workload.trace": (str(trace), "--trace")}
+    before = load_config(None, flags).digest()
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,6\n")
+    assert load_config(None, flags).digest() != before

@@ -179,7 +179,8 @@ def test_missing_column_is_reported_on_line_one(profile_dir):
     assert (err.source, err.line, err.field) == (str(profile_dir / CSV_NAME), 1, "latency_p90_s")
 
 
-@pytest.mark.parametrize("phase,model", [("verify", "target"), ("decode", "draft"), ("prefill", "target")])
+@pytest.mark.parametrize("phase,model", [("verify", "target"), ("decode", "draft"), ("prefill", "target"),
+                                         ("prefill", "draft"), ("decode", "target")])
 def test_missing_required_phase_names_the_phase(profile_dir, phase, model):
     lines = _lines(profile_dir)
     _set_lines(profile_dir, [ln for ln in lines if not ln.startswith(f"{phase},{model},")])
