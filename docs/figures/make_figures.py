@@ -1,0 +1,167 @@
+"""Regenerate every figure of the user guide: python docs/figures/make_figures.py
+
+Uses only the shipped CPU profile and fixed seeds, so the PNGs (and the numbers this
+script prints, which the pages quote) come out the same on every run. About 10 s on
+two cores.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from sim.acceptance import expected_tokens_per_step  # noqa: E402
+from sim.cli import RUN_FLAGS  # noqa: E402
+from sim.config import load_config  # noqa: E402
+from sim.costmodel import CostModel  # noqa: E402
+from sim.profile import DEFAULT_PROFILE, load_profile  # noqa: E402
+from sim.simulate import simulate  # noqa: E402
+
+OUT = Path(__file__).resolve().parent
+SEED = 0
+
+
+def config(**flags):
+    """A RunConfig from flag-style keywords (``num_requests=30`` is ``--num-requests 30``)."""
+    overrides = {}
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        overrides[RUN_FLAGS[flag][0]] = (value, flag)
+    overrides.setdefault("seed", (SEED, "--seed"))
+    overrides.setdefault("output.records", ("none", "--records"))
+    return load_config(None, overrides)
+
+
+def cost_model_figure(cost: CostModel) -> None:
+    fig, (ax_a, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    batches = np.arange(1, 33)
+    points = cost.profile.phase("decode", "target")
+    for q, colour in zip((1, 2, 4, 8), ("C0", "C1", "C2", "C3")):
+        curve = cost.decode_target(batch_size=batches, query_tokens=q, context_tokens=512)
+        ax_a.plot(batches, curve, color=colour, label=f"q = {q}")
+        measured = points[(points.query_tokens == q) & (points.context_tokens == 512)]
+        ax_a.plot(measured.batch_size, measured.latency_median_s, "o", color=colour, ms=4)
+    ax_a.set_xlabel("batch size b (sequences)")
+    ax_a.set_ylabel("target forward pass (s)")
+    ax_a.set_title("(a) target pass over q tokens per sequence, context 512\n"
+                   "dots: measured medians, lines: interpolation", fontsize=10)
+    ax_a.set_xscale("log", base=2)
+    ax_a.set_xticks([1, 2, 4, 8, 16, 32], ["1", "2", "4", "8", "16", "32"])
+    ax_a.legend()
+    ax_a.grid(alpha=0.3)
+
+    alpha, ks = 0.7, np.arange(0, cost.k_max + 1)
+    print(f"expected seconds per token per sequence at alpha {alpha}, context 512:")
+    for b, colour in zip((1, 4, 16, 32), ("C0", "C1", "C2", "C3")):
+        per_token = cost.step_times(b, ks, 512) / expected_tokens_per_step(alpha, ks)
+        best = int(np.argmin(per_token))
+        ax_b.plot(ks, per_token * 1000, "-o", color=colour, ms=4, label=f"b = {b} (best k = {best})")
+        ax_b.plot(ks[best], per_token[best] * 1000, "*", color=colour, ms=14, mec="black")
+        print(f"  b {b:2}: " + " ".join(f"k{k}={t * 1000:.0f}ms" for k, t in zip(ks, per_token))
+              + f"  -> best k = {best}")
+    ax_b.set_xlabel("speculation length k (k = 0: plain decoding)")
+    ax_b.set_ylabel("step time / E[tokens per sequence] (ms)")
+    ax_b.set_title(f"(b) expected time per generated token, alpha = {alpha}, context 512\n"
+                   "star: best k for the batch size", fontsize=10)
+    ax_b.set_ylim(0, 1900)
+    ax_b.legend(loc="upper center", ncol=2, fontsize=9)
+    ax_b.grid(alpha=0.3)
+    fig.suptitle(f"Cost model of the shipped profile {DEFAULT_PROFILE}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(OUT / "cost_model.png", dpi=110)
+    plt.close(fig)
+
+
+def acceptance_figure() -> None:
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ks = np.arange(1, 8)
+    fine = np.linspace(1, 7, 61)
+    print("mean acceptance length, simulated vs (1 - alpha^(k+1)) / (1 - alpha):")
+    for alpha, colour in zip((0.5, 0.7, 0.9), ("C0", "C1", "C2")):
+        simulated = []
+        for k in ks:
+            result = simulate(config(policy="fixed", k=int(k), alpha=alpha, num_requests=32, rate=1000.0,
+                                     prompt_tokens="32", output_tokens="900"))
+            s = result.summary
+            simulated.append(s["mean_acceptance_length"])
+            print(f"  alpha {alpha} k {k}: simulated {s['mean_acceptance_length']:.3f} over {s['num_drafts']} "
+                  f"drafts, formula {expected_tokens_per_step(alpha, int(k)):.3f}")
+        ax.plot(fine, expected_tokens_per_step(alpha, fine), "-", color=colour, alpha=0.6)
+        ax.plot(ks, simulated, "o", color=colour, label=f"alpha = {alpha}")
+    ax.plot([], [], "-", color="grey", label="formula (1 - alpha^(k+1)) / (1 - alpha)")
+    ax.set_xlabel("speculation length k")
+    ax.set_ylabel("mean acceptance length (tokens per draft)")
+    ax.set_title("Simulated (dots, 32 requests x 900 tokens) vs formula (lines)", fontsize=10)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(OUT / "acceptance.png", dpi=110)
+    plt.close(fig)
+
+
+def _held(steps, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """x, y to draw ``column`` of the decode steps, held over each step, broken where a prefill ran."""
+    decode = steps[steps.phase == 1]
+    xs, ys = [], []
+    last_end = None
+    for start, end, value in zip(decode.start_s, decode.end_s, decode[column]):
+        if last_end is not None and start != last_end:
+            xs.append(np.nan)
+            ys.append(np.nan)
+        xs += [start, end]
+        ys += [value, value]
+        last_end = end
+    return np.asarray(xs), np.asarray(ys)
+
+
+def batching_figure() -> None:
+    fig, axes = plt.subplots(2, 1, figsize=(9, 5.6), sharex=True, sharey=True)
+    workload = dict(policy="fixed", k=3, rate=0.25, num_requests=60, max_batch_size=16)
+    print("continuous vs static batching (fixed k = 3, 60 requests at 0.25 req/s, max batch 16):")
+    for ax, batching, colour in ((axes[0], "continuous", "C0"), (axes[1], "static", "C3")):
+        result = simulate(config(batching=batching, **workload))
+        steps = result.steps
+        for start, end in zip(steps.start_s[steps.phase == 0], steps.end_s[steps.phase == 0]):
+            ax.axvspan(start, end, color="0.85", lw=0)
+        ax.plot(*_held(steps, "running"), color=colour, lw=1.3, label="sequences decoding (running)")
+        if batching == "static":
+            ax.plot(*_held(steps, "batch_size"), "--", color="black", lw=1,
+                    label="batch size charged (finished ones stay as padding)")
+        ax.axvspan(0, 0, color="0.85", label="prefill steps")
+        s = result.summary
+        ax.set_title(f"{batching} batching: {s['completed']} requests done at {s['duration_s']:.0f} s, "
+                     f"mean TTFT {s['mean_ttft_ms'] / 1000:.0f} s", fontsize=10)
+        ax.set_ylabel("batch size (sequences)")
+        ax.legend(loc="upper center", ncol=3, fontsize=8)
+        ax.grid(alpha=0.3)
+        print(f"  {batching:10}: duration {s['duration_s']:.0f} s, mean TTFT {s['mean_ttft_ms'] / 1000:.1f} s, "
+              f"p99 TTFT {s['p99_ttft_ms'] / 1000:.1f} s, mean E2EL {s['mean_e2el_ms'] / 1000:.1f} s, "
+              f"output {s['output_throughput']:.2f} tok/s, mean batch {s['mean_batch_size']:.2f}")
+    axes[1].set_xlabel("simulated time (s)")
+    axes[0].set_ylim(0, 22)
+    fig.suptitle("One workload (60 requests, Poisson 0.25 req/s, max batch 16, fixed k = 3), "
+                 "decode steps from steps.csv", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(OUT / "batching.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    cost = CostModel(load_profile(DEFAULT_PROFILE))
+    cost_model_figure(cost)
+    acceptance_figure()
+    batching_figure()
+    print("wrote " + ", ".join(sorted(p.name for p in OUT.glob("*.png"))) + f" to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
