@@ -21,6 +21,10 @@ class CostModelLike(Protocol):
     In a simulation this is the run's pre-tabulated step table: cheap enough to call
     for every candidate k at every step, valid for batch sizes up to the run's
     max_batch_size and k up to the policy's max_k.
+
+    Optional attribute: ``max_batch`` (int), the largest batch size it covers. The
+    simulator's step table has it; a policy that tabulates per batch size reads it
+    with ``getattr(cost_model, "max_batch", None)`` and copes with its absence.
     """
 
     def step_time(self, batch_size: int, k: int, context_tokens: float) -> float: ...
@@ -78,11 +82,17 @@ class Policy:
     """
 
     name = "policy"
+    max_k_param = "k"  # the parameter that sets max_k: a max_k beyond the profile is reported against it
 
     def bind(self, k_max: int, cost_model: CostModelLike | None = None) -> None:
         """Called once before a run with the largest k the profile supports and the step costs."""
         if self.max_k > k_max:
-            raise PolicyError(f"k = {self.max_k} is beyond the profile's measured k_max = {k_max}", field="k")
+            raise self.max_k_error(k_max)
+
+    def max_k_error(self, k_max: int) -> PolicyError:
+        """The error for a max_k beyond the profile's measured k_max, naming ``max_k_param``."""
+        return PolicyError(f"k = {self.max_k} is beyond the profile's measured k_max = {k_max}",
+                           field=self.max_k_param)
 
     @property
     def max_k(self) -> int:

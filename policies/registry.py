@@ -8,9 +8,11 @@ from typing import Any
 
 from policies.base import Policy, PolicyError
 from policies.fixed import FixedK
+from policies.goodput import Goodput
+from policies.lut import LookupTable
 from policies.none import NoSpeculation
 
-BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (NoSpeculation, FixedK)}
+BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (NoSpeculation, FixedK, LookupTable, Goodput)}
 
 
 def available_policies() -> list[str]:

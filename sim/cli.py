@@ -2,7 +2,8 @@
 
 ``specbatch run`` simulates; ``specbatch calibrate`` times real torch passes (it
 hands over to ``calibrate.cli``, imported only then, so the simulator never needs
-torch); ``specbatch profiles`` lists and describes profiles.
+torch); ``specbatch profiles`` lists and describes profiles; ``specbatch lut`` builds
+the batch size -> k table of the ``lut`` policy from a profile.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sim.errors import InputError
 # run flag -> (config key, type); every run option can also come from the TOML file.
 RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--profile": ("profile", str, "profile directory or shipped profile name"),
-    "--policy": ("policy.name", str, "speculation-length policy: none, fixed, or module:Class"),
+    "--policy": ("policy.name", str, "speculation-length policy: none, fixed, lut, goodput, or module:Class"),
     "--k": ("policy.k", int, "speculation length for --policy fixed"),
     "--rate": ("workload.rate", float, "mean request rate (req/s)"),
     "--duration": ("workload.duration_s", float, "generate arrivals for this many seconds"),
@@ -59,6 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     profiles = sub.add_parser("profiles", help="list shipped profiles, or describe one")
     profiles.add_argument("profile", nargs="?", help="profile name or directory to describe")
+    lut = sub.add_parser("lut", help="build the lut policy's batch size -> k table from a profile")
+    lut.add_argument("--profile", default=None, help="profile directory or shipped profile name "
+                     "(default: the shipped default profile)")
+    lut.add_argument("--alpha", type=_typed("--alpha", float), required=True,
+                     help="per-token acceptance rate of the model pair, in (0, 1)")
+    lut.add_argument("--k-max", type=_typed("--k-max", int), default=None,
+                     help="largest k to consider (default 4; at most the profile's k_max)")
+    lut.add_argument("--context", type=_typed("--context", float), default=None,
+                     help="reference context length in tokens at which steps are priced (default 512)")
+    lut.add_argument("--max-batch", type=_typed("--max-batch", int), default=None,
+                     help="tabulate batch sizes 1..N (default: the default scenario's engine.max_batch_size)")
+    lut.add_argument("--out", default=None, help="also write the table as a TOML [policy] snippet here")
     return parser
 
 
@@ -88,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "profiles":
             return _profiles(args.profile)
+        if args.command == "lut":
+            return _lut(args)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -147,6 +162,80 @@ def _profiles(name: str | None) -> int:
     if len(profile.skipped):
         print(f"  skipped  {len(profile.skipped)} points (out of memory or failed)")
     return 0
+
+
+def _lut(args: argparse.Namespace) -> int:
+    import math
+    from pathlib import Path
+
+    from policies.lut import DEFAULT_CONTEXT, DEFAULT_K_MAX, build_lut
+    from sim.config import load_config
+    from sim.costmodel import CostModel
+    from sim.profile import DEFAULT_PROFILE, load_profile
+
+    alpha = args.alpha
+    if not (0.0 < alpha < 1.0):
+        raise InputError(f"must be inside (0, 1), got {alpha:g}", source="--alpha")
+    k_max = DEFAULT_K_MAX if args.k_max is None else args.k_max
+    context = float(DEFAULT_CONTEXT if args.context is None else args.context)
+    if not (context >= 0 and math.isfinite(context)):
+        raise InputError(f"must be a number of tokens >= 0, got {context:g}", source="--context")
+    max_batch = args.max_batch if args.max_batch is not None else load_config(None).engine.max_batch_size
+    if max_batch < 1:
+        raise InputError(f"must be at least 1, got {max_batch}", source="--max-batch")
+    profile = load_profile(args.profile or DEFAULT_PROFILE)
+    if not 0 <= k_max <= profile.k_max:
+        raise InputError(f"must be in 0..{profile.k_max} (the profile's measured k_max), got {k_max}",
+                         source="--k-max")
+    step_time = CostModel(profile).step_time
+    table = build_lut(step_time, alpha, k_max, max_batch, context)
+    out = Path(args.out) if args.out else None
+    if out is not None:  # written first, so that a path that cannot be written leaves one error line
+        rows = ", ".join(f"[{s}, {e}, {k}]" for s, e, k in table)
+        ctx = int(context) if context.is_integer() else context
+        text = (f"# built by: specbatch lut --profile {args.profile or DEFAULT_PROFILE} --alpha {alpha} "
+                f"--k-max {k_max} --context {ctx} --max-batch {max_batch}\n"
+                f"[policy]\nname = \"lut\"\ntable = [{rows}]\n")
+        staging = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            staging.write_text(text)
+            os.replace(staging, out)  # atomic: a reader sees the old file or the whole new one
+        except OSError as exc:
+            staging.unlink(missing_ok=True)
+            raise InputError(f"cannot write the table: {exc.strerror or exc}", source=out) from None
+    print("\n".join(_lut_lines(profile.name, step_time, table, alpha, k_max, context, max_batch)))
+    if out is not None:
+        print(f"Wrote {out}")
+    return 0
+
+
+def _lut_lines(name: str, step_time, table: list, alpha: float, k_max: int, context: float,
+               max_batch: int) -> list[str]:
+    """The table as printed: each range's k, expected ms per token with it and without, and the ratio."""
+    from policies.lut import best_k, expected_tokens
+
+    lines = [f"lut for profile {name}: alpha {alpha:g}, k in 0..{k_max}, context {context:g} tokens, "
+             f"batch 1..{max_batch}",
+             "time per token = step time / expected tokens per sequence, (1 - alpha^(k+1)) / (1 - alpha)"]
+    header = f"{'batch':>9}  {'k':>2}  {'ms/token (k)':>15}  {'ms/token (k=0)':>15}  {'speedup':>11}"
+    lines += [header, "-" * len(header)]
+
+    def span(lo: float, hi: float, fmt: str) -> str:
+        a, b = format(lo, fmt), format(hi, fmt)
+        return a if a == b else f"{a}..{b}"
+
+    for start, end, k in table:
+        ends = (start, end)
+        with_k = [1e3 * best_k(step_time, alpha, k_max, b, context)[1] for b in ends]
+        plain = [1e3 * step_time(b, 0, context) for b in ends]
+        speedup = [p / w for p, w in zip(plain, with_k)]
+        batch = str(start) if start == end else f"{start}-{end}"
+        lines.append(f"{batch:>9}  {k:>2}  {span(*with_k, '.1f'):>15}  {span(*plain, '.1f'):>15}  "
+                     f"{span(*speedup, '.2f') + 'x':>11}")
+    lines.append(f"(figures at each range's first and last batch size; above {max_batch} the last k applies; "
+                 f"E[tokens] at k: {', '.join(f'{expected_tokens(alpha, k):.2f}' for k in range(k_max + 1))})")
+    return lines
 
 
 def _version() -> str:

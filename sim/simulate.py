@@ -76,8 +76,7 @@ def prepare(config: RunConfig) -> PreparedRun:
     try:
         policy = make_policy(config.policy.name, config.policy.params)
         if policy.max_k > profile.k_max:
-            raise PolicyError(f"k = {policy.max_k} is beyond the profile's measured k_max = {profile.k_max}",
-                              field="k")
+            raise policy.max_k_error(profile.k_max)
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
     cost_model = CostModel(profile)

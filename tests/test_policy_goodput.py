@@ -1,0 +1,208 @@
+"""The ``goodput`` policy (SmartSpec): the argmax, the online alpha estimate, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from policies import BatchView, PolicyError, StepFeedback, make_policy
+from policies.goodput import Goodput
+from sim.cli import main
+from sim.simulate import execute, prepare
+
+
+class Synthetic:
+    """A roofline-shaped cost model: memory-bound at small batch, compute-bound at large, plus KV reads."""
+
+    max_batch = 64
+
+    def __init__(self):
+        self.calls = 0
+
+    def step_time(self, b: int, k: int, c: float) -> float:
+        self.calls += 1
+        draft = k * (0.002 + 2e-5 * b)
+        target = max(0.020, 6e-4 * b * (k + 1)) + 2e-7 * b * c
+        return draft + target + 1e-4 * k
+
+
+def _view(b: int, ctx: float) -> BatchView:
+    view = BatchView(8)
+    view.batch_size = view.running = b
+    view.mean_context_tokens = ctx
+    return view
+
+
+def _goodputs(cost, alpha, b, ctx, k_max):
+    k = np.arange(k_max + 1)
+    expected = (1 - alpha ** (k + 1)) / (1 - alpha)
+    return b * expected / np.array([cost.step_time(b, int(j), ctx) for j in k])
+
+
+def test_choice_equals_the_brute_force_argmax():
+    rng = np.random.default_rng(11)
+    cost = Synthetic()
+    chosen = set()
+    for _ in range(400):
+        b, ctx, alpha, k_max = int(rng.integers(1, 65)), float(rng.uniform(0, 4000)), float(rng.uniform(0.05, 0.95)), \
+            int(rng.integers(0, 8))
+        policy = Goodput(alpha_init=alpha, k_max=k_max)
+        policy.bind(8, cost)
+        g = _goodputs(cost, alpha, b, ctx, k_max)
+        k = policy.choose_k(_view(b, ctx))
+        assert k == int(np.argmax(g)) or g[k] == pytest.approx(g.max(), rel=1e-12), (b, ctx, alpha, k_max)
+        assert policy.expected_goodput(b, k, ctx) == pytest.approx(g.max(), rel=1e-12)
+        chosen.add(k)
+    assert len(chosen) >= 4  # the draws exercise more than one answer
+
+
+def test_k_zero_wins_ties_and_tie_break_is_a_relative_margin():
+    class Flat:
+        @staticmethod
+        def step_time(b, k, c):
+            # k = 1 gives exactly E[tokens](0.5, 1) = 1.5 times the tokens for 1.5 times the time.
+            return [1.0, 1.5, 100.0][k]
+
+    policy = Goodput(alpha_init=0.5, k_max=2)
+    policy.bind(7, Flat())
+    assert policy.choose_k(_view(4, 100)) == 0
+    # 10% better per second at k = 1: chosen with no margin, not with a 20% margin.
+    better = type("Better", (), {"step_time": staticmethod(lambda b, k, c: [1.0, 1.5 / 1.1, 100.0][k])})()
+    policy.bind(7, better)
+    assert policy.choose_k(_view(4, 100)) == 1
+    cautious = Goodput(alpha_init=0.5, k_max=2, tie_break=0.2)
+    cautious.bind(7, better)
+    assert cautious.choose_k(_view(4, 100)) == 0
+
+
+def test_each_step_prices_k_max_plus_one_candidates():
+    cost = Synthetic()
+    policy = Goodput(k_max=5)
+    policy.bind(7, cost)
+    policy.choose_k(_view(8, 500))
+    assert cost.calls == 6
+
+
+def _feedback(k: int, accepted: list[int]) -> StepFeedback:
+    fb = StepFeedback()
+    fb.k = k
+    fb.accepted_per_sequence = np.asarray(accepted, dtype=np.int64)
+    fb.drafted_tokens = k * len(accepted)
+    fb.accepted_tokens = int(sum(accepted))
+    return fb
+
+
+def test_observe_averages_accepted_and_tested_tokens_per_sequence_and_skips_k_zero():
+    policy = Goodput(alpha_init=0.8, smoothing=0.25, k_max=4)
+    policy.bind(7, Synthetic())
+    policy.observe(_feedback(0, [0, 0]))
+    assert policy.alpha_hat == 0.8
+    # k = 3: one sequence kept all 3 (no rejection seen), one kept 1 and then saw a rejection:
+    # per sequence 4 / 2 = 2 accepted out of (4 + 1) / 2 = 2.5 tested.
+    accepted, tested = 0.75 * 0.8 + 0.25 * 2.0, 0.75 * 1.0 + 0.25 * 2.5
+    policy.observe(_feedback(3, [3, 1]))
+    assert policy.alpha_hat == pytest.approx(accepted / tested)
+    policy.observe(_feedback(2, [0, 0]))  # both rejected at the first token: 0 accepted of 1 tested each
+    accepted, tested = 0.75 * accepted, 0.75 * tested + 0.25 * 1.0
+    assert policy.alpha_hat == pytest.approx(accepted / tested)
+    policy.bind(7, Synthetic())  # a new run starts from alpha_init again
+    assert policy.alpha_hat == 0.8
+
+
+@pytest.mark.parametrize("n", [3, 64, 65, 300])  # both ways of counting, either side of the switch
+def test_observe_counts_rejections_exactly_at_any_batch_size(n):
+    rng = np.random.default_rng(n)
+    accepted = np.minimum(rng.geometric(0.35, n) - 1, 4)
+    policy = Goodput(alpha_init=0.5, smoothing=1.0, k_max=4)  # smoothing 1: the last step alone
+    policy.observe(_feedback(4, accepted.tolist()))
+    rejected = int(np.count_nonzero(accepted < 4))
+    assert policy.alpha_hat == pytest.approx(accepted.sum() / (accepted.sum() + rejected))
+    totals_only = _feedback(4, accepted.tolist())
+    totals_only.accepted_per_sequence = None  # a driver that gives only totals: accepted / drafted
+    policy.observe(totals_only)
+    assert policy.alpha_hat == pytest.approx(accepted.sum() / (4 * n))
+
+
+class RecordingGoodput(Goodput):
+    """Goodput that remembers alpha_hat after every observation (loaded as module:Class)."""
+
+    history: list[float] = []
+
+    def observe(self, feedback):
+        super().observe(feedback)
+        RecordingGoodput.history.append(self.alpha_hat)
+
+
+def test_alpha_estimate_converges_to_the_true_alpha_in_a_run(run_config):
+    RecordingGoodput.history = []
+    config = run_config(policy__name="tests.test_policy_goodput:RecordingGoodput", policy__alpha_init=0.9,
+                        acceptance__alpha=0.6, workload__num_requests=120, workload__rate=2.0,
+                        workload__prompt_tokens=64, workload__output_tokens=200)
+    run = prepare(config)
+    assert run.policy.alpha_hat == 0.9
+    result = execute(run)
+    history = np.asarray(RecordingGoodput.history)
+    assert len(history) > 1000
+    assert history[0] > 0.8  # it started from alpha_init = 0.9 ...
+    assert history[len(history) // 2:].mean() == pytest.approx(0.6, abs=0.02)  # ... and settled at alpha
+    assert history[-200:].mean() == pytest.approx(0.6, abs=0.06)
+    # The run speculated more than one token on average, where accepted / drafted would be biased
+    # low (to about 0.48 at k = 2): the estimate above is of alpha, not of that ratio.
+    assert result.summary["mean_k"] > 1.5
+    assert result.summary["acceptance_rate"] < 0.55
+
+
+SHORT = ["--num-requests", "40", "--rate", "4", "--records", "none"]
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_run_with_policy_goodput(capsys, tmp_path, synthetic_profile):
+    code, out, err = _run(capsys, "run", "--policy", "goodput", "--profile", str(synthetic_profile), *SHORT,
+                          "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["policy"] == {"name": "goodput"}
+    assert summary["metrics"]["completed"] == 40
+    assert 1 <= summary["metrics"]["mean_k"] <= 4  # alpha 0.7 on linear costs: speculation pays
+
+
+@pytest.mark.parametrize("policy,field", [
+    ("k_max = 9", "policy.k_max"),
+    ("alpha_init = 1.2", "policy.alpha_init"),
+    ("smoothing = 0", "policy.smoothing"),
+    ("tie_break = -0.1", "policy.tie_break"),
+    ("k_max = 2.5", "policy.k_max"),
+])
+def test_bad_goodput_config_is_one_line_naming_the_parameter(capsys, tmp_path, synthetic_profile, policy, field):
+    config = tmp_path / "bad.toml"
+    config.write_text(f'[policy]\nname = "goodput"\n{policy}\n')
+    code, _, err = _run(capsys, "run", "--config", str(config), "--profile", str(synthetic_profile), *SHORT,
+                        "--out", str(tmp_path / "run"))
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error:") and f"{field}:" in err
+    assert f"{config}:3:" in err  # the file and line of the offending value
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("params,field", [
+    ({"alpha_init": 0.0}, "alpha_init"),
+    ({"smoothing": 1.5}, "smoothing"),
+    ({"k_max": -1}, "k_max"),
+    ({"k_max": True}, "k_max"),
+])
+def test_bad_parameters_raise_policy_error(params, field):
+    with pytest.raises(PolicyError) as info:
+        make_policy("goodput", params)
+    assert info.value.field == field
+
+
+def test_goodput_needs_a_cost_model():
+    with pytest.raises(PolicyError, match="cost model"):
+        Goodput().bind(7, None)
