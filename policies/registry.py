@@ -34,6 +34,13 @@ def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
         raise PolicyError(f"policy '{name}': {exc}") from None
     if not isinstance(policy, Policy):
         raise PolicyError(f"'{name}' is not a subclass of policies.Policy", field="name")
+    try:
+        max_k = policy.max_k
+    except NotImplementedError:
+        max_k = None
+    if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 0:
+        raise PolicyError(f"policy '{name}' must define max_k, the largest k it may return, as a whole "
+                          f"number >= 0 (got {max_k!r})", field="name")
     return policy
 
 

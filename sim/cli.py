@@ -121,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     result = execute(run)
-    out = write_run(result, config.output.dir or default_output_dir(config.digest()))
+    out = write_run(result, config.output.dir or default_output_dir(run.config.digest()))
     if args.quiet:
         print(out)
         return 0

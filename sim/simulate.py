@@ -8,7 +8,7 @@ one stream never shifts another.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,7 @@ import simpy
 
 from policies import Policy, PolicyError, make_policy
 from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
-from sim.config import RunConfig
+from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
 from sim.engine import Replica, ReplicaRecords
 from sim.errors import InputError
@@ -79,11 +79,17 @@ def prepare(config: RunConfig) -> PreparedRun:
             raise policy.max_k_error(profile.k_max)
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
+    # Record the parameters the policy runs with, defaults included, in the resolved config.
+    config = replace(config, policy=PolicyConfig(config.policy.name, {**policy.params(), **config.policy.params}))
     cost_model = CostModel(profile)
     requests = make_requests(config, _stream(config, WORKLOAD))
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     reserve = requests.prompt_tokens + requests.output_tokens + policy.max_k
-    budget = config.engine.kv_cache_tokens or profile.kv_capacity_tokens or int(reserve.sum())
+    budget = config.engine.kv_cache_tokens
+    if budget is None:
+        budget = profile.kv_capacity_tokens
+    if budget is None:  # neither says: an unlimited cache
+        budget = int(reserve.sum())
     worst = int(np.argmax(reserve))
     if reserve[worst] > budget:
         key = "engine.kv_cache_tokens"
@@ -116,9 +122,7 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
     burstiness = 1.0 if w.arrival == "poisson" else w.burstiness
     arrivals = gamma_arrivals(rng, w.rate, burstiness, duration_s=None if w.num_requests else w.duration_s,
                               num_requests=w.num_requests)
-    if arrivals.size == 0:
-        raise config.error("workload.duration_s", "no request arrives within the duration at this rate")
-    n = arrivals.size
+    n = arrivals.size  # at least one: the first request arrives at t = 0
     return Requests(arrivals, w.prompt_tokens.sample(rng, n), w.output_tokens.sample(rng, n))
 
 

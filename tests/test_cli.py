@@ -195,3 +195,22 @@ def test_a_policy_returning_a_bad_k_mid_run_is_one_line_and_writes_nothing(capsy
     assert err == "error: policy.name: policy 'wild' returned k = 4, outside 0..3 (its max_k, within what the " \
                   "profile measured)\n"
     assert not out.exists()
+
+
+def test_the_resolved_config_records_policy_defaults(capsys, tmp_path, synthetic_profile):
+    out = tmp_path / "run"
+    assert main(["run", "--profile", str(synthetic_profile), *SHORT, "--policy", "fixed", "--out", str(out)]) == 0
+    assert 'name = "fixed"\nk = 3\n' in (out / "config.toml").read_text()
+
+
+def test_a_policy_without_max_k_is_refused_before_running(capsys, tmp_path, monkeypatch, synthetic_profile):
+    (tmp_path / "vague.py").write_text(
+        "from policies import Policy\n"
+        "class Vague(Policy):\n"
+        "    def choose_k(self, view):\n"
+        "        return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run_cli(capsys, "run", "--profile", str(synthetic_profile), *SHORT, "--policy", "vague:Vague",
+                           "--out", str(tmp_path / "never"))
+    assert code == 2
+    assert "policy.name: policy 'vague:Vague' must define max_k" in err and err.count("\n") == 1

@@ -232,3 +232,17 @@ def test_policies_are_bound_to_the_runs_step_costs(run_config, tmp_path, monkeyp
         assert t == pytest.approx(exact.step_time(b, 3, c), rel=5e-3)
     decode = result.steps[result.steps.phase == 1]
     assert np.allclose(decode.end_s - decode.start_s, [t for _, _, t in pricing.Pricing.seen])
+
+
+def test_a_profile_with_no_kv_capacity_refuses_every_request(run_config, tmp_path):
+    import json
+
+    from sim.errors import InputError
+    from tests.synthetic import make_profile
+
+    directory = make_profile(tmp_path / "full", kv_capacity_tokens=0)
+    meta = json.loads((directory / "profile.json").read_text())
+    assert meta["kv_capacity_tokens"] == 0
+    config = run_config(profile=str(directory), workload__num_requests=5)
+    with pytest.raises(InputError, match="the profile's measured capacity"):
+        prepare(config)

@@ -168,7 +168,9 @@ def test_cli_run_with_policy_goodput(capsys, tmp_path, synthetic_profile):
                           "--out", str(tmp_path / "run"))
     assert code == 0, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["policy"] == {"name": "goodput"}
+    # The policy's defaults are recorded, so the summary says exactly what ran.
+    assert summary["policy"] == {"name": "goodput", "alpha_init": 0.7, "smoothing": 0.1, "k_max": 4,
+                                 "tie_break": 0.0}
     assert summary["metrics"]["completed"] == 40
     assert 1 <= summary["metrics"]["mean_k"] <= 4  # alpha 0.7 on linear costs: speculation pays
 
