@@ -100,16 +100,18 @@ def format_summary(result: RunResult) -> str:
     width = 52
     lines = ["{s:{c}^{n}}".format(s=" specbatch simulation result ", n=width, c="=")]
 
-    def row(label: str, value, fmt: str = "{:<40}{:>12}") -> None:
+    def row(label: str, value) -> None:
         if isinstance(value, float):
             value = "n/a" if not math.isfinite(value) else f"{value:.2f}"
-        lines.append(fmt.format(label, value))
+        lines.append(f"{label:<40}{value:>12}")
 
     def header(title: str) -> None:
         lines.append("{s:{c}^{n}}".format(s=f" {title} ", n=width, c="-"))
 
     lines.append(f"{'Profile:':<12}{result.profile.name:>40}")
     policy = cfg.policy.name + "".join(f" {k}={v}" for k, v in cfg.policy.params.items())
+    if len(policy) > 40:  # a look-up table, say: the full parameters are in config.toml
+        policy = policy[:39] + "…"
     lines.append(f"{'Policy:':<12}{policy:>40}")
     lines.append(f"{'Batching:':<12}{cfg.engine.batching + f' (max {cfg.engine.max_batch_size})':>40}")
     row("Successful requests:", s["completed"])
@@ -125,7 +127,7 @@ def format_summary(result: RunResult) -> str:
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
             row(f"{label} {key.upper()} (ms):", s[f"{stat}_{key}_ms"])
     header("Speculative Decoding")
-    row("Acceptance rate (%):", s["acceptance_rate"] * 100 if math.isfinite(s["acceptance_rate"]) else s["acceptance_rate"])
+    row("Acceptance rate (%):", 100 * s["acceptance_rate"])
     row("Mean acceptance length:", s["mean_acceptance_length"])
     row("Mean k:", s["mean_k"])
     row("Mean batch size (decode):", s["mean_batch_size"])
