@@ -23,6 +23,7 @@ from sim.acceptance import DISTRIBUTIONS, AcceptanceSpec
 from sim.errors import InputError
 from sim.scheduler import BATCHING
 from workloads.lengths import LengthSpec, parse_length_spec
+from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
 
 ARRIVALS = ("poisson", "gamma")
 RECORDS = ("csv", "parquet", "none")
@@ -46,6 +47,8 @@ class WorkloadConfig:
     prompt_tokens: LengthSpec
     output_tokens: LengthSpec
     trace: str | None
+    rate_profile: RateProfile | None = None  # replaces rate when set
+    cv: float | None = None                  # gamma gaps' coefficient of variation; burstiness = 1 / cv^2
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,9 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as TOML-ready data (None values are left out)."""
         w = self.workload
-        workload = {"arrival": w.arrival, "rate": w.rate, "burstiness": w.burstiness,
+        workload = {"arrival": w.arrival, "rate": w.rate,
+                    "rate_profile": w.rate_profile.to_dict() if w.rate_profile is not None else None,
+                    "burstiness": w.burstiness if w.cv is None else None, "cv": w.cv,
                     "duration_s": w.duration_s, "num_requests": w.num_requests,
                     "prompt_tokens": w.prompt_tokens.to_dict(), "output_tokens": w.output_tokens.to_dict(),
                     "trace": w.trace}
@@ -232,7 +237,7 @@ def _locate(text: str, dotted: str) -> int | None:
 KNOWN = {
     "seed", "profile",
     "workload.arrival", "workload.rate", "workload.burstiness", "workload.duration_s", "workload.num_requests",
-    "workload.prompt_tokens", "workload.output_tokens", "workload.trace",
+    "workload.prompt_tokens", "workload.output_tokens", "workload.trace", "workload.rate_profile", "workload.cv",
     "engine.batching", "engine.max_batch_size", "engine.kv_cache_tokens",
     "policy.name",
     "acceptance.alpha", "acceptance.distribution", "acceptance.concentration",
@@ -245,15 +250,34 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
         if key not in KNOWN and not key.startswith("policy."):
             raise error_at(sources, key, "unknown setting")
     get = _Getter(values, sources)
+    rate_profile = get.rate_profile("workload.rate_profile")
+    cv = get.number("workload.cv", positive=True, optional=True)
+    burstiness = get.number("workload.burstiness", positive=True)
+    if cv is not None:
+        if sources.get("workload.burstiness", Source("defaults")).where != "defaults":
+            src = sources["workload.burstiness"]
+            where = src.where + (f":{src.line}" if src.line is not None and not src.where.startswith("--") else "")
+            raise error_at(sources, "workload.cv", f"give either burstiness or cv, not both (burstiness set at {where})")
+        burstiness = burstiness_from_cv(cv)
+    duration_s = get.number("workload.duration_s", positive=True, optional=True)
+    if (rate_profile is not None and rate_profile.natural_duration_s is not None and duration_s is not None
+            and sources.get("workload.duration_s", Source("defaults")).where == "defaults"):
+        duration_s = rate_profile.natural_duration_s  # the phases' total unless a duration is given
+    if rate_profile is not None and duration_s is None and (rate_profile.shape == "ramp"
+                                                            and rate_profile.duration_s is None):
+        raise error_at(sources, "workload.rate_profile", "a ramp with num_requests needs its own duration "
+                       "(duration_s in the table, or ramp:START:END:SECONDS)")
     workload = WorkloadConfig(
         arrival=get.choice("workload.arrival", ARRIVALS),
         rate=get.number("workload.rate", positive=True),
-        burstiness=get.number("workload.burstiness", positive=True),
-        duration_s=get.number("workload.duration_s", positive=True, optional=True),
+        burstiness=burstiness,
+        duration_s=duration_s,
         num_requests=get.integer("workload.num_requests", minimum=1, optional=True),
         prompt_tokens=get.length("workload.prompt_tokens"),
         output_tokens=get.length("workload.output_tokens"),
         trace=get.text("workload.trace", optional=True),
+        rate_profile=rate_profile,
+        cv=cv,
     )
     if workload.trace is None and workload.duration_s is None and workload.num_requests is None:
         raise error_at(sources, "workload.duration_s", "give duration_s or num_requests (or a trace)")
@@ -329,6 +353,15 @@ class _Getter:
         if not isinstance(raw, str) or not raw:
             raise error_at(self.sources, key, f"expected a non-empty string, got {raw!r}")
         return raw
+
+    def rate_profile(self, key: str) -> RateProfile | None:
+        raw = self._raw(key, True)
+        if raw is None:
+            return None
+        try:
+            return parse_rate_profile(raw)
+        except ValueError as exc:
+            raise error_at(self.sources, key, str(exc)) from None
 
     def length(self, key: str) -> LengthSpec:
         try:

@@ -14,6 +14,7 @@ per second of busy engine time.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 PERCENTILES = (90, 99)
 
@@ -104,3 +105,27 @@ def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
         "busy_time_s": busy,
         "token_goodput": float(steps["emitted_tokens"].sum()) / busy if busy > 0 else nan,
     }
+
+
+def by_label(table: pd.DataFrame) -> dict | None:
+    """Per-label completed, mean/p99 E2EL, mean TTFT and mean acceptance length (requests.csv's label).
+
+    Acceptance length here is per decode step, 1 + accepted / decode steps, which is vLLM's
+    1 + accepted / drafts when every decode step speculates.
+    """
+    if "label" not in table:
+        return None
+    out = {}
+    for label, rows in table.groupby("label", sort=True):
+        done = rows[rows.finish_s.notna()]
+        steps = int(done.decode_steps.sum())
+        e2el, ttft = done.e2el_s.to_numpy(), done.ttft_s.to_numpy()
+        out[str(label)] = {
+            "requests": int(len(rows)),
+            "completed": int(len(done)),
+            "mean_e2el_ms": float(e2el.mean() * 1e3) if e2el.size else float("nan"),
+            "p99_e2el_ms": float(np.percentile(e2el, 99) * 1e3) if e2el.size else float("nan"),
+            "mean_ttft_ms": float(ttft.mean() * 1e3) if ttft.size else float("nan"),
+            "mean_acceptance_length": 1.0 + int(done.accepted_tokens.sum()) / steps if steps else float("nan"),
+        }
+    return out

@@ -40,6 +40,8 @@ def summary_document(result: RunResult) -> dict:
         "seed": cfg.seed,
         "metrics": {k: _json_number(v) for k, v in result.summary.items()},
         "warnings": result.warnings,
+        **({"by_label": {label: {k: _json_number(v) for k, v in m.items()} for label, m in result.by_label.items()}}
+           if result.by_label else {}),
     }
 
 

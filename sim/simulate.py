@@ -20,10 +20,10 @@ from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
 from sim.engine import Replica, ReplicaRecords
 from sim.errors import InputError
-from sim.metrics import summarize
+from sim.metrics import by_label, summarize
 from sim.profile import Profile, load_profile
 from sim.scheduler import make_scheduler
-from workloads import Requests, TraceError, gamma_arrivals, read_trace
+from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace
 
 
 WORKLOAD, REQUEST_ALPHA, ACCEPTANCE = range(3)  # the run's random streams, in spawn order
@@ -35,7 +35,7 @@ def _stream(config: RunConfig, which: int) -> np.random.Generator:
 
 def make_sampler(config: RunConfig, alphas: np.ndarray) -> AcceptanceSampler:
     rng = _stream(config, ACCEPTANCE)
-    if config.acceptance.distribution == "fixed":
+    if config.acceptance.distribution == "fixed" and np.all(alphas == config.acceptance.alpha):
         return SharedAlphaSampler(rng, float(acceptance_scale(np.asarray([config.acceptance.alpha]))[0]))
     return AcceptanceSampler(rng)
 
@@ -63,6 +63,7 @@ class RunResult:
     warnings: list[str]
     wall_s: float
     engine_wall_s: float  # the SimPy loop alone, for the speed benchmark
+    by_label: dict | None = None  # per-label metrics when a trace labels its requests
 
 
 def prepare(config: RunConfig) -> PreparedRun:
@@ -84,6 +85,8 @@ def prepare(config: RunConfig) -> PreparedRun:
     cost_model = CostModel(profile)
     requests = make_requests(config, _stream(config, WORKLOAD))
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
+    if requests.alpha is not None:  # a trace's per-request acceptance overrides the distribution
+        alphas = np.where(np.isnan(requests.alpha), alphas, requests.alpha)
     reserve = requests.prompt_tokens + requests.output_tokens + policy.max_k
     budget = config.engine.kv_cache_tokens
     if budget is None:
@@ -120,8 +123,15 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
         except TraceError as exc:
             raise InputError(exc.message, source=exc.path, line=exc.line, field=exc.field) from None
     burstiness = 1.0 if w.arrival == "poisson" else w.burstiness
-    arrivals = gamma_arrivals(rng, w.rate, burstiness, duration_s=None if w.num_requests else w.duration_s,
-                              num_requests=w.num_requests)
+    duration_s = None if w.num_requests else w.duration_s
+    if w.rate_profile is not None:
+        try:
+            arrivals = profile_arrivals(rng, w.rate_profile, burstiness, duration_s=duration_s,
+                                        num_requests=w.num_requests)
+        except ValueError as exc:
+            raise config.error("workload.rate_profile", str(exc)) from None
+    else:
+        arrivals = gamma_arrivals(rng, w.rate, burstiness, duration_s=duration_s, num_requests=w.num_requests)
     n = arrivals.size  # at least one: the first request arrives at t = 0
     return Requests(arrivals, w.prompt_tokens.sample(rng, n), w.output_tokens.sample(rng, n))
 
@@ -149,9 +159,9 @@ def execute(run: PreparedRun) -> RunResult:
     records = replica.records()
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
                         records.finish_s, records.itl_values, records.itl_weights, records.steps)
-    return RunResult(config, run.profile, request_table(requests, run.alphas, records),
-                     pd.DataFrame(records.steps), summary, list(run.warnings), time.perf_counter() - started,
-                     engine_wall)
+    table = request_table(requests, run.alphas, records)
+    return RunResult(config, run.profile, table, pd.DataFrame(records.steps), summary, list(run.warnings),
+                     time.perf_counter() - started, engine_wall, by_label(table))
 
 
 def simulate(config: RunConfig) -> RunResult:
@@ -180,4 +190,6 @@ def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -
         "decode_steps": rec.decode_steps,
         "drafted_tokens": rec.drafted_tokens,
         "accepted_tokens": rec.accepted_tokens,
+        **({"label": requests.label} if requests.label is not None else {}),
     })
+

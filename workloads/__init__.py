@@ -8,14 +8,19 @@ from workloads.arrivals import gamma_arrivals, poisson_arrivals
 from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.requests import Requests
 from workloads.trace import TraceError, read_trace, write_trace
+from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile, profile_arrivals
 
 __all__ = [
     "LengthSpec",
+    "RateProfile",
     "Requests",
     "TraceError",
+    "burstiness_from_cv",
     "gamma_arrivals",
     "parse_length_spec",
+    "parse_rate_profile",
     "poisson_arrivals",
+    "profile_arrivals",
     "read_trace",
     "write_trace",
 ]

@@ -14,6 +14,8 @@ class Requests:
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    alpha: np.ndarray | None = None  # per-request acceptance in (0, 1); NaN where not given
+    label: np.ndarray | None = None  # per-request dataset name (object array of str)
 
     def __post_init__(self) -> None:
         arrival = np.ascontiguousarray(self.arrival_s, dtype=np.float64)
@@ -28,6 +30,19 @@ class Requests:
         object.__setattr__(self, "arrival_s", arrival)
         object.__setattr__(self, "prompt_tokens", prompt)
         object.__setattr__(self, "output_tokens", output)
+        if self.alpha is not None:
+            alpha = np.ascontiguousarray(self.alpha, dtype=np.float64)
+            if alpha.shape != arrival.shape:
+                raise ValueError("alpha must have one value per request")
+            given = alpha[~np.isnan(alpha)]
+            if np.any((given <= 0) | (given >= 1)):
+                raise ValueError("per-request alpha must be inside (0, 1) (NaN: not given)")
+            object.__setattr__(self, "alpha", alpha)
+        if self.label is not None:
+            label = np.asarray(self.label, dtype=object)
+            if label.shape != arrival.shape:
+                raise ValueError("label must have one value per request")
+            object.__setattr__(self, "label", np.array([str(x) for x in label], dtype=object))
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)

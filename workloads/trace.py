@@ -1,6 +1,8 @@
 """Replay of a request trace: a CSV with arrival_s, prompt_tokens, output_tokens.
 
-Extra columns are ignored. Rows may come in any order; they are sorted by arrival
+Optional columns: ``alpha``, the request's acceptance probability in (0, 1) (blank: not
+given, the configured acceptance applies), and ``label``, a dataset name. Other extra
+columns are ignored. Rows may come in any order; they are sorted by arrival
 (stably, so ties keep file order). Every bad line is reported with its line number.
 """
 
@@ -16,6 +18,7 @@ import numpy as np
 from workloads.requests import Requests
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+OPTIONAL_COLUMNS = ("alpha", "label")
 
 
 class TraceError(ValueError):
@@ -38,8 +41,8 @@ def read_trace(path: str | os.PathLike[str]) -> Requests:
         missing = [c for c in TRACE_COLUMNS if c not in header]
         if missing:
             raise TraceError(f"missing column(s) {', '.join(missing)}", path, 1, missing[0])
-        index = {c: header.index(c) for c in TRACE_COLUMNS}
-        arrival, prompt, output = [], [], []
+        index = {c: header.index(c) for c in TRACE_COLUMNS + OPTIONAL_COLUMNS if c in header}
+        arrival, prompt, output, alpha, label = [], [], [], [], []
         for row in reader:
             line = reader.line_num
             if not row or all(not cell.strip() for cell in row):
@@ -49,19 +52,28 @@ def read_trace(path: str | os.PathLike[str]) -> Requests:
             arrival.append(_number(row[index["arrival_s"]], path, line, "arrival_s"))
             prompt.append(_count(row[index["prompt_tokens"]], path, line, "prompt_tokens"))
             output.append(_count(row[index["output_tokens"]], path, line, "output_tokens"))
+            if "alpha" in index:
+                alpha.append(_alpha(row[index["alpha"]], path, line))
+            if "label" in index:
+                label.append(row[index["label"]].strip())
     if not arrival:
         raise TraceError("trace has no requests", path, 2)
     order = np.argsort(np.asarray(arrival), kind="stable")
-    return Requests(np.asarray(arrival)[order], np.asarray(prompt)[order], np.asarray(output)[order])
+    return Requests(np.asarray(arrival)[order], np.asarray(prompt)[order], np.asarray(output)[order],
+                    alpha=np.asarray(alpha, dtype=float)[order] if "alpha" in index else None,
+                    label=np.asarray(label, dtype=object)[order] if "label" in index else None)
 
 
 def write_trace(path: str | os.PathLike[str], requests: Requests) -> None:
     with Path(path).open("w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(TRACE_COLUMNS)
-        for a, p, o in zip(requests.arrival_s.tolist(), requests.prompt_tokens.tolist(),
-                           requests.output_tokens.tolist()):
-            writer.writerow((repr(a), p, o))
+        extra = [c for c in OPTIONAL_COLUMNS if getattr(requests, c) is not None]
+        writer.writerow(TRACE_COLUMNS + tuple(extra))
+        columns = [requests.arrival_s.tolist(), requests.prompt_tokens.tolist(), requests.output_tokens.tolist()]
+        columns += [getattr(requests, c).tolist() for c in extra]
+        for a, p, o, *more in zip(*columns):
+            cells = {"alpha": lambda x: "" if math.isnan(x) else repr(x), "label": str}
+            writer.writerow((repr(a), p, o, *(cells[c](x) for c, x in zip(extra, more))))
 
 
 def _number(text: str, path: Path, line: int, field: str) -> float:
@@ -71,6 +83,18 @@ def _number(text: str, path: Path, line: int, field: str) -> float:
         raise TraceError(f"'{text.strip()}' is not a number", path, line, field) from None
     if not math.isfinite(value) or value < 0:
         raise TraceError(f"'{text.strip()}' must be a finite number >= 0", path, line, field)
+    return value
+
+
+def _alpha(text: str, path: Path, line: int) -> float:
+    if not text.strip():
+        return math.nan
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(f"'{text.strip()}' is not a number", path, line, "alpha") from None
+    if not 0.0 < value < 1.0:
+        raise TraceError(f"'{text.strip()}' must be inside (0, 1)", path, line, "alpha")
     return value
 
 

@@ -155,11 +155,58 @@ def batching_figure() -> None:
     plt.close(fig)
 
 
+def traffic_figure() -> None:
+    from workloads import parse_rate_profile, profile_arrivals
+
+    fig, (ax_a, ax_b) = plt.subplots(2, 1, figsize=(9, 6.2))
+    profile = parse_rate_profile("phases:1,4,8:60,60,60")
+    edges = np.arange(0, 181, 10)
+    print("phases:1,4,8:60,60,60, arrivals per 10 s (seed 0):")
+    for label, kw, colour in (("Poisson (burstiness 1)", {}, "C0"), ("Gamma, cv = 2 (burstiness 0.25)",
+                                                                      {"cv": 2.0}, "C3")):
+        t = profile_arrivals(np.random.default_rng(SEED), profile, duration_s=180.0, **kw)
+        counts = np.histogram(t, bins=edges)[0]
+        ax_a.stairs(counts, edges, color=colour, lw=1.5, label=f"{label}: {t.size} requests")
+        print(f"  {label:32} {t.size} requests, per 10 s: {counts.tolist()}")
+    expected = 10 * profile.rate(edges[:-1])
+    ax_a.stairs(expected, edges, color="black", ls="--", lw=1, label="10 s x rate(t)")
+    ax_a.set_xlim(0, 180)
+    ax_a.set_ylabel("arrivals per 10 s")
+    ax_a.set_title("(a) --rate-profile phases:1,4,8:60,60,60 --duration 180, two arrival processes", fontsize=10)
+    ax_a.legend(fontsize=8, loc="upper left")
+    ax_a.grid(alpha=0.3)
+
+    result = simulate(config(rate_profile="phases:0.05,0.1,0.2:600,600,600"))
+    req = result.requests
+    edges = np.arange(0, 1801, 60)
+    counts = np.histogram(req.arrival_s, bins=edges)[0]
+    ax_b.bar(edges[:-1], counts, width=60, align="edge", color="0.8", label="arrivals per 60 s")
+    ax_b.set_ylabel("arrivals per 60 s")
+    ax_b.set_xlabel("simulated time (s)")
+    twin = ax_b.twinx()
+    twin.plot(req.arrival_s, req.ttft_s, ".", ms=3, color="C1", label="TTFT of each request (s), by arrival")
+    twin.set_ylabel("TTFT (s)")
+    s = result.summary
+    ax_b.set_title(f"(b) default CPU scenario with phases:0.05,0.1,0.2:600,600,600: {s['completed']} requests, "
+                   f"mean TTFT {s['mean_ttft_ms'] / 1000:.1f} s", fontsize=10)
+    ax_b.legend(loc="upper left", fontsize=8)
+    twin.legend(loc="upper center", fontsize=8)
+    ax_b.set_xlim(0, 1800)
+    for phase, (lo, hi) in enumerate(((0, 600), (600, 1200), (1200, 1800))):
+        part = req[(req.arrival_s >= lo) & (req.arrival_s < hi)]
+        print(f"  CPU run, phase {phase + 1} [{lo}, {hi}) s: {len(part)} arrivals, "
+              f"mean TTFT {part.ttft_s.mean():.1f} s")
+    fig.tight_layout()
+    fig.savefig(OUT / "traffic.png", dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     cost = CostModel(load_profile(DEFAULT_PROFILE))
     cost_model_figure(cost)
     acceptance_figure()
     batching_figure()
+    traffic_figure()
     print("wrote " + ", ".join(sorted(p.name for p in OUT.glob("*.png"))) + f" to {OUT}")
 
 
