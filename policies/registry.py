@@ -6,13 +6,16 @@ import importlib
 import inspect
 from typing import Any
 
+from policies.adaptive import Adaptive
 from policies.base import Policy, PolicyError
+from policies.context import ContextTable
 from policies.fixed import FixedK
 from policies.goodput import Goodput
 from policies.lut import LookupTable
 from policies.none import NoSpeculation
 
-BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (NoSpeculation, FixedK, LookupTable, Goodput)}
+BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (NoSpeculation, FixedK, LookupTable, Goodput,
+                                                                  ContextTable, Adaptive)}
 
 
 def available_policies() -> list[str]:

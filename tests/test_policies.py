@@ -21,7 +21,7 @@ def _view(k_max: int = 8, running: int = 3) -> BatchView:
 
 
 def test_builtin_policies_are_listed():
-    assert available_policies() == ["fixed", "goodput", "lut", "none"]
+    assert available_policies() == ["adaptive", "context", "fixed", "goodput", "lut", "none"]
 
 
 def test_make_policy_none_never_speculates():
@@ -43,7 +43,8 @@ def test_make_policy_fixed_defaults_to_k_three():
 
 
 def test_unknown_policy_name_lists_the_builtins():
-    with pytest.raises(PolicyError, match="unknown policy 'smartspec' \\(built in: fixed, goodput, lut, none") as info:
+    message = "unknown policy 'smartspec' \\(built in: adaptive, context, fixed, goodput, lut, none"
+    with pytest.raises(PolicyError, match=message) as info:
         make_policy("smartspec", {})
     assert info.value.field == "name" and "module:Class" in info.value.message
 
