@@ -1,0 +1,46 @@
+"""Regenerate every study: figures, result tables and headline numbers.
+
+    python docs/studies/run_all.py                                  # the shipped CPU profile
+    python docs/studies/run_all.py --profile h100-opt --out /tmp/h100-studies
+
+Each study is a module here with ``run(profile, out_dir) -> dict``; each derives its
+grid (batch sizes, k range, contexts, request rates) from the profile, so the same
+command runs unchanged on a GPU profile. Headline numbers are printed and written to
+``headlines.json`` in the output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STUDIES = ("optimal_k", "traffic", "rates", "long_context")  # the order of the issue's list
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sim.profile import DEFAULT_PROFILE
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or directory")
+    parser.add_argument("--out", type=Path, default=HERE / "figures", help="folder for figures and tables")
+    parser.add_argument("--only", choices=STUDIES, action="append", help="run just these studies")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    args.out.mkdir(parents=True, exist_ok=True)
+    headlines = {}
+    for name in args.only or STUDIES:
+        started = time.perf_counter()
+        print(f"[{name}] running on {args.profile} ...", flush=True)
+        headlines[name] = importlib.import_module(name).run(args.profile, args.out)
+        print(f"[{name}] done in {time.perf_counter() - started:.0f} s: {headlines[name]}", flush=True)
+    (args.out / "headlines.json").write_text(json.dumps(headlines, indent=2, sort_keys=True, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
