@@ -60,7 +60,7 @@ class StepFeedback:
     """What happened in the step just run (also reused in place by the engine)."""
 
     __slots__ = ("now_s", "step", "batch_size", "k", "step_time_s", "drafted_tokens", "accepted_tokens",
-                 "accepted_per_sequence")
+                 "accepted_per_sequence", "k_per_sequence")
 
     def __init__(self) -> None:
         self.now_s = 0.0
@@ -71,6 +71,8 @@ class StepFeedback:
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.accepted_per_sequence: np.ndarray = np.zeros(0, dtype=np.int64)
+        # None after a uniform step; after a ragged one, each sequence's own k (k above is their max).
+        self.k_per_sequence: np.ndarray | None = None
 
 
 class Policy:
@@ -98,7 +100,9 @@ class Policy:
     def max_k(self) -> int:
         raise NotImplementedError
 
-    def choose_k(self, view: BatchView) -> int:
+    def choose_k(self, view: BatchView) -> int | np.ndarray:
+        """k for the whole batch, or an integer array with one k per running sequence (a ragged
+        step, charged padded to the largest k: see ``sim.engine``)."""
         raise NotImplementedError
 
     def observe(self, feedback: StepFeedback) -> None:

@@ -24,6 +24,23 @@ are drafted but never tested, so it settles at (a + ... + a^k) / k, 0.48 instead
 0.6 at k = 2; and an average of per-step ratios is biased at small batch (0.48 again
 for one sequence at k = 2).
 
+Per-request variant (``per_request = true``): the engine's acceptance is a property
+of each request that only the engine knows, so the policy has no per-sequence alpha to
+optimise against. What it does know per sequence is how many tokens each still has to
+emit, and drafting past a request's end is pure waste. So it first takes the batch
+argmax k* above (the padded step is charged at max k_i, which is k* whenever some
+sequence can use k* tokens) and then gives each sequence
+
+    k_i = min(k*, remaining_i - 1),
+
+remaining_i being the tokens sequence i still has to emit: a step emits at most
+k_i + 1 of them, so k_i = remaining_i - 1 can finish the request and no more is ever
+useful. The answer is an int64 array (one k per running sequence), which the engine
+runs as a ragged step (see ``sim.engine``: padded to max k_i, each sequence keeping
+at most its own k_i); when every k_i equals k* it returns the int k* instead.
+observe() then counts, per sequence that drafted, a rejection where it kept fewer
+than its own k_i.
+
 Per step: k_max + 1 step_time calls and arithmetic. E[tokens] is summed up in the
 same loop (one multiply and one add per k), which is cheaper than keeping a cache per
 k that every speculative step's new alpha_hat would invalidate anyway.
@@ -54,13 +71,16 @@ class Goodput(Policy):
     max_k_param = "k_max"
 
     def __init__(self, alpha_init: float = 0.7, smoothing: float = 0.1, k_max: int = 4,
-                 tie_break: float = 0.0) -> None:
+                 tie_break: float = 0.0, per_request: bool = False) -> None:
         self.alpha_init = _number(alpha_init, "alpha_init", 0.0, 1.0, True, True, "inside (0, 1)")
         self.smoothing = _number(smoothing, "smoothing", 0.0, 1.0, True, False, "in (0, 1]")
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
             raise PolicyError(f"k_max must be a whole number >= 0, got {k_max!r}", field="k_max")
         self.k_max = k_max
         self.tie_break = _number(tie_break, "tie_break", 0.0, math.inf, False, True, ">= 0")
+        if not isinstance(per_request, bool):
+            raise PolicyError(f"per_request must be true or false, got {per_request!r}", field="per_request")
+        self.per_request = per_request
         self._step_time = None
         self._candidates = tuple(range(1, k_max + 1))
         self._margin = 1.0 + self.tie_break
@@ -97,7 +117,7 @@ class Goodput(Policy):
         a = self._alpha
         return batch_size * (1.0 - a ** (k + 1)) / (1.0 - a) / self._step_time(batch_size, k, context_tokens)
 
-    def choose_k(self, view: BatchView) -> int:
+    def choose_k(self, view: BatchView) -> int | np.ndarray:
         b, c, step_time, a = view.batch_size, view.mean_context_tokens, self._step_time, self._alpha
         # b multiplies every candidate alike, so the argmax compares E[tokens] / step_time.
         best_k, best = 0, 1.0 / step_time(b, 0, c)
@@ -109,13 +129,30 @@ class Goodput(Policy):
             g = expected / step_time(b, k, c)
             if g > best * margin:
                 best_k, best = k, g
+        if best_k and self.per_request:
+            return self.per_sequence_k(view, best_k)
         return best_k
+
+    @staticmethod
+    def per_sequence_k(view: BatchView, best_k: int) -> int | np.ndarray:
+        """k_i = min(k*, remaining_i - 1) for the batch argmax k*: never drafts past a request's end."""
+        remaining = view.remaining_tokens  # >= 1 for every running sequence
+        if np.minimum.reduce(remaining) > best_k:
+            return best_k  # every sequence can use all k* tokens: a uniform step
+        return np.minimum(remaining - 1, best_k)
 
     def observe(self, feedback: StepFeedback) -> None:
         k, drafted = feedback.k, feedback.drafted_tokens
         if k == 0 or drafted == 0:
             return
         accepted, per_sequence = feedback.accepted_tokens, feedback.accepted_per_sequence
+        ks = getattr(feedback, "k_per_sequence", None)
+        if ks is not None:  # a ragged step: only sequences that drafted tested anything
+            drafting = ks > 0
+            n = int(np.count_nonzero(drafting))
+            tested = accepted + int(np.count_nonzero(drafting & (per_sequence < ks)))
+            self._update(accepted, tested, n)
+            return
         n = drafted // k  # sequences in the step
         # A sequence that kept fewer than k tokens saw a rejection (one more tested token); one
         # that kept all k saw none. Count the latter the cheapest exact way for the batch's size.
@@ -125,11 +162,20 @@ class Goodput(Policy):
             tested = accepted + n - per_sequence.tolist().count(k)
         else:
             tested = accepted + n - int(np.bincount(per_sequence, minlength=k + 1)[k])
+        s = self.smoothing  # _update, inlined on the per-step path
+        a = self._accepted_avg = self._accepted_avg + s * (accepted / n - self._accepted_avg)
+        t = self._tested_avg = self._tested_avg + s * (tested / n - self._tested_avg)
+        self._alpha = a / t
+
+    def _update(self, accepted: int, tested: int, n: int) -> None:
         s = self.smoothing
         a = self._accepted_avg = self._accepted_avg + s * (accepted / n - self._accepted_avg)
         t = self._tested_avg = self._tested_avg + s * (tested / n - self._tested_avg)
         self._alpha = a / t
 
     def params(self) -> dict[str, Any]:
-        return {"alpha_init": self.alpha_init, "smoothing": self.smoothing, "k_max": self.k_max,
-                "tie_break": self.tie_break}
+        params = {"alpha_init": self.alpha_init, "smoothing": self.smoothing, "k_max": self.k_max,
+                  "tie_break": self.tie_break}
+        if self.per_request:  # only when on, so that records of batch-level runs stay as they were
+            params["per_request"] = True
+        return params

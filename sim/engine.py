@@ -10,6 +10,20 @@ numpy operations over the batch, whatever its size:
 * decode step: ask the policy for k, charge k draft passes + one target pass over
   k + 1 tokens + verification, draw accepted counts, emit min(a + 1, remaining).
 
+A policy may also return one k per running sequence (an integer numpy array of
+length ``view.running``, each in 0..max_k): a *ragged* step. It is charged as
+vLLM and TensorRT-LLM run it, padded to K = max(k_i): K draft passes at the full
+charged batch, one target pass over K + 1 tokens per sequence and verification of
+K, i.e. exactly ``decode_time(b, K, c)``, the price of a uniform step at K. (The
+draft passes could in principle shrink to the b_j = #{i: k_i >= j} sequences still
+drafting, but batched drafting keeps the batch's shape, and a draft pass at small
+batch is weight-bound, so the saving would be small; padding also keeps a ragged
+step priced by the same table a policy predicts with.) Sequence i keeps
+min(G_i, k_i) draft tokens and emits that + 1; drafted tokens are sum k_i (per
+request and per step). The step record's ``k`` is K, and every running sequence
+counts as a draft in the step's ``running``. An array whose k_i are all equal
+runs exactly as the int k.
+
 Inter-token latencies are kept compactly: every row that was in the previous
 decode step has the same gap (this step's end minus that step's end), so a step
 stores one (gap, count) pair plus one gap per request on its first decode step.
@@ -102,6 +116,7 @@ class Replica:
         self.itl_weights: list[int] = []
         self.view = BatchView(table.k_max)
         self.feedback = StepFeedback()
+        self._ragged = None  # this step's per-sequence k, when the policy returned an array
         # Fill in feedback only for policies that listen (fixed and none do not).
         self._observes = type(policy).observe is not Policy.observe
         self.process = env.process(self._run())
@@ -187,7 +202,10 @@ class Replica:
         view.final_context_tokens = self.row_final_context[:b]
         k = self.policy.choose_k(view)
         if k.__class__ is not int or not 0 <= k <= self.table.k_max:
-            k = _checked_k(k, self.table.k_max, self.policy)
+            k = _checked_k(k, self.table.k_max, self.policy, b)
+            if k.__class__ is not int:  # ragged: one k per sequence, charged padded to the largest
+                self._ragged = k
+                k = int(np.maximum.reduce(k))
         self._k = k
         self._dt = dt = self.table.decode_time(charged, k, mean_context)
         return dt
@@ -195,8 +213,15 @@ class Replica:
     def _finish_decode(self, start: float, end: float) -> None:
         b, k = self.running, self._k
         remaining = self.row_remaining[:b]
+        drafted, ragged = k * b, self._ragged
         if k:
-            accepted = self.sampler.accepted(self.row_scale[:b], k)
+            if ragged is None:
+                accepted = self.sampler.accepted(self.row_scale[:b], k)
+            else:  # each sequence keeps at most its own k_i; per-row drafted gets sum of k_i
+                self._ragged = None
+                accepted = self.sampler.accepted(self.row_scale[:b], ragged)
+                drafted = int(np.add.reduce(ragged))
+                self.row_joined_k[:b] += k - ragged  # drafted per row = k_sum - joined_k
             self.row_accepted[:b] += accepted
             accepted_total = int(np.add.reduce(accepted))
             remaining -= accepted + 1  # goes negative where a request ends mid-step
@@ -227,9 +252,10 @@ class Replica:
         if self._observes:
             fb = self.feedback
             fb.now_s, fb.step, fb.batch_size, fb.k, fb.step_time_s = end, len(self.step_rows), charged, k, self._dt
-            fb.drafted_tokens, fb.accepted_tokens, fb.accepted_per_sequence = k * b, accepted_total, accepted
+            fb.drafted_tokens, fb.accepted_tokens, fb.accepted_per_sequence = drafted, accepted_total, accepted
+            fb.k_per_sequence = ragged
             self.policy.observe(fb)
-        self.step_rows.append((start, end, DECODE, charged, b, k, self._mean_context, k * b, accepted_total,
+        self.step_rows.append((start, end, DECODE, charged, b, k, self._mean_context, drafted, accepted_total,
                                emitted_total))
 
     def _retire(self, b: int, now: float) -> None:
@@ -250,11 +276,33 @@ class Replica:
         self.running = survivors
 
 
-def _checked_k(k, k_max: int, policy: Policy) -> int:
-    """A policy's bad answer ends the run with one line naming it (and nothing written)."""
+def _checked_k(k, k_max: int, policy: Policy, running: int):
+    """A policy's bad answer ends the run with one line naming it (and nothing written).
+
+    Returns an int k, or for a per-sequence answer an int64 array of ``running`` values
+    (collapsed to an int when they are all equal, which runs exactly as that int).
+    """
+    if isinstance(k, np.ndarray):
+        return _checked_ks(k, k_max, policy, running)
     if isinstance(k, (bool, float)) or not isinstance(k, (int, np.integer)):
         raise InputError(f"policy '{policy.name}' returned k = {k!r}; it must return an int", field="policy.name")
     if not 0 <= int(k) <= k_max:
         raise InputError(f"policy '{policy.name}' returned k = {int(k)}, outside 0..{k_max} "
                          "(its max_k, within what the profile measured)", field="policy.name")
     return int(k)
+
+
+def _checked_ks(ks: np.ndarray, k_max: int, policy: Policy, running: int):
+    where = f"policy '{policy.name}' returned per-sequence k"
+    if ks.dtype.kind not in "iu":
+        raise InputError(f"{where} of dtype {ks.dtype}; it must be an integer array", field="policy.name")
+    if ks.shape != (running,):
+        raise InputError(f"{where} of shape {ks.shape}; it must have one k per running sequence, "
+                         f"shape ({running},)", field="policy.name")
+    lo, hi = int(np.minimum.reduce(ks)), int(np.maximum.reduce(ks))
+    if lo < 0 or hi > k_max:
+        raise InputError(f"{where} in {lo}..{hi}, outside 0..{k_max} "
+                         "(its max_k, within what the profile measured)", field="policy.name")
+    if lo == hi:
+        return hi
+    return ks.astype(np.int64)  # a copy: the policy may reuse its array

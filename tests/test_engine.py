@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -246,3 +248,110 @@ def test_a_profile_with_no_kv_capacity_refuses_every_request(run_config, tmp_pat
     config = run_config(profile=str(directory), workload__num_requests=5)
     with pytest.raises(InputError, match="the profile's measured capacity"):
         prepare(config)
+
+
+# Ragged steps: a policy that returns one k per running sequence.
+
+_RAGGED_POLICY = (
+    "import numpy as np\n"
+    "from policies import Policy\n"
+    "class Ragged(Policy):\n"
+    "    name = 'ragged'\n"
+    "    max_k = 4\n"
+    "    log = []\n"
+    "    def __init__(self, mode='random'):\n"
+    "        self.mode, self.rng = mode, np.random.default_rng(5)\n"
+    "    def choose_k(self, view):\n"
+    "        b = view.running\n"
+    "        if self.mode == 'random':\n"
+    "            ks = self.rng.integers(0, 5, b)\n"
+    "        elif self.mode == 'remaining':\n"
+    "            ks = view.remaining_tokens % 3\n"
+    "        else:\n"
+    "            ks = np.full(b, 2)\n"
+    "        Ragged.log.append((view.batch_size, view.mean_context_tokens, ks.copy()))\n"
+    "        return ks\n"
+    "    def observe(self, fb):\n"
+    "        ks = fb.k_per_sequence\n"
+    "        if ks is not None:\n"
+    "            assert fb.k == ks.max() and fb.drafted_tokens == ks.sum()\n"
+    "            assert ((fb.accepted_per_sequence >= 0) & (fb.accepted_per_sequence <= ks)).all()\n"
+    "            assert fb.accepted_tokens == fb.accepted_per_sequence.sum()\n"
+    "        Ragged.log[-1] += (ks is not None,)\n")
+
+
+@pytest.fixture
+def ragged(tmp_path, monkeypatch):
+    (tmp_path / "raggedpolicy.py").write_text(_RAGGED_POLICY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import raggedpolicy
+
+    raggedpolicy.Ragged.log.clear()
+    yield raggedpolicy.Ragged
+    raggedpolicy.Ragged.log.clear()
+
+
+def test_a_ragged_step_drafts_sum_k_keeps_at_most_k_i_and_is_charged_padded(run_config, ragged):
+    result = simulate(run_config(policy__name="raggedpolicy:Ragged", workload__num_requests=60, workload__rate=8.0,
+                                 acceptance__alpha=0.8, engine__max_batch_size=8))
+    check_invariants(result)
+    decode = result.steps[result.steps.phase == 1]
+    log = ragged.log
+    assert len(log) == len(decode)
+    assert sum(observed for *_, observed in log) > len(log) // 2  # most steps were ragged (and checked there)
+    assert decode.drafted_tokens.tolist() == [int(ks.sum()) for _, _, ks, _ in log]
+    assert decode.k.tolist() == [int(ks.max()) for _, _, ks, _ in log]
+    # Charged as a uniform step at max k_i over the charged batch (padded drafting and verification).
+    from sim.costmodel import CostModel
+
+    exact = CostModel(result.profile)
+    expected = [exact.step_time(b, int(ks.max()), c) for b, c, ks, _ in log]
+    assert np.allclose(decode.end_s - decode.start_s, expected, rtol=5e-3)
+
+
+def test_ragged_drafted_tokens_are_charged_to_each_request(run_config, ragged):
+    # With alpha ~ 0 nothing is accepted, so a request's remaining count steps down by one and
+    # k_i = remaining % 3 makes its drafted tokens a known sum over its output length.
+    result = simulate(run_config(policy__name="raggedpolicy:Ragged", policy__mode="remaining",
+                                 workload__num_requests=40, workload__rate=8.0, acceptance__alpha=1e-9,
+                                 workload__output_tokens="uniform:1:30", engine__max_batch_size=8))
+    check_invariants(result)
+    req = result.requests
+    assert int(req.accepted_tokens.sum()) == 0
+    expected = [sum(r % 3 for r in range(1, n)) for n in req.output_tokens]
+    assert req.drafted_tokens.tolist() == expected
+
+
+def test_an_array_of_equal_k_runs_exactly_as_the_int(run_config, ragged):
+    as_array = simulate(run_config(policy__name="raggedpolicy:Ragged", policy__mode="equal",
+                                   workload__num_requests=40, workload__rate=5.0))
+    as_int = simulate(run_config(policy__name="fixed", policy__k=2, workload__num_requests=40, workload__rate=5.0))
+    assert not any(observed for *_, observed in ragged.log)  # never seen as ragged
+    pd.testing.assert_frame_equal(as_array.steps, as_int.steps)
+    pd.testing.assert_frame_equal(as_array.requests, as_int.requests)
+
+
+@pytest.mark.parametrize("body, match", [
+    ("np.zeros(view.running + 1, dtype=np.int64)", r"shape \(\d+,\); it must have one k per running"),
+    ("np.full(view.running, -1)", r"in -1..-1, outside 0..2"),
+    ("np.arange(view.running) + 3", r"outside 0..2"),
+    ("np.ones(view.running)", "of dtype float64; it must be an integer array"),
+    ("np.ones((view.running, 1), dtype=np.int64)", "shape"),
+])
+def test_a_bad_per_sequence_answer_is_one_error_naming_the_policy(run_config, tmp_path, monkeypatch, body, match):
+    from sim.errors import InputError
+
+    (tmp_path / "badarray.py").write_text(
+        "import numpy as np\n"
+        "from policies import Policy\n"
+        "class Bad(Policy):\n"
+        "    name = 'badarray'\n"
+        "    max_k = 2\n"
+        "    def choose_k(self, view):\n"
+        f"        return {body}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "badarray", raising=False)  # each case loads its own
+    with pytest.raises(InputError, match=match) as caught:
+        simulate(run_config(policy__name="badarray:Bad", workload__num_requests=5))
+    assert "policy 'badarray' returned per-sequence k" in str(caught.value)
+    assert str(caught.value).startswith("policy.name: ") and "\n" not in str(caught.value)

@@ -208,3 +208,67 @@ def test_bad_parameters_raise_policy_error(params, field):
 def test_goodput_needs_a_cost_model():
     with pytest.raises(PolicyError, match="cost model"):
         Goodput().bind(7, None)
+
+
+# The per-request variant: k_i = min(k*, remaining_i - 1).
+
+def test_per_request_caps_each_k_at_what_the_sequence_still_needs():
+    policy = Goodput(alpha_init=0.8, k_max=4, per_request=True)
+    policy.bind(8, Synthetic())
+    batch = Goodput(alpha_init=0.8, k_max=4)
+    batch.bind(8, Synthetic())
+    view = _view(6, 300)
+    k_star = batch.choose_k(view)
+    assert k_star >= 2  # speculation pays here, so the cap matters
+    view.remaining_tokens = np.array([1, 2, 3, 50, 7, 2], dtype=np.int64)
+    ks = policy.choose_k(view)
+    assert ks.dtype == np.int64 and ks.tolist() == np.minimum(view.remaining_tokens - 1, k_star).tolist()
+    view.remaining_tokens = np.array([9, 50, 7, 8, 9, 10], dtype=np.int64)
+    assert policy.choose_k(view) == k_star and isinstance(policy.choose_k(view), int)  # nobody capped: uniform
+    assert policy.params()["per_request"] is True and "per_request" not in batch.params()
+
+
+def test_per_request_observe_counts_rejections_against_each_sequences_own_k():
+    policy = Goodput(alpha_init=0.5, smoothing=1.0, k_max=4, per_request=True)
+    fb = _feedback(3, [3, 1, 0, 2])
+    fb.k_per_sequence = np.array([3, 2, 0, 2])
+    fb.drafted_tokens = 7
+    policy.observe(fb)
+    # Drafting sequences: 3 (k_i > 0). Rejections: only the one that kept 1 of 2. The k_i = 0 one tested nothing.
+    assert policy.alpha_hat == pytest.approx((6 / 3) / ((6 + 1) / 3))
+
+
+class RecordingPerRequest(Goodput):
+    """Per-request goodput that checks every answer against the view (loaded as module:Class)."""
+
+    ragged_steps = 0
+
+    def choose_k(self, view):
+        ks = super().choose_k(view)
+        room = view.remaining_tokens - 1
+        assert (np.asarray(ks) <= np.maximum(room, 0)).all() or np.ndim(ks) == 0 and (ks == 0 or room.min() >= ks)
+        RecordingPerRequest.ragged_steps += np.ndim(ks) == 1
+        return ks
+
+
+def test_per_request_goodput_never_drafts_past_a_requests_end(run_config):
+    RecordingPerRequest.ragged_steps = 0
+    config = run_config(policy__name="tests.test_policy_goodput:RecordingPerRequest", policy__per_request=True,
+                        acceptance__alpha=0.9, workload__num_requests=80, workload__rate=4.0,
+                        workload__output_tokens="uniform:1:40")
+    result = execute(prepare(config))
+    assert RecordingPerRequest.ragged_steps > 20
+    req = result.requests
+    # Never more drafted tokens than a request had tokens to produce after its first, beyond its decode steps.
+    assert (req.drafted_tokens <= (req.output_tokens - 1) * req.decode_steps).all()
+    assert (req.accepted_tokens <= req.output_tokens - 1).all()
+    same = execute(prepare(run_config(policy__name="goodput", policy__per_request=False, acceptance__alpha=0.9,
+                                      workload__num_requests=80, workload__rate=4.0,
+                                      workload__output_tokens="uniform:1:40")))
+    assert result.summary["num_draft_tokens"] < same.summary["num_draft_tokens"]  # the capped drafts are saved
+
+
+def test_per_request_must_be_a_boolean():
+    with pytest.raises(PolicyError) as info:
+        make_policy("goodput", {"per_request": "yes"})
+    assert info.value.field == "per_request"

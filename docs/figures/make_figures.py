@@ -1,7 +1,7 @@
 """Regenerate every figure of the user guide: python docs/figures/make_figures.py
 
 Uses only the shipped CPU profile and fixed seeds, so the PNGs (and the numbers this
-script prints, which the pages quote) come out the same on every run. About 10 s on
+script prints, which the pages quote) come out the same on every run. About 11 s on
 two cores.
 """
 
@@ -201,12 +201,147 @@ def traffic_figure() -> None:
     plt.close(fig)
 
 
+# One figure per policy page (docs/policy-*.md).
+
+def lut_figure(cost: CostModel) -> None:
+    from policies.lut import DEFAULT_CONTEXT, DEFAULT_K_MAX, best_k
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    batches = np.arange(1, 33)
+    print(f"lut: best k per batch size (context {DEFAULT_CONTEXT}, k_max {DEFAULT_K_MAX}):")
+    for i, (alpha, colour) in enumerate(zip((0.6, 0.7, 0.8, 0.9), ("C0", "C1", "C2", "C3"))):
+        ks = [best_k(cost.step_time, alpha, DEFAULT_K_MAX, int(b), DEFAULT_CONTEXT)[0] for b in batches]
+        ax.step(batches, np.asarray(ks) + (i - 1.5) * 0.04, where="mid", color=colour, lw=1.8,
+                label=f"alpha = {alpha}")
+        print(f"  alpha {alpha}: " + " ".join(f"{b}:{k}" for b, k in zip(batches, ks)))
+    ax.set_xlabel("batch size b (sequences)")
+    ax.set_ylabel("k in the table")
+    ax.set_yticks(range(DEFAULT_K_MAX + 1))
+    ax.set_ylim(-0.3, DEFAULT_K_MAX + 0.3)
+    ax.set_title(f"Auto-built lut tables, {DEFAULT_PROFILE}, context {DEFAULT_CONTEXT}, k_max {DEFAULT_K_MAX}\n"
+                 "(lines nudged apart vertically where they coincide)", fontsize=10)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(OUT / "policy_lut.png", dpi=110)
+    plt.close(fig)
+
+
+def goodput_figure() -> None:
+    from sim.simulate import execute, prepare
+
+    run = prepare(load_config(None, {"policy.name": ("goodput", "--policy"), "policy.alpha_init": (0.9, "figure"),
+                                     "acceptance.alpha": (0.6, "--alpha"), "seed": (SEED, "--seed"),
+                                     "output.records": ("none", "--records")}))
+    policy, history = run.policy, []
+    observe = policy.observe
+
+    def recording(feedback):  # alpha_hat after every decode step (k = 0 steps leave it unchanged)
+        observe(feedback)
+        history.append(policy.alpha_hat)
+
+    policy.observe = recording
+    result = execute(run)
+    decode = result.steps[result.steps.phase == 1]
+    steps = np.arange(1, len(history) + 1)
+    fig, (ax_a, ax_b) = plt.subplots(2, 1, figsize=(9, 5.6), sharex=True)
+    ax_a.plot(steps, history, color="C0", lw=1, label="alpha_hat (after each decode step)")
+    ax_a.axhline(0.6, color="black", ls="--", lw=1, label="true alpha = 0.6")
+    ax_a.set_ylabel("alpha_hat")
+    ax_a.set_ylim(0.3, 1.0)
+    ax_a.legend(loc="upper right", fontsize=8)
+    ax_a.grid(alpha=0.3)
+    ks = decode.k.to_numpy()
+    window = 25
+    ax_b.plot(steps, ks, ".", ms=2, color="C1", alpha=0.4, label="k chosen")
+    ax_b.plot(steps[window - 1:], np.convolve(ks, np.ones(window) / window, mode="valid"), color="C3", lw=1.2,
+              label=f"mean over {window} steps")
+    ax_b.set_ylabel("k")
+    ax_b.set_xlabel("decode step")
+    ax_b.legend(loc="upper right", fontsize=8)
+    ax_b.grid(alpha=0.3)
+    s = result.summary
+    fig.suptitle(f"goodput (alpha_init 0.9) in the default scenario with true alpha 0.6: {s['completed']} requests, "
+                 f"mean k {s['mean_k']:.2f}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(OUT / "policy_goodput.png", dpi=110)
+    plt.close(fig)
+    first = int(np.argmax(np.abs(np.asarray(history) - 0.6) < 0.05))
+    print(f"goodput: {len(history)} decode steps, alpha_hat first within 0.05 of 0.6 at step {first + 1}, "
+          f"mean alpha_hat over the second half {np.mean(history[len(history) // 2:]):.3f}, "
+          f"mean k {s['mean_k']:.2f}, k over the first 50 steps {ks[:50].mean():.2f}, after {ks[50:].mean():.2f}")
+
+
+def context_figure(cost: CostModel) -> None:
+    from policies.context import DEFAULT_CONTEXT_BUCKETS
+    from policies.lut import DEFAULT_K_MAX, best_k
+
+    alpha, batches, edges = 0.8, np.arange(1, 33), DEFAULT_CONTEXT_BUCKETS
+    mids = [(lo + hi) / 2 for lo, hi in zip((0,) + tuple(e + 1 for e in edges[:-1]), edges)]
+    grid = np.array([[best_k(cost.step_time, alpha, DEFAULT_K_MAX, int(b), mid)[0] for b in batches]
+                     for mid in mids])
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    image = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis", vmin=0, vmax=DEFAULT_K_MAX,
+                      extent=(0.5, batches[-1] + 0.5, -0.5, len(edges) - 0.5), interpolation="nearest")
+    for i in range(len(edges)):
+        for j, b in enumerate(batches):
+            ax.text(b, i, str(grid[i, j]), ha="center", va="center", fontsize=6,
+                    color="white" if grid[i, j] < DEFAULT_K_MAX / 2 else "black")
+    ax.set_yticks(range(len(edges)), [f"<= {e}" for e in edges])
+    ax.set_xlabel("batch size b (sequences)")
+    ax.set_ylabel("context bucket (tokens, priced at its midpoint)")
+    top = int(cost.decode_target.bounds("context_tokens")[1])
+    ax.set_title(f"context table auto-built at alpha {alpha}, k_max {DEFAULT_K_MAX}, {DEFAULT_PROFILE}\n"
+                 f"(the profile measured contexts up to {top}: longer buckets use the fitted extrapolation)",
+                 fontsize=10)
+    fig.colorbar(image, ax=ax, label="k", ticks=range(DEFAULT_K_MAX + 1))
+    fig.tight_layout()
+    fig.savefig(OUT / "policy_context.png", dpi=110)
+    plt.close(fig)
+    print(f"context: k at alpha {alpha} per bucket (batch 1..32):")
+    for edge, row in zip(edges, grid):
+        print(f"  <= {edge:5}: " + "".join(str(k) for k in row))
+
+
+def adaptive_figure() -> None:
+    result = simulate(config(policy="adaptive"))
+    decode = result.steps[result.steps.phase == 1]
+    k_max = int(result.config.policy.params["k_max"])
+    edges = np.arange(0, decode.end_s.max() + 60, 60)
+    window = np.digitize(decode.start_s, edges) - 1
+    counts = np.zeros((k_max + 1, len(edges) - 1))
+    np.add.at(counts, (decode.k.to_numpy(), window), 1)
+    shares = counts / np.maximum(counts.sum(axis=0), 1)
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    centres = (edges[:-1] + edges[1:]) / 2
+    ax.stackplot(centres, shares, labels=[f"k = {k}" for k in range(k_max + 1)],
+                 colors=[plt.cm.viridis(k / k_max) for k in range(k_max + 1)], alpha=0.9)
+    ax.set_xlim(centres[0], centres[-1])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("simulated time (s), 60 s windows")
+    ax.set_ylabel("share of decode steps")
+    s = result.summary
+    ax.set_title(f"adaptive (defaults) in the default scenario: {s['completed']} requests, "
+                 f"{s['num_decode_steps']} decode steps, mean k {s['mean_k']:.2f}", fontsize=10)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT / "policy_adaptive.png", dpi=110)
+    plt.close(fig)
+    total = counts.sum(axis=1) / counts.sum()
+    print("adaptive: share of decode steps per k over the run: "
+          + " ".join(f"k{k}={v:.2f}" for k, v in enumerate(total)))
+
+
 def main() -> None:
     cost = CostModel(load_profile(DEFAULT_PROFILE))
     cost_model_figure(cost)
     acceptance_figure()
     batching_figure()
     traffic_figure()
+    lut_figure(cost)
+    goodput_figure()
+    context_figure(cost)
+    adaptive_figure()
     print("wrote " + ", ".join(sorted(p.name for p in OUT.glob("*.png"))) + f" to {OUT}")
 
 
