@@ -87,10 +87,6 @@ class Adaptive(Policy):
     def max_k(self) -> int:
         return self.k_max
 
-    def max_k_error(self, k_max: int) -> PolicyError:
-        return PolicyError(f"k_max = {self.k_max} is beyond the profile's measured k_max = {k_max}",
-                           field="k_max")
-
     def bind(self, k_max: int, cost_model=None) -> None:
         super().bind(k_max, cost_model)  # the cost model is not used
         self._reset()  # a policy object reused for a second run starts afresh

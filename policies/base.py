@@ -93,8 +93,9 @@ class Policy:
 
     def max_k_error(self, k_max: int) -> PolicyError:
         """The error for a max_k beyond the profile's measured k_max, naming ``max_k_param``."""
-        return PolicyError(f"k = {self.max_k} is beyond the profile's measured k_max = {k_max}",
-                           field=self.max_k_param)
+        what = (f"the table's largest k = {self.max_k}" if self.max_k_param == "table"
+                else f"{self.max_k_param} = {self.max_k}")
+        return PolicyError(f"{what} is beyond the profile's measured k_max = {k_max}", field=self.max_k_param)
 
     @property
     def max_k(self) -> int:

@@ -90,10 +90,6 @@ class Goodput(Policy):
     def max_k(self) -> int:
         return self.k_max
 
-    def max_k_error(self, k_max: int) -> PolicyError:
-        return PolicyError(f"k_max = {self.k_max} is beyond the profile's measured k_max = {k_max}",
-                           field="k_max")
-
     def bind(self, k_max: int, cost_model: CostModelLike | None = None) -> None:
         super().bind(k_max, cost_model)
         if cost_model is None:

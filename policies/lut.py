@@ -137,13 +137,6 @@ class LookupTable(Policy):
     def max_k(self) -> int:
         return self.k_max
 
-    def max_k_error(self, k_max: int) -> PolicyError:
-        if self.max_k_param == "table":
-            return PolicyError(f"the table's largest k = {self.max_k} is beyond the profile's measured "
-                               f"k_max = {k_max}", field="table")
-        return PolicyError(f"k_max = {self.max_k} is beyond the profile's measured k_max = {k_max}",
-                           field="k_max")
-
     def bind(self, k_max: int, cost_model: CostModelLike | None = None) -> None:
         super().bind(k_max, cost_model)
         if self.alpha is None:
