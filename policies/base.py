@@ -15,6 +15,13 @@ class PolicyError(ValueError):
         super().__init__(message)
 
 
+def check_k_max(k_max: object, field: str = "k_max") -> int:
+    """A largest speculation length: a whole number >= 0 (the check every policy shares)."""
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
+        raise PolicyError(f"{field} must be a whole number >= 0, got {k_max!r}", field=field)
+    return k_max
+
+
 class CostModelLike(Protocol):
     """What a policy may ask of the cost model (a protocol, not an import of ``sim``).
 

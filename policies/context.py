@@ -35,8 +35,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Sequence
 
-from policies.base import BatchView, CostModelLike, Policy, PolicyError
-from policies.lut import DEFAULT_K_MAX, FALLBACK_MAX_BATCH, _check_alpha, build_lut
+from policies.base import BatchView, CostModelLike, Policy, PolicyError, check_k_max
+from policies.lut import DEFAULT_K_MAX, _check_alpha, build_lut, max_batch_of
 
 DEFAULT_CONTEXT_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -130,10 +130,7 @@ class ContextTable(Policy):
             self._set_lookup(self.table)
         else:
             _check_alpha(alpha)
-            k_max = DEFAULT_K_MAX if k_max is None else k_max
-            if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-                raise PolicyError(f"k_max must be a whole number >= 0, got {k_max!r}", field="k_max")
-            self.k_max = k_max
+            self.k_max = check_k_max(DEFAULT_K_MAX if k_max is None else k_max)
             self.context_buckets = _check_buckets(DEFAULT_CONTEXT_BUCKETS if context_buckets is None
                                                   else context_buckets)
             self.max_k_param = "k_max"
@@ -151,8 +148,7 @@ class ContextTable(Policy):
         if cost_model is None:
             raise PolicyError("context with alpha builds its table from a cost model, and none was given",
                               field="alpha")
-        max_batch = getattr(cost_model, "max_batch", None) or FALLBACK_MAX_BATCH
-        self.table = build_context_table(cost_model.step_time, self.alpha, self.k_max, int(max_batch),
+        self.table = build_context_table(cost_model.step_time, self.alpha, self.k_max, max_batch_of(cost_model),
                                          self.context_buckets)
         self._set_lookup(self.table)
 

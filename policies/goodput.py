@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback
+from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback, check_k_max
 
 _SMALL_BATCH = 64  # up to here a Python list count beats numpy's per-call overhead
 
@@ -74,9 +74,7 @@ class Goodput(Policy):
                  tie_break: float = 0.0, per_request: bool = False) -> None:
         self.alpha_init = _number(alpha_init, "alpha_init", 0.0, 1.0, True, True, "inside (0, 1)")
         self.smoothing = _number(smoothing, "smoothing", 0.0, 1.0, True, False, "in (0, 1]")
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-            raise PolicyError(f"k_max must be a whole number >= 0, got {k_max!r}", field="k_max")
-        self.k_max = k_max
+        self.k_max = check_k_max(k_max)
         self.tie_break = _number(tie_break, "tie_break", 0.0, math.inf, False, True, ">= 0")
         if not isinstance(per_request, bool):
             raise PolicyError(f"per_request must be true or false, got {per_request!r}", field="per_request")

@@ -18,12 +18,17 @@ import math
 from bisect import bisect_right
 from typing import Any, Callable, Sequence
 
-from policies.base import BatchView, CostModelLike, Policy, PolicyError
+from policies.base import BatchView, CostModelLike, Policy, PolicyError, check_k_max
 
 DEFAULT_K_MAX = 4
 DEFAULT_CONTEXT = 512
 FALLBACK_MAX_BATCH = 256  # batch sizes tabulated when the cost model does not say its max_batch
 _TIE = 1e-12  # relative: a larger k must be cheaper per token by more than rounding noise
+
+
+def max_batch_of(cost_model: CostModelLike) -> int:
+    """The largest batch size a table built from ``cost_model`` must cover."""
+    return int(getattr(cost_model, "max_batch", None) or FALLBACK_MAX_BATCH)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -50,8 +55,7 @@ def build_lut(step_time: Callable[[int, int, float], float], alpha: float, k_max
     cost model's or a step table's); the k chosen per batch size is :func:`best_k`'s.
     """
     _check_alpha(alpha)
-    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-        raise PolicyError(f"k_max must be a whole number >= 0, got {k_max!r}", field="k_max")
+    check_k_max(k_max)
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise PolicyError(f"max_batch must be a whole number >= 1, got {max_batch!r}", field="max_batch")
     table: list[list[int]] = []
@@ -120,9 +124,7 @@ class LookupTable(Policy):
             self._set_lookup(self.table)
         else:
             _check_alpha(alpha)
-            k_max = DEFAULT_K_MAX if k_max is None else k_max
-            if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-                raise PolicyError(f"k_max must be a whole number >= 0, got {k_max!r}", field="k_max")
+            k_max = check_k_max(DEFAULT_K_MAX if k_max is None else k_max)
             context_tokens = DEFAULT_CONTEXT if context_tokens is None else context_tokens
             if (isinstance(context_tokens, bool) or not isinstance(context_tokens, (int, float))
                     or not (context_tokens >= 0 and math.isfinite(context_tokens))):
@@ -144,8 +146,8 @@ class LookupTable(Policy):
         if cost_model is None:
             raise PolicyError("lut with alpha builds its table from a cost model, and none was given",
                               field="alpha")
-        max_batch = getattr(cost_model, "max_batch", None) or FALLBACK_MAX_BATCH
-        self.table = build_lut(cost_model.step_time, self.alpha, self.k_max, int(max_batch), self.context_tokens)
+        self.table = build_lut(cost_model.step_time, self.alpha, self.k_max, max_batch_of(cost_model),
+                               self.context_tokens)
         self._set_lookup(self.table)
 
     def _set_lookup(self, table: list[list[int]]) -> None:
