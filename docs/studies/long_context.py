@@ -26,7 +26,6 @@ Writes long_context.png, long_context.csv and long_context_sim.csv.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -227,17 +226,7 @@ def run(profile: str, out_dir: Path) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    from sim.profile import DEFAULT_PROFILE
+if __name__ == "__main__":  # the same flags as run_all.py, for this study alone
+    from run_all import main
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or directory")
-    parser.add_argument("--out", type=Path, default=HERE / "figures", help="folder for figures and tables")
-    args = parser.parse_args(argv)
-    import json
-    print(json.dumps(run(args.profile, args.out), indent=1, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["--only", "long_context", *sys.argv[1:]]))

@@ -19,7 +19,6 @@ Writes optimal_k.png, optimal_k.csv, optimal_k_lut.csv and optimal_k_sim.csv.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -205,17 +204,7 @@ def run(profile: str, out_dir: Path, simulate_batches: list[int] | None = None) 
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    from sim.profile import DEFAULT_PROFILE
+if __name__ == "__main__":  # the same flags as run_all.py, for this study alone
+    from run_all import main
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or directory")
-    parser.add_argument("--out", type=Path, default=HERE / "figures", help="folder for figures and tables")
-    args = parser.parse_args(argv)
-    import json
-    print(json.dumps(run(args.profile, args.out), indent=1, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["--only", "optimal_k", *sys.argv[1:]]))

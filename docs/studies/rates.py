@@ -13,7 +13,6 @@ folder and returns headline numbers.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -204,17 +203,7 @@ def run(profile: str, out_dir: Path) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    from sim.profile import DEFAULT_PROFILE
+if __name__ == "__main__":  # the same flags as run_all.py, for this study alone
+    from run_all import main
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or directory")
-    parser.add_argument("--out", type=Path, default=HERE / "figures", help="folder for figures and tables")
-    args = parser.parse_args(argv)
-    for key, value in run(args.profile, args.out).items():
-        print(f"{key}: {value}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["--only", "rates", *sys.argv[1:]]))

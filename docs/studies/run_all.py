@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] running on {args.profile} ...", flush=True)
         headlines[name] = importlib.import_module(name).run(args.profile, args.out)
         print(f"[{name}] done in {time.perf_counter() - started:.0f} s: {headlines[name]}", flush=True)
-    (args.out / "headlines.json").write_text(json.dumps(headlines, indent=2, sort_keys=True, default=str) + "\n")
+    path = args.out / "headlines.json"  # one study run alone updates its own entry
+    previous = json.loads(path.read_text()) if args.only and path.is_file() else {}
+    path.write_text(json.dumps({**previous, **headlines}, indent=2, sort_keys=True, default=str) + "\n")
     return 0
 
 
