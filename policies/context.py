@@ -35,8 +35,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Sequence
 
-from policies.base import BatchView, CostModelLike, Policy, PolicyError, check_k_max
-from policies.lut import DEFAULT_K_MAX, _check_alpha, build_lut, max_batch_of
+from policies.base import BatchView, PolicyError
+from policies.lut import TablePolicy, _check_alpha, build_lut
 
 DEFAULT_CONTEXT_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -106,51 +106,24 @@ def build_context_table(step_time, alpha: float, k_max: int, max_batch: int,
     return [[s, e, c0, c1, k] for c0, c1, lut in bands for s, e, k in lut]
 
 
-class ContextTable(Policy):
+class ContextTable(TablePolicy):
     name = "context"
+    table_form = "[[min_bs, max_bs, min_ctx, max_ctx, k], ...]"
 
     def __init__(self, table: Sequence[Sequence[int]] | None = None, alpha: float | None = None,
                  k_max: int | None = None, context_buckets: Sequence[int] | None = None) -> None:
-        if table is not None and alpha is not None:
-            raise PolicyError("give either table or alpha (to build the table from the profile), not both",
-                              field="table")
-        if table is None and alpha is None:
-            raise PolicyError("give table = [[min_bs, max_bs, min_ctx, max_ctx, k], ...] or alpha (to build the "
-                              "table from the profile)", field="table")
-        self.alpha = alpha
-        if table is not None:
-            for param, value in (("k_max", k_max), ("context_buckets", context_buckets)):
-                if value is not None:
-                    raise PolicyError(f"{param} applies only with alpha (a given table sets its own k and "
-                                      "contexts)", field=param)
-            self.table = check_context_table(table)
-            self.k_max = max(row[4] for row in self.table)
-            self.context_buckets = None
-            self.max_k_param = "table"
-            self._set_lookup(self.table)
-        else:
-            _check_alpha(alpha)
-            self.k_max = check_k_max(DEFAULT_K_MAX if k_max is None else k_max)
-            self.context_buckets = _check_buckets(DEFAULT_CONTEXT_BUCKETS if context_buckets is None
-                                                  else context_buckets)
-            self.max_k_param = "k_max"
-            self.table = None  # built at bind()
-            self._bs_edges, self._ctx_edges, self._grid = [], [], [[0]]  # k = 0 until bind()
-
-    @property
-    def max_k(self) -> int:
-        return self.k_max
-
-    def bind(self, k_max: int, cost_model: CostModelLike | None = None) -> None:
-        super().bind(k_max, cost_model)
-        if self.alpha is None:
+        self.context_buckets = None
+        if self._choose_source(table, alpha, k_max, {"context_buckets": context_buckets}):
             return
-        if cost_model is None:
-            raise PolicyError("context with alpha builds its table from a cost model, and none was given",
-                              field="alpha")
-        self.table = build_context_table(cost_model.step_time, self.alpha, self.k_max, max_batch_of(cost_model),
-                                         self.context_buckets)
-        self._set_lookup(self.table)
+        self.context_buckets = _check_buckets(DEFAULT_CONTEXT_BUCKETS if context_buckets is None
+                                              else context_buckets)
+        self._bs_edges, self._ctx_edges, self._grid = [], [], [[0]]  # k = 0 until bind()
+
+    def check_table(self, table: Any) -> list[list[int]]:
+        return check_context_table(table)
+
+    def build_table(self, step_time, max_batch: int) -> list[list[int]]:
+        return build_context_table(step_time, self.alpha, self.k_max, max_batch, self.context_buckets)
 
     def _set_lookup(self, table: list[list[int]]) -> None:
         """Resolve the rows into a grid of cells cut at every row's edges, gaps filled (module doc)."""

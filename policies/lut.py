@@ -100,40 +100,39 @@ def _check_alpha(alpha: Any) -> None:
         raise PolicyError(f"alpha must be a number inside (0, 1), got {alpha!r}", field="alpha")
 
 
-class LookupTable(Policy):
-    name = "lut"
+class TablePolicy(Policy):
+    """A k table given explicitly, or built at bind() from the cost model and an acceptance rate.
 
-    def __init__(self, table: Sequence[Sequence[int]] | None = None, alpha: float | None = None,
-                 k_max: int | None = None, context_tokens: float | None = None) -> None:
+    Subclasses say how to check a given table (``check_table``), how to build one
+    (``build_table``) and how to look k up (``_set_lookup``); the row's last field is k.
+    """
+
+    table_form = "[[...], ...]"  # shown when neither table nor alpha is given
+
+    def _choose_source(self, table, alpha, k_max, alpha_only: dict[str, Any]) -> bool:
+        """Validate the table-or-alpha choice; True when the table was given (and is set up)."""
         if table is not None and alpha is not None:
             raise PolicyError("give either table or alpha (to build the table from the profile), not both",
                               field="table")
         if table is None and alpha is None:
-            raise PolicyError("give table = [[start_bs, end_bs, k], ...] or alpha (to build the table from "
-                              "the profile)", field="table")
+            raise PolicyError(f"give table = {self.table_form} or alpha (to build the table from the profile)",
+                              field="table")
         self.alpha = alpha
         if table is not None:
-            for param, value in (("k_max", k_max), ("context_tokens", context_tokens)):
+            for param, value in {"k_max": k_max, **alpha_only}.items():
                 if value is not None:
                     raise PolicyError(f"{param} applies only with alpha (a given table sets its own k)",
                                       field=param)
-            self.table = check_table(table)
-            self.k_max = max(k for _, _, k in self.table)
-            self.context_tokens = None
+            self.table = self.check_table(table)
+            self.k_max = max(row[-1] for row in self.table)
             self.max_k_param = "table"
             self._set_lookup(self.table)
-        else:
-            _check_alpha(alpha)
-            k_max = check_k_max(DEFAULT_K_MAX if k_max is None else k_max)
-            context_tokens = DEFAULT_CONTEXT if context_tokens is None else context_tokens
-            if (isinstance(context_tokens, bool) or not isinstance(context_tokens, (int, float))
-                    or not (context_tokens >= 0 and math.isfinite(context_tokens))):
-                raise PolicyError(f"context_tokens must be a number >= 0, got {context_tokens!r}",
-                                  field="context_tokens")
-            self.k_max, self.context_tokens = k_max, context_tokens
-            self.max_k_param = "k_max"
-            self.table = None  # built at bind()
-            self._starts, self._ks = [], [0]  # k = 0 until bind() builds the table
+            return True
+        _check_alpha(alpha)
+        self.k_max = check_k_max(DEFAULT_K_MAX if k_max is None else k_max)
+        self.max_k_param = "k_max"
+        self.table = None  # built at bind()
+        return False
 
     @property
     def max_k(self) -> int:
@@ -144,11 +143,43 @@ class LookupTable(Policy):
         if self.alpha is None:
             return
         if cost_model is None:
-            raise PolicyError("lut with alpha builds its table from a cost model, and none was given",
+            raise PolicyError(f"{self.name} with alpha builds its table from a cost model, and none was given",
                               field="alpha")
-        self.table = build_lut(cost_model.step_time, self.alpha, self.k_max, max_batch_of(cost_model),
-                               self.context_tokens)
+        self.table = self.build_table(cost_model.step_time, max_batch_of(cost_model))
         self._set_lookup(self.table)
+
+    def check_table(self, table: Any) -> list[list[int]]:
+        raise NotImplementedError
+
+    def build_table(self, step_time: Callable[[int, int, float], float], max_batch: int) -> list[list[int]]:
+        raise NotImplementedError
+
+    def _set_lookup(self, table: list[list[int]]) -> None:
+        raise NotImplementedError
+
+
+class LookupTable(TablePolicy):
+    name = "lut"
+    table_form = "[[start_bs, end_bs, k], ...]"
+
+    def __init__(self, table: Sequence[Sequence[int]] | None = None, alpha: float | None = None,
+                 k_max: int | None = None, context_tokens: float | None = None) -> None:
+        self.context_tokens = None
+        if self._choose_source(table, alpha, k_max, {"context_tokens": context_tokens}):
+            return
+        context_tokens = DEFAULT_CONTEXT if context_tokens is None else context_tokens
+        if (isinstance(context_tokens, bool) or not isinstance(context_tokens, (int, float))
+                or not (context_tokens >= 0 and math.isfinite(context_tokens))):
+            raise PolicyError(f"context_tokens must be a number >= 0, got {context_tokens!r}",
+                              field="context_tokens")
+        self.context_tokens = context_tokens
+        self._starts, self._ks = [], [0]  # k = 0 until bind() builds the table
+
+    def check_table(self, table: Any) -> list[list[int]]:
+        return check_table(table)
+
+    def build_table(self, step_time, max_batch: int) -> list[list[int]]:
+        return build_lut(step_time, self.alpha, self.k_max, max_batch, self.context_tokens)
 
     def _set_lookup(self, table: list[list[int]]) -> None:
         """Rows sorted by start: a batch size takes the k of the last range starting at or below it."""
