@@ -9,6 +9,7 @@ the batch size -> k table of the ``lut`` policy from a profile.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Sequence
@@ -40,6 +41,13 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--seed": ("seed", int, "random seed; same config and seed give the same bytes"),
     "--out": ("output.dir", str, "output folder (default runs/<config hash>)"),
     "--records": ("output.records", str, "per-request and per-step records: csv, parquet or none"),
+}
+
+
+# Commands that live in their own module: name -> (module, help). The module provides
+# ``add_arguments(parser)`` and ``main(args) -> int`` (raising InputError for bad input);
+# it is imported when the parser is built, so keep its top-level imports light.
+COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
@@ -75,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     lut.add_argument("--max-batch", type=_typed("--max-batch", int), default=None,
                      help="tabulate batch sizes 1..N (default: the default scenario's engine.max_batch_size)")
     lut.add_argument("--out", default=None, help="also write the table as a TOML [policy] snippet here")
+    for name, (module, text) in COMMANDS.items():
+        importlib.import_module(module).add_arguments(sub.add_parser(name, help=text))
     return parser
 
 
@@ -106,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _profiles(args.profile)
         if args.command == "lut":
             return _lut(args)
+        if args.command in COMMANDS:
+            return importlib.import_module(COMMANDS[args.command][0]).main(args)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
