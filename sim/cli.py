@@ -48,6 +48,8 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
 # ``add_arguments(parser)`` and ``main(args) -> int`` (raising InputError for bad input);
 # it is imported when the parser is built, so keep its top-level imports light.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "regress": ("sim.regress", "run a baseline's scenarios and fail on a metric regression (CI checks)"),
+    "sweep": ("sim.sweep.cli", "run a grid of scenarios (policy x rate x seed ...) into one table; resumable"),
 }
 
 
