@@ -41,6 +41,12 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--seed": ("seed", int, "random seed; same config and seed give the same bytes"),
     "--out": ("output.dir", str, "output folder (default runs/<config hash>)"),
     "--records": ("output.records", str, "per-request and per-step records: csv, parquet or none"),
+    "--replicas": ("cluster.replicas", int, "identical replicas behind one router (default 1)"),
+    "--router": ("cluster.router", str, "round-robin, least-requests or least-tokens"),
+    "--timeline": ("output.timeline", str, "also write the simulated timeline here, as Chrome trace-event JSON "
+                   "(open it in Perfetto)"),
+    "--timeline-window": ("output.timeline_window", str, "only steps and requests overlapping START:END "
+                          "seconds of simulated time"),
 }
 
 
@@ -131,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
     from sim.config import load_config
     from sim.outputs import default_output_dir, format_summary, write_run
     from sim.simulate import execute, prepare
+    from sim.timeline import commit, stage_timeline
 
     overrides = {key: (getattr(args, key), flag) for flag, (key, _, _) in RUN_FLAGS.items()}
     config = load_config(args.config, overrides)
@@ -138,7 +145,16 @@ def _run(args: argparse.Namespace) -> int:
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     result = execute(run)
-    out = write_run(result, config.output.dir or default_output_dir(run.config.digest()))
+    timeline = config.output.timeline
+    staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
+    try:
+        out = write_run(result, config.output.dir or default_output_dir(run.config.digest()))
+    except BaseException:
+        if staged is not None:
+            staged.unlink(missing_ok=True)
+        raise
+    if staged is not None:
+        commit(staged, timeline)
     if args.quiet:
         print(out)
         return 0
@@ -150,6 +166,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"Wrote {out}/ (summary.json, config.toml"
           + ("" if config.output.records == "none" else f", requests.{config.output.records}, "
              f"steps.{config.output.records}") + ")")
+    if timeline:
+        print(f"Wrote {timeline} (Chrome trace events: open in https://ui.perfetto.dev)")
     return 0
 
 

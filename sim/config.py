@@ -21,6 +21,7 @@ import tomli_w
 
 from sim.acceptance import DISTRIBUTIONS, AcceptanceSpec
 from sim.errors import InputError
+from sim.router import ROUTERS
 from sim.scheduler import BATCHING
 from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
@@ -65,9 +66,17 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    replicas: int
+    router: str
+
+
+@dataclass(frozen=True)
 class OutputConfig:
     dir: str | None
     records: str
+    timeline: str | None = None  # Chrome trace-event JSON of the simulated timeline (sim.timeline)
+    timeline_window: tuple[float, float] | None = None  # only events overlapping [start, end) seconds
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ class RunConfig:
     policy: PolicyConfig
     acceptance: AcceptanceSpec
     output: OutputConfig
+    cluster: ClusterConfig = ClusterConfig(1, ROUTERS[0])
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
 
     def error(self, key: str, message: str) -> InputError:
@@ -103,8 +113,11 @@ class RunConfig:
             "policy": {"name": self.policy.name, **self.policy.params},
             "acceptance": {"alpha": self.acceptance.alpha, "distribution": self.acceptance.distribution,
                            "concentration": self.acceptance.concentration},
-            "output": {"dir": self.output.dir, "records": self.output.records},
+            "output": {"dir": self.output.dir, "records": self.output.records, "timeline": self.output.timeline,
+                       "timeline_window": _window_text(self.output.timeline_window)},
         }
+        if self.cluster.replicas > 1:  # one replica is the plain single-replica run: same file, same digest
+            data["cluster"] = {"replicas": self.cluster.replicas, "router": self.cluster.router}
         return _drop_none(data)
 
     def to_toml(self) -> str:
@@ -188,7 +201,8 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in table.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and dotted in ("workload", "engine", "policy", "acceptance", "output"):
+        if isinstance(value, dict) and dotted in ("workload", "engine", "policy", "acceptance", "output",
+                                                               "cluster"):
             out.update(_flatten(value, dotted + "."))
         else:
             out[dotted] = value
@@ -241,7 +255,8 @@ KNOWN = {
     "engine.batching", "engine.max_batch_size", "engine.kv_cache_tokens",
     "policy.name",
     "acceptance.alpha", "acceptance.distribution", "acceptance.concentration",
-    "output.dir", "output.records",
+    "output.dir", "output.records", "output.timeline", "output.timeline_window",
+    "cluster.replicas", "cluster.router",
 }
 
 
@@ -293,9 +308,14 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
         raise error_at(sources, "acceptance.alpha", f"must be inside (0, 1), got {alpha}")
     acceptance = AcceptanceSpec(alpha=alpha, distribution=get.choice("acceptance.distribution", DISTRIBUTIONS),
                                 concentration=get.number("acceptance.concentration", positive=True))
-    output = OutputConfig(dir=get.text("output.dir", optional=True), records=get.choice("output.records", RECORDS))
+    output = OutputConfig(dir=get.text("output.dir", optional=True), records=get.choice("output.records", RECORDS),
+                          timeline=get.text("output.timeline", optional=True),
+                          timeline_window=get.window("output.timeline_window"))
+    cluster = ClusterConfig(replicas=get.integer("cluster.replicas", minimum=1),
+                            router=get.choice("cluster.router", ROUTERS))
     return RunConfig(seed=get.integer("seed", minimum=0), profile=get.text("profile"), workload=workload,
-                     engine=engine, policy=policy, acceptance=acceptance, output=output, sources=dict(sources))
+                     engine=engine, policy=policy, acceptance=acceptance, output=output, cluster=cluster,
+                     sources=dict(sources))
 
 
 class _Getter:
@@ -363,11 +383,31 @@ class _Getter:
         except ValueError as exc:
             raise error_at(self.sources, key, str(exc)) from None
 
+    def window(self, key: str) -> tuple[float, float] | None:
+        """'START:END' in seconds of simulated time, 0 <= START < END."""
+        raw = self._raw(key, True)
+        if raw is None:
+            return None
+        parts = str(raw).split(":")
+        try:
+            start, end = (float(p) for p in parts) if len(parts) == 2 else (math.nan, math.nan)
+        except ValueError:
+            start = end = math.nan
+        if not (math.isfinite(start) and math.isfinite(end)):
+            raise error_at(self.sources, key, f"'{raw}' is not START:END in seconds (e.g. 100:160)")
+        if not 0 <= start < end:
+            raise error_at(self.sources, key, f"needs 0 <= START < END, got {raw}")
+        return start, end
+
     def length(self, key: str) -> LengthSpec:
         try:
             return parse_length_spec(self._raw(key, False))
         except ValueError as exc:
             raise error_at(self.sources, key, str(exc)) from None
+
+
+def _window_text(window: tuple[float, float] | None) -> str | None:
+    return None if window is None else f"{window[0]!r}:{window[1]!r}"
 
 
 def _drop_none(data: dict[str, Any]) -> dict[str, Any]:

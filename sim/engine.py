@@ -79,7 +79,7 @@ class Replica:
         self.scheduler = scheduler
         self.policy = policy
         self.sampler = sampler
-        n = arrival_s.shape[0]
+        n = prompt_tokens.shape[0]  # a routed replica (sim.cluster) has no arrival array
         self.scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)

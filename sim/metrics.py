@@ -9,6 +9,11 @@ last finish. Speculation metrics follow vLLM: acceptance rate = accepted /
 drafted; mean acceptance length = 1 + accepted / drafts, a draft being one
 sequence in one speculative step. Token goodput (SmartSpec) = generated tokens
 per second of busy engine time.
+
+For a cluster of replicas the same names describe the whole cluster: latencies over
+all requests, throughputs over the cluster's duration, and speculation metrics over
+every replica's steps (busy time summed over replicas, so token goodput stays per
+second of one engine's busy time); :func:`replica_breakdown` gives each replica's.
 """
 
 from __future__ import annotations
@@ -128,4 +133,20 @@ def by_label(table: pd.DataFrame) -> dict | None:
             "mean_ttft_ms": float(ttft.mean() * 1e3) if ttft.size else float("nan"),
             "mean_acceptance_length": 1.0 + int(done.accepted_tokens.sum()) / steps if steps else float("nan"),
         }
+    return out
+
+
+def replica_breakdown(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                      request_ids: list[np.ndarray], records: list, duration_s: float) -> list[dict]:
+    """Each replica's own summary (same names as the cluster's) over the requests it served.
+
+    A replica's ``duration_s`` and throughputs run from t = 0 to its own last finish;
+    ``busy_fraction`` is its busy engine time over the whole cluster's duration.
+    """
+    out = []
+    for index, (ids, rec) in enumerate(zip(request_ids, records)):
+        summary = summarize(arrival_s[ids], prompt_tokens[ids], output_tokens[ids], rec.first_token_s,
+                            rec.finish_s, rec.itl_values, rec.itl_weights, rec.steps)
+        busy = summary["busy_time_s"] / duration_s if duration_s > 0 else float("nan")
+        out.append({"replica": index, "requests": int(ids.shape[0]), "busy_fraction": busy, **summary})
     return out

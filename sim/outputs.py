@@ -42,6 +42,9 @@ def summary_document(result: RunResult) -> dict:
         "warnings": result.warnings,
         **({"by_label": {label: {k: _json_number(v) for k, v in m.items()} for label, m in result.by_label.items()}}
            if result.by_label else {}),
+        **({"cluster": {"replicas": cfg.cluster.replicas, "router": cfg.cluster.router},
+            "replicas": [{k: _json_number(v) for k, v in m.items()} for m in result.replicas]}
+           if result.replicas else {}),
     }
 
 
@@ -116,6 +119,8 @@ def format_summary(result: RunResult) -> str:
         policy = policy[:39] + "…"
     lines.append(f"{'Policy:':<12}{policy:>40}")
     lines.append(f"{'Batching:':<12}{cfg.engine.batching + f' (max {cfg.engine.max_batch_size})':>40}")
+    if result.replicas:
+        lines.append(f"{'Cluster:':<12}{f'{cfg.cluster.replicas} replicas, {cfg.cluster.router}':>40}")
     row("Successful requests:", s["completed"])
     row("Benchmark duration (s):", s["duration_s"])
     row("Total input tokens:", s["total_input_tokens"])
@@ -135,5 +140,15 @@ def format_summary(result: RunResult) -> str:
     row("Mean batch size (decode):", s["mean_batch_size"])
     row("Engine steps (prefill + decode):", s["num_steps"])
     row("Token goodput (tok/s of busy time):", s["token_goodput"])
+    if result.replicas:
+        header(f"{len(result.replicas)} replicas, {cfg.cluster.router} router")
+        lines.append(f"{'replica':>7}{'reqs':>6}{'mean E2EL ms':>13}{'p99 E2EL ms':>12}{'batch':>7}{'busy':>7}")
+        for m in result.replicas:
+            lines.append(f"{m['replica']:>7}{m['requests']:>6}{_ms(m['mean_e2el_ms']):>13}"
+                         f"{_ms(m['p99_e2el_ms']):>12}{m['mean_batch_size']:>7.1f}{100 * m['busy_fraction']:>6.1f}%")
     lines.append("=" * width)
     return "\n".join(lines)
+
+
+def _ms(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.0f}"

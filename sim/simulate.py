@@ -1,8 +1,10 @@
-"""One simulated run: resolve inputs, check them all, then run the SimPy replica.
+"""One simulated run: resolve inputs, check them all, then run the SimPy replica (or cluster).
 
 A run is a pure function of (config, seed). Random streams are spawned from the
 seed in a fixed order (workload, per-request alpha, acceptance draws), so adding
-one stream never shifts another.
+one stream never shifts another. A cluster of N > 1 replicas gives replica r the
+r-th of N streams spawned from the acceptance stream; one replica uses that stream
+itself, so a one-replica cluster is the single replica.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import simpy
 
 from policies import Policy, PolicyError, make_policy
 from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
+from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
 from sim.engine import Replica, ReplicaRecords
 from sim.errors import InputError
-from sim.metrics import by_label, summarize
+from sim.metrics import by_label, replica_breakdown, summarize
 from sim.profile import Profile, load_profile
 from sim.scheduler import make_scheduler
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace
@@ -33,8 +36,17 @@ def _stream(config: RunConfig, which: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(config.seed).spawn(3)[which])
 
 
-def make_sampler(config: RunConfig, alphas: np.ndarray) -> AcceptanceSampler:
-    rng = _stream(config, ACCEPTANCE)
+def replica_streams(config: RunConfig, replicas: int) -> list[np.random.Generator]:
+    """One acceptance stream per replica, fixed by the seed whatever order replicas run in."""
+    if replicas == 1:
+        return [_stream(config, ACCEPTANCE)]
+    parent = np.random.SeedSequence(config.seed).spawn(3)[ACCEPTANCE]
+    return [np.random.default_rng(child) for child in parent.spawn(replicas)]
+
+
+def make_sampler(config: RunConfig, alphas: np.ndarray, rng: np.random.Generator | None = None
+                 ) -> AcceptanceSampler:
+    rng = _stream(config, ACCEPTANCE) if rng is None else rng
     if config.acceptance.distribution == "fixed" and np.all(alphas == config.acceptance.alpha):
         return SharedAlphaSampler(rng, float(acceptance_scale(np.asarray([config.acceptance.alpha]))[0]))
     return AcceptanceSampler(rng)
@@ -64,6 +76,7 @@ class RunResult:
     wall_s: float
     engine_wall_s: float  # the SimPy loop alone, for the speed benchmark
     by_label: dict | None = None  # per-label metrics when a trace labels its requests
+    replicas: list[dict] | None = None  # per-replica metrics of a cluster of more than one replica
 
 
 def prepare(config: RunConfig) -> PreparedRun:
@@ -143,25 +156,55 @@ def _table_reach(config: RunConfig, policy: Policy, r: Requests) -> dict:
             "max_prompt": int(r.prompt_tokens.max()), "with_draft": policy.max_k > 0}
 
 
-def execute(run: PreparedRun) -> RunResult:
+def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
+    """Run the engine. ``routed``: drive even one replica through the cluster's router
+    (the default is to do so only for more than one replica; tests compare the two)."""
     started = time.perf_counter()
     config, requests = run.config, run.requests
-    env = simpy.Environment()
-    replica = Replica(
-        env, arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
-        output_tokens=requests.output_tokens, acceptance_scale=acceptance_scale(run.alphas),
-        kv_reserve=requests.prompt_tokens + requests.output_tokens + run.policy.max_k, table=run.table,
-        scheduler=make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens),
-        policy=run.policy, sampler=make_sampler(config, run.alphas))
-    engine_started = time.perf_counter()
-    env.run()
-    engine_wall = time.perf_counter() - engine_started
-    records = replica.records()
+    count = config.cluster.replicas
+    scale = acceptance_scale(run.alphas)
+    reserve = requests.prompt_tokens + requests.output_tokens + run.policy.max_k
+    if not (count > 1 if routed is None else routed):
+        env = simpy.Environment()
+        replica = Replica(
+            env, arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
+            output_tokens=requests.output_tokens, acceptance_scale=scale, kv_reserve=reserve, table=run.table,
+            scheduler=make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens),
+            policy=run.policy, sampler=make_sampler(config, run.alphas))
+        engine_started = time.perf_counter()
+        env.run()
+        engine_wall = time.perf_counter() - engine_started
+        records, cluster = replica.records(), None
+    else:
+        parts = [ReplicaParts(make_scheduler(config.engine.batching, config.engine.max_batch_size,
+                                             run.kv_budget_tokens),
+                              run.policy if index == 0 else _fresh_policy(run), make_sampler(config, run.alphas, rng))
+                 for index, rng in enumerate(replica_streams(config, count))]
+        engine_started = time.perf_counter()
+        cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
+                              output_tokens=requests.output_tokens, acceptance_scale=scale, kv_reserve=reserve,
+                              table=run.table, parts=parts, router=config.cluster.router)
+        engine_wall = time.perf_counter() - engine_started
+        records = cluster.merged
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
                         records.finish_s, records.itl_values, records.itl_weights, records.steps)
     table = request_table(requests, run.alphas, records)
-    return RunResult(config, run.profile, table, pd.DataFrame(records.steps), summary, list(run.warnings),
-                     time.perf_counter() - started, engine_wall, by_label(table))
+    steps = pd.DataFrame(records.steps)
+    breakdown = None
+    if count > 1:  # a one-replica run's files stay exactly the single replica's
+        table["replica"] = cluster.replica_of
+        steps["replica"] = cluster.step_replica
+        breakdown = replica_breakdown(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
+                                      cluster.request_ids, cluster.per_replica, summary["duration_s"])
+    return RunResult(config, run.profile, table, steps, summary, list(run.warnings),
+                     time.perf_counter() - started, engine_wall, by_label(table), breakdown)
+
+
+def _fresh_policy(run: PreparedRun) -> Policy:
+    """Another instance of the run's policy, bound like the first: policies keep per-replica state."""
+    policy = make_policy(run.config.policy.name, run.config.policy.params)
+    policy.bind(run.profile.k_max, run.table)
+    return policy
 
 
 def simulate(config: RunConfig) -> RunResult:
