@@ -1,0 +1,150 @@
+"""The simulated timeline as a Chrome trace-event file (JSON), for Perfetto or chrome://tracing.
+
+One process per replica (pid = replica index). Its thread 0 holds the engine steps
+as complete events ("X", named prefill or decode, with the step's record as args),
+and counter tracks ("C") follow its running batch size (0 while idle) and the k of
+each decode step. Each request is a nestable async span ("b"/"e", cat "request",
+id = request id) from arrival to finish, with nested spans queued (arrival to
+scheduled), prefill (scheduled to first token) and decode (first token to finish).
+Timestamps are microseconds of simulated time.
+
+Events are written one per line, streamed, into a temporary file beside the target
+and renamed into place. A window keeps the steps and requests that overlap it,
+whole (not clipped), so every step event is one row of steps.csv and every request
+span one row of requests.csv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+import sim
+from sim.errors import InputError
+
+US = 1e6  # trace timestamps are microseconds
+STEP_ARGS = ("batch_size", "running", "k", "drafted_tokens", "accepted_tokens", "emitted_tokens")
+PHASE_NAMES = ("prefill", "decode")
+
+
+def trace_events(requests: pd.DataFrame, steps: pd.DataFrame,
+                 window: tuple[float, float] | None = None) -> Iterator[dict]:
+    """Every event of the trace, metadata first, then steps and counters, then requests."""
+    replicas = _replica_column(steps)
+    requests_replica = _replica_column(requests)
+    for pid in range(int(replicas.max(initial=0)) + 1):
+        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"replica {pid}"}}
+        yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "engine steps"}}
+    keep = _overlapping(steps.start_s.to_numpy(), steps.end_s.to_numpy(), window)
+    yield from _step_events(steps[keep], replicas[keep], _idle_after(steps, replicas)[keep])
+    keep = _overlapping(requests.arrival_s.to_numpy(), requests.finish_s.to_numpy(), window)
+    yield from _request_events(requests[keep], requests_replica[keep])
+
+
+def _replica_column(frame: pd.DataFrame) -> np.ndarray:
+    if "replica" in frame:
+        return frame["replica"].to_numpy(dtype=np.int64)
+    return np.zeros(len(frame), dtype=np.int64)
+
+
+def _overlapping(start: np.ndarray, end: np.ndarray, window: tuple[float, float] | None) -> np.ndarray:
+    if window is None:
+        return np.ones(start.shape[0], dtype=bool)
+    return (end >= window[0]) & (start < window[1])
+
+
+def _idle_after(steps: pd.DataFrame, replicas: np.ndarray) -> np.ndarray:
+    """True where a replica's step is followed by a gap (or nothing): its batch is empty then."""
+    idle = np.ones(len(steps), dtype=bool)
+    start, end = steps.start_s.to_numpy(), steps.end_s.to_numpy()
+    for pid in np.unique(replicas):
+        rows = np.flatnonzero(replicas == pid)  # this replica's steps, in time order
+        idle[rows[:-1]] = start[rows[1:]] > end[rows[:-1]]
+    return idle
+
+
+def _step_events(steps: pd.DataFrame, replicas: np.ndarray, idle_after: np.ndarray) -> Iterator[dict]:
+    columns = {name: steps[name].to_numpy().tolist() for name in ("start_s", "end_s", "phase", "mean_context_tokens",
+                                                                   *STEP_ARGS)}
+    for i, (pid, idle) in enumerate(zip(replicas.tolist(), idle_after.tolist())):
+        start, end, phase = columns["start_s"][i], columns["end_s"][i], columns["phase"][i]
+        args = {name: columns[name][i] for name in STEP_ARGS}
+        args["mean_context_tokens"] = columns["mean_context_tokens"][i]
+        ts = start * US
+        yield {"ph": "X", "name": PHASE_NAMES[phase], "cat": "step", "pid": pid, "tid": 0, "ts": ts,
+               "dur": end * US - ts, "args": args}
+        yield {"ph": "C", "name": "running", "pid": pid, "tid": 0, "ts": ts, "args": {"running": args["running"]}}
+        if phase == 1:
+            yield {"ph": "C", "name": "k", "pid": pid, "tid": 0, "ts": ts, "args": {"k": args["k"]}}
+        if idle:
+            yield {"ph": "C", "name": "running", "pid": pid, "tid": 0, "ts": end * US, "args": {"running": 0}}
+
+
+def _request_events(requests: pd.DataFrame, replicas: np.ndarray) -> Iterator[dict]:
+    cols = {name: requests[name].to_numpy().tolist() for name in (
+        "request_id", "arrival_s", "scheduled_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
+        "alpha", "drafted_tokens", "accepted_tokens")}
+    for i, pid in enumerate(replicas.tolist()):
+        rid = cols["request_id"][i]
+        name = f"request {rid}"
+        common = {"cat": "request", "id": rid, "pid": pid, "tid": 0}
+        arrival, scheduled, first, finish = (cols[c][i] * US for c in ("arrival_s", "scheduled_s", "first_token_s",
+                                                                       "finish_s"))
+        args = {c: cols[c][i] for c in ("prompt_tokens", "output_tokens", "alpha", "drafted_tokens",
+                                        "accepted_tokens")}
+        yield {"ph": "b", "name": name, "ts": arrival, "args": args, **common}
+        yield {"ph": "b", "name": "queued", "ts": arrival, **common}
+        yield {"ph": "e", "name": "queued", "ts": scheduled, **common}
+        yield {"ph": "b", "name": "prefill", "ts": scheduled, **common}
+        yield {"ph": "e", "name": "prefill", "ts": first, **common}
+        if finish > first:
+            yield {"ph": "b", "name": "decode", "ts": first, **common}
+            yield {"ph": "e", "name": "decode", "ts": finish, **common}
+        yield {"ph": "e", "name": name, "ts": finish, **common}
+
+
+def stage_timeline(result, path: str | os.PathLike[str], window: tuple[float, float] | None = None) -> Path:
+    """Write the trace to a temporary file beside ``path`` and return it; :func:`commit` renames it.
+
+    Staged so that the CLI can write the run folder in between and leave nothing
+    behind if either fails.
+    """
+    path = Path(path)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    other = {"specbatch_version": sim.__version__, "config_digest": result.config.digest(),
+             "profile": result.profile.name, "policy": result.config.policy.name,
+             "replicas": result.config.cluster.replicas, "router": result.config.cluster.router,
+             "time_unit": "microseconds of simulated time",
+             **({"window_s": list(window)} if window is not None else {})}
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(staging, "w") as out:
+            out.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(other, sort_keys=True)
+                      + ',\n"traceEvents":[\n')
+            first = True
+            for event in trace_events(result.requests, result.steps, window):
+                out.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":"), allow_nan=False))
+                first = False
+            out.write("\n]}\n")
+    except OSError as exc:
+        staging.unlink(missing_ok=True)
+        raise InputError(f"cannot write the timeline: {exc.strerror or exc}", field="output.timeline",
+                         source=str(path)) from None
+    return staging
+
+
+def commit(staging: Path, path: str | os.PathLike[str]) -> Path:
+    os.replace(staging, path)  # atomic: a reader sees the old file or the whole new one
+    return Path(path)
+
+
+def write_timeline(result, path: str | os.PathLike[str], window: tuple[float, float] | None = None) -> Path:
+    return commit(stage_timeline(result, path, window), path)
