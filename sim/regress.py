@@ -414,6 +414,9 @@ def policy_name(policy: str | type | None) -> str | None:
     """A policy class becomes its ``module:Class`` name, which the policy registry imports."""
     if policy is None or isinstance(policy, str):
         return policy
+    if not isinstance(policy, type) or "<locals>" in policy.__qualname__:
+        raise InputError(f"{policy!r} cannot be imported by name: give a class defined at a module's top "
+                         "level, or its 'module:Class' name", field="policy")
     return f"{policy.__module__}:{policy.__qualname__}"
 
 
@@ -452,22 +455,22 @@ def run_scenario(base: Baseline, scenario: Scenario, overrides: dict[str, tuple[
                        result.config.digest(), time.perf_counter() - started)
 
 
-def _check_names(base: Baseline, scenario: Scenario, known: dict[str, Any], first: bool) -> None:
-    """Metric names must be metrics of the run summary; file-wide ones are checked at the first run."""
+def _check_names(base: Baseline, scenarios: list[Scenario], known: dict[str, Any]) -> None:
+    """Every metric the file names must be a metric of the run summary (checked at the first run)."""
     def check(path: tuple, names: Iterable[str], allow_default: bool = False) -> None:
         for name in names:
             if name not in known and not (allow_default and name == "default"):
                 raise base.error(path + (name,), f"{name!r} is not a metric of the run summary "
                                                  f"(e.g. {', '.join(list(known)[:6])}, ...)")
-    at = ("scenario", scenario.index)
-    check(at + ("expected",), scenario.expected)
-    check(at + ("tolerance",), scenario.tolerances, allow_default=True)
-    if first:
-        check(("tolerance",), base.tolerances, allow_default=True)
-        check(("direction",), base.directions)
-        for metric in base.metrics or []:
-            if metric not in known:
-                raise base.error(("metrics",), f"{metric!r} is not a metric of the run summary")
+    check(("tolerance",), base.tolerances, allow_default=True)
+    check(("direction",), base.directions)
+    for metric in base.metrics or []:
+        if metric not in known:
+            raise base.error(("metrics",), f"{metric!r} is not a metric of the run summary")
+    for scenario in scenarios:
+        at = ("scenario", scenario.index)
+        check(at + ("expected",), scenario.expected)
+        check(at + ("tolerance",), scenario.tolerances, allow_default=True)
 
 
 def compare_scenario(base: Baseline, scenario: Scenario, run: ScenarioRun) -> list[Row]:
@@ -499,9 +502,9 @@ def check_baseline(baseline: str | os.PathLike[str], *, policy: str | type | Non
     rows, runs = [], []
     for number, scenario in enumerate(chosen):
         run = run_scenario(base, scenario, flags)
+        _check_names(base, chosen if number == 0 else [scenario], run.summary)  # before any output
         if progress:
             progress(f"[{number + 1}/{len(chosen)}] {scenario.name}: {run.wall_s:.2f} s")
-        _check_names(base, scenario, run.summary, first=number == 0)
         rows += compare_scenario(base, scenario, run)
         runs.append(run)
     comparison = Comparison(base.path, rows, runs, fail_on_change)
@@ -552,13 +555,16 @@ def write_updated(base: Baseline, scenarios: list[Scenario], runs: list[Scenario
     for scenario, run in zip(scenarios, runs):
         table = doc["scenario"][scenario.index]
         metrics = list(scenario.expected) or base.metrics or list(run.summary)
-        if "expected" not in table:
+        created = "expected" not in table
+        if created:
             table["expected"] = tomlkit.table()
         expected = table["expected"]
         for metric in metrics:
             value = run.summary[metric]
             expected[metric] = int(value) if isinstance(value, int) else float(value)
             recorded += 1
+        if created:
+            expected.add(tomlkit.nl())  # a blank line before the next [[scenario]]
     text = tomlkit.dumps(doc)
     staging = base.path.with_name(f".{base.path.name}.{os.getpid()}.tmp")
     try:
