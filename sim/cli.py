@@ -137,15 +137,17 @@ def _run(args: argparse.Namespace) -> int:
     from sim.config import load_config
     from sim.outputs import default_output_dir, format_summary, write_run
     from sim.simulate import execute, prepare
-    from sim.timeline import commit, stage_timeline
+    from sim.timeline import check_writable, commit, stage_timeline
 
     overrides = {key: (getattr(args, key), flag) for flag, (key, _, _) in RUN_FLAGS.items()}
     config = load_config(args.config, overrides)
     run = prepare(config)
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    result = execute(run)
     timeline = config.output.timeline
+    if timeline:
+        check_writable(timeline)
+    result = execute(run)
     staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
     try:
         out = write_run(result, config.output.dir or default_output_dir(run.config.digest()))

@@ -16,6 +16,7 @@ span one row of requests.csv.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -116,17 +117,14 @@ def stage_timeline(result, path: str | os.PathLike[str], window: tuple[float, fl
     behind if either fails.
     """
     path = Path(path)
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging = _staging_path(path)
     other = {"specbatch_version": sim.__version__, "config_digest": result.config.digest(),
              "profile": result.profile.name, "policy": result.config.policy.name,
              "replicas": result.config.cluster.replicas, "router": result.config.cluster.router,
              "time_unit": "microseconds of simulated time",
              **({"window_s": list(window)} if window is not None else {})}
     try:
-        if path.is_dir():
-            raise IsADirectoryError(21, "is a directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(staging, "w") as out:
+        with _opened(path, staging) as out:
             out.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(other, sort_keys=True)
                       + ',\n"traceEvents":[\n')
             first = True
@@ -135,10 +133,43 @@ def stage_timeline(result, path: str | os.PathLike[str], window: tuple[float, fl
                 first = False
             out.write("\n]}\n")
     except OSError as exc:
-        staging.unlink(missing_ok=True)
-        raise InputError(f"cannot write the timeline: {exc.strerror or exc}", field="output.timeline",
-                         source=str(path)) from None
+        raise _cannot_write(path, exc) from None
     return staging
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Fail before a long run, not after it, when the timeline could not be written."""
+    path = Path(path)
+    try:
+        with _opened(path, _staging_path(path)):
+            pass
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
+    _staging_path(path).unlink()
+
+
+def _staging_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+@contextlib.contextmanager
+def _opened(path: Path, staging: Path):
+    """The staging file, open for writing; removed again if anything fails."""
+    if path.is_dir():
+        raise IsADirectoryError(21, "is a directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(staging, "w") as out:
+            yield out
+    except BaseException:
+        with contextlib.suppress(OSError):
+            staging.unlink()
+        raise
+
+
+def _cannot_write(path: Path, exc: OSError) -> InputError:
+    return InputError(f"cannot write the timeline: {exc.strerror or exc}", field="output.timeline",
+                      source=str(path))
 
 
 def commit(staging: Path, path: str | os.PathLike[str]) -> Path:
