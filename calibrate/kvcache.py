@@ -66,6 +66,23 @@ class KVCache:
             self.write(layer, k_new, v_new, positions)
         self.advance(q)
 
+    def rows(self, lo: int, hi: int, span: int) -> "KVCache":
+        """Sequences ``lo..hi-1`` as a cache of their own: a view, so what passes write lands here.
+
+        ``span`` must bound those sequences' lengths (the caller tracks lengths on the host,
+        so no device sync is needed). The real replay runs each step on the rows in use.
+        """
+        view = object.__new__(KVCache)
+        view.k, view.v, view.lengths = self.k[:, lo:hi], self.v[:, lo:hi], self.lengths[lo:hi]
+        view.span, view.max_len = span, self.max_len
+        return view
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy sequence ``src``'s first ``length`` entries into row ``dst`` (a finished row's slot)."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+        self.lengths[dst] = self.lengths[src]
+
     def rollback(self, n: int | torch.Tensor) -> None:
         """Forget the last ``n`` tokens: an int for every sequence, or a LongTensor ``[batch]`` each."""
         if isinstance(n, torch.Tensor):

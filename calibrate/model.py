@@ -8,7 +8,7 @@ projections into one matmul each.
 ``forward(tokens[b, q], cache)`` writes the q new tokens' keys/values into the cache at
 each sequence's current length, attends causally over the cached prefix (an additive mask
 handles ragged lengths) and returns logits ``[b, q, vocab]`` (or ``[b, 1, vocab]`` with
-``last_only``, as prefill needs).
+``last_only`` or ``last_positions``, as prefill needs).
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ class Transformer(nn.Module):
         return KVCache.for_model(self, batch, max_len)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, cache: KVCache, *, last_only: bool = False) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache, *, last_only: bool = False,
+                last_positions: torch.Tensor | None = None) -> torch.Tensor:
         b, q = tokens.shape
         if b != cache.batch:
             raise ValueError(f"tokens have batch {b}, cache has {cache.batch}")
@@ -156,7 +157,9 @@ class Transformer(nn.Module):
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer, positions, rope, mask)
         cache.advance(q)
-        if last_only:
+        if last_positions is not None:  # a right-padded batch: each sequence's own last token
+            x = x[torch.arange(b, device=x.device), last_positions][:, None]
+        elif last_only:
             x = x[:, -1:]
         if self.cfg.arch == "opt":
             x = F.layer_norm(x, (x.shape[-1],), self.final_norm_w, self.final_norm_b, self.cfg.norm_eps)

@@ -1,0 +1,403 @@
+"""Real replay: serve a workload with real batched speculative decoding, in wall-clock time.
+
+The replay is the simulator's ground truth. It takes the *same* prepared run as
+``sim.simulate`` (requests, per-request alpha, the bound policy, the KV budget) and
+drives the *same* scheduler and policy objects, but every step runs real torch passes
+and takes the time it takes:
+
+* requests arrive on a real clock (the replay sleeps until the next arrival when idle)
+  and are admitted by the shared scheduler before each step;
+* prefill: the admitted prompts run as one batch right-padded to the longest (as
+  ``generate`` on a padded batch does), through the target and, if the run
+  speculates, the draft; the first token is sampled from the target;
+* decode: the draft runs k passes (sampling a token each), the target one pass over
+  k + 1 tokens, then the verification kernel on the real logits; both KV caches are
+  rolled back by the rejected tokens. The draft's first pass also feeds the tokens it
+  has not seen yet (its *catch-up*: the last draft token after a fully accepted step,
+  and every token emitted by k = 0 steps), as a pass over that many tokens;
+* acceptance: ``synthetic`` (default) draws the accepted counts from the simulator's
+  acceptance model — random-weight models rarely agree, so real rejection sampling
+  would accept almost nothing — while the verification kernel still runs on the real
+  logits for its cost (vLLM's synthetic rejection sampler does the same); ``real``
+  keeps what rejection sampling decides.
+
+Running sequences occupy the first rows of preallocated caches; a finished row's
+slot is refilled by moving the last row into it (a copy of that sequence's entries,
+as cheap as a paged engine's bookkeeping is not, but small next to a step). Static
+batching keeps finished rows in the batch as padding, as the simulator charges it.
+
+Records are the simulator's (``sim.engine.STEP_FIELDS``, the request table of
+``sim.simulate``), so ``sim.metrics`` summarises both alike. Ctrl-C stops the replay
+between steps and what it measured so far is returned, marked partial.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from calibrate.model import Transformer
+from calibrate.verify import sample, verify_logits
+from policies.base import BatchView, Policy, StepFeedback
+from sim.acceptance import acceptance_scale
+from sim.engine import DECODE, PREFILL, STEP_FIELDS, ReplicaRecords, _checked_k
+from sim.metrics import by_label, summarize
+from sim.scheduler import make_scheduler
+from sim.simulate import PreparedRun, make_sampler, request_table
+
+ACCEPTANCE_MODES = ("synthetic", "real")
+
+
+@dataclass
+class ReplayResult:
+    """What :func:`replay` measured, shaped like :class:`sim.simulate.RunResult`."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    acceptance: str
+    partial: bool
+    wall_s: float
+    step_compute_s: np.ndarray = field(repr=False)  # per step: time inside torch passes
+    by_label: dict | None = None
+
+
+class ReplayEngine:
+    """One replica serving ``run``'s requests with ``target`` (and ``draft``) on their device."""
+
+    def __init__(self, run: PreparedRun, target: Transformer, draft: Transformer | None, *,
+                 acceptance: str = "synthetic", seed: int = 0) -> None:
+        if acceptance not in ACCEPTANCE_MODES:
+            raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_MODES)}")
+        config, requests = run.config, run.requests
+        self.run, self.policy, self.acceptance = run, run.policy, acceptance
+        self.speculates = run.policy.max_k > 0
+        if self.speculates and draft is None:
+            raise ValueError("the policy speculates (max_k > 0) but no draft model was given")
+        if self.speculates and draft.cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(f"draft {draft.cfg.name} and target {target.cfg.name} have different vocabularies")
+        self.target, self.draft = target, draft if self.speculates else None
+        self.device = target.device
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        n = len(requests)
+        self.arrivals = requests.arrival_s.tolist()
+        self.prompt = requests.prompt_tokens.astype(np.int64)
+        self.output = requests.output_tokens.astype(np.int64)
+        self.scale = acceptance_scale(run.alphas)
+        self.kv_reserve = self.prompt + self.output + run.policy.max_k
+        self.scheduler = make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens)
+        self.sampler = make_sampler(config, run.alphas)
+        self.k_max = run.table.k_max
+        slots = config.engine.max_batch_size
+        # A padding row of a static batch keeps its length; a live one grows to prompt + output,
+        # plus one step's k + 1 appended before the rollback and the draft's catch-up.
+        self.max_len = int((self.prompt + self.output).max()) + 2 * (self.k_max + 2)
+        for model in (target, self.draft):
+            limit = model.cfg.max_position_embeddings if model is not None else None
+            if limit is not None and self.max_len > limit:
+                raise ValueError(f"{model.cfg.name} accepts {limit} positions; this workload needs {self.max_len}")
+        self.t_cache = target.new_cache(slots, self.max_len)
+        self.d_cache = self.draft.new_cache(slots, self.max_len) if self.draft is not None else None
+        self.history = torch.zeros(slots, self.max_len, dtype=torch.long, device=self.device)
+        vocab = target.cfg.vocab_size
+        self.prompt_tokens = np.random.default_rng(seed).integers(0, vocab, size=int(self.prompt.max()))
+        # Per-row host state (rows 0..used-1 are in the batch; `live` marks unfinished ones).
+        self.row_req = np.zeros(slots, np.int64)
+        self.row_len = np.zeros(slots, np.int64)  # prompt + emitted tokens
+        self.row_remaining = np.zeros(slots, np.int64)
+        self.row_lag = np.zeros(slots, np.int64)  # emitted tokens the draft has not seen yet
+        self.row_last = np.zeros(slots)  # time of the row's latest token
+        self.row_live = np.zeros(slots, bool)
+        self.used = 0
+        # Per-request records.
+        self.scheduled_s = np.full(n, np.nan)
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.decode_steps = np.zeros(n, np.int64)
+        self.drafted = np.zeros(n, np.int64)
+        self.accepted = np.zeros(n, np.int64)
+        self.step_rows: list[tuple] = []
+        self.compute_s: list[float] = []
+        self.itl: list[np.ndarray] = []
+        self.view = BatchView(self.k_max)
+        self.feedback = StepFeedback()
+        self._observes = type(self.policy).observe is not Policy.observe
+        self.kv_used = 0
+        self.queue_head = 0
+
+    @property
+    def running(self) -> int:
+        return int(self.row_live[:self.used].sum())
+
+    # The loop mirrors sim.engine.Replica._run: admit at step boundaries, else decode, else wait.
+    def serve(self) -> ReplayResult:
+        started = time.perf_counter()
+        self.t0 = started
+        arrived, total, partial = 0, len(self.arrivals), False
+        cap = self.scheduler.max_batch_size
+        try:
+            while True:
+                now = self.clock()
+                arrived = bisect_right(self.arrivals, now, arrived)
+                waiting = arrived - self.queue_head
+                running = self.running
+                if running == 0 and waiting == 0:
+                    if arrived == total:
+                        break
+                    time.sleep(max(0.0, self.arrivals[arrived] - now))
+                    continue
+                n = self.scheduler.admit(running, self.kv_used, self.kv_reserve[self.queue_head:arrived]) \
+                    if waiting and running < cap else 0
+                if n:
+                    self.prefill_step(n, now)
+                elif running:
+                    self.decode_step(now)
+                else:
+                    raise RuntimeError("a waiting request can never be admitted (checked before the run)")
+        except KeyboardInterrupt:
+            partial = True
+        return self.result(partial, time.perf_counter() - started)
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    # ---------------------------------------------------------------- prefill
+    def prefill_step(self, n: int, start: float) -> None:
+        head = self.queue_head
+        req = np.arange(head, head + n)
+        if self.scheduler.name == "static":  # a new static batch: the previous one has ended
+            self.used = 0
+        lo, hi = self.used, self.used + n
+        rows = np.arange(lo, hi)
+        lengths = self.prompt[req]
+        longest = int(lengths.max())
+        tokens = np.zeros((n, longest), np.int64)
+        for i, p in enumerate(lengths.tolist()):
+            tokens[i, :p] = self.prompt_tokens[:p]
+        tokens_t = torch.from_numpy(tokens).to(self.device)
+        last = torch.from_numpy(lengths - 1).to(self.device)
+        compute = time.perf_counter()
+        logits = self._prefill(self.target, self.t_cache, tokens_t, last, lo, hi, lengths)
+        if self.draft is not None:
+            self._prefill(self.draft, self.d_cache, tokens_t, last, lo, hi, lengths)
+        first = sample(torch.softmax(logits[:, -1].float(), dim=-1), self.generator)
+        self.history[lo:hi, :longest] = tokens_t
+        self.history[torch.arange(lo, hi, device=self.device), torch.from_numpy(lengths).to(self.device)] = first
+        compute = time.perf_counter() - compute
+        self.queue_head += n
+        self.kv_used += int(self.kv_reserve[req].sum())
+        end = self.clock()
+        self.scheduled_s[req] = start
+        self.first_token_s[req] = end
+        self.row_req[rows], self.row_len[rows] = req, lengths + 1
+        self.row_remaining[rows] = self.output[req] - 1
+        self.row_lag[rows], self.row_last[rows], self.row_live[rows] = 1, end, True
+        self.used = hi
+        one_token = rows[self.row_remaining[rows] == 0]
+        if one_token.size:  # requests of one output token end with their prefill
+            self._finish(one_token, end)
+        self.scheduler.on_admit(n, self.running)
+        self.step_rows.append((start, end, PREFILL, n, self.running, 0, float(lengths.mean()), 0, 0, n))
+        self.compute_s.append(compute)
+
+    def _prefill(self, model: Transformer, cache, tokens: torch.Tensor, last: torch.Tensor, lo: int, hi: int,
+                 lengths: np.ndarray) -> torch.Tensor:
+        cache.lengths[lo:hi] = 0
+        view = cache.rows(lo, hi, 0)
+        logits = model(tokens, view, last_positions=last)
+        cache.lengths[lo:hi] = torch.from_numpy(lengths).to(cache.lengths.device)  # padding is stale, masked
+        return logits
+
+    # ----------------------------------------------------------------- decode
+    def decode_step(self, start: float) -> None:
+        b = self.used  # rows in the batch: live ones, plus a static batch's finished padding
+        live = self.row_live[:b]
+        running = int(live.sum())
+        charged = self.scheduler.charged_batch_size(running)
+        remaining = self.row_remaining[:b]
+        view = self.view
+        view.now_s, view.step, view.batch_size, view.running = start, len(self.step_rows), charged, running
+        view.mean_context_tokens = float((self.row_len[:b][live] - 1).mean())
+        view.remaining_tokens = remaining[live]
+        view.final_context_tokens = (self.row_len[:b] - 1 + remaining)[live]
+        k = self.policy.choose_k(view)
+        ragged = None
+        if k.__class__ is not int or not 0 <= k <= self.k_max:
+            k = _checked_k(k, self.k_max, self.policy, running)
+            if k.__class__ is not int:
+                ragged = np.zeros(b, np.int64)
+                ragged[live] = k
+                k = int(k.max())
+        compute = time.perf_counter()
+        if k:
+            accepted, final = self._speculate(b, k, live, ragged)
+        else:
+            accepted, final = None, self._plain(b)
+        compute = time.perf_counter() - compute
+        end = self.clock()
+        self._emit(b, k, live, ragged, accepted, final, start, end, charged, running, compute)
+
+    def _plain(self, b: int) -> torch.Tensor:
+        """k = 0: one target pass over each sequence's newest token, then sampling (verify at k = 0)."""
+        rows = torch.arange(b, device=self.device)
+        last = self.history[rows, torch.from_numpy(self.row_len[:b] - 1).to(self.device)][:, None]
+        logits = self.target(last, self.t_cache.rows(0, b, int(self.row_len[:b].max()) - 1))
+        empty = torch.empty(b, 0, dtype=torch.long, device=self.device)
+        result = verify_logits(logits, torch.empty(b, 0, logits.shape[-1], device=self.device), empty,
+                               self.generator)
+        return result.tokens[:, 0]
+
+    def _speculate(self, b: int, k: int, live: np.ndarray, ragged):
+        dev = self.device
+        row_len = self.row_len[:b]
+        # Draft: every row feeds `catch_up` tokens in its first pass (the most any live row has
+        # not seen; others recompute a few), so first roll back the rows that have seen more.
+        catch_up = int(self.row_lag[:b][live].max())
+        back = np.zeros(self.d_cache.batch, np.int64)
+        back[:b] = catch_up - self.row_lag[:b]
+        self.d_cache.rollback(torch.from_numpy(back).to(dev))
+        d_len = row_len - catch_up
+        feed = self.history[:b].gather(1, torch.from_numpy(d_len[:, None] + np.arange(catch_up)).to(dev))
+        draft_tokens, draft_probs = [], []
+        span = int(d_len.max())
+        for _ in range(k):
+            logits = self.draft(feed, self.d_cache.rows(0, b, span))
+            span += feed.shape[1]
+            probs = torch.softmax(logits[:, -1].float(), dim=-1)
+            feed = sample(probs, self.generator)[:, None]
+            draft_tokens.append(feed)
+            draft_probs.append(probs)
+        drafts = torch.cat(draft_tokens, 1)
+        # Target: one pass over the newest emitted token (not yet in its cache) and the k drafts.
+        t_len = row_len - 1
+        rows = torch.arange(b, device=dev)
+        newest = self.history[rows, torch.from_numpy(t_len).to(dev)]
+        logits = self.target(torch.cat((newest[:, None], drafts), 1), self.t_cache.rows(0, b, int(t_len.max())))
+        result = verify_logits(logits, torch.stack(draft_probs, 1), drafts, self.generator)
+        if self.acceptance == "synthetic":  # drawn for the live rows, as the simulator draws
+            accepted = np.zeros(b, np.int64)
+            accepted[live] = self.sampler.accepted(self.scale[self.row_req[:b][live]],
+                                                   k if ragged is None else ragged[live])
+        else:
+            accepted = result.accepted.cpu().numpy()
+            if ragged is not None:
+                accepted = np.minimum(accepted, ragged)
+        # The token after the kept drafts: the kernel's where it stopped there; otherwise (a
+        # synthetic or truncated count) any valid token will do, as values do not change timing.
+        stop = torch.from_numpy(accepted).to(dev)
+        kernel = result.tokens[rows, stop]
+        final = torch.where(kernel >= 0, kernel, drafts[rows, stop.clamp(max=k - 1)])
+        tokens = torch.cat((drafts, final[:, None]), 1)
+        tokens[rows, stop] = final
+        self._drafts = tokens
+        return accepted, final
+
+    def _emit(self, b, k, live, ragged, accepted, final, start, end, charged, running, compute) -> None:
+        dev = self.device
+        row_len, remaining = self.row_len[:b], self.row_remaining[:b]
+        if k:
+            a = np.where(live, accepted, -1)  # padding rows keep nothing
+            emitted = np.where(live, np.minimum(a + 1, remaining), 0)
+            new_tokens = self._drafts
+        else:
+            a = np.where(live, 0, -1)
+            emitted = live.astype(np.int64)
+            new_tokens = final[:, None]
+        width = new_tokens.shape[1]
+        positions = torch.from_numpy(np.minimum(row_len[:, None] + np.arange(width), self.max_len - 1)).to(dev)
+        self.history[:b].scatter_(1, positions, new_tokens)
+        # Target cache: it took width tokens (the newest emitted one, then the drafts); keep a + 1 of them.
+        t_pad = np.zeros(self.t_cache.batch, np.int64)
+        t_pad[:b] = width - (a + 1)
+        self.t_cache.rollback(torch.from_numpy(t_pad).to(dev))
+        if self.d_cache is not None:
+            if k:  # the draft holds row_len - lag' + k - 1 tokens; keep min(a, k - 1) drafts
+                d_pad = np.zeros(self.d_cache.batch, np.int64)
+                d_pad[:b] = (k - 1) - np.minimum(a, k - 1)
+                self.d_cache.rollback(torch.from_numpy(d_pad).to(dev))
+                lag = np.where(a == k, 2, 1)
+                self.row_lag[:b] = np.where(live, lag, 1)
+            else:
+                self.row_lag[:b] += live
+        self.row_len[:b] += emitted
+        drafted_rows = (ragged if ragged is not None else np.full(b, k)) * live
+        req = self.row_req[:b][live]
+        self.decode_steps[req] += 1
+        self.drafted[req] += drafted_rows[live]
+        if k:
+            self.accepted[req] += accepted[live]
+        gaps = end - self.row_last[:b][live]
+        self.itl.append(gaps)
+        self.row_last[:b][live] = end
+        remaining -= emitted
+        accepted_total = int(accepted[live].sum()) if k else 0
+        ended = np.flatnonzero(live & (remaining == 0))
+        if self._observes:
+            fb = self.feedback
+            fb.now_s, fb.step, fb.batch_size, fb.k, fb.step_time_s = end, len(self.step_rows), charged, k, end - start
+            fb.drafted_tokens, fb.accepted_tokens = int(drafted_rows.sum()), accepted_total
+            fb.accepted_per_sequence = accepted[live] if k else None
+            fb.k_per_sequence = ragged[live] if ragged is not None else None
+            self.policy.observe(fb)
+        context = float((row_len[live] - 1).mean())
+        self.step_rows.append((start, end, DECODE, charged, running, k, context, int(drafted_rows.sum()),
+                               accepted_total, int(emitted.sum())))
+        self.compute_s.append(compute)
+        if ended.size:
+            self._finish(ended, end)
+
+    def _finish(self, rows: np.ndarray, end: float) -> None:
+        req = self.row_req[rows]
+        self.finish_s[req] = end
+        self.kv_used -= int(self.kv_reserve[req].sum())
+        self.row_live[rows] = False
+        if self.scheduler.name == "static":
+            if not self.row_live[:self.used].any():
+                self.used = 0
+            return
+        for row in sorted(rows.tolist(), reverse=True):  # fill each hole with the last row
+            last = self.used - 1
+            if row != last:
+                self._move(last, row)
+            self.used -= 1
+
+    def _move(self, src: int, dst: int) -> None:
+        length = int(self.row_len[src]) + 1
+        self.t_cache.move(src, dst, length)
+        if self.d_cache is not None:
+            self.d_cache.move(src, dst, length)
+        self.history[dst, :length] = self.history[src, :length]
+        for arr in (self.row_req, self.row_len, self.row_remaining, self.row_lag, self.row_last, self.row_live):
+            arr[dst] = arr[src]
+        self.row_live[src] = False
+
+    # ---------------------------------------------------------------- records
+    def records(self) -> ReplicaRecords:
+        table = np.array(self.step_rows, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
+        steps = {f: table[:, i] if f in ("start_s", "end_s", "mean_context_tokens") else table[:, i].astype(np.int64)
+                 for i, f in enumerate(STEP_FIELDS)}
+        itl = np.concatenate(self.itl) if self.itl else np.zeros(0)
+        return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps, self.drafted,
+                              self.accepted, steps, itl, np.ones(itl.shape, np.int64))
+
+    def result(self, partial: bool, wall_s: float) -> ReplayResult:
+        r = self.run.requests
+        rec = self.records()
+        summary = summarize(r.arrival_s, r.prompt_tokens, r.output_tokens, rec.first_token_s, rec.finish_s,
+                            rec.itl_values, rec.itl_weights, rec.steps)
+        summary["partial"] = partial
+        summary["acceptance_mode"] = self.acceptance
+        table = request_table(r, self.run.alphas, rec)
+        return ReplayResult(table, pd.DataFrame(rec.steps), summary, self.acceptance, partial, wall_s,
+                            np.asarray(self.compute_s), by_label(table))
+
+
+def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, acceptance: str = "synthetic",
+           seed: int = 0) -> ReplayResult:
+    """Serve ``run`` for real; returns what was measured (partial if interrupted with Ctrl-C)."""
+    return ReplayEngine(run, target, draft, acceptance=acceptance, seed=seed).serve()
