@@ -1,0 +1,172 @@
+"""``specbatch capacity``: flags, input checks, the search, the printed table and the report.
+
+All inputs are checked (and every policy prepared once) before the first run, so a
+bad one costs one line and no work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from sim.errors import InputError
+
+# The workload flags of `specbatch run` that describe the traffic's shape; the rate, run
+# length, seed, policy and output are the search's to choose.
+WORKLOAD_FLAGS = ("--profile", "--arrival", "--burstiness", "--cv", "--prompt-tokens", "--output-tokens",
+                  "--batching", "--max-batch-size", "--kv-cache-tokens", "--alpha", "--alpha-distribution",
+                  "--alpha-concentration", "--seed")
+DEFAULT_POLICIES = "none,fixed,goodput"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sim.cli import RUN_FLAGS, _typed
+
+    parser.add_argument("--config", help="base scenario TOML (its rate and run length are ignored); "
+                        "the flags below override it")
+    for flag in WORKLOAD_FLAGS:
+        key, kind, text = RUN_FLAGS[flag]
+        if flag == "--seed":
+            text = "first seed; the runs use seeds SEED..SEED+N-1 (default: the scenario's seed, 0)"
+        parser.add_argument(flag, dest=key, type=_typed(flag, kind), default=None, help=text)
+    parser.add_argument("--slo", action="append", metavar="METRIC=MS",
+                        help="an SLO, repeatable: p50/p90/p99 (or mean) of ttft, tpot, e2el in ms, named as in "
+                             "summary.json, e.g. --slo p99_ttft_ms=2000 --slo p90_tpot_ms=500")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help=f"comma-separated policies, with parameters as NAME:KEY=VALUE[:KEY=VALUE], "
+                             f"e.g. none,fixed:k=2,goodput (default {DEFAULT_POLICIES})")
+    parser.add_argument("--seeds", type=_typed("--seeds", int), default=3, help="runs (seeds) per rate (default 3)")
+    parser.add_argument("--tolerance", type=_typed("--tolerance", float), default=0.05,
+                        help="stop bisecting when (hi - lo) / lo is at most this (default 0.05)")
+    parser.add_argument("--requests", type=_typed("--requests", int), default=600,
+                        help="requests per run at the policy's saturation rate; fewer at lower rates (default 600)")
+    parser.add_argument("--min-requests", type=_typed("--min-requests", int), default=100,
+                        help="fewest requests per run (default 100)")
+    parser.add_argument("--warmup", type=_typed("--warmup", float), default=0.1,
+                        help="fraction of each run's arrivals left out of the metrics (default 0.1)")
+    parser.add_argument("--curve-points", type=_typed("--curve-points", int), default=5,
+                        help="extra evenly spaced rates per policy for the latency and goodput figures (default 5)")
+    parser.add_argument("--target-rate", type=_typed("--target-rate", float), default=None,
+                        help="traffic to serve (req/s): report the replicas needed")
+    parser.add_argument("--gpu-hour-price", type=_typed("--gpu-hour-price", float), default=None,
+                        help="price of one GPU-hour: report the cost per 1M output tokens")
+    parser.add_argument("--gpus-per-replica", type=_typed("--gpus-per-replica", int), default=1,
+                        help="GPUs one replica occupies, for the cost (default 1)")
+    parser.add_argument("--jobs", type=_typed("--jobs", int), default=os.cpu_count() or 1,
+                        help="worker processes (default: all cores)")
+    parser.add_argument("--out", default=None, help="report folder (default runs/capacity-<hash of the inputs>)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def main(args: argparse.Namespace) -> int:
+    from sim.capacity.costing import costing
+    from sim.capacity.inputs import base_config, parse_policies, parse_slos, policy_config, positive
+    from sim.capacity.search import SearchSettings, search_capacity, stderr_progress
+    from sim.cli import RUN_FLAGS
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise InputError("the report's figures need matplotlib, which is not installed: "
+                         "pip install 'specbatch[report]'")
+    slos = parse_slos(args.slo)
+    specs = parse_policies(args.policies)
+    target = positive(args.target_rate, "--target-rate")
+    price = positive(args.gpu_hour_price, "--gpu-hour-price")
+    _at_least(args.seeds, 1, "--seeds")
+    _at_least(args.gpus_per_replica, 1, "--gpus-per-replica")
+    _at_least(args.jobs, 1, "--jobs")
+    _at_least(args.min_requests, 2, "--min-requests")
+    _at_least(args.requests, args.min_requests, "--requests", "--min-requests")
+    _at_least(args.curve_points, 0, "--curve-points")
+    if not 0 < args.tolerance < 1:
+        raise InputError(f"must be inside (0, 1), got {args.tolerance:g}", source="--tolerance")
+    if not 0 <= args.warmup < 0.9:
+        raise InputError(f"must be in [0, 0.9), got {args.warmup:g}", source="--warmup")
+    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in WORKLOAD_FLAGS}
+    base = base_config(args.config, overrides)
+    configs = {spec.label: _prepared(policy_config(base, spec), spec.label) for spec in specs}
+    settings = SearchSettings(seeds=tuple(range(base.seed, base.seed + args.seeds)), tolerance=args.tolerance,
+                              requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
+                              curve_points=args.curve_points)
+    from sim.capacity.report import ReportInputs, check_out_dir, write_report
+
+    inputs = ReportInputs(profile=_profile_facts(base), workload=_workload_facts(base), slos=slos,
+                          settings=settings, target_rate=target, price=price,
+                          gpus_per_replica=args.gpus_per_replica)
+    out = check_out_dir(args.out if args.out else Path("runs") / f"capacity-{_digest(inputs, configs)}")
+    started = time.perf_counter()
+    outcomes = search_capacity(configs, slos, settings, jobs=args.jobs,
+                               progress=None if args.quiet else stderr_progress)
+    costs = {label: costing(o.max_rate, (o.operating or {}).get("mean_output_tokens", 0.0), target, price,
+                            args.gpus_per_replica) for label, o in outcomes.items()}
+    write_report(out, inputs, outcomes, costs)
+    print(_summary_table(inputs, outcomes, costs))
+    print(f"Search took {time.perf_counter() - started:.1f} s wall on {args.jobs} worker(s). "
+          f"Wrote {out}/ (report.html, report.md, capacity.json, figures)")
+    return 0
+
+
+def _at_least(value: int, minimum: int, flag: str, what: str | None = None) -> None:
+    if value < minimum:
+        raise InputError(f"must be at least {what or minimum}, got {value}", source=flag)
+
+
+def _prepared(config, label: str):
+    """The config as the run resolves it (policy defaults filled in); a bad policy fails here."""
+    from sim.simulate import prepare
+
+    probe = replace(config, workload=replace(config.workload, num_requests=2, duration_s=None))
+    try:
+        resolved = prepare(probe).config
+    except InputError as exc:
+        if exc.field and exc.field.startswith("policy"):
+            raise InputError(f"{label}: {exc.message}", field=exc.field, source="--policies") from None
+        raise
+    return replace(config, policy=resolved.policy)
+
+
+def _profile_facts(config) -> dict:
+    from sim.profile import load_profile
+
+    profile = load_profile(config.profile)
+    meta = profile.meta
+    return {"name": profile.name, "device": meta.get("device", {}), "dtype": meta.get("dtype"),
+            "models": {role: m.get("name") for role, m in meta.get("models", {}).items()}}
+
+
+def _workload_facts(config) -> dict:
+    w, e, a = config.workload, config.engine, config.acceptance
+
+    def spec(length) -> str:
+        return ", ".join(f"{k} {v}" for k, v in length.to_dict().items())
+
+    arrival = "Poisson" if w.arrival == "poisson" else f"gamma, burstiness {w.burstiness:g}"
+    kv = "the profile's KV capacity" if e.kv_cache_tokens is None else f"KV budget {e.kv_cache_tokens} tokens"
+    acceptance = f"alpha {a.alpha:g}, {a.distribution}" + (
+        f" (concentration {a.concentration:g})" if a.distribution == "beta" else "")
+    return {"arrival": arrival, "prompt_tokens": spec(w.prompt_tokens), "output_tokens": spec(w.output_tokens),
+            "batching": f"{e.batching}, max batch {e.max_batch_size}, {kv}", "acceptance": acceptance}
+
+
+def _digest(inputs, configs) -> str:
+    import hashlib
+    import json
+
+    payload = json.dumps([repr(inputs), [c.digest() for c in configs.values()]], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:10]
+
+
+def _summary_table(inputs, outcomes, costs) -> str:
+    from sim.capacity.report import result_header, result_rows
+
+    header = result_header(inputs)
+    rows = result_rows(inputs, outcomes, costs)
+    table = [header] + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in table]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""What a capacity search is asked: SLOs, the policies to compare, the base workload.
+
+Every bad value fails here, before any simulation, as one InputError naming the flag.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sim.config import PolicyConfig, RunConfig, load_config
+from sim.errors import InputError
+
+SLO_STATS = ("mean", "median", "p90", "p99")  # summary.json's statistics; p50 is accepted for median
+SLO_LATENCIES = ("ttft", "tpot", "e2el")
+SLO_METRICS = tuple(f"{s}_{m}_ms" for m in SLO_LATENCIES for s in SLO_STATS)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """An upper bound on one latency statistic, named as in summary.json (``p99_ttft_ms``)."""
+
+    metric: str
+    limit_ms: float
+
+    @property
+    def latency(self) -> str:
+        """The per-request latency the statistic is over: ttft, tpot or e2el."""
+        return self.metric.split("_")[1]
+
+    def __str__(self) -> str:
+        return f"{self.metric} <= {self.limit_ms:g}"
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    label: str                 # as the user wrote it, e.g. "fixed:k=2"
+    name: str
+    params: dict[str, Any]
+
+
+def parse_slo(text: str) -> SLO:
+    """``p99_ttft_ms=2000`` -> SLO; ``p50_`` means ``median_`` as in vLLM's percentile names."""
+    metric, sep, value = text.partition("=")
+    metric = metric.strip()
+    if not sep or not metric or not value.strip():
+        raise InputError(f"'{text}' is not METRIC=MILLISECONDS, e.g. p99_ttft_ms=2000", source="--slo")
+    metric = re.sub(r"^p50_", "median_", metric)
+    if metric not in SLO_METRICS:
+        raise InputError(f"unknown metric '{text.partition('=')[0].strip()}'; use one of "
+                         f"{', '.join(SLO_METRICS)} (p50_ for median_)", source="--slo")
+    try:
+        limit = float(value)
+    except ValueError:
+        raise InputError(f"'{value.strip()}' in '{text}' is not a number of milliseconds", source="--slo") from None
+    if not (math.isfinite(limit) and limit > 0):
+        raise InputError(f"the limit of {metric} must be a positive number of milliseconds, got {value.strip()}",
+                         source="--slo")
+    return SLO(metric, limit)
+
+
+def parse_slos(texts: list[str] | None) -> tuple[SLO, ...]:
+    items = [part for text in (texts or []) for part in text.split(",") if part.strip()]
+    if not items:
+        raise InputError("give at least one SLO, e.g. --slo p99_ttft_ms=2000", source="--slo")
+    slos = [parse_slo(item) for item in items]
+    seen: dict[str, SLO] = {}
+    for slo in slos:
+        if slo.metric in seen and seen[slo.metric] != slo:
+            raise InputError(f"{slo.metric} is given twice with different limits", source="--slo")
+        seen[slo.metric] = slo
+    return tuple(seen.values())
+
+
+def parse_policies(text: str) -> tuple[PolicySpec, ...]:
+    """``none,fixed:k=2,goodput:k_max=4:alpha=0.7``; parts without '=' form the name (``module:Class``)."""
+    specs = []
+    for label in (part.strip() for part in text.split(",")):
+        if not label:
+            raise InputError(f"empty policy in '{text}'", source="--policies")
+        names, params = [], {}
+        for piece in label.split(":"):
+            key, sep, value = piece.partition("=")
+            if sep:
+                if not key.strip() or not value.strip():
+                    raise InputError(f"'{piece}' in '{label}' is not KEY=VALUE", source="--policies")
+                params[key.strip()] = _toml_value(value.strip())
+            else:
+                names.append(piece)
+        if not names or not all(names):
+            raise InputError(f"'{label}' has no policy name", source="--policies")
+        specs.append(PolicySpec(label, ":".join(names), params))
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"a policy is listed twice in '{text}'", source="--policies")
+    return tuple(specs)
+
+
+def _toml_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word, such as a file name
+
+
+def base_config(path: str | None, overrides: dict[str, tuple[Any, str]]) -> RunConfig:
+    """The scenario the search varies the rate of; it must generate its arrivals at one constant rate."""
+    config = load_config(path, overrides)
+    if config.workload.trace is not None:
+        raise config.error("workload.trace", "a capacity search needs generated arrivals at a constant rate, "
+                           "not a trace")
+    if config.workload.rate_profile is not None:
+        raise config.error("workload.rate_profile", "a capacity search varies one constant rate; drop the "
+                           "time-varying rate profile")
+    return config
+
+
+def policy_config(base: RunConfig, spec: PolicySpec) -> RunConfig:
+    """The base config with this policy; parameters of the base's own policy apply when the names match."""
+    params = dict(base.policy.params) if base.policy.name == spec.name else {}
+    params.update(spec.params)
+    return replace(base, policy=PolicyConfig(spec.name, params))
+
+
+def positive(value: float | None, flag: str) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise InputError(f"must be greater than 0, got {value:g}", source=flag)
+    return value

@@ -1,0 +1,355 @@
+"""specbatch capacity: the rate search, its inputs, the replicas/cost arithmetic and the report."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sim.capacity.costing import cost_per_million, costing, replicas_needed
+from sim.capacity.inputs import SLO, parse_policies, parse_slo, parse_slos, policy_config
+from sim.capacity.search import RateSearch, SearchSettings, search_capacity
+from sim.cli import main
+from sim.errors import InputError
+from tests.synthetic import make_profile
+
+# ------------------------------------------------------------------ a profile with a known service rate
+
+STEP_S = 0.01        # every decode step of the target, whatever the batch, query length or context
+OUTPUT_TOKENS = 11   # the prefill emits the first token, then 10 decode steps
+MAX_BATCH = 4
+SERVICE_RATE = MAX_BATCH / ((OUTPUT_TOKENS - 1) * STEP_S)  # 40 req/s: a full batch finishes every 0.1 s
+
+
+def constant_latency(phase: str, model: str, b: int, q: int, c: int) -> float:
+    if phase == "prefill":
+        return 1e-6
+    if phase == "decode":
+        return STEP_S if model == "target" else 1e-3
+    return 1e-7
+
+
+@pytest.fixture(scope="module")
+def constant_profile(tmp_path_factory) -> Path:
+    return make_profile(tmp_path_factory.mktemp("profiles") / "constant", constant_latency)
+
+
+def constant_config(profile: Path, **extra):
+    from sim.config import load_config
+
+    flags = {"profile": str(profile), "policy.name": "none", "workload.arrival": "gamma",
+             "workload.burstiness": 1e8,  # gaps with a CV of 1e-4: deterministic arrivals
+             "workload.prompt_tokens": "32", "workload.output_tokens": str(OUTPUT_TOKENS),
+             "engine.max_batch_size": MAX_BATCH, "workload.num_requests": 10, **extra}
+    return load_config(None, {k: (v, f"--{k}") for k, v in flags.items()})
+
+
+def test_search_finds_the_analytic_saturation_rate(constant_profile):
+    """D/D/4 with 0.1 s of service per batch: stable exactly up to 40 req/s, so a loose SLO finds 40."""
+    settings = SearchSettings(seeds=(0, 1), tolerance=0.03, requests=600, min_requests=100, curve_points=0)
+    outcome = search_capacity({"none": constant_config(constant_profile)}, (SLO("p99_e2el_ms", 1e6),),
+                              settings, jobs=1)["none"]
+    assert abs(outcome.saturation / SERVICE_RATE - 1) < 0.01  # the probe measures the service rate
+    lo, hi = outcome.bracket
+    assert (hi - lo) / lo <= settings.tolerance
+    # Below 40 it keeps up; above, the backlog grows by (rate - 40) * duration and is caught within
+    # the tolerance plus one batch per run.
+    assert SERVICE_RATE * (1 - 2 * settings.tolerance) <= outcome.max_rate <= SERVICE_RATE * (1 + 2 * settings.tolerance)
+    assert all(abs(r / SERVICE_RATE - 1) <= 2 * settings.tolerance for r in outcome.seed_max_rates)
+    assert outcome.operating["p99_e2el_ms"] < 1e3  # a sustained rate: latency stays near one request's service
+
+
+def test_search_finds_the_latency_bound(constant_profile):
+    """Below saturation E2EL is 10 steps of 10 ms plus at most one step of waiting; a limit under 100 ms is unmeetable."""
+    settings = SearchSettings(seeds=(0,), tolerance=0.05, requests=400, min_requests=50, curve_points=0)
+    config = constant_config(constant_profile)
+    met = search_capacity({"none": config}, (SLO("p99_e2el_ms", 150.0),), settings, jobs=1)["none"]
+    assert met.max_rate > 0 and met.operating["p99_e2el_ms"] <= 150.0
+    unmet = search_capacity({"none": config}, (SLO("p99_e2el_ms", 90.0),), settings, jobs=1)["none"]
+    assert unmet.max_rate == 0.0 and unmet.operating is None and unmet.steps is None
+
+
+def test_stricter_slo_never_gives_a_higher_rate(run_config):
+    settings = SearchSettings(seeds=(0,), tolerance=0.1, requests=150, min_requests=40, curve_points=0)
+    config = run_config(policy__name="fixed", policy__k=2, workload__output_tokens="16",
+                        workload__prompt_tokens="32", workload__num_requests=10)
+    rates = []
+    for limit in (2000.0, 450.0, 300.0):  # 300 ms: below a lone request's
+        outcome = search_capacity({"fixed": config}, (SLO("p99_e2el_ms", limit),), settings, jobs=1)["fixed"]
+        rates.append(outcome.max_rate)
+    assert rates == sorted(rates, reverse=True) and rates[0] > rates[-2] > rates[-1] == 0.0
+    both = search_capacity({"fixed": config}, (SLO("p99_e2el_ms", 600.0), SLO("p90_tpot_ms", 25.0)),
+                           settings, jobs=1)["fixed"]
+    assert both.max_rate <= rates[1]
+
+
+def test_rate_search_brackets_then_bisects():
+    search = RateSearch(10.0, SearchSettings(tolerance=0.01))
+    truth = 3.3
+    rates = []
+    while (rate := search.next_rate()) is not None:
+        rates.append(rate)
+        search.record(rate, rate <= truth)
+    assert rates[:4] == [10.0, 5.0, 2.5, 3.75]
+    assert search.lo <= truth < search.hi and (search.hi - search.lo) / search.lo <= 0.01
+
+
+# ------------------------------------------------------------------ replicas and cost
+
+def test_replicas_and_cost_arithmetic():
+    assert replicas_needed(10.0, 3.0) == 4
+    assert replicas_needed(9.0, 3.0) == 3
+    assert replicas_needed(0.1 + 0.2, 0.1) == 3  # 3.0000000000000004 is still 3
+    assert replicas_needed(0.5, 3.0) == 1
+    assert replicas_needed(1.0, 0.0) is None
+    # 1 req/s of 100 tokens = 360,000 tokens an hour on one $3.60 GPU: $10 per million.
+    assert cost_per_million(1.0, 100.0, 1, 3.6) == pytest.approx(10.0)
+    c = costing(max_rate=3.0, mean_output_tokens=100.0, target_rate=10.0, price=3.6, gpus_per_replica=2)
+    assert c.replicas == 4
+    assert c.cost_per_m_at_max_rate == pytest.approx(2 * 3.6 / (3.0 * 100 * 3600) * 1e6)
+    assert c.cost_per_m_at_target == pytest.approx(4 * 2 * 3.6 / (10.0 * 100 * 3600) * 1e6)
+    assert costing(0.0, 100.0, 10.0, 3.6, 1).cost_per_m_at_target is None
+    assert costing(3.0, 100.0, None, None, 1).replicas is None
+
+
+# ------------------------------------------------------------------ inputs
+
+def test_slo_parsing():
+    assert parse_slo("p99_ttft_ms=2000") == SLO("p99_ttft_ms", 2000.0)
+    assert parse_slo("p50_tpot_ms=80") == SLO("median_tpot_ms", 80.0)
+    assert parse_slos(["p99_ttft_ms=2000,p90_tpot_ms=500", "mean_e2el_ms=9e3"]) == (
+        SLO("p99_ttft_ms", 2000.0), SLO("p90_tpot_ms", 500.0), SLO("mean_e2el_ms", 9000.0))
+    assert SLO("p99_ttft_ms", 1.0).latency == "ttft"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("p99_ttft=2000", "unknown metric 'p99_ttft'"),
+    ("p95_ttft_ms=2000", "unknown metric"),
+    ("p99_ttft_ms", "is not METRIC=MILLISECONDS"),
+    ("p99_ttft_ms=fast", "'fast' in 'p99_ttft_ms=fast' is not a number"),
+    ("p99_ttft_ms=0", "must be a positive number"),
+    ("p99_ttft_ms=inf", "must be a positive number"),
+])
+def test_bad_slo(text, says):
+    with pytest.raises(InputError, match=says) as info:
+        parse_slos([text])
+    assert info.value.source == "--slo"
+
+
+def test_policy_specs():
+    specs = parse_policies("none,fixed:k=2,goodput:k_max=3:alpha_init=0.6,my.mod:MyPolicy:k=1")
+    assert [(s.label, s.name, s.params) for s in specs] == [
+        ("none", "none", {}), ("fixed:k=2", "fixed", {"k": 2}),
+        ("goodput:k_max=3:alpha_init=0.6", "goodput", {"k_max": 3, "alpha_init": 0.6}),
+        ("my.mod:MyPolicy:k=1", "my.mod:MyPolicy", {"k": 1})]
+    for bad, says in (("none,,fixed", "empty policy"), ("fixed:k=", "is not KEY=VALUE"), (":k=2", "no policy name"),
+                      ("none,none", "listed twice")):
+        with pytest.raises(InputError, match=says):
+            parse_policies(bad)
+
+
+def test_base_policy_parameters_apply_only_to_the_same_policy(run_config):
+    base = run_config(policy__name="fixed", policy__k=4)
+    fixed, goodput = parse_policies("fixed,goodput")
+    assert policy_config(base, fixed).policy.params == {"k": 4}
+    assert policy_config(base, goodput).policy.params == {}
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main(["capacity", "--quiet", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--slo", "p99_latency_ms=10"], "--slo: unknown metric 'p99_latency_ms'"),
+    (["--slo", "p99_ttft_ms:10"], "--slo: 'p99_ttft_ms:10' is not METRIC=MILLISECONDS"),
+    (["--policies", "none,nope"], "--policies: policy.name: nope: unknown policy"),
+    (["--policies", "fixed:k=99"], "--policies: policy.k: fixed:k=99:"),
+    (["--target-rate", "0"], "--target-rate: must be greater than 0, got 0"),
+    (["--gpu-hour-price", "-2"], "--gpu-hour-price: must be greater than 0, got -2"),
+    (["--seeds", "0"], "--seeds: must be at least 1"),
+    (["--tolerance", "1.5"], "--tolerance: must be inside (0, 1)"),
+    (["--alpha", "1.5"], "--alpha: acceptance.alpha: must be inside (0, 1)"),
+])
+def test_bad_inputs_fail_first_with_one_line(args, says, synthetic_profile, tmp_path, capsys):
+    out = tmp_path / "report"
+    base = ["--profile", str(synthetic_profile), "--out", str(out)]
+    if "--slo" not in args:
+        base += ["--slo", "p99_ttft_ms=1000"]
+    code, _, err = _cli(base + args, capsys)
+    assert code == 2 and says in err and err.count("\n") == 1, err
+    assert not out.exists() and not any(p.name.startswith(".report") for p in tmp_path.iterdir())
+
+
+def test_trace_scenarios_are_refused(synthetic_profile, tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,8,8\n")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'profile = "{synthetic_profile}"\n[workload]\ntrace = "{trace}"\n')
+    code, _, err = _cli(["--config", str(scenario), "--slo", "p99_ttft_ms=1000"], capsys)
+    assert code == 2 and f"{scenario}:3: workload.trace: a capacity search needs generated arrivals" in err
+
+
+def test_missing_matplotlib_is_one_line(monkeypatch, capsys, synthetic_profile):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    code, _, err = _cli(["--profile", str(synthetic_profile), "--slo", "p99_ttft_ms=1000"], capsys)
+    assert code == 2 and err == ("error: the report's figures need matplotlib, which is not installed: "
+                                 "pip install 'specbatch[report]'\n")
+
+
+def test_the_rate_is_the_search_s_to_choose(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["capacity", "--slo", "p99_ttft_ms=1000", "--rate", "3"])
+    assert info.value.code == 2 and "unrecognized arguments: --rate 3" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the report
+
+REPORT_ARGS = ["--policies", "none,fixed:k=2", "--slo", "p99_e2el_ms=1500", "--slo", "p90_tpot_ms=80",
+               "--output-tokens", "16", "--prompt-tokens", "32", "--seeds", "2", "--requests", "100",
+               "--min-requests", "30", "--tolerance", "0.15", "--curve-points", "2", "--target-rate", "100",
+               "--gpu-hour-price", "2.5"]
+
+
+@pytest.fixture(scope="module")
+def report(synthetic_profile, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("capacity") / "report"
+    assert main(["capacity", "--quiet", "--profile", str(synthetic_profile), "--jobs", "2", "--out", str(out),
+                 *REPORT_ARGS]) == 0
+    return out
+
+
+def test_report_files(report):
+    names = sorted(p.name for p in report.iterdir())
+    assert names == ["capacity.json", "goodput_vs_rate.png", "latency_vs_rate.png", "operating_point.png",
+                     "report.html", "report.md"]
+    md = (report / "report.md").read_text()
+    for text in ("| profile | synthetic |", "p99_e2el_ms <= 1500 ms; p90_tpot_ms <= 80 ms", "| seeds | 0, 1 |",
+                 "![latency vs rate](latency_vs_rate.png)", "replicas for 100 req/s", "$ / 1M output tokens"):
+        assert text in md
+    html = (report / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == 3
+    assert "http" not in html.replace("http-equiv", "")  # nothing external to fetch
+    import json
+
+    doc = json.loads((report / "capacity.json").read_text())
+    for label in ("none", "fixed:k=2"):
+        result = doc["policies"][label]
+        rate = result["max_rate_req_s"]
+        assert rate > 0 and result["replicas"] == math.ceil(100 / rate)
+        assert result["operating_point"]["p99_e2el_ms"] <= 1500 and result["operating_point"]["p90_tpot_ms"] <= 80
+
+
+def test_report_is_deterministic_in_process_or_on_a_pool(report, synthetic_profile, tmp_path):
+    again = tmp_path / "again"
+    assert main(["capacity", "--quiet", "--profile", str(synthetic_profile), "--jobs", "1", "--out", str(again),
+                 *REPORT_ARGS]) == 0
+    for path in report.iterdir():
+        assert (again / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_a_folder_that_is_not_a_report_is_refused_before_any_work(synthetic_profile, tmp_path, capsys, monkeypatch):
+    from sim.capacity import search
+
+    monkeypatch.setattr(search, "_search", lambda *a: pytest.fail("searched before checking --out"))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    code = main(["capacity", "--quiet", "--profile", str(synthetic_profile), "--out", str(other), *REPORT_ARGS])
+    assert code == 2
+    assert capsys.readouterr().err == f"error: --out {other}: exists and is not a specbatch capacity report; " \
+                                      "refusing to replace it\n"
+    assert [p.name for p in other.iterdir()] == ["keep.txt"]
+
+
+def test_a_report_is_replaced_whole(report, tmp_path):
+    from sim.capacity.report import write_report
+
+    target = tmp_path / "r"
+    write_report(target, *_small_outcome(report))
+    (target / "stale.png").write_bytes(b"old")
+    write_report(target, *_small_outcome(report))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    assert not (target / "stale.png").exists() and (target / "report.html").is_file()
+
+
+def test_report_is_written_whole_or_not_at_all(report, monkeypatch, tmp_path):
+    from sim.capacity import report as report_module
+
+    def broken(*args):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(report_module, "html_page", broken)
+    inputs, outcomes, costs = _small_outcome(report)
+    with pytest.raises(RuntimeError):
+        report_module.write_report(tmp_path / "r", inputs, outcomes, costs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _small_outcome(report: Path):
+    """A hand-made result to write without searching (the report writer alone)."""
+    import numpy as np
+
+    from sim.capacity.costing import Costing
+    from sim.capacity.report import ReportInputs
+    from sim.capacity.search import PolicyOutcome
+    from sim.config import load_config
+
+    stats = {"p99_e2el_ms": 10.0, "goodput": 1.0, "mean_k": 0.0, "mean_batch_size": 1.0}
+    outcome = PolicyOutcome("none", load_config(None), 2.0, 10.0, 1.0, (1.0, 1.1), [1.0], 0.05,
+                            points={1.0: stats}, operating=stats,
+                            steps={"start_s": np.arange(3.0), "phase": np.ones(3), "running": np.ones(3),
+                                   "k": np.zeros(3)})
+    inputs = ReportInputs({"name": "p", "device": {}, "dtype": None, "models": {}},
+                          {"arrival": "a", "prompt_tokens": "1", "output_tokens": "1", "batching": "b",
+                           "acceptance": "c"}, (SLO("p99_e2el_ms", 20.0),), SearchSettings(), None, None, 1)
+    return inputs, {"none": outcome}, {"none": Costing(None, None, None)}
+
+
+# ------------------------------------------------------------------ the HTML in a real browser
+
+def _chromium() -> tuple[str, str] | None:
+    browser = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+def test_html_report_renders_its_figures_in_headless_chromium(report):
+    found = _chromium()
+    if found is None:
+        pytest.skip("no chromium and chromedriver on PATH (Debian: apt-get install -y chromium chromium-driver)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium is not installed (pip install -e '.[test]')")
+    browser, driver_path = found
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    profile_dir = tempfile.mkdtemp(prefix="chromium-profile-")
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile_dir}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get((report / "report.html").resolve().as_uri())
+        sizes = driver.execute_script(
+            "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight,"
+            " i.getBoundingClientRect().width]);")
+        title = driver.title
+    finally:
+        driver.quit()
+        shutil.rmtree(profile_dir, ignore_errors=True)
+    assert title == "Capacity report: synthetic"
+    assert len(sizes) == 3
+    for complete, width, height, shown in sizes:
+        assert complete and width > 0 and height > 0 and shown > 0
