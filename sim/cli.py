@@ -56,6 +56,7 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
 COMMANDS: dict[str, tuple[str, str]] = {
     "regress": ("sim.regress", "run a baseline's scenarios and fail on a metric regression (CI checks)"),
     "sweep": ("sim.sweep.cli", "run a grid of scenarios (policy x rate x seed ...) into one table; resumable"),
+    "capacity": ("sim.capacity.cli", "highest request rate per replica within SLOs, per policy; replicas and cost"),
 }
 
 
