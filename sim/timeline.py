@@ -156,7 +156,10 @@ def _staging_path(path: Path) -> Path:
 def _opened(path: Path, staging: Path):
     """The staging file, open for writing; removed again if anything fails."""
     if path.is_dir():
-        raise IsADirectoryError(21, "is a directory")
+        raise IsADirectoryError(21, "it is a folder")
+    for folder in (path.parent, *path.parent.parents):
+        if folder.exists() and not folder.is_dir():  # mkdir would only say "File exists"
+            raise NotADirectoryError(20, f"{folder} is a file, not a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(staging, "w") as out:
