@@ -170,9 +170,13 @@ class _Lines:
         self.lines: dict[tuple, int] = {}
         counts: dict[tuple, int] = {}
         current: tuple = ()
+        depth = 0  # open brackets of a multi-line value: its lines are neither headers nor keys
         for number, line in enumerate(text.splitlines(), start=1):
             stripped = line.strip()
-            header = re.match(r"^(\[\[?)\s*([^\]]+?)\s*\]\]?", stripped)
+            if depth:
+                depth += _bracket_balance(stripped)
+                continue
+            header = re.match(r"^(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$", stripped)
             if header:
                 parts = self._expand(self._keys(header.group(2)), counts)
                 if header.group(1) == "[[":
@@ -186,6 +190,7 @@ class _Lines:
                            r"\s*=", stripped)
             if key:
                 self.lines.setdefault(current + self._keys(key.group(1)), number)
+                depth = max(0, _bracket_balance(stripped[key.end():]))
 
     @staticmethod
     def _keys(text: str) -> tuple:
@@ -207,6 +212,12 @@ class _Lines:
             if path[:end] in self.lines:
                 return self.lines[path[:end]]
         return None
+
+
+def _bracket_balance(text: str) -> int:
+    """Opened minus closed brackets and braces on a line, strings and comments aside."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'', "", text).split("#", 1)[0]
+    return text.count("[") + text.count("{") - text.count("]") - text.count("}")
 
 
 def load_baseline(path: str | os.PathLike[str]) -> Baseline:
@@ -398,8 +409,7 @@ def format_table(rows: list[Row]) -> str:
 def _num(value: float, signed: bool = False) -> str:
     if isinstance(value, float) and math.isnan(value):
         return "nan"
-    text = f"{value:+.7g}" if signed else f"{value:.7g}"
-    return text
+    return f"{value:+.7g}" if signed else f"{value:.7g}"
 
 
 def _pct(value: float) -> str:
@@ -482,7 +492,8 @@ def compare_scenario(base: Baseline, scenario: Scenario, run: ScenarioRun) -> li
 
 def check_baseline(baseline: str | os.PathLike[str], *, policy: str | type | None = None,
                    overrides: dict[str, Any] | None = None, scenarios: Iterable[str] | None = None,
-                   fail_on_change: bool = False, update: bool = False, progress=None) -> Comparison:
+                   fail_on_change: bool = False, update: bool = False, progress=None,
+                   policy_source: str = "policy") -> Comparison:
     """Run the baseline's scenarios and compare every expected metric; bad input raises InputError.
 
     ``policy`` (a name, ``module:Class`` or a Policy subclass) replaces every scenario's
@@ -493,7 +504,7 @@ def check_baseline(baseline: str | os.PathLike[str], *, policy: str | type | Non
     chosen = _choose(base, scenarios)
     flags = {key: (value, "overrides") for key, value in (overrides or {}).items()}
     if policy is not None:
-        flags["policy.name"] = (policy_name(policy), "policy")
+        flags["policy.name"] = (policy_name(policy), policy_source)
     if not update:
         for scenario in chosen:
             if not scenario.expected:
@@ -529,7 +540,7 @@ def _choose(base: Baseline, names: Iterable[str] | None) -> list[Scenario]:
         return base.scenarios
     by_name = {s.name: s for s in base.scenarios}
     chosen = []
-    for name in names:
+    for name in dict.fromkeys(names):  # each once, in the order given
         if name not in by_name:
             raise InputError(f"no scenario named {name!r} in {base.path} (it has: {', '.join(by_name)})",
                              field="scenario", source="--scenario")
@@ -599,7 +610,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     comparison = check_baseline(args.baseline, policy=args.policy, scenarios=args.scenario,
                                 fail_on_change=args.fail_on_change, update=args.update,
-                                progress=lambda line: print(line, file=sys.stderr))
+                                progress=lambda line: print(line, file=sys.stderr), policy_source="--policy")
     if args.json:
         _write_json(Path(args.json), comparison.to_dict())
     rows = comparison.rows if args.all else [row for row in comparison.rows if row.verdict != "ok"]

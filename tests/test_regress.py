@@ -249,6 +249,9 @@ BAD = [
      "k = -1 }\n[scenario.expected]\ncompleted = 5\n", 5, "policy.k: k must be a whole number >= 0"),
     ("[[scenario]]\nname = 'a'\n[scenario.overrides]\nworkload.num_requests = 5\n[scenario.expected]\n"
      "completed = 5\nmean_e2e_ms = 1.0\n", 7, "scenario[0].expected.mean_e2e_ms: 'mean_e2e_ms' is not a metric"),
+    ("[[scenario]]\nname = 'a'\n[scenario.overrides]\nworkload.num_requests = 5\npolicy.name = 'lut'\n"
+     "policy.table = [\n  [1, 4, 2],\n  [5, 8, 1]\n]\npolicy.bogus = 1\n[scenario.expected]\ncompleted = 5\n", 10,
+     "policy.bogus: policy 'lut' takes no parameter 'bogus'"),  # lines of a multi-line array are not headers
     ("[tolerance]\np99_ttf_ms = { rel = 0.1 }\n[[scenario]]\nname = 'a'\n[scenario.overrides]\n"
      "workload.num_requests = 5\n[scenario.expected]\ncompleted = 5\n", 2, "tolerance.p99_ttf_ms: 'p99_ttf_ms' is not"),
 ]
@@ -280,7 +283,7 @@ def test_bad_command_line_input(tmp_path, capsys):
     assert main(["regress", "--baseline", str(path), "--scenario", "nope"]) == 2
     assert "--scenario: scenario: no scenario named 'nope'" in capsys.readouterr().err
     assert main(["regress", "--baseline", str(path), "--policy", "nomodule:Nope"]) == 2
-    assert "cannot import module 'nomodule'" in capsys.readouterr().err
+    assert "--policy: policy.name: cannot import module 'nomodule'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:
         main(["regress"])  # --baseline is required: argparse's one line
     assert exited.value.code == 2 and "--baseline" in capsys.readouterr().err
