@@ -16,11 +16,13 @@ from pathlib import Path
 
 from sim.errors import InputError
 
-# The workload flags of `specbatch run` that describe the traffic's shape; the rate, run
-# length, seed, policy and output are the search's to choose.
+# The flags of `specbatch run` that describe the workload's shape, the engine and the model
+# pair; they apply to every run of the search. The rate, run length, policy and output are
+# the search's to choose, and it sizes one replica (so no cluster flags). A flag that this
+# version of `specbatch run` lacks is left out.
 WORKLOAD_FLAGS = ("--profile", "--arrival", "--burstiness", "--cv", "--prompt-tokens", "--output-tokens",
-                  "--batching", "--max-batch-size", "--kv-cache-tokens", "--alpha", "--alpha-distribution",
-                  "--alpha-concentration", "--seed")
+                  "--batching", "--max-batch-size", "--prefill", "--kv-cache-tokens", "--alpha",
+                  "--alpha-distribution", "--alpha-concentration", "--seed")
 DEFAULT_POLICIES = "none,fixed,goodput"
 
 
@@ -29,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--config", help="base scenario TOML (its rate and run length are ignored); "
                         "the flags below override it")
-    for flag in WORKLOAD_FLAGS:
+    for flag in _workload_flags():
         key, kind, text = RUN_FLAGS[flag]
         if flag == "--seed":
             text = "first seed; the runs use seeds SEED..SEED+N-1 (default: the scenario's seed, 0)"
@@ -86,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(f"must be inside (0, 1), got {args.tolerance:g}", source="--tolerance")
     if not 0 <= args.warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {args.warmup:g}", source="--warmup")
-    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in WORKLOAD_FLAGS}
+    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in _workload_flags()}
     base = base_config(args.config, overrides)
     configs = {spec.label: _prepared(policy_config(base, spec), spec.label) for spec in specs}
     settings = SearchSettings(seeds=tuple(range(base.seed, base.seed + args.seeds)), tolerance=args.tolerance,
@@ -108,6 +110,12 @@ def main(args: argparse.Namespace) -> int:
     print(f"Search took {time.perf_counter() - started:.1f} s wall on {args.jobs} worker(s). "
           f"Wrote {out}/ (report.html, report.md, capacity.json, figures)")
     return 0
+
+
+def _workload_flags() -> list[str]:
+    from sim.cli import RUN_FLAGS
+
+    return [flag for flag in WORKLOAD_FLAGS if flag in RUN_FLAGS]
 
 
 def _at_least(value: int, minimum: int, flag: str, what: str | None = None) -> None:

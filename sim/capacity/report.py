@@ -274,7 +274,7 @@ def _latency_figure(plt, inputs, outcomes, colors):
                     label=label)
             if o.max_rate > 0:
                 ax.axvline(o.max_rate, color=colors[label], ls=":", lw=1)
-        ax.axhline(slo.limit_ms / 1e3, color="tab:red", ls="--", lw=1.2, label="SLO")
+        ax.axhline(slo.limit_ms / 1e3, color="dimgrey", ls="--", lw=1.5, label="SLO")
         ax.set_yscale("log")
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(f"{slo.metric[:-3]} (s)")
@@ -314,15 +314,15 @@ def _operating_figure(plt, outcomes, colors):
         window = max(1, int(decode.sum()) // 200)  # a moving mean over about 1/200 of the run
         for ax, column, name in ((row[0], "k", "k"), (row[1], "running", "batch size")):
             values = steps[column][decode].astype(float)
-            ax.plot(minutes, values, color=colors[label], lw=0.4, alpha=0.35)
-            if values.size >= window:
+            if values.size >= window:  # the mean over a sliding window of steps, drawn at the window's end
                 smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-                ax.plot(minutes[window - 1:], smooth, color=colors[label], lw=1.4)
+                ax.plot(minutes[window - 1:], smooth, color=colors[label], lw=1.2)
             ax.set_ylabel(name)
-            ax.set_title(f"{label} at its max rate {o.max_rate:.4g} req/s (first seed): {name} per decode step "
-                         "(faint) and moving mean", fontsize=8)
+            ax.set_title(f"{label} at {o.max_rate:.4g} req/s: {name}", fontsize=9)
             ax.grid(alpha=0.3)
+        row[0].set_ylim(-0.3, max(1.0, float(steps["k"].max())) + 0.3)
     for ax in axes[-1]:
         ax.set_xlabel("simulated time (min)")
+    fig.suptitle("At each policy's max rate (first seed): k and batch size, mean over a sliding 1/200 of the decode steps")
     fig.tight_layout()
     return fig

@@ -197,7 +197,8 @@ class Runner:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def run(self, wanted: Iterable[tuple[str, RunConfig, float, int, int, float, bool]]) -> None:
+    def run(self, wanted: Iterable[tuple[str, RunConfig, float, int, int, float, bool]]) -> int:
+        """Run the points not yet cached; returns how many that was."""
         keys, jobs = [], []
         for label, config, rate, seed, n, warmup, steps in wanted:
             key = (label, rate, seed, steps)
@@ -205,11 +206,12 @@ class Runner:
                 keys.append(key)
                 jobs.append((config, rate, seed, n, warmup, steps))
         if not jobs:
-            return
+            return 0
         results = self.pool.map(_run_job, jobs) if self.pool else map(_run_job, jobs)
         for key, result in zip(keys, results):
             self.cache[key] = result
         self.runs += len(jobs)
+        return len(jobs)
 
     def get(self, label: str, rate: float, seed: int, steps: bool = False) -> PointRun:
         return self.cache[(label, rate, seed, steps)]
@@ -260,7 +262,7 @@ def _search(runner: Runner, configs: dict[str, RunConfig], slos: tuple[SLO, ...]
         if not wanted:
             break
         rounds += 1
-        runner.run(wanted)
+        new = runner.run(wanted)
         for label, search in pooled.items():
             rate = search.next_rate()
             if rate is not None:
@@ -269,7 +271,7 @@ def _search(runner: Runner, configs: dict[str, RunConfig], slos: tuple[SLO, ...]
             rate = search.next_rate()
             if rate is not None:
                 search.record(rate, verdicts[label]([runner.get(label, rate, seed)]))
-        say(f"round {rounds}: {len(wanted)} runs ({runner.runs} so far); brackets (req/s) " + ", ".join(
+        say(f"round {rounds}: {new} runs ({runner.runs} so far); brackets (req/s) " + ", ".join(
             f"{label} {_bracket_text(search)}" for label, search in pooled.items()))
 
     top = max(saturation.values())  # the curves share their rates: evenly up to the fastest probe
