@@ -40,9 +40,9 @@ def run_cell(config: RunConfig) -> dict[str, Any]:
 
 
 def _record(status: str, error: str, metrics: dict, started: float) -> dict[str, Any]:
-    from sim.sweep.store import code_version
+    from sim.sweep.store import worker_code_version
 
-    return {"status": status, "error": error, "metrics": metrics, "code_version": code_version(),
+    return {"status": status, "error": error, "metrics": metrics, "code_version": worker_code_version(),
             "wall_s": time.perf_counter() - started}
 
 

@@ -61,7 +61,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, executor: str = "pool", work
             if executor == "dask" and record["code_version"] != version:  # another machine, another install?
                 raise InputError(f"a Dask worker runs specbatch {record['code_version']}, this client "
                                  f"{version}; install the same code on every worker", source="--dask")
-            store.save(key, record)
+            store.save(key, {**record, "config": configs[key].to_dict()})  # a cell file explains itself
             failed_now += record["status"] != "ok"
             bar.set_postfix(failed=failed_now, left=bar.total - bar.n - 1, refresh=False)
             bar.update(1)

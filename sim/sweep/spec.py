@@ -280,7 +280,7 @@ def _blame(exc: InputError, origin: dict[str, Axis], where: _Where) -> InputErro
                                                                    and exc.field == "policy.name")
     detail = "" if obvious else f" ({exc.field})"
     if exc.message == "unknown setting":
-        message = f"unknown setting '{exc.field}': not a config key that load_config accepts"
+        message = f"unknown setting '{exc.field}': not a scenario setting (see docs/configuration.md)"
     else:
         message = exc.message + detail
     return InputError(message, field=axis.where, source=where.path, line=axis.line)

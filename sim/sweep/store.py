@@ -32,14 +32,23 @@ CELLS = "cells"
 TABLE = "sweep"
 
 
-@lru_cache(maxsize=1)
 def code_version() -> str:
-    """The package version and a hash of every file of the simulator's packages (code and shipped data)."""
+    """The package version and a hash of every file of the simulator's packages (code and shipped data).
+
+    Computed afresh by each sweep (a long-lived process may sweep again after an edit); a worker
+    process computes it once, with :func:`worker_code_version`.
+    """
     digest = hashlib.sha256(sim.__version__.encode())
     for root in _package_roots():
         for path in sorted(p for p in root.rglob("*") if p.is_file() and _is_source(p)):
             digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + path.read_bytes())
     return f"{sim.__version__}+{digest.hexdigest()[:16]}"
+
+
+@lru_cache(maxsize=1)
+def worker_code_version() -> str:
+    """The code a worker process runs: it cannot change under a running process, so hash it once."""
+    return code_version()
 
 
 def _package_roots() -> list[Path]:
