@@ -311,6 +311,9 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
     output = OutputConfig(dir=get.text("output.dir", optional=True), records=get.choice("output.records", RECORDS),
                           timeline=get.text("output.timeline", optional=True),
                           timeline_window=get.window("output.timeline_window"))
+    if output.timeline_window is not None and output.timeline is None:
+        raise error_at(sources, "output.timeline_window", "applies only to a timeline: give "
+                       "--timeline FILE (or timeline in [output]) too")
     cluster = ClusterConfig(replicas=get.integer("cluster.replicas", minimum=1),
                             router=get.choice("cluster.router", ROUTERS))
     return RunConfig(seed=get.integer("seed", minimum=0), profile=get.text("profile"), workload=workload,

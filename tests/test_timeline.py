@@ -131,3 +131,11 @@ def test_a_bad_window_is_one_line(capsys, tmp_path, synthetic_profile, window, n
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "output.timeline_window" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_window_without_a_timeline_is_refused(capsys, tmp_path, synthetic_profile):
+    code = main(["run", "--profile", str(synthetic_profile), "--num-requests", "10", "--timeline-window", "1:2",
+                 "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--timeline-window: output.timeline_window: applies only to a timeline" in err
+    assert list(tmp_path.iterdir()) == []
