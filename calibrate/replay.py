@@ -47,8 +47,7 @@ from policies.base import BatchView, Policy, StepFeedback
 from sim.acceptance import acceptance_scale
 from sim.engine import DECODE, PREFILL, STEP_FIELDS, ReplicaRecords, _checked_k
 from sim.metrics import by_label, summarize
-from sim.scheduler import make_scheduler
-from sim.simulate import PreparedRun, make_sampler, request_table
+from sim.simulate import PreparedRun, make_sampler, request_table, scheduler_for
 
 ACCEPTANCE_MODES = ("synthetic", "real")
 
@@ -90,7 +89,7 @@ class ReplayEngine:
         self.output = requests.output_tokens.astype(np.int64)
         self.scale = acceptance_scale(run.alphas)
         self.kv_reserve = self.prompt + self.output + run.policy.max_k
-        self.scheduler = make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens)
+        self.scheduler = scheduler_for(run)
         self.sampler = make_sampler(config, run.alphas)
         self.k_max = run.table.k_max
         slots = config.engine.max_batch_size

@@ -34,6 +34,8 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--trace": ("workload.trace", str, "replay a CSV trace (arrival_s, prompt_tokens, output_tokens[, alpha, label])"),
     "--batching": ("engine.batching", str, "continuous or static"),
     "--max-batch-size": ("engine.max_batch_size", int, "most sequences in a batch"),
+    "--prefill": ("engine.prefill", str, "packed (admitted prompts cost as their mean length, as vLLM) or padded "
+                  "(as the longest, as a right-padded batch)"),
     "--kv-cache-tokens": ("engine.kv_cache_tokens", int, "KV-cache budget in tokens (default: the profile's)"),
     "--alpha": ("acceptance.alpha", float, "per-token acceptance rate in (0, 1)"),
     "--alpha-distribution": ("acceptance.distribution", str, "fixed, or beta for per-request alpha"),

@@ -22,7 +22,7 @@ import tomli_w
 from sim.acceptance import DISTRIBUTIONS, AcceptanceSpec
 from sim.errors import InputError
 from sim.router import ROUTERS
-from sim.scheduler import BATCHING
+from sim.scheduler import BATCHING, PREFILL
 from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
 
@@ -57,6 +57,7 @@ class EngineConfig:
     batching: str
     max_batch_size: int
     kv_cache_tokens: int | None
+    prefill: str = "packed"  # packed (varlen, priced at the mean prompt) | padded (at the longest)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class RunConfig:
             "profile": self.profile,
             "workload": workload,
             "engine": {"batching": self.engine.batching, "max_batch_size": self.engine.max_batch_size,
+                       "prefill": self.engine.prefill,
                        "kv_cache_tokens": self.engine.kv_cache_tokens},
             "policy": {"name": self.policy.name, **self.policy.params},
             "acceptance": {"alpha": self.acceptance.alpha, "distribution": self.acceptance.distribution,
@@ -252,7 +254,7 @@ KNOWN = {
     "seed", "profile",
     "workload.arrival", "workload.rate", "workload.burstiness", "workload.duration_s", "workload.num_requests",
     "workload.prompt_tokens", "workload.output_tokens", "workload.trace", "workload.rate_profile", "workload.cv",
-    "engine.batching", "engine.max_batch_size", "engine.kv_cache_tokens",
+    "engine.batching", "engine.max_batch_size", "engine.kv_cache_tokens", "engine.prefill",
     "policy.name",
     "acceptance.alpha", "acceptance.distribution", "acceptance.concentration",
     "output.dir", "output.records", "output.timeline", "output.timeline_window",
@@ -300,6 +302,7 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
         batching=get.choice("engine.batching", BATCHING),
         max_batch_size=get.integer("engine.max_batch_size", minimum=1),
         kv_cache_tokens=get.integer("engine.kv_cache_tokens", minimum=1, optional=True),
+        prefill=get.choice("engine.prefill", PREFILL),
     )
     params = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("policy.") and k != "policy.name"}
     policy = PolicyConfig(name=get.text("policy.name"), params=params)

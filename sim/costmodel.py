@@ -5,6 +5,10 @@ length k costs
 
     k * t_draft(b, c) + t_target(b, q = k + 1, c) + t_verify(b, k)
 
+plus, when the draft lags L > 1 tokens behind (it has not seen the last draft token of
+a fully accepted step, or tokens emitted by k = 0 steps), t_draft(b, q = L, c) -
+t_draft(b, q = 1, c) for its first pass feeding them all (the engine tracks L per row);
+
 and k = 0 is one target pass over one token plus sampling (t_verify(b, 0)). A
 prefill of b prompts of mean length p costs t_prefill_target(b, p), plus
 t_prefill_draft(b, p) when the run speculates. Every number comes from the
@@ -26,7 +30,8 @@ from sim.curves import Curve, decode_features, prefill_features, verify_features
 from sim.profile import Profile
 
 FAR_BEYOND = 1.1  # warn when a run can reach more than 10% past the grid's largest measured value
-TABLE_COLUMNS = 256  # context (and prompt) columns of a StepTable: fine enough for linear blending
+TABLE_COLUMNS = 256
+CATCH_UP_LAGS = 9  # draft lags tabulated per step table (0..9); longer ones extrapolate linearly  # context (and prompt) columns of a StepTable: fine enough for linear blending
 
 
 class CostModel:
@@ -37,8 +42,13 @@ class CostModel:
                                                 ("batch_size", "query_tokens"), prefill_features)
         self.prefill_draft = Curve.from_points("prefill/draft", profile.phase("prefill", "draft"),
                                                ("batch_size", "query_tokens"), prefill_features)
-        self.decode_draft = Curve.from_points("decode/draft", profile.phase("decode", "draft"),
-                                              ("batch_size", "context_tokens"), _draft_features)
+        draft = profile.phase("decode", "draft")
+        # Profiles before draft catch-up was measured hold the draft at q = 1 only.
+        self.draft_measures_q = draft.query_tokens.nunique() > 1
+        self.decode_draft = (Curve.from_points("decode/draft", draft, ("batch_size", "query_tokens", "context_tokens"),
+                                               decode_features) if self.draft_measures_q else
+                             Curve.from_points("decode/draft", draft, ("batch_size", "context_tokens"),
+                                               _draft_features))
         self.decode_target = Curve.from_points("decode/target", profile.phase("decode", "target"),
                                                ("batch_size", "query_tokens", "context_tokens"), decode_features)
         self.verify = Curve.from_points("verify", profile.phase("verify", "target"),
@@ -51,10 +61,33 @@ class CostModel:
     # Vectorised, exact evaluation (used to build tables, by policies and by tests).
     def step_times(self, batch_size, k, context_tokens) -> np.ndarray:
         b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
-        draft = self.decode_draft(batch_size=b, context_tokens=c)
+        draft = self.draft_times(b, 1, c)
         target = self.decode_target(batch_size=b, query_tokens=k + 1, context_tokens=c)
         verify = self.verify(batch_size=b, query_tokens=k)
         return k * draft + target + verify
+
+    def draft_times(self, batch_size, query_tokens, context_tokens) -> np.ndarray:
+        """One draft pass over q tokens per sequence (q > 1: its first pass of a step, catching up).
+
+        A profile that timed the draft at q = 1 only scales that by the target's measured
+        q-dependence, t_target(b, q, c) / t_target(b, 1, c): the same kind of pass on the same device.
+        """
+        b, q, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, query_tokens, context_tokens)))
+        if self.draft_measures_q:
+            return self.decode_draft(batch_size=b, query_tokens=q, context_tokens=c)
+        at_one = self.decode_draft(batch_size=b, context_tokens=c)
+        ratio = (self.decode_target(batch_size=b, query_tokens=q, context_tokens=c)
+                 / self.decode_target(batch_size=b, query_tokens=np.ones_like(q), context_tokens=c))
+        return at_one * np.where(q > 1, ratio, 1.0)
+
+    def catch_up_times(self, batch_size, lag, context_tokens) -> np.ndarray:
+        """What a step's first draft pass costs beyond q = 1 when the draft lags ``lag`` tokens behind.
+
+        The draft has not seen the newest emitted token (lag 1, the normal case), plus the
+        last draft token after a fully accepted step (lag 2), plus one per k = 0 step since.
+        """
+        lag = np.maximum(np.asarray(lag, dtype=float), 1.0)
+        return self.draft_times(batch_size, lag, context_tokens) - self.draft_times(batch_size, 1, context_tokens)
 
     def step_time(self, batch_size: int, k: int, context_tokens: float) -> float:
         return float(self.step_times(batch_size, k, context_tokens))
@@ -101,8 +134,12 @@ class CostModel:
         p = (np.arange(TABLE_COLUMNS + 2) * prompt_step).astype(float)[None, :]
         prefill = self.prefill_times(np.maximum(bp, 1), p, with_draft)
         prefill[0] = 0.0
+        lags = np.arange(CATCH_UP_LAGS + 1, dtype=float)[None, :, None]
+        catch_up = self.catch_up_times(np.maximum(b, 1), lags, c) if with_draft and k_max > 0 else \
+            np.zeros((max_batch + 1, CATCH_UP_LAGS + 1, c.shape[-1]))
+        catch_up[0] = 0.0
         return StepTable(decode.tolist(), prefill.tolist(), float(ctx_step), float(prompt_step),
-                         max_batch, k_max)
+                         max_batch, k_max, catch_up.tolist())
 
 
 @dataclass(frozen=True)
@@ -115,11 +152,22 @@ class StepTable:
     prompt_step: float
     max_batch: int
     k_max: int
+    catch_up: list  # [b][lag][context column]: extra cost of the draft's first pass
 
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
         return _blend(self.decode[batch_size][k], mean_context / self.context_step)
 
     step_time = decode_time  # what policies.CostModelLike asks for
+
+    def catch_up_time(self, batch_size: int, lag: int, mean_context: float) -> float:
+        """Beyond the tabulated lags (a long run of k = 0 steps) the cost grows linearly in lag."""
+        row = self.catch_up[batch_size]
+        if lag < len(row):
+            return _blend(row[lag], mean_context / self.context_step)
+        top = len(row) - 1
+        at_top = _blend(row[top], mean_context / self.context_step)
+        slope = at_top - _blend(row[top - 1], mean_context / self.context_step)
+        return at_top + (lag - top) * slope
 
     def prefill_time(self, batch_size: int, mean_prompt: float) -> float:
         return _blend(self.prefill[batch_size], mean_prompt / self.prompt_step)

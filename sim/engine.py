@@ -9,6 +9,9 @@ numpy operations over the batch, whatever its size:
   the prefill curve, emit each request's first token;
 * decode step: ask the policy for k, charge k draft passes + one target pass over
   k + 1 tokens + verification, draw accepted counts, emit min(a + 1, remaining).
+  The draft's first pass also feeds what it has not seen (its *catch-up*): each row
+  keeps a lag, 1 normally, 2 after it accepted all k drafts, +1 per k = 0 step; a
+  step whose largest lag L exceeds 1 adds t_draft(b, L, c) - t_draft(b, 1, c).
 
 A policy may also return one k per running sequence (an integer numpy array of
 length ``view.running``, each in 0..max_k): a *ragged* step. It is charged as
@@ -89,11 +92,12 @@ class Replica:
         cap = scheduler.max_batch_size
         # Row state lives in two field-major blocks so that retiring rows compacts every
         # field with one fancy-indexed copy per block; the names below are views into them.
-        self._int_rows = np.zeros((6, cap), dtype=np.int64)
+        self._int_rows = np.zeros((7, cap), dtype=np.int64)
         self._float_rows = np.zeros((2, cap))
         (self.row_req, self.row_remaining, self.row_final_context, self.row_accepted,
          self.row_joined_step,  # decode steps run before the row joined
-         self.row_joined_k) = self._int_rows  # sum of k over those steps
+         self.row_joined_k,  # sum of k over those steps
+         self.row_lag) = self._int_rows  # emitted tokens the draft has not seen (1 normally)
         self.row_scale, self.row_first_token_s = self._float_rows
         # What a request brings to its row when it joins (the first four int fields), and
         # prefix sums over requests so that admitting a queue block costs O(1) arithmetic.
@@ -119,6 +123,8 @@ class Replica:
         self._ragged = None  # this step's per-sequence k, when the policy returned an array
         # Fill in feedback only for policies that listen (fixed and none do not).
         self._observes = type(policy).observe is not Policy.observe
+        self._tracks_lag = policy.max_k > 0  # a run with a draft pays its catch-up
+        self._pads_prefill = getattr(scheduler, "prefill", "packed") == "padded"
         self.process = env.process(self._run())
 
     def records(self) -> ReplicaRecords:
@@ -159,6 +165,8 @@ class Replica:
         head, cum = self.queue_head, self._prefix
         self._mean_prompt = (cum["prompt"][head + n] - cum["prompt"][head]) / n
         self.kv_used += cum["reserve"][head + n] - cum["reserve"][head]
+        if self._pads_prefill and n > 1:  # a right-padded batch costs as n prompts of the longest
+            return self.table.prefill_time(n, float(np.maximum.reduce(self.prompt_tokens[head:head + n])))
         return self.table.prefill_time(n, self._mean_prompt)
 
     def _finish_prefill(self, n: int, start: float, end: float) -> None:
@@ -185,6 +193,7 @@ class Replica:
             self._int_rows[:4, lo:hi] = self._joining_ints[:, req]
             self.row_joined_step[lo:hi] = self.decode_count
             self.row_joined_k[lo:hi] = self.k_sum
+            self.row_lag[lo:hi] = 1
             self.row_scale[lo:hi] = self.acceptance_scale[req]
             self.row_first_token_s[lo:hi] = end
             self.running = hi
@@ -207,7 +216,12 @@ class Replica:
                 self._ragged = k
                 k = int(np.maximum.reduce(k))
         self._k = k
-        self._dt = dt = self.table.decode_time(charged, k, mean_context)
+        dt = self.table.decode_time(charged, k, mean_context)
+        if k and self._tracks_lag:
+            lag = int(np.maximum.reduce(self.row_lag[:b]))
+            if lag > 1:
+                dt += self.table.catch_up_time(charged, lag, mean_context)
+        self._dt = dt
         return dt
 
     def _finish_decode(self, start: float, end: float) -> None:
@@ -235,6 +249,11 @@ class Replica:
             emitted_total += int(np.add.reduce(surplus))
             np.maximum(remaining, 0, out=remaining)
         self.total_remaining -= emitted_total
+        if self._tracks_lag:  # a fully accepted row's last draft token is news to the draft
+            if k:
+                np.add(accepted == k, 1, out=self.row_lag[:b])
+            else:
+                self.row_lag[:b] += 1
         self.decode_count += 1
         self.k_sum += k
         steady = b - self.fresh

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BATCHING = ("continuous", "static")
+PREFILL = ("packed", "padded")  # admitted prompts cost as their mean length (varlen) or their longest
 
 
 @dataclass
@@ -26,6 +27,7 @@ class ContinuousBatching:
 
     max_batch_size: int
     kv_budget_tokens: int
+    prefill: str = "packed"
     name: str = "continuous"
 
     def admit(self, running: int, kv_used: int, waiting_reserve: np.ndarray) -> int:
@@ -56,6 +58,7 @@ class StaticBatching:
 
     max_batch_size: int
     kv_budget_tokens: int
+    prefill: str = "packed"
     name: str = "static"
     _batch_size: int = 0
 
@@ -73,9 +76,16 @@ class StaticBatching:
         self._batch_size = running_after
 
 
-def make_scheduler(batching: str, max_batch_size: int, kv_budget_tokens: int):
+def make_scheduler(batching: str, max_batch_size: int, kv_budget_tokens: int, prefill: str = "packed"):
+    """``prefill``: how the engine runs a block of admitted prompts, which sets its cost.
+
+    packed: as one variable-length batch (vLLM), priced at the prompts' mean length;
+    padded: right-padded to the longest (``generate`` on a padded batch, and the real replay).
+    """
+    if prefill not in PREFILL:
+        raise ValueError(f"prefill must be one of {', '.join(PREFILL)}")
     if batching == "continuous":
-        return ContinuousBatching(max_batch_size, kv_budget_tokens)
+        return ContinuousBatching(max_batch_size, kv_budget_tokens, prefill)
     if batching == "static":
-        return StaticBatching(max_batch_size, kv_budget_tokens)
+        return StaticBatching(max_batch_size, kv_budget_tokens, prefill)
     raise ValueError(f"batching must be one of {', '.join(BATCHING)}")

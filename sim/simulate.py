@@ -123,6 +123,12 @@ def prepare(config: RunConfig) -> PreparedRun:
     return prepared
 
 
+def scheduler_for(run: PreparedRun):
+    """A fresh scheduler for one replica of ``run`` (the simulator's and the real replay's alike)."""
+    e = run.config.engine
+    return make_scheduler(e.batching, e.max_batch_size, run.kv_budget_tokens, e.prefill)
+
+
 def _policy_error(config: RunConfig, exc: PolicyError) -> InputError:
     key = "policy.name" if exc.field in (None, "name") else f"policy.{exc.field}"
     return config.error(key, exc.message)
@@ -169,15 +175,14 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         replica = Replica(
             env, arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
             output_tokens=requests.output_tokens, acceptance_scale=scale, kv_reserve=reserve, table=run.table,
-            scheduler=make_scheduler(config.engine.batching, config.engine.max_batch_size, run.kv_budget_tokens),
+            scheduler=scheduler_for(run),
             policy=run.policy, sampler=make_sampler(config, run.alphas))
         engine_started = time.perf_counter()
         env.run()
         engine_wall = time.perf_counter() - engine_started
         records, cluster = replica.records(), None
     else:
-        parts = [ReplicaParts(make_scheduler(config.engine.batching, config.engine.max_batch_size,
-                                             run.kv_budget_tokens),
+        parts = [ReplicaParts(scheduler_for(run),
                               run.policy if index == 0 else _fresh_policy(run), make_sampler(config, run.alphas, rng))
                  for index, rng in enumerate(replica_streams(config, count))]
         engine_started = time.perf_counter()

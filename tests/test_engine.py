@@ -232,8 +232,13 @@ def test_policies_are_bound_to_the_runs_step_costs(run_config, tmp_path, monkeyp
     assert len(pricing.Pricing.seen) == result.summary["num_decode_steps"]
     for b, c, t in pricing.Pricing.seen[:50]:
         assert t == pytest.approx(exact.step_time(b, 3, c), rel=5e-3)
+    # A step costs what the policy was quoted, plus the draft's catch-up after a fully accepted
+    # step (k is always 3, so the draft lags at most 2 tokens).
     decode = result.steps[result.steps.phase == 1]
-    assert np.allclose(decode.end_s - decode.start_s, [t for _, _, t in pricing.Pricing.seen])
+    extra = (decode.end_s - decode.start_s).to_numpy() - [t for _, _, t in pricing.Pricing.seen]
+    catch_up = [exact.catch_up_times(b, 2, c) for b, c, _ in pricing.Pricing.seen]
+    assert np.all(np.isclose(extra, 0, atol=1e-12) | np.isclose(extra, catch_up, rtol=5e-3))
+    assert 0 < np.count_nonzero(extra > 1e-12) < len(extra)
 
 
 def test_a_profile_with_no_kv_capacity_refuses_every_request(run_config, tmp_path):
@@ -306,7 +311,10 @@ def test_a_ragged_step_drafts_sum_k_keeps_at_most_k_i_and_is_charged_padded(run_
 
     exact = CostModel(result.profile)
     expected = [exact.step_time(b, int(ks.max()), c) for b, c, ks, _ in log]
-    assert np.allclose(decode.end_s - decode.start_s, expected, rtol=5e-3)
+    extra = (decode.end_s - decode.start_s).to_numpy() - expected
+    # ... plus, at some steps, the draft's catch-up over the L tokens it lags behind.
+    for (b, c, _, _), x, t in zip(log, extra, expected):  # within the step table's blending error
+        assert min(abs(x - exact.catch_up_times(b, lag, c)) for lag in range(1, 12)) <= 5e-3 * t
 
 
 def test_ragged_drafted_tokens_are_charged_to_each_request(run_config, ragged):
