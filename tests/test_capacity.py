@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.capacity.costing import cost_per_million, costing, replicas_needed
 from sim.capacity.inputs import SLO, parse_policies, parse_slo, parse_slos, policy_config
@@ -95,6 +97,34 @@ def test_rate_search_brackets_then_bisects():
         search.record(rate, rate <= truth)
     assert rates[:4] == [10.0, 5.0, 2.5, 3.75]
     assert search.lo <= truth < search.hi and (search.hi - search.lo) / search.lo <= 0.01
+
+
+def _search_boundary(truth: float, start: float, tolerance: float) -> RateSearch:
+    search = RateSearch(start, SearchSettings(tolerance=tolerance))
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, rate <= truth)
+    return search
+
+
+@settings(max_examples=200, deadline=None)
+@given(truth=st.floats(2 ** -9, 15.9), other=st.floats(2 ** -9, 15.9), start=st.floats(0.5, 5.0),
+       tolerance=st.floats(0.001, 0.5))
+def test_rate_search_invariants(truth, other, start, tolerance):
+    """A monotone boundary within reach (start / 2**9 .. start * 2**4) is bracketed to the tolerance,
+    and a lower boundary (a stricter SLO) never gives a higher rate."""
+    truth, other = truth * start, other * start
+    search = _search_boundary(truth, start, tolerance)
+    assert search.lo is not None and search.hi is not None
+    assert search.lo <= truth < search.hi and (search.hi - search.lo) / search.lo <= tolerance
+    low, high = sorted((truth, other))
+    assert _search_boundary(low, start, tolerance).lo <= _search_boundary(high, start, tolerance).lo
+
+
+@given(target=st.floats(1e-3, 1e4), rate=st.floats(1e-3, 1e3))
+def test_replicas_are_the_fewest_that_carry_the_target(target, rate):
+    n = replicas_needed(target, rate)
+    assert n >= 1 and n * rate >= target * (1 - 1e-9)
+    assert n == 1 or (n - 1) * rate < target
 
 
 # ------------------------------------------------------------------ replicas and cost
