@@ -4,7 +4,9 @@ Points per phase (``query_tokens`` / ``context_tokens`` as :mod:`sim.profile` de
 
 * prefill, target and draft: batch x prompt length (batch x prompt capped by
   ``max_prefill_tokens``, as an engine caps the tokens of one prefill batch);
-* decode, draft: batch x context, one token per sequence;
+* decode, draft: batch x q x context, q = 1 (a draft step) .. DRAFT_CATCH_UP (its first pass
+  of a step when it lags behind: the last draft token of a fully accepted step, or tokens
+  emitted by k = 0 steps; the simulator extrapolates beyond);
 * decode, target: batch x q x context, q = 1 (plain decode) .. k_max + 1 (verify pass);
 * verify (the rejection sampler over the target vocabulary): batch x k = 0 .. k_max.
 
@@ -24,6 +26,7 @@ from sim.errors import InputError
 
 CUDA_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 CPU_BATCHES = (1, 2, 4, 8, 16, 32)
+DRAFT_CATCH_UP = 3  # largest draft q measured (capped by the target's largest q)
 
 
 @dataclass(frozen=True, order=True)
@@ -59,11 +62,16 @@ class Grid:
     def k_max(self) -> int:
         return max(self.query_tokens) - 1
 
+    @property
+    def draft_query_tokens(self) -> tuple[int, ...]:
+        return tuple(q for q in self.query_tokens if q <= DRAFT_CATCH_UP) or (1,)
+
     def points(self) -> list[Point]:
         """Every point in measuring order: prefill, draft decode, target decode, verify."""
         pts = [Point("prefill", model, b, p, 0) for model in ("target", "draft") for p in self.prompts
                for b in self.batch_sizes if b * p <= self.max_prefill_tokens]
-        pts += [Point("decode", "draft", b, 1, c) for c in self.contexts for b in self.batch_sizes]
+        pts += [Point("decode", "draft", b, q, c) for c in self.contexts for q in self.draft_query_tokens
+                for b in self.batch_sizes]
         pts += [Point("decode", "target", b, q, c) for c in self.contexts for q in self.query_tokens
                 for b in self.batch_sizes]
         pts += [Point("verify", "target", b, k, 0) for k in range(self.k_max + 1) for b in self.batch_sizes]

@@ -2,7 +2,7 @@
 
 * prefill: one forward over ``prompt`` tokens per sequence into an empty cache, logits
   of the last position only (what an engine samples from);
-* decode/draft: one draft step: forward over 1 token at ``ctx`` cached tokens, then
+* decode/draft: one draft step: forward over q tokens (1, or more when catching up) at ``ctx`` cached tokens, then
   softmax and sampling of the next draft token (both sit on the draft loop's critical path);
 * decode/target: one forward over q tokens per sequence at ``ctx`` cached tokens, logits
   for all q positions (k = q - 1 drafts plus the bonus position);

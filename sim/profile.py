@@ -13,7 +13,7 @@ Phases and what ``query_tokens`` / ``context_tokens`` mean in each:
 phase      model    query_tokens                        context_tokens
 =========  =======  ==================================  ===========================
 prefill    both     prompt length per sequence          0
-decode     draft    1                                   tokens already in KV cache
+decode     draft    1 (.. a few: the catch-up pass)       tokens already in KV cache
 decode     target   q = 1 (plain decode) .. k_max + 1   tokens already in KV cache
 verify     target   k = 0 (sample one token) .. k_max   0
 =========  =======  ==================================  ===========================

@@ -19,7 +19,7 @@ from sim.profile import CSV_NAME, META_NAME, REQUIRED_META, load_profile  # noqa
 
 TINY = ["--target", "tiny-llama", "--draft", "tiny-opt", "--device", "cpu", "--batch-sizes", "1,2",
         "--k-max", "2", "--contexts", "16,32", "--prompts", "8", "--warmup", "0", "--repeats", "1", "--quiet"]
-N_POINTS = 4 + 4 + 12 + 6  # prefill 2 models x 2 batches, draft decode 2x2, target decode 2x3x2, verify 2x3
+N_POINTS = 4 + 12 + 12 + 6  # prefill 2 models x 2 batches, draft decode 2x3x2 (q 1..3), target decode 2x3x2, verify 2x3
 
 
 def test_end_to_end_profile_is_loadable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -62,7 +62,7 @@ def test_resume_does_not_remeasure(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(runner, "_measure", counting)
     assert main([*TINY, "--out", str(out)]) == 0
-    assert len(calls) == N_POINTS and len(set(calls)) == N_POINTS  # 5 before, the other 21 now
+    assert len(calls) == N_POINTS and len(set(calls)) == N_POINTS  # 5 before, the other 29 now
     final = pd.read_csv(out / CSV_NAME)
     merged = first.merge(final, on=["phase", "model", "batch_size", "query_tokens", "context_tokens"])
     assert len(merged) == 5
