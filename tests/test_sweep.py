@@ -22,6 +22,7 @@ from sim.sweep.spec import load_sweep
 ROOT = Path(__file__).resolve().parents[1]
 
 SCENARIO = """\
+profile = "{profile}"
 [workload]
 num_requests = 24
 prompt_tokens = 32
@@ -40,8 +41,17 @@ seed = [0, 1]
 """
 
 
+PROFILE = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_profile(synthetic_profile):
+    """Cells on the synthetic profile: its cost curves fit in half the time of the shipped one's."""
+    PROFILE["path"] = str(synthetic_profile)
+
+
 def write_sweep(folder: Path, text: str, name: str = "grid.toml") -> Path:
-    (folder / "scenario.toml").write_text(SCENARIO)
+    (folder / "scenario.toml").write_text(SCENARIO.format(profile=PROFILE["path"]))
     path = folder / name
     path.write_text(text)
     return path
@@ -95,7 +105,7 @@ def test_a_cell_failing_at_run_time_is_recorded_and_the_sweep_goes_on(tmp_path, 
     assert sweep(path, tmp_path / "out", "--executor", "serial") == 0
     table = pd.read_parquet(tmp_path / "out" / "sweep.parquet")
     failed = table[table.status == "failed"]
-    assert list(failed.policy) == ["fixed k=9"] * 2  # k = 9 is beyond the shipped profile's k_max = 7
+    assert list(failed.policy) == ["fixed k=9"] * 2  # k = 9 is beyond the profile's k_max = 7
     assert failed.error.str.contains(f"{path}:4: policy.k: k = 9 is beyond the profile's measured k_max",
                                      regex=False).all()
     assert failed.mean_e2el_ms.isna().all() and pd.isna(failed.completed).all()

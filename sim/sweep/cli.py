@@ -44,9 +44,14 @@ def main(args: argparse.Namespace) -> int:
               "sweep.parquet (pip install 'specbatch[sweep]' for Parquet)", file=sys.stderr)
     out = Path(args.out) if args.out else Path("sweeps") / Path(args.sweep).stem
     executor = "dask" if args.dask is not None else (args.executor or "pool")
-    report = run_sweep(sweep, out, executor=executor, workers=args.workers, dask_address=args.dask,
-                       retry_failed=args.retry_failed, parquet=parquet, csv=args.csv or not parquet,
-                       progress=not args.no_progress)
+    try:
+        report = run_sweep(sweep, out, executor=executor, workers=args.workers, dask_address=args.dask,
+                           retry_failed=args.retry_failed, parquet=parquet, csv=args.csv or not parquet,
+                           progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"interrupted: the cells finished so far are in {out / 'cells'}; the same command resumes",
+              file=sys.stderr)
+        return 130
     for error in sorted(set(report.table.loc[report.table.status != "ok", "error"])):
         print(f"failed: {error}", file=sys.stderr)
     rate = report.ran / report.wall_s if report.wall_s > 0 else 0.0

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import time
 import traceback
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Iterator
 
@@ -71,8 +72,10 @@ def run_dask(tasks: list[Task], address: str, workers: int | None) -> Iterator[t
 
     cluster = None
     if address == "local":
-        cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=logging.ERROR)
+        with warnings.catch_warnings():  # no dashboard, but its HTTP server says when 8787 is taken
+            warnings.filterwarnings("ignore", message="Port .* is already in use")
+            cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1, processes=True,
+                                   dashboard_address=None, silence_logs=logging.ERROR)
         client = Client(cluster)
     else:
         try:
