@@ -224,6 +224,13 @@ def test_trace_scenarios_are_refused(synthetic_profile, tmp_path, capsys):
     assert code == 2 and f"{scenario}:3: workload.trace: a capacity search needs generated arrivals" in err
 
 
+def test_cluster_scenarios_are_refused(synthetic_profile, tmp_path, capsys):
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'profile = "{synthetic_profile}"\n\n[cluster]\nreplicas = 4\n')
+    code, _, err = _cli(["--config", str(scenario), "--slo", "p99_ttft_ms=1000"], capsys)
+    assert code == 2 and f"{scenario}:4: cluster.replicas: a capacity search sizes one replica" in err
+
+
 def test_missing_matplotlib_is_one_line(monkeypatch, capsys, synthetic_profile):
     import importlib.util
 

@@ -157,7 +157,8 @@ def _workload_facts(config) -> dict:
     acceptance = f"alpha {a.alpha:g}, {a.distribution}" + (
         f" (concentration {a.concentration:g})" if a.distribution == "beta" else "")
     return {"arrival": arrival, "prompt_tokens": spec(w.prompt_tokens), "output_tokens": spec(w.output_tokens),
-            "batching": f"{e.batching}, max batch {e.max_batch_size}, {kv}", "acceptance": acceptance}
+            "batching": f"{e.batching}, max batch {e.max_batch_size}, {e.prefill} prefill, {kv}",
+            "acceptance": acceptance}
 
 
 def _digest(inputs, configs) -> str:

@@ -112,6 +112,9 @@ def base_config(path: str | None, overrides: dict[str, tuple[Any, str]]) -> RunC
     if config.workload.trace is not None:
         raise config.error("workload.trace", "a capacity search needs generated arrivals at a constant rate, "
                            "not a trace")
+    if config.cluster.replicas > 1:
+        raise config.error("cluster.replicas", "a capacity search sizes one replica and computes the replicas "
+                           "a target needs; drop [cluster] replicas")
     if config.workload.rate_profile is not None:
         raise config.error("workload.rate_profile", "a capacity search varies one constant rate; drop the "
                            "time-varying rate profile")
