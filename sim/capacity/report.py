@@ -138,7 +138,8 @@ def result_rows(inputs: ReportInputs, outcomes: dict[str, PolicyOutcome], costs:
     rows = []
     for label, o in outcomes.items():
         op = o.operating or {}
-        params = " ".join(f"{k}={v}" for k, v in o.config.policy.params.items() if not isinstance(v, (list, dict)))
+        params = " ".join(f"{k}={v}" for k, v in o.config.policy.params.items()  # those the label does not say
+                          if not isinstance(v, (list, dict)) and f":{k}=" not in label)
         row = [f"{label}" + (f" ({params})" if params else ""),
                f"{_num(o.max_rate)} ± {_num(o.uncertainty, 2)}" if o.max_rate > 0 else "none meets the SLOs",
                f"{_num(o.bracket[0])} – {_num(o.bracket[1])}",
