@@ -65,6 +65,8 @@ def build_parser(prog: str = "python -m calibrate") -> argparse.ArgumentParser:
     r.add_argument("--memory-fraction", type=float, default=0.9,
                    help="fraction of free memory a point may use; larger points are skipped as oom (default 0.9)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="time decode passes eagerly on CUDA")
+    r.add_argument("--no-overhead", action="store_true",
+                   help="skip measuring the engine's per-step overhead (a short real replay at the end)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--fresh", action="store_true", help="discard a partial run in --out instead of resuming it")
     r.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
@@ -121,7 +123,7 @@ def _settings(args: argparse.Namespace) -> Any:
                         budget_s=args.budget_s)
     return Settings(target=target.name, draft=draft.name, device=device, dtype=resolve_dtype(args.dtype, device),
                     grid=grid, seed=args.seed, threads=args.threads, memory_fraction=args.memory_fraction,
-                    cuda_graphs=not args.no_cuda_graphs)
+                    cuda_graphs=not args.no_cuda_graphs, measure_overhead=not args.no_overhead)
 
 
 def _run(settings: Any, args: argparse.Namespace) -> int:

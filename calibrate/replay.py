@@ -35,19 +35,23 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import torch
 
+from calibrate.configs import get_config
 from calibrate.model import Transformer
+from calibrate.runner import TORCH_DTYPES
 from calibrate.verify import sample, verify_logits
 from policies.base import BatchView, Policy, StepFeedback
 from sim.acceptance import acceptance_scale
 from sim.engine import DECODE, PREFILL, STEP_FIELDS, ReplicaRecords, _checked_k
 from sim.metrics import by_label, summarize
-from sim.simulate import PreparedRun, make_sampler, request_table, scheduler_for
+from sim.config import RunConfig
+from sim.errors import InputError
+from sim.simulate import PreparedRun, RunResult, make_sampler, prepare, request_table, scheduler_for
 
 ACCEPTANCE_MODES = ("synthetic", "real")
 
@@ -62,7 +66,7 @@ class ReplayResult:
     acceptance: str
     partial: bool
     wall_s: float
-    step_compute_s: np.ndarray = field(repr=False)  # per step: time inside torch passes
+    step_passes_s: np.ndarray = field(repr=False)  # per step: time inside the calibrated passes
     by_label: dict | None = None
 
 
@@ -103,6 +107,8 @@ class ReplayEngine:
         self.t_cache = target.new_cache(slots, self.max_len)
         self.d_cache = self.draft.new_cache(slots, self.max_len) if self.draft is not None else None
         self.history = torch.zeros(slots, self.max_len, dtype=torch.long, device=self.device)
+        self.t_frozen = torch.zeros(slots, dtype=torch.long, device=self.device)  # padding rows' cache lengths
+        self.d_frozen = torch.zeros(slots, dtype=torch.long, device=self.device)
         vocab = target.cfg.vocab_size
         self.prompt_tokens = np.random.default_rng(seed).integers(0, vocab, size=int(self.prompt.max()))
         # Per-row host state (rows 0..used-1 are in the batch; `live` marks unfinished ones).
@@ -121,7 +127,7 @@ class ReplayEngine:
         self.drafted = np.zeros(n, np.int64)
         self.accepted = np.zeros(n, np.int64)
         self.step_rows: list[tuple] = []
-        self.compute_s: list[float] = []
+        self.passes_s: list[float] = []  # per step: time inside the passes calibration times
         self.itl: list[np.ndarray] = []
         self.view = BatchView(self.k_max)
         self.feedback = StepFeedback()
@@ -165,6 +171,22 @@ class ReplayEngine:
     def clock(self) -> float:
         return time.perf_counter() - self.t0
 
+    def _sync(self) -> None:
+        if self.device.type == "cuda":  # a step ends when its kernels have, not when they are queued
+            torch.cuda.synchronize(self.device)
+
+    def warm_up(self) -> None:
+        """A few untimed passes first, as calibration warms up: the first ones pay one-off costs."""
+        tokens = torch.zeros(1, 16, dtype=torch.long, device=self.device)
+        for model, cache in ((self.target, self.t_cache), (self.draft, self.d_cache)):
+            if model is None:
+                continue
+            for q in (16, 1, 2, self.k_max + 1):
+                cache.lengths[:1] = 0
+                model(tokens[:, :q], cache.rows(0, 1, 0))
+            cache.lengths.zero_()
+        self._sync()
+
     # ---------------------------------------------------------------- prefill
     def prefill_step(self, n: int, start: float) -> None:
         head = self.queue_head
@@ -180,14 +202,14 @@ class ReplayEngine:
             tokens[i, :p] = self.prompt_tokens[:p]
         tokens_t = torch.from_numpy(tokens).to(self.device)
         last = torch.from_numpy(lengths - 1).to(self.device)
-        compute = time.perf_counter()
-        logits = self._prefill(self.target, self.t_cache, tokens_t, last, lo, hi, lengths)
+        self._passes = 0.0
+        logits = self._timed(self._prefill, self.target, self.t_cache, tokens_t, last, lo, hi, lengths)
         if self.draft is not None:
-            self._prefill(self.draft, self.d_cache, tokens_t, last, lo, hi, lengths)
+            self._timed(self._prefill, self.draft, self.d_cache, tokens_t, last, lo, hi, lengths)
         first = sample(torch.softmax(logits[:, -1].float(), dim=-1), self.generator)
         self.history[lo:hi, :longest] = tokens_t
         self.history[torch.arange(lo, hi, device=self.device), torch.from_numpy(lengths).to(self.device)] = first
-        compute = time.perf_counter() - compute
+        self._sync()
         self.queue_head += n
         self.kv_used += int(self.kv_reserve[req].sum())
         end = self.clock()
@@ -202,7 +224,7 @@ class ReplayEngine:
             self._finish(one_token, end)
         self.scheduler.on_admit(n, self.running)
         self.step_rows.append((start, end, PREFILL, n, self.running, 0, float(lengths.mean()), 0, 0, n))
-        self.compute_s.append(compute)
+        self.passes_s.append(self._passes)
 
     def _prefill(self, model: Transformer, cache, tokens: torch.Tensor, last: torch.Tensor, lo: int, hi: int,
                  lengths: np.ndarray) -> torch.Tensor:
@@ -232,23 +254,23 @@ class ReplayEngine:
                 ragged = np.zeros(b, np.int64)
                 ragged[live] = k
                 k = int(k.max())
-        compute = time.perf_counter()
+        self._passes = 0.0
         if k:
             accepted, final = self._speculate(b, k, live, ragged)
         else:
             accepted, final = None, self._plain(b)
-        compute = time.perf_counter() - compute
+        self._sync()
         end = self.clock()
-        self._emit(b, k, live, ragged, accepted, final, start, end, charged, running, compute)
+        self._emit(b, k, live, ragged, accepted, final, start, end, charged, running)
 
     def _plain(self, b: int) -> torch.Tensor:
         """k = 0: one target pass over each sequence's newest token, then sampling (verify at k = 0)."""
         rows = torch.arange(b, device=self.device)
         last = self.history[rows, torch.from_numpy(self.row_len[:b] - 1).to(self.device)][:, None]
-        logits = self.target(last, self.t_cache.rows(0, b, int(self.row_len[:b].max()) - 1))
+        logits = self._timed(self.target, last, self.t_cache.rows(0, b, int(self.row_len[:b].max()) - 1))
         empty = torch.empty(b, 0, dtype=torch.long, device=self.device)
-        result = verify_logits(logits, torch.empty(b, 0, logits.shape[-1], device=self.device), empty,
-                               self.generator)
+        result = self._timed(verify_logits, logits, torch.empty(b, 0, logits.shape[-1], device=self.device), empty,
+                             self.generator)
         return result.tokens[:, 0]
 
     def _speculate(self, b: int, k: int, live: np.ndarray, ragged):
@@ -258,17 +280,16 @@ class ReplayEngine:
         # not seen; others recompute a few), so first roll back the rows that have seen more.
         catch_up = int(self.row_lag[:b][live].max())
         back = np.zeros(self.d_cache.batch, np.int64)
-        back[:b] = catch_up - self.row_lag[:b]
+        back[:b] = np.where(live, catch_up - self.row_lag[:b], 0)  # padding rows: see _freeze_padding
         self.d_cache.rollback(torch.from_numpy(back).to(dev))
         d_len = row_len - catch_up
         feed = self.history[:b].gather(1, torch.from_numpy(d_len[:, None] + np.arange(catch_up)).to(dev))
         draft_tokens, draft_probs = [], []
         span = int(d_len.max())
         for _ in range(k):
-            logits = self.draft(feed, self.d_cache.rows(0, b, span))
+            probs, token = self._timed(self._draft_step, feed, span)
             span += feed.shape[1]
-            probs = torch.softmax(logits[:, -1].float(), dim=-1)
-            feed = sample(probs, self.generator)[:, None]
+            feed = token[:, None]
             draft_tokens.append(feed)
             draft_probs.append(probs)
         drafts = torch.cat(draft_tokens, 1)
@@ -276,8 +297,9 @@ class ReplayEngine:
         t_len = row_len - 1
         rows = torch.arange(b, device=dev)
         newest = self.history[rows, torch.from_numpy(t_len).to(dev)]
-        logits = self.target(torch.cat((newest[:, None], drafts), 1), self.t_cache.rows(0, b, int(t_len.max())))
-        result = verify_logits(logits, torch.stack(draft_probs, 1), drafts, self.generator)
+        logits = self._timed(self.target, torch.cat((newest[:, None], drafts), 1),
+                             self.t_cache.rows(0, b, int(t_len.max())))
+        result = self._timed(verify_logits, logits, torch.stack(draft_probs, 1), drafts, self.generator)
         if self.acceptance == "synthetic":  # drawn for the live rows, as the simulator draws
             accepted = np.zeros(b, np.int64)
             accepted[live] = self.sampler.accepted(self.scale[self.row_req[:b][live]],
@@ -296,7 +318,21 @@ class ReplayEngine:
         self._drafts = tokens
         return accepted, final
 
-    def _emit(self, b, k, live, ragged, accepted, final, start, end, charged, running, compute) -> None:
+    def _draft_step(self, feed: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft pass and the sampling of its token: what calibration times as a draft step."""
+        logits = self.draft(feed, self.d_cache.rows(0, feed.shape[0], span))
+        probs = torch.softmax(logits[:, -1].float(), dim=-1)
+        return probs, sample(probs, self.generator)
+
+    def _timed(self, fn, *args):
+        """Run one calibrated pass, adding its time to this step's model-pass time."""
+        started = time.perf_counter()
+        out = fn(*args)
+        self._sync()
+        self._passes += time.perf_counter() - started
+        return out
+
+    def _emit(self, b, k, live, ragged, accepted, final, start, end, charged, running) -> None:
         dev = self.device
         row_len, remaining = self.row_len[:b], self.row_remaining[:b]
         if k:
@@ -312,12 +348,12 @@ class ReplayEngine:
         self.history[:b].scatter_(1, positions, new_tokens)
         # Target cache: it took width tokens (the newest emitted one, then the drafts); keep a + 1 of them.
         t_pad = np.zeros(self.t_cache.batch, np.int64)
-        t_pad[:b] = width - (a + 1)
+        t_pad[:b] = np.where(live, width - (a + 1), 0)
         self.t_cache.rollback(torch.from_numpy(t_pad).to(dev))
         if self.d_cache is not None:
             if k:  # the draft holds row_len - lag' + k - 1 tokens; keep min(a, k - 1) drafts
                 d_pad = np.zeros(self.d_cache.batch, np.int64)
-                d_pad[:b] = (k - 1) - np.minimum(a, k - 1)
+                d_pad[:b] = np.where(live, (k - 1) - np.minimum(a, k - 1), 0)
                 self.d_cache.rollback(torch.from_numpy(d_pad).to(dev))
                 lag = np.where(a == k, 2, 1)
                 self.row_lag[:b] = np.where(live, lag, 1)
@@ -346,12 +382,26 @@ class ReplayEngine:
         context = float((row_len[live] - 1).mean())
         self.step_rows.append((start, end, DECODE, charged, running, k, context, int(drafted_rows.sum()),
                                accepted_total, int(emitted.sum())))
-        self.compute_s.append(compute)
+        self.passes_s.append(self._passes)
+        if not live.all():
+            self._freeze_padding(b, live)
         if ended.size:
             self._finish(ended, end)
 
+    def _freeze_padding(self, b: int, live: np.ndarray) -> None:
+        """A static batch's finished rows ride along as padding; their caches keep their final lengths."""
+        pad = torch.from_numpy(np.flatnonzero(~live)).to(self.device)
+        self.t_cache.lengths[pad] = self.t_frozen[pad]
+        if self.d_cache is not None:
+            self.d_cache.lengths[pad] = self.d_frozen[pad]
+
     def _finish(self, rows: np.ndarray, end: float) -> None:
         req = self.row_req[rows]
+        if self.scheduler.name == "static":
+            index = torch.from_numpy(rows).to(self.device)
+            self.t_frozen[index] = self.t_cache.lengths[index]
+            if self.d_cache is not None:
+                self.d_frozen[index] = self.d_cache.lengths[index]
         self.finish_s[req] = end
         self.kv_used -= int(self.kv_reserve[req].sum())
         self.row_live[rows] = False
@@ -389,14 +439,71 @@ class ReplayEngine:
         rec = self.records()
         summary = summarize(r.arrival_s, r.prompt_tokens, r.output_tokens, rec.first_token_s, rec.finish_s,
                             rec.itl_values, rec.itl_weights, rec.steps)
-        summary["partial"] = partial
-        summary["acceptance_mode"] = self.acceptance
         table = request_table(r, self.run.alphas, rec)
         return ReplayResult(table, pd.DataFrame(rec.steps), summary, self.acceptance, partial, wall_s,
-                            np.asarray(self.compute_s), by_label(table))
+                            np.asarray(self.passes_s), by_label(table))
+
+
+def step_overheads(measured: ReplayResult) -> dict[str, float]:
+    """Mean time per step outside the calibrated passes (bookkeeping, sampling, cache moves), per phase."""
+    steps = measured.steps
+    outside = (steps.end_s - steps.start_s).to_numpy() - measured.step_passes_s
+    out = {}
+    for phase, name in ((PREFILL, "prefill"), (DECODE, "decode")):
+        chosen = steps.phase.to_numpy() == phase
+        out[f"{name}_overhead_s"] = float(np.median(outside[chosen])) if chosen.any() else 0.0
+    return out
 
 
 def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, acceptance: str = "synthetic",
            seed: int = 0) -> ReplayResult:
     """Serve ``run`` for real; returns what was measured (partial if interrupted with Ctrl-C)."""
-    return ReplayEngine(run, target, draft, acceptance=acceptance, seed=seed).serve()
+    engine = ReplayEngine(run, target, draft, acceptance=acceptance, seed=seed)
+    engine.warm_up()
+    return engine.serve()
+
+
+def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
+                  on_start=None) -> tuple[RunResult, ReplayResult]:
+    """Replay ``config`` on the device and model pair its profile was calibrated with.
+
+    The replay pads a prefill batch to its longest prompt, so the run is priced that way too
+    (``engine.prefill = "padded"``); threads, dtype and denormal flushing follow calibration.
+    """
+    config = replace(config, engine=replace(config.engine, prefill="padded"))
+    run = prepare(config)
+    meta = run.profile.meta
+    device = meta.get("device", {}).get("type")
+    if device not in ("cpu", "cuda"):
+        raise config.error("profile", f"was not measured on a device this replay can use (device type {device!r})")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise config.error("profile", "was calibrated on CUDA, and no CUDA device is available here")
+    models = meta.get("models", {})
+    names = {role: models.get(role, {}).get("name") for role in ("target", "draft")}
+    try:
+        cfgs = {role: get_config(name, role) for role, name in names.items()}
+    except InputError as exc:
+        raise config.error("profile", f"names a model this replay cannot build: {exc.message}") from None
+    threads, threads_before = meta.get("timing", {}).get("threads"), torch.get_num_threads()
+    if device == "cpu" and threads:
+        torch.set_num_threads(int(threads))
+    flushing = device == "cpu" and torch.set_flush_denormal(True)
+    try:
+        dtype = TORCH_DTYPES[meta.get("dtype", "float32")]
+        target = Transformer(cfgs["target"], device=device, dtype=dtype, seed=config.seed)
+        draft = Transformer(cfgs["draft"], device=device, dtype=dtype, seed=config.seed + 1) \
+            if run.policy.max_k > 0 else None
+        if on_start is not None:  # inputs checked, models built: the real clock starts now
+            on_start()
+        measured = replay(run, target, draft, acceptance=acceptance, seed=config.seed)
+    finally:
+        torch.set_num_threads(threads_before)
+        if flushing:
+            torch.set_flush_denormal(False)
+    extra = {"replay": {"acceptance": acceptance, "partial": measured.partial,
+                        "completed": int(measured.summary["completed"]), "requests": len(run.requests),
+                        "device": meta.get("device", {}), "dtype": meta.get("dtype"),
+                        **step_overheads(measured)}}
+    result = RunResult(config, run.profile, measured.requests, measured.steps, measured.summary,
+                       list(run.warnings), measured.wall_s, measured.wall_s, measured.by_label, extra=extra)
+    return result, measured

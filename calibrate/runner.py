@@ -24,6 +24,7 @@ from calibrate.configs import ModelConfig, get_config, kv_bytes_per_token, param
 from calibrate.environment import device_info, versions
 from calibrate.grid import Grid, Point
 from calibrate.model import Transformer
+from calibrate.overhead import measure_overhead
 from calibrate.partial import PartialRun
 from calibrate.passes import GRAPHABLE, build_pass
 from calibrate.timing import Measurement, TimerConfig, time_cpu, time_cuda
@@ -45,6 +46,7 @@ class Settings:
     threads: int | None = None
     memory_fraction: float = 0.9
     cuda_graphs: bool = True
+    measure_overhead: bool = True  # t_overhead from a short real replay once the grid is timed
 
     def fingerprint(self, device_name: str) -> dict[str, Any]:
         """What must match for a partial run to be resumed."""
@@ -121,6 +123,15 @@ def _calibrate(settings: Settings, out: str | Path, *, fresh: bool, progress: bo
     table = _typed(pd.DataFrame([partial.rows[tuple(str(v) for v in p.key)] for p in points]))
     meta = build_meta(settings, cfgs, device, available, budget, table)
     write_profile(out, meta, table[list(COLUMNS)])
+    if settings.measure_overhead:  # needs the profile written: the replay is priced and bound by it
+        if progress:
+            print("measuring the engine's per-step overhead with a short real replay ...", file=sys.stderr)
+        try:
+            meta["engine_overhead"] = measure_overhead(out)
+        except Exception as exc:  # the grid's timings stand; the cost model then charges no overhead
+            print(f"warning: could not measure the engine overhead: {_first_line(exc)}", file=sys.stderr)
+            meta["engine_overhead"] = {"error": _first_line(exc)}
+        write_profile(out, meta, table[list(COLUMNS)])
     partial.finish()
     return RunResult(out, table, time.perf_counter() - started, len(todo), resumed, meta)
 

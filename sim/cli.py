@@ -59,6 +59,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regress": ("sim.regress", "run a baseline's scenarios and fail on a metric regression (CI checks)"),
     "sweep": ("sim.sweep.cli", "run a grid of scenarios (policy x rate x seed ...) into one table; resumable"),
     "capacity": ("sim.capacity.cli", "highest request rate per replica within SLOs, per policy; replicas and cost"),
+    "replay": ("sim.replay_cli", "serve a scenario for real on its profile's device and models (needs torch)"),
+    "validate": ("sim.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
 }
 
 

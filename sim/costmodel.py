@@ -3,15 +3,17 @@
 A speculative decode step over b sequences with mean context c and speculation
 length k costs
 
-    k * t_draft(b, c) + t_target(b, q = k + 1, c) + t_verify(b, k)
+    k * t_draft(b, c) + t_target(b, q = k + 1, c) + t_verify(b, k) + t_overhead
 
 plus, when the draft lags L > 1 tokens behind (it has not seen the last draft token of
 a fully accepted step, or tokens emitted by k = 0 steps), t_draft(b, q = L, c) -
 t_draft(b, q = 1, c) for its first pass feeding them all (the engine tracks L per row);
 
 and k = 0 is one target pass over one token plus sampling (t_verify(b, 0)). A
-prefill of b prompts of mean length p costs t_prefill_target(b, p), plus
-t_prefill_draft(b, p) when the run speculates. Every number comes from the
+prefill of b prompts of mean length p costs t_prefill_target(b, p) + t_overhead,
+plus t_prefill_draft(b, p) when the run speculates. t_overhead (per phase) is the
+engine's own time per step outside the timed passes, measured by calibration with a
+short real replay (0 for profiles that predate it). Every number comes from the
 profile's curves; nothing here is a constant of its own.
 
 The engine never interpolates per step: :meth:`CostModel.tabulate` evaluates the
@@ -53,6 +55,8 @@ class CostModel:
                                                ("batch_size", "query_tokens", "context_tokens"), decode_features)
         self.verify = Curve.from_points("verify", profile.phase("verify", "target"),
                                         ("batch_size", "query_tokens"), verify_features)
+        self.decode_overhead = profile.engine_overhead_s("decode")  # t_overhead, per step
+        self.prefill_overhead = profile.engine_overhead_s("prefill")
 
     @property
     def curves(self) -> list[Curve]:
@@ -64,7 +68,7 @@ class CostModel:
         draft = self.draft_times(b, 1, c)
         target = self.decode_target(batch_size=b, query_tokens=k + 1, context_tokens=c)
         verify = self.verify(batch_size=b, query_tokens=k)
-        return k * draft + target + verify
+        return k * draft + target + verify + self.decode_overhead
 
     def draft_times(self, batch_size, query_tokens, context_tokens) -> np.ndarray:
         """One draft pass over q tokens per sequence (q > 1: its first pass of a step, catching up).
@@ -93,7 +97,7 @@ class CostModel:
         return float(self.step_times(batch_size, k, context_tokens))
 
     def prefill_times(self, batch_size, prompt_tokens, with_draft: bool) -> np.ndarray:
-        t = self.prefill_target(batch_size=batch_size, query_tokens=prompt_tokens)
+        t = self.prefill_target(batch_size=batch_size, query_tokens=prompt_tokens) + self.prefill_overhead
         if with_draft:
             t = t + self.prefill_draft(batch_size=batch_size, query_tokens=prompt_tokens)
         return t

@@ -45,6 +45,7 @@ def summary_document(result: RunResult) -> dict:
         **({"cluster": {"replicas": cfg.cluster.replicas, "router": cfg.cluster.router},
             "replicas": [{k: _json_number(v) for k, v in m.items()} for m in result.replicas]}
            if result.replicas else {}),
+        **(result.extra or {}),
     }
 
 

@@ -100,6 +100,15 @@ class Profile:
         value = self.meta.get("kv_capacity_tokens")
         return int(value) if value is not None else None
 
+    def engine_overhead_s(self, phase: str) -> float:
+        """Seconds per step an engine spends outside the timed passes (0 where not measured).
+
+        Calibration measures it with a short real replay (``calibrate.overhead``): the
+        scheduler, the policy, sampling bookkeeping, KV-cache rollbacks and moves.
+        """
+        value = self.meta.get("engine_overhead", {}).get(f"{phase}_overhead_s")
+        return float(value) if value is not None else 0.0
+
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles that ship inside the package."""

@@ -77,6 +77,7 @@ class RunResult:
     engine_wall_s: float  # the SimPy loop alone, for the speed benchmark
     by_label: dict | None = None  # per-label metrics when a trace labels its requests
     replicas: list[dict] | None = None  # per-replica metrics of a cluster of more than one replica
+    extra: dict | None = None  # further top-level sections of summary.json (a real replay says so there)
 
 
 def prepare(config: RunConfig) -> PreparedRun:

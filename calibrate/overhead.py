@@ -1,0 +1,41 @@
+"""t_overhead: what a serving step costs beyond the passes calibration times.
+
+A real engine spends time per step outside its model passes: the scheduler and the
+policy, assembling inputs, sampling bookkeeping, rolling back and moving KV-cache
+entries. The cost model adds it per step (DESIGN.md's t_overhead). It is measured
+here the only honest way, with the engine itself: a short real replay
+(:mod:`calibrate.replay`) of a small workload inside the grid, timing every step and
+every calibrated pass in it; the median per-step remainder, per phase, is stored in
+the profile's sidecar as ``engine_overhead``. The workload is fixed by the grid, not
+by any scenario a validation later runs, so the validation stays out of sample.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sim.config import load_config
+from sim.profile import load_profile
+
+OUTPUT_TOKENS = 12
+
+
+def measure_overhead(profile_dir: str | Path) -> dict[str, Any]:
+    """Replay a small workload on the profile's device and models; return the overhead record."""
+    from calibrate.replay import replay_config
+
+    profile = load_profile(profile_dir)
+    grid = profile.meta.get("grid", {})
+    batch = min(4, max(grid.get("batch_sizes", [1])))
+    k = min(2, profile.k_max)
+    prompt = min(grid.get("prompts", [32]))
+    values = {"profile": str(profile.path), "policy.name": "fixed", "policy.k": k, "engine.max_batch_size": batch,
+              "workload.num_requests": 2 * batch, "workload.rate": 1e6, "workload.prompt_tokens": str(prompt),
+              "workload.output_tokens": str(OUTPUT_TOKENS), "engine.kv_cache_tokens": None}
+    config = load_config(None, {key: (value, "calibration") for key, value in values.items()})
+    result, measured = replay_config(config)
+    overhead = {key: value for key, value in result.extra["replay"].items() if key.endswith("_overhead_s")}
+    return {**overhead, "steps": len(measured.steps), "batch_size": batch, "k": k, "prompt_tokens": prompt,
+            "output_tokens": OUTPUT_TOKENS, "method": "median per-step time outside the timed passes, "
+                                                   "in a real replay (calibrate.overhead)"}

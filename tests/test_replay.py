@@ -1,0 +1,175 @@
+"""The real replay: real torch passes on tiny models, driven by the simulator's scheduler and policies."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from calibrate.cli import main as calibrate_main
+from calibrate.configs import get_config
+from calibrate.model import Transformer
+from calibrate.replay import replay, replay_config
+from policies import Policy
+from sim.cli import main
+from sim.config import load_config
+from sim.simulate import prepare
+from tests.test_engine import check_invariants
+
+TINY_GRID = ["--device", "cpu", "--batch-sizes", "1,2,4", "--k-max", "4", "--contexts", "16,64",
+             "--prompts", "8,32", "--max-prefill-tokens", "128", "--warmup", "1", "--repeats", "3",
+             "--point-budget", "0.2", "--threads", "1", "--quiet"]
+SCENARIO = {"workload.num_requests": 12, "workload.rate": 40.0, "workload.prompt_tokens": "uniform:4:24",
+            "workload.output_tokens": "uniform:2:20", "engine.max_batch_size": 4, "acceptance.alpha": 0.7}
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("replay") / "tiny"
+    assert calibrate_main(["--target", "tiny-llama", "--draft", "tiny-llama", "--out", str(out), *TINY_GRID]) == 0
+    return out
+
+
+def scenario(profile, **extra):
+    values = {**SCENARIO, "profile": str(profile), **extra}
+    return load_config(None, {k: (v, f"--{k}") for k, v in values.items()})
+
+
+class Alternating(Policy):
+    """k = 3, 0, 0, 3, ...: k = 0 steps make the draft fall behind, so it must catch up."""
+
+    name, max_k = "alternating", 3
+    steps = 0
+
+    def choose_k(self, view):
+        self.steps += 1
+        return 3 if self.steps % 3 == 1 else 0
+
+
+def identical_pair(run):
+    cfg = get_config("tiny-llama")
+    return Transformer(cfg, seed=5), Transformer(cfg, seed=5)  # same weights: the draft is the target
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_identical_models_accept_every_draft_so_caches_are_right(tiny_profile, batching):
+    # With the draft equal to the target, rejection sampling keeps every draft token, but
+    # only if both KV caches hold exactly the right context at every step: after rollbacks,
+    # the draft's catch-up, rows joining and leaving. One wrong entry makes the two disagree.
+    run = prepare(scenario(tiny_profile, **{"engine.batching": batching, "policy.name": "fixed", "policy.k": 3,
+                                            "workload.output_tokens": "uniform:10:40", "workload.num_requests": 16}))
+    result = replay(run, *identical_pair(run), acceptance="real")
+    assert not result.partial
+    steps = result.steps[result.steps.phase == 1]
+    assert steps.drafted_tokens.sum() > 100
+    assert steps.accepted_tokens.sum() / steps.drafted_tokens.sum() > 0.98
+
+
+def test_catch_up_after_plain_steps_keeps_the_draft_in_step(tiny_profile):
+    run = prepare(scenario(tiny_profile, **{"policy.name": "fixed", "policy.k": 3,
+                                            "workload.output_tokens": "uniform:10:40", "workload.num_requests": 16}))
+    run.policy = Alternating()
+    result = replay(run, *identical_pair(run), acceptance="real")
+    steps = result.steps[result.steps.phase == 1]
+    spec = steps[steps.k > 0]
+    assert (steps.k == 0).sum() > 10 and spec.drafted_tokens.sum() > 50
+    assert spec.accepted_tokens.sum() / spec.drafted_tokens.sum() > 0.98
+
+
+@pytest.mark.parametrize("policy", [{"policy.name": "none"}, {"policy.name": "fixed", "policy.k": 2},
+                                    {"policy.name": "goodput"}])
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_replay_records_conserve_requests_and_tokens(tiny_profile, policy, batching):
+    result, measured = replay_config(scenario(tiny_profile, **policy, **{"engine.batching": batching}))
+    check_invariants(result)
+    assert result.extra["replay"]["acceptance"] == "synthetic" and not measured.partial
+    assert result.config.engine.prefill == "padded"
+    assert (result.steps.running <= 4).all()
+    if policy["policy.name"] == "none":
+        assert result.requests.drafted_tokens.sum() == 0
+
+
+def test_synthetic_acceptance_follows_the_acceptance_model(tiny_profile):
+    result, _ = replay_config(scenario(tiny_profile, **{"workload.num_requests": 30, "acceptance.alpha": 0.6,
+                                                        "policy.name": "fixed", "policy.k": 3}))
+    rate = result.requests.accepted_tokens.sum() / result.requests.drafted_tokens.sum()
+    expected = (0.6 - 0.6 ** 4) / (1 - 0.6) / 3  # E[accepted] / k, geometric truncated at k
+    assert rate == pytest.approx(expected, abs=0.08)
+
+
+def test_validate_prints_and_writes_the_comparison(tiny_profile, tmp_path, capsys):
+    out = tmp_path / "val"
+    code = main(["validate", "--profile", str(tiny_profile), "--num-requests", "16", "--rate", "30",
+                 "--prompt-tokens", "uniform:4:24", "--output-tokens", "uniform:4:24", "--max-batch-size", "4",
+                 "--policy", "fixed", "--k", "2", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "E2EL mean (ms)" in printed and "Kolmogorov-Smirnov" in printed
+    doc = json.loads((out / "validation.json").read_text())
+    rows = {r["metric"]: r for r in doc["metrics"]}
+    assert set(rows) >= {"mean_e2el_ms", "p99_e2el_ms", "output_throughput", "num_steps"}
+    for key in ("mean_e2el_ms", "output_throughput"):
+        r = rows[key]
+        assert r["relative_error"] == pytest.approx((r["simulated"] - r["real"]) / r["real"])
+        # Loose: a busy 2-core CI machine; the strict figures come from benchmarks/validation.py.
+        assert abs(r["relative_error"]) < 0.6
+    assert (out / "latency_cdf.png").stat().st_size > 0
+    real = json.loads((out / "real" / "summary.json").read_text())
+    assert real["replay"]["partial"] is False and real["metrics"]["completed"] == 16
+    assert json.loads((out / "simulated" / "summary.json").read_text())["metrics"]["completed"] == 16
+
+
+def test_ctrl_c_keeps_what_was_measured_marked_partial(tiny_profile, tmp_path, monkeypatch, capsys):
+    (tmp_path / "interrupting.py").write_text(
+        "from policies import Policy\n"
+        "class Interrupting(Policy):\n"
+        "    name, max_k = 'interrupting', 2\n"
+        "    seen = 0\n"
+        "    def choose_k(self, view):\n"
+        "        Interrupting.seen += 1\n"
+        "        if Interrupting.seen == 25:\n"
+        "            raise KeyboardInterrupt\n"
+        "        return 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "val"
+    code = main(["validate", "--profile", str(tiny_profile), "--num-requests", "40", "--rate", "20",
+                 "--prompt-tokens", "8", "--output-tokens", "16", "--policy", "interrupting:Interrupting",
+                 "--out", str(out)])
+    assert code == 130
+    assert "interrupted" in capsys.readouterr().err
+    summary = json.loads((out / "real" / "summary.json").read_text())
+    assert summary["replay"]["partial"] is True
+    assert 0 < summary["metrics"]["completed"] < 40
+    assert not (out / "validation.json").exists()  # a partial replay is not compared
+    requests = (out / "real" / "requests.csv").read_text().splitlines()
+    assert len(requests) == 41  # every request listed; unfinished ones without a finish time
+
+
+def test_replay_refuses_a_profile_it_cannot_serve(synthetic_profile, capsys):
+    code = main(["validate", "--profile", str(synthetic_profile), "--num-requests", "2"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "profile" in err and "device" in err
+
+
+def test_replay_serves_one_replica(tiny_profile, capsys):
+    assert main(["replay", "--profile", str(tiny_profile), "--num-requests", "2", "--replicas", "2"]) == 2
+    assert "cluster.replicas" in capsys.readouterr().err
+
+
+def test_replay_command_writes_a_run_folder(tiny_profile, tmp_path, capsys):
+    out = tmp_path / "real"
+    assert main(["replay", "--profile", str(tiny_profile), "--num-requests", "5", "--rate", "50",
+                 "--prompt-tokens", "8", "--output-tokens", "6", "--out", str(out)]) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["replay"]["acceptance"] == "synthetic" and doc["metrics"]["completed"] == 5
+    assert (out / "steps.csv").is_file() and (out / "config.toml").is_file()
+    assert np.isfinite(doc["metrics"]["mean_e2el_ms"])
+
+
+def test_replay_leaves_the_process_threads_as_they_were(tiny_profile):
+    before = torch.get_num_threads()
+    replay_config(scenario(tiny_profile, **{"workload.num_requests": 2}))
+    assert torch.get_num_threads() == before
