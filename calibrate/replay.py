@@ -67,6 +67,7 @@ class ReplayResult:
     partial: bool
     wall_s: float
     step_passes_s: np.ndarray = field(repr=False)  # per step: time inside the calibrated passes
+    step_predicted_s: np.ndarray = field(repr=False)  # per step: the profile's time for those passes
     by_label: dict | None = None
 
 
@@ -128,6 +129,8 @@ class ReplayEngine:
         self.accepted = np.zeros(n, np.int64)
         self.step_rows: list[tuple] = []
         self.passes_s: list[float] = []  # per step: time inside the passes calibration times
+        self.predicted_s: list[float] = []  # ... and what the profile says they take
+        self.overheads = (run.profile.engine_overhead_s("prefill"), run.profile.engine_overhead_s("decode"))
         self.itl: list[np.ndarray] = []
         self.view = BatchView(self.k_max)
         self.feedback = StepFeedback()
@@ -203,6 +206,7 @@ class ReplayEngine:
         tokens_t = torch.from_numpy(tokens).to(self.device)
         last = torch.from_numpy(lengths - 1).to(self.device)
         self._passes = 0.0
+        self.predicted_s.append(self.run.table.prefill_time(n, float(longest)) - self.overheads[0])
         logits = self._timed(self._prefill, self.target, self.t_cache, tokens_t, last, lo, hi, lengths)
         if self.draft is not None:
             self._timed(self._prefill, self.draft, self.d_cache, tokens_t, last, lo, hi, lengths)
@@ -255,6 +259,12 @@ class ReplayEngine:
                 ragged[live] = k
                 k = int(k.max())
         self._passes = 0.0
+        context = view.mean_context_tokens
+        predicted = self.run.table.decode_time(charged, k, context) - self.overheads[1]
+        lag = int(self.row_lag[:b][live].max()) if k and self.draft is not None else 1
+        if lag > 1:
+            predicted += self.run.table.catch_up_time(charged, lag, context)
+        self.predicted_s.append(predicted)
         if k:
             accepted, final = self._speculate(b, k, live, ragged)
         else:
@@ -441,7 +451,7 @@ class ReplayEngine:
                             rec.itl_values, rec.itl_weights, rec.steps)
         table = request_table(r, self.run.alphas, rec)
         return ReplayResult(table, pd.DataFrame(rec.steps), summary, self.acceptance, partial, wall_s,
-                            np.asarray(self.passes_s), by_label(table))
+                            np.asarray(self.passes_s), np.asarray(self.predicted_s), by_label(table))
 
 
 def step_overheads(measured: ReplayResult) -> dict[str, float]:
@@ -452,6 +462,11 @@ def step_overheads(measured: ReplayResult) -> dict[str, float]:
     for phase, name in ((PREFILL, "prefill"), (DECODE, "decode")):
         chosen = steps.phase.to_numpy() == phase
         out[f"{name}_overhead_s"] = float(np.median(outside[chosen])) if chosen.any() else 0.0
+    # How fast the device ran the timed passes here, against calibration: a machine whose
+    # speed drifts (shared CPUs, clocks) shows it here, apart from any modelling error.
+    n = len(measured.step_passes_s)
+    predicted = float(measured.step_predicted_s[:n].sum())
+    out["pass_speed_ratio"] = float(measured.step_passes_s.sum()) / predicted if predicted > 0 else float("nan")
     return out
 
 

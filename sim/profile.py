@@ -243,6 +243,22 @@ def write_profile(directory: str | os.PathLike[str], meta: dict[str, Any], point
     return directory
 
 
+def write_scaled_profile(profile: "Profile", factor: float, directory: str | os.PathLike[str]) -> Path:
+    """``profile`` with every time (passes and engine overhead) multiplied by ``factor``.
+
+    What the validation uses to take a device's measured speed drift out of the comparison.
+    """
+    table = pd.concat([profile.points, profile.skipped], ignore_index=True)
+    table[list(LATENCY_COLUMNS)] = table[list(LATENCY_COLUMNS)] * factor
+    meta = json.loads(json.dumps(profile.meta))
+    for key, value in meta.get("engine_overhead", {}).items():
+        if key.endswith("_overhead_s"):
+            meta["engine_overhead"][key] = value * factor
+    meta["name"] = f"{profile.name}-x{factor:.3f}"
+    meta["scaled"] = {"from": profile.name, "factor": factor}
+    return write_profile(directory, meta, table[list(COLUMNS)])
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file in the same directory and rename over the target."""
     write_atomic(path, text.encode())

@@ -21,12 +21,14 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from sim.errors import InputError
+from sim.profile import write_scaled_profile
 
 LATENCIES = (("e2el", "E2EL"), ("ttft", "TTFT"), ("tpot", "TPOT"))
 STATS = (("mean", "mean"), ("median", "p50"), ("p99", "p99"))
@@ -66,16 +68,24 @@ def distribution_tests(real: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFr
 
 
 def format_table(table: pd.DataFrame, tests: pd.DataFrame) -> str:
-    lines = [f"{'metric':28} {'real':>12} {'simulated':>12} {'error':>8}", "-" * 63]
+    corrected = "speed_corrected" in table
+    lines = [f"{'metric':28} {'real':>12} {'simulated':>12} {'error':>8}"
+             + (f" {'speed-corrected':>16} {'error':>8}" if corrected else ""), "-" * (88 if corrected else 63)]
     for row in table.itertuples():
-        err = "" if math.isnan(row.relative_error) else f"{100 * row.relative_error:+.1f}%"
-        lines.append(f"{row.label:28} {_num(row.real):>12} {_num(row.simulated):>12} {err:>8}")
+        line = f"{row.label:28} {_num(row.real):>12} {_num(row.simulated):>12} {_pct(row.relative_error):>8}"
+        if corrected:
+            line += f" {_num(row.speed_corrected):>16} {_pct(row.speed_corrected_error):>8}"
+        lines.append(line)
     lines.append("")
     lines.append("two-sample Kolmogorov-Smirnov test, per-request latencies (real vs simulated):")
     for row in tests.itertuples():
         lines.append(f"  {row.latency:5} D = {row.ks_statistic:.3f}  p = {row.p_value:.3g}  "
                      f"(n = {row.n_real} real, {row.n_simulated} simulated)")
     return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+    return "" if math.isnan(x) else f"{100 * x:+.1f}%"
 
 
 def _num(x: float) -> str:
@@ -161,6 +171,15 @@ def _main(args: argparse.Namespace, *, validate: bool) -> int:
             sim = simulate(real.config)  # the resolved config the replay ran (prefill padded)
             write_run(sim, staging / "simulated")
             table = compare(real.summary, sim.summary)
+            # The same simulation on the profile scaled by the speed the device ran the passes at
+            # during the replay: what remains is the model's error, not the machine's drift.
+            speed = real.extra["replay"]["pass_speed_ratio"]
+            scaled = write_scaled_profile(real.profile, speed, staging / "speed-corrected" / "profile")
+            corrected = simulate(replace(real.config, profile=str(scaled)))
+            write_run(corrected, staging / "speed-corrected" / "run")
+            fixed = compare(real.summary, corrected.summary)
+            table["speed_corrected"] = fixed["simulated"]
+            table["speed_corrected_error"] = fixed["relative_error"]
             tests = distribution_tests(real.requests, sim.requests)
             document = {"profile": real.profile.name, "acceptance": args.acceptance,
                         "config_digest": real.config.digest(),
@@ -181,13 +200,15 @@ def _main(args: argparse.Namespace, *, validate: bool) -> int:
         return INTERRUPTED
     if validate:
         replayed = real.extra["replay"]
-        print(f"validation of {real.profile.name} ({args.acceptance} acceptance; replay's median time per step "
-              f"outside the timed passes {1e3 * replayed['decode_overhead_s']:.2f} ms decode, "
-              f"{1e3 * replayed['prefill_overhead_s']:.2f} ms prefill; the profile charges "
+        print(f"validation of {real.profile.name}, {args.acceptance} acceptance, {len(real.requests)} requests")
+        print(f"  the device ran the timed passes at {replayed['pass_speed_ratio']:.3f}x their calibrated time; "
+              f"engine overhead per step {1e3 * replayed['decode_overhead_s']:.2f} ms decode, "
+              f"{1e3 * replayed['prefill_overhead_s']:.2f} ms prefill (profile: "
               f"{1e3 * real.profile.engine_overhead_s('decode'):.2f} / "
-              f"{1e3 * real.profile.engine_overhead_s('prefill'):.2f} ms):")
+              f"{1e3 * real.profile.engine_overhead_s('prefill'):.2f} ms)")
         print(format_table(table, tests))
-        print(f"Wrote {out}/ (validation.json, validation.csv, latency_cdf.png, real/, simulated/)")
+        print(f"Wrote {out}/ (validation.json, validation.csv, latency_cdf.png, real/, simulated/, "
+              "speed-corrected/)")
     else:
         print(format_summary(real))
         print(f"Wrote {out}/")

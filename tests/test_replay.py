@@ -115,6 +115,8 @@ def test_validate_prints_and_writes_the_comparison(tiny_profile, tmp_path, capsy
         assert r["relative_error"] == pytest.approx((r["simulated"] - r["real"]) / r["real"])
         # Loose: a busy 2-core CI machine; the strict figures come from benchmarks/validation.py.
         assert abs(r["relative_error"]) < 0.6
+        assert abs(r["speed_corrected_error"]) < 0.35
+    assert 0.2 < doc["replay"]["pass_speed_ratio"] < 5
     assert (out / "latency_cdf.png").stat().st_size > 0
     real = json.loads((out / "real" / "summary.json").read_text())
     assert real["replay"]["partial"] is False and real["metrics"]["completed"] == 16
