@@ -7,7 +7,9 @@ here the only honest way, with the engine itself: a short real replay
 (:mod:`calibrate.replay`) of a small workload inside the grid, timing every step and
 every calibrated pass in it; the median per-step remainder, per phase, is stored in
 the profile's sidecar as ``engine_overhead``. The workload is fixed by the grid, not
-by any scenario a validation later runs, so the validation stays out of sample.
+by any scenario a validation later runs, so the validation stays out of sample. On a
+machine with only torch, numpy and pandas the grid is still measured; the overhead is
+then skipped with a warning (and charged as 0).
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.config import load_config
 from sim.profile import load_profile
 
 OUTPUT_TOKENS = 12
 
 
 def measure_overhead(profile_dir: str | Path) -> dict[str, Any]:
-    """Replay a small workload on the profile's device and models; return the overhead record."""
+    """Replay a small workload on the profile's device and models; return the overhead record.
+
+    The replay drives the simulator's scheduler and policies, so it needs the simulator's
+    dependencies (simpy, scipy, tomli-w) besides torch: an ImportError says which is missing.
+    """
     from calibrate.replay import replay_config
+    from sim.config import load_config
 
     profile = load_profile(profile_dir)
     grid = profile.meta.get("grid", {})

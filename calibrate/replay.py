@@ -286,19 +286,24 @@ class ReplayEngine:
     def _speculate(self, b: int, k: int, live: np.ndarray, ragged):
         dev = self.device
         row_len = self.row_len[:b]
-        # Draft: every row feeds `catch_up` tokens in its first pass (the most any live row has
-        # not seen; others recompute a few), so first roll back the rows that have seen more.
-        catch_up = int(self.row_lag[:b][live].max())
-        back = np.zeros(self.d_cache.batch, np.int64)
-        back[:b] = np.where(live, catch_up - self.row_lag[:b], 0)  # padding rows: see _freeze_padding
-        self.d_cache.rollback(torch.from_numpy(back).to(dev))
-        d_len = row_len - catch_up
-        feed = self.history[:b].gather(1, torch.from_numpy(d_len[:, None] + np.arange(catch_up)).to(dev))
+        # Draft: its first pass feeds each row the `lag` tokens it has not seen, right-padded to
+        # the batch's largest lag (`catch_up`); the padding is rolled back and each row's next
+        # token is read at its own last real position, so every row ends the pass at row_len.
+        lag = np.where(live, self.row_lag[:b], 1)  # static padding rows: see _freeze_padding
+        catch_up = int(lag.max())
+        d_len = row_len - lag
+        positions = np.minimum(d_len[:, None] + np.arange(catch_up), row_len[:, None] - 1)
+        feed = self.history[:b].gather(1, torch.from_numpy(positions).to(dev))
+        last = torch.from_numpy(lag - 1).to(dev)
+        junk = np.zeros(self.d_cache.batch, np.int64)
+        junk[:b] = catch_up - lag
+        junk = torch.from_numpy(junk).to(dev)
         draft_tokens, draft_probs = [], []
         span = int(d_len.max())
-        for _ in range(k):
-            probs, token = self._timed(self._draft_step, feed, span)
-            span += feed.shape[1]
+        for j in range(k):
+            probs, token = self._timed(self._draft_step, feed, span, last if j == 0 else None,
+                                       junk if j == 0 and catch_up > 1 else None)
+            span = int(row_len.max()) + j
             feed = token[:, None]
             draft_tokens.append(feed)
             draft_probs.append(probs)
@@ -328,10 +333,21 @@ class ReplayEngine:
         self._drafts = tokens
         return accepted, final
 
-    def _draft_step(self, feed: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft pass and the sampling of its token: what calibration times as a draft step."""
+    def _draft_step(self, feed: torch.Tensor, span: int, last: torch.Tensor | None = None,
+                    junk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft pass and the sampling of its token: what calibration times as a draft step.
+
+        A catch-up pass reads each row's logits at its own ``last`` position and then drops
+        the ``junk`` right-padding it wrote to the cache.
+        """
         logits = self.draft(feed, self.d_cache.rows(0, feed.shape[0], span))
-        probs = torch.softmax(logits[:, -1].float(), dim=-1)
+        if last is None:
+            logits = logits[:, -1]
+        else:
+            logits = logits[torch.arange(feed.shape[0], device=feed.device), last]
+        if junk is not None:
+            self.d_cache.rollback(junk)
+        probs = torch.softmax(logits.float(), dim=-1)
         return probs, sample(probs, self.generator)
 
     def _timed(self, fn, *args):

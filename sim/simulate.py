@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,7 @@ from sim.costmodel import CostModel, StepTable
 from sim.engine import Replica, ReplicaRecords
 from sim.errors import InputError
 from sim.metrics import by_label, replica_breakdown, summarize
-from sim.profile import Profile, load_profile
+from sim.profile import CSV_NAME, META_NAME, Profile, load_profile, resolve_profile_path
 from sim.scheduler import make_scheduler
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace
 
@@ -83,7 +84,7 @@ class RunResult:
 def prepare(config: RunConfig) -> PreparedRun:
     """Everything that can be wrong with the inputs fails here, before the run."""
     try:
-        profile = load_profile(config.profile)
+        profile, cost_model = _profile_and_costs(config.profile)
     except InputError as exc:
         if exc.source is None:  # the name itself was bad: point at where it was given
             raise config.error("profile", exc.message) from None
@@ -96,7 +97,6 @@ def prepare(config: RunConfig) -> PreparedRun:
         raise _policy_error(config, exc) from None
     # Record the parameters the policy runs with, defaults included, in the resolved config.
     config = replace(config, policy=PolicyConfig(config.policy.name, {**policy.params(), **config.policy.params}))
-    cost_model = CostModel(profile)
     requests = make_requests(config, _stream(config, WORKLOAD))
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     if requests.alpha is not None:  # a trace's per-request acceptance overrides the distribution
@@ -122,6 +122,21 @@ def prepare(config: RunConfig) -> PreparedRun:
     prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget)
     prepared.warnings.extend(cost_model.range_warnings(**reach))
     return prepared
+
+
+def _profile_and_costs(name: str) -> tuple[Profile, CostModel]:
+    """Load and fit a profile once per process: sweeps and capacity searches run hundreds of
+    scenarios on one profile, and fitting its curves costs far more than a small run."""
+    directory = resolve_profile_path(name)
+    stamp = tuple((f.stat().st_mtime_ns, f.stat().st_size) for f in (directory / CSV_NAME, directory / META_NAME)
+                  if f.is_file())
+    return _fitted(str(directory.resolve()), stamp)
+
+
+@lru_cache(maxsize=8)
+def _fitted(directory: str, stamp: tuple) -> tuple[Profile, CostModel]:
+    profile = load_profile(directory)
+    return profile, CostModel(profile)
 
 
 def scheduler_for(run: PreparedRun):

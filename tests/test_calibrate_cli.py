@@ -146,3 +146,18 @@ def test_a_failing_point_is_recorded_as_error_and_the_run_goes_on(tmp_path: Path
     assert len(profile.skipped) == 6 and set(profile.skipped.status) == {"error"}
     assert profile.meta["skipped"][0]["reason"] == "ValueError: boom"
     assert len(profile.points) == N_POINTS - 6
+
+
+def test_calibration_needs_only_torch_numpy_pandas(tmp_path, monkeypatch, capsys):
+    # The engine-overhead replay needs the simulator's packages; without them the grid is
+    # still measured and the profile written, and the overhead is skipped with a warning.
+    import sys
+
+    for name in ("simpy", "tomli_w", "calibrate.replay", "sim.config", "sim.simulate", "sim.engine"):
+        monkeypatch.setitem(sys.modules, name, None)
+    out = tmp_path / "prof"
+    assert main([*TINY[:-1], "--out", str(out), "--quiet"]) == 0
+    assert "engine overhead not measured" in capsys.readouterr().err
+    meta = json.loads((out / "profile.json").read_text())
+    assert "not measured" in meta["engine_overhead"]["error"]
+    assert load_profile(out).engine_overhead_s("decode") == 0.0

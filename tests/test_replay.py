@@ -38,14 +38,15 @@ def scenario(profile, **extra):
 
 
 class Alternating(Policy):
-    """k = 3, 0, 0, 3, ...: k = 0 steps make the draft fall behind, so it must catch up."""
+    """k = 3 every `period` steps, else 0: k = 0 steps make the draft fall behind (by more
+    tokens than a just-admitted short prompt holds), so its first pass must catch up."""
 
     name, max_k = "alternating", 3
-    steps = 0
+    steps, period = 0, 3
 
     def choose_k(self, view):
         self.steps += 1
-        return 3 if self.steps % 3 == 1 else 0
+        return 3 if self.steps % self.period == 1 else 0
 
 
 def identical_pair(run):
@@ -67,10 +68,13 @@ def test_identical_models_accept_every_draft_so_caches_are_right(tiny_profile, b
     assert steps.accepted_tokens.sum() / steps.drafted_tokens.sum() > 0.98
 
 
-def test_catch_up_after_plain_steps_keeps_the_draft_in_step(tiny_profile):
-    run = prepare(scenario(tiny_profile, **{"policy.name": "fixed", "policy.k": 3,
-                                            "workload.output_tokens": "uniform:10:40", "workload.num_requests": 16}))
+@pytest.mark.parametrize("period", [3, 9])
+def test_catch_up_after_plain_steps_keeps_the_draft_in_step(tiny_profile, period):
+    run = prepare(scenario(tiny_profile, **{"policy.name": "fixed", "policy.k": 3, "workload.prompt_tokens":
+                                            "uniform:2:12", "workload.output_tokens": "uniform:10:40",
+                                            "workload.num_requests": 16}))
     run.policy = Alternating()
+    run.policy.period = period
     result = replay(run, *identical_pair(run), acceptance="real")
     steps = result.steps[result.steps.phase == 1]
     spec = steps[steps.k > 0]
