@@ -142,8 +142,9 @@ class CostModel:
         catch_up = self.catch_up_times(np.maximum(b, 1), lags, c) if with_draft and k_max > 0 else \
             np.zeros((max_batch + 1, CATCH_UP_LAGS + 1, c.shape[-1]))
         catch_up[0] = 0.0
+        after_full = decode + catch_up[:, 2:3, :]
         return StepTable(decode.tolist(), prefill.tolist(), float(ctx_step), float(prompt_step),
-                         max_batch, k_max, catch_up.tolist())
+                         max_batch, k_max, catch_up.tolist(), after_full.tolist())
 
 
 @dataclass(frozen=True)
@@ -157,11 +158,16 @@ class StepTable:
     max_batch: int
     k_max: int
     catch_up: list  # [b][lag][context column]: extra cost of the draft's first pass
+    decode_lag2: list  # [b][k][context column]: decode plus the catch-up at lag 2, the common case
 
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
         return _blend(self.decode[batch_size][k], mean_context / self.context_step)
 
     step_time = decode_time  # what policies.CostModelLike asks for
+
+    def decode_time_lag2(self, batch_size: int, k: int, mean_context: float) -> float:
+        """A step after one that accepted every draft of some sequence (the draft lags 2 tokens)."""
+        return _blend(self.decode_lag2[batch_size][k], mean_context / self.context_step)
 
     def catch_up_time(self, batch_size: int, lag: int, mean_context: float) -> float:
         """Beyond the tabulated lags (a long run of k = 0 steps) the cost grows linearly in lag."""

@@ -97,7 +97,7 @@ class Replica:
         (self.row_req, self.row_remaining, self.row_final_context, self.row_accepted,
          self.row_joined_step,  # decode steps run before the row joined
          self.row_joined_k,  # sum of k over those steps
-         self.row_lag) = self._int_rows  # emitted tokens the draft has not seen (1 normally)
+         self.row_lag) = self._int_rows  # emitted tokens the draft has not seen, minus the usual 1
         self.row_scale, self.row_first_token_s = self._float_rows
         # What a request brings to its row when it joins (the first four int fields), and
         # prefix sums over requests so that admitting a queue block costs O(1) arithmetic.
@@ -193,7 +193,7 @@ class Replica:
             self._int_rows[:4, lo:hi] = self._joining_ints[:, req]
             self.row_joined_step[lo:hi] = self.decode_count
             self.row_joined_k[lo:hi] = self.k_sum
-            self.row_lag[lo:hi] = 1
+            self.row_lag[lo:hi] = 0
             self.row_scale[lo:hi] = self.acceptance_scale[req]
             self.row_first_token_s[lo:hi] = end
             self.running = hi
@@ -216,11 +216,14 @@ class Replica:
                 self._ragged = k
                 k = int(np.maximum.reduce(k))
         self._k = k
-        dt = self.table.decode_time(charged, k, mean_context)
-        if k and self._tracks_lag:
-            lag = int(np.maximum.reduce(self.row_lag[:b]))
-            if lag > 1:
-                dt += self.table.catch_up_time(charged, lag, mean_context)
+        extra = int(np.maximum.reduce(self.row_lag[:b])) if k and self._tracks_lag else 0
+        if not extra:
+            dt = self.table.decode_time(charged, k, mean_context)
+        elif extra == 1:  # the usual catch-up, after a fully accepted step: one look-up
+            dt = self.table.decode_time_lag2(charged, k, mean_context)
+        else:
+            dt = self.table.decode_time(charged, k, mean_context) + self.table.catch_up_time(charged, extra + 1,
+                                                                                             mean_context)
         self._dt = dt
         return dt
 
@@ -251,7 +254,7 @@ class Replica:
         self.total_remaining -= emitted_total
         if self._tracks_lag:  # a fully accepted row's last draft token is news to the draft
             if k:
-                np.add(accepted == k, 1, out=self.row_lag[:b])
+                np.equal(accepted, k, out=self.row_lag[:b])
             else:
                 self.row_lag[:b] += 1
         self.decode_count += 1
