@@ -195,6 +195,12 @@ def _profiles(name: str | None) -> int:
     print(f"models       target {models.get('target', {}).get('name')}, draft {models.get('draft', {}).get('name')}")
     print(f"timing       {meta.get('timing', {}).get('method')}, created {meta.get('created_utc')}")
     print(f"k_max        {profile.k_max}    kv capacity {profile.kv_capacity_tokens} tokens")
+    overhead = meta.get("engine_overhead", {})
+    if "decode_overhead_s" in overhead:
+        print(f"overhead     {1e3 * profile.engine_overhead_s('decode'):.2f} ms per decode step, "
+              f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms per prefill step (measured by a short replay)")
+    elif overhead:
+        print(f"overhead     none charged ({overhead.get('error', 'not measured')})")
     counts = profile.points.groupby(["phase", "model"]).size()
     for (phase, model), n in counts.items():
         rows = profile.phase(phase, model)
