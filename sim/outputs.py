@@ -64,7 +64,7 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
             _write_table(result.requests, staging / f"requests.{records}", records)
             _write_table(result.steps, staging / f"steps.{records}", records)
         (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
-        _replace_dir(staging, out_dir)
+        replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -83,7 +83,8 @@ def _write_table(frame: pd.DataFrame, path: Path, fmt: str) -> None:
         frame.to_parquet(path, index=False)
 
 
-def _replace_dir(staging: Path, target: Path) -> None:
+def replace_dir(staging: Path, target: Path) -> None:
+    """Put a finished staging folder in place of ``target``, old contents gone, never half of either."""
     if not target.exists():
         os.replace(staging, target)
         return

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -241,9 +240,9 @@ class _staged:
     def __exit__(self, kind, value, tb) -> None:
         try:
             if kind is None:
-                if self.out.exists():
-                    shutil.rmtree(self.out)
-                os.replace(self.inner, self.out)
+                from sim.outputs import replace_dir
+
+                replace_dir(self.inner, self.out)
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
 

@@ -27,6 +27,7 @@ from sim.capacity.costing import Costing
 from sim.capacity.inputs import SLO
 from sim.capacity.search import PolicyOutcome, SearchSettings
 from sim.errors import InputError
+from sim.outputs import replace_dir
 from sim.profile import current_umask
 
 MARKER = "capacity.json"
@@ -59,7 +60,7 @@ def write_report(out_dir: str | os.PathLike[str], inputs: ReportInputs, outcomes
         (staging / "report.md").write_text(markdown(inputs, outcomes, costs))
         (staging / "report.html").write_text(html_page(inputs, outcomes, costs, figures))
         (staging / MARKER).write_text(json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")
-        _replace_dir(staging, out_dir)
+        replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -73,17 +74,6 @@ def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
         raise InputError("exists and is not a specbatch capacity report; refusing to replace it",
                          source=f"--out {out_dir}")
     return out_dir
-
-
-def _replace_dir(staging: Path, target: Path) -> None:
-    if not target.exists():
-        os.replace(staging, target)
-        return
-    retired = target.with_name(f".{target.name}.old")
-    shutil.rmtree(retired, ignore_errors=True)
-    os.replace(target, retired)
-    os.replace(staging, target)
-    shutil.rmtree(retired, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- tables
