@@ -31,10 +31,13 @@ def main() -> int:
     parser.add_argument("--profile", default=None, help="default: the shipped default profile")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="a cluster of N replicas (round-robin), at N times the rate")
     args = parser.parse_args()
 
     flags = {"workload.num_requests": (args.requests, "--requests"), "policy.name": (args.policy, "--policy"),
-             "engine.max_batch_size": (args.max_batch_size, "--max-batch-size"), "seed": (0, "--seed")}
+             "engine.max_batch_size": (args.max_batch_size, "--max-batch-size"), "seed": (0, "--seed"),
+             "cluster.replicas": (args.replicas, "--replicas")}
     if args.policy == "fixed":
         flags["policy.k"] = (args.k, "--k")
     if args.profile:
@@ -44,8 +47,9 @@ def main() -> int:
     config = load_config(None, flags)
     if args.rate is None:  # pick a rate that loads the server: a few requests per mean service time
         probe = execute(prepare(load_config(None, {**flags, "workload.num_requests": (200, "--requests"),
-                                                   "workload.rate": (1e6, "--rate")})))
-        rate = 0.8 * probe.summary["request_throughput"]
+                                                   "workload.rate": (1e6, "--rate"),
+                                                   "cluster.replicas": (1, "--replicas")})))
+        rate = 0.8 * probe.summary["request_throughput"] * args.replicas
         config = load_config(None, {**flags, "workload.rate": (rate, "--rate")})
     best = None
     for _ in range(args.repeats):
@@ -59,7 +63,8 @@ def main() -> int:
     print(f"profile        {best.profile.name}")
     print(f"workload       {args.requests} requests at {config.workload.rate:.3g} req/s, "
           f"policy {args.policy}{f' k={args.k}' if args.policy == 'fixed' else ''}, "
-          f"continuous batching (max {args.max_batch_size}), mean batch {s['mean_batch_size']:.1f}")
+          f"continuous batching (max {args.max_batch_size}), mean batch {s['mean_batch_size']:.1f}"
+          + (f", {args.replicas} replicas" if args.replicas > 1 else ""))
     print(f"engine steps   {steps} ({s['num_decode_steps']} decode, {s['num_prefill_steps']} prefill)")
     print(f"engine loop    {best.engine_wall_s:.3f} s  -> {steps / best.engine_wall_s:,.0f} engine steps/s")
     print(f"whole run      {best.wall_s:.3f} s  -> {steps / best.wall_s:,.0f} steps/s, "
