@@ -47,7 +47,7 @@ from calibrate.runner import TORCH_DTYPES
 from calibrate.verify import sample, verify_logits
 from policies.base import BatchView, Policy, StepFeedback
 from sim.acceptance import acceptance_scale
-from sim.engine import DECODE, PREFILL, STEP_FIELDS, ReplicaRecords, _checked_k
+from sim.engine import DECODE, PREFILL, ReplicaRecords, checked_k, step_columns
 from sim.metrics import by_label, summarize
 from sim.config import RunConfig
 from sim.errors import InputError
@@ -84,7 +84,8 @@ class ReplayEngine:
         if self.speculates and draft is None:
             raise ValueError("the policy speculates (max_k > 0) but no draft model was given")
         if self.speculates and draft.cfg.vocab_size != target.cfg.vocab_size:
-            raise ValueError(f"draft {draft.cfg.name} and target {target.cfg.name} have different vocabularies")
+            raise config.error("profile", f"its draft {draft.cfg.name} and target {target.cfg.name} have different "
+                                          "vocabularies, so the target cannot verify the draft's tokens")
         self.target, self.draft = target, draft if self.speculates else None
         self.device = target.device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -104,7 +105,8 @@ class ReplayEngine:
         for model in (target, self.draft):
             limit = model.cfg.max_position_embeddings if model is not None else None
             if limit is not None and self.max_len > limit:
-                raise ValueError(f"{model.cfg.name} accepts {limit} positions; this workload needs {self.max_len}")
+                raise config.error("workload.output_tokens", f"{model.cfg.name} accepts {limit} positions; prompt "
+                                   f"+ output + speculation slots of this workload reach {self.max_len}")
         self.t_cache = target.new_cache(slots, self.max_len)
         self.d_cache = self.draft.new_cache(slots, self.max_len) if self.draft is not None else None
         self.history = torch.zeros(slots, self.max_len, dtype=torch.long, device=self.device)
@@ -253,7 +255,7 @@ class ReplayEngine:
         k = self.policy.choose_k(view)
         ragged = None
         if k.__class__ is not int or not 0 <= k <= self.k_max:
-            k = _checked_k(k, self.k_max, self.policy, running)
+            k = checked_k(k, self.k_max, self.policy, running)
             if k.__class__ is not int:
                 ragged = np.zeros(b, np.int64)
                 ragged[live] = k
@@ -453,9 +455,7 @@ class ReplayEngine:
 
     # ---------------------------------------------------------------- records
     def records(self) -> ReplicaRecords:
-        table = np.array(self.step_rows, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
-        steps = {f: table[:, i] if f in ("start_s", "end_s", "mean_context_tokens") else table[:, i].astype(np.int64)
-                 for i, f in enumerate(STEP_FIELDS)}
+        steps = step_columns(self.step_rows)
         itl = np.concatenate(self.itl) if self.itl else np.zeros(0)
         return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps, self.drafted,
                               self.accepted, steps, itl, np.ones(itl.shape, np.int64))
@@ -487,9 +487,14 @@ def step_overheads(measured: ReplayResult) -> dict[str, float]:
 
 
 def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, acceptance: str = "synthetic",
-           seed: int = 0) -> ReplayResult:
-    """Serve ``run`` for real; returns what was measured (partial if interrupted with Ctrl-C)."""
+           seed: int = 0, on_start=None) -> ReplayResult:
+    """Serve ``run`` for real; returns what was measured (partial if interrupted with Ctrl-C).
+
+    ``on_start`` is called once every input has been checked, just before the real clock starts.
+    """
     engine = ReplayEngine(run, target, draft, acceptance=acceptance, seed=seed)
+    if on_start is not None:
+        on_start()
     engine.warm_up()
     return engine.serve()
 
@@ -524,9 +529,7 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
         target = Transformer(cfgs["target"], device=device, dtype=dtype, seed=config.seed)
         draft = Transformer(cfgs["draft"], device=device, dtype=dtype, seed=config.seed + 1) \
             if run.policy.max_k > 0 else None
-        if on_start is not None:  # inputs checked, models built: the real clock starts now
-            on_start()
-        measured = replay(run, target, draft, acceptance=acceptance, seed=config.seed)
+        measured = replay(run, target, draft, acceptance=acceptance, seed=config.seed, on_start=on_start)
     finally:
         torch.set_num_threads(threads_before)
         if flushing:

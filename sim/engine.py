@@ -124,15 +124,12 @@ class Replica:
         # Fill in feedback only for policies that listen (fixed and none do not).
         self._observes = type(policy).observe is not Policy.observe
         self._tracks_lag = policy.max_k > 0  # a run with a draft pays its catch-up
-        self._pads_prefill = getattr(scheduler, "prefill", "packed") == "padded"
+        self._pads_prefill = scheduler.prefill == "padded"
         self.process = env.process(self._run())
 
     def records(self) -> ReplicaRecords:
-        table = np.array(self.step_rows, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
-        steps = {f: table[:, i] if f in FLOAT_STEP_FIELDS else table[:, i].astype(np.int64)
-                 for i, f in enumerate(STEP_FIELDS)}
         return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps,
-                              self.drafted, self.accepted, steps,
+                              self.drafted, self.accepted, step_columns(self.step_rows),
                               np.asarray(self.itl_values, dtype=np.float64),
                               np.asarray(self.itl_weights, dtype=np.int64))
 
@@ -211,7 +208,7 @@ class Replica:
         view.final_context_tokens = self.row_final_context[:b]
         k = self.policy.choose_k(view)
         if k.__class__ is not int or not 0 <= k <= self.table.k_max:
-            k = _checked_k(k, self.table.k_max, self.policy, b)
+            k = checked_k(k, self.table.k_max, self.policy, b)
             if k.__class__ is not int:  # ragged: one k per sequence, charged padded to the largest
                 self._ragged = k
                 k = int(np.maximum.reduce(k))
@@ -298,7 +295,14 @@ class Replica:
         self.running = survivors
 
 
-def _checked_k(k, k_max: int, policy: Policy, running: int):
+def step_columns(step_rows: list[tuple]) -> dict[str, np.ndarray]:
+    """The per-step records (tuples in STEP_FIELDS order) as typed columns."""
+    table = np.array(step_rows, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
+    return {f: table[:, i] if f in FLOAT_STEP_FIELDS else table[:, i].astype(np.int64)
+            for i, f in enumerate(STEP_FIELDS)}
+
+
+def checked_k(k, k_max: int, policy: Policy, running: int):
     """A policy's bad answer ends the run with one line naming it (and nothing written).
 
     Returns an int k, or for a per-sequence answer an int64 array of ``running`` values

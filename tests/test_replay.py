@@ -179,3 +179,11 @@ def test_replay_leaves_the_process_threads_as_they_were(tiny_profile):
     before = torch.get_num_threads()
     replay_config(scenario(tiny_profile, **{"workload.num_requests": 2}))
     assert torch.get_num_threads() == before
+
+
+def test_a_workload_longer_than_the_models_accept_is_one_error_line(tiny_profile, capsys):
+    code = main(["replay", "--profile", str(tiny_profile), "--num-requests", "2", "--prompt-tokens", "1500",
+                 "--output-tokens", "600"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "workload.output_tokens" in err and "positions" in err
