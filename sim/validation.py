@@ -46,7 +46,7 @@ def compare(real: dict, simulated: dict) -> pd.DataFrame:
     rows = []
     for key, label in compared_metrics():
         r, s = float(real.get(key, math.nan)), float(simulated.get(key, math.nan))
-        error = (s - r) / r if r not in (0.0,) and math.isfinite(r) and math.isfinite(s) else math.nan
+        error = (s - r) / r if r != 0 and math.isfinite(r) and math.isfinite(s) else math.nan
         rows.append({"metric": key, "label": label, "real": r, "simulated": s, "relative_error": error})
     return pd.DataFrame(rows)
 

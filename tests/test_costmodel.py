@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import numpy as np
 import pandas as pd
 import pytest
@@ -112,3 +113,18 @@ def test_range_warnings_name_the_axis_beyond_the_grid(linear_model):
     text = "\n".join(outside)
     assert "batch_size up to 128 is beyond the measured 32" in text
     assert "context_tokens up to 8192 is beyond the measured 2048" in text
+
+
+def test_the_profiles_engine_overhead_is_charged_per_step(tmp_path):
+    plain = CostModel(load_profile(make_profile(tmp_path / "plain")))
+    with_overhead = make_profile(tmp_path / "overhead")
+    meta_path = with_overhead / "profile.json"
+    meta = json.loads(meta_path.read_text())
+    meta["engine_overhead"] = {"decode_overhead_s": 0.004, "prefill_overhead_s": 0.007}
+    meta_path.write_text(json.dumps(meta))
+    charged = CostModel(load_profile(with_overhead))
+    for b, k, c in ((1, 0, 128), (4, 3, 500), (16, 5, 900)):
+        assert charged.step_time(b, k, c) == pytest.approx(plain.step_time(b, k, c) + 0.004)
+    for with_draft in (False, True):
+        assert float(charged.prefill_times(4, 100, with_draft)) == pytest.approx(
+            float(plain.prefill_times(4, 100, with_draft)) + 0.007)

@@ -363,3 +363,22 @@ def test_a_bad_per_sequence_answer_is_one_error_naming_the_policy(run_config, tm
         simulate(run_config(policy__name="badarray:Bad", workload__num_requests=5))
     assert "policy 'badarray' returned per-sequence k" in str(caught.value)
     assert str(caught.value).startswith("policy.name: ") and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("prefill", ["packed", "padded"])
+def test_a_prefill_block_is_priced_at_its_mean_or_its_longest_prompt(run_config, prefill):
+    # Everything arrives at once, so static batches of 4 mixed prompts are prefilled together.
+    result = simulate(run_config(engine__prefill=prefill, engine__batching="static", engine__max_batch_size=4,
+                                 workload__num_requests=12, workload__rate=1e6,
+                                 workload__prompt_tokens="uniform:16:400", policy__name="none"))
+    from sim.costmodel import CostModel
+
+    exact = CostModel(result.profile)
+    req = result.requests.sort_values("scheduled_s")
+    prefills = result.steps[result.steps.phase == 0]
+    blocks = [block.prompt_tokens.to_numpy() for _, block in req.groupby("scheduled_s", sort=True)]
+    assert len(blocks) == len(prefills) and sum(p.max() > p.mean() for p in blocks) >= 2  # mixed blocks
+    for (_, step), prompts in zip(prefills.iterrows(), blocks):
+        priced_at = prompts.max() if prefill == "padded" else prompts.mean()
+        expected = float(exact.prefill_times(len(prompts), priced_at, with_draft=False))
+        assert step.end_s - step.start_s == pytest.approx(expected, rel=5e-3)
