@@ -38,7 +38,7 @@ def measure_overhead(profile_dir: str | Path) -> dict[str, Any]:
     prompt = min(grid.get("prompts", [32]))
     values = {"profile": str(profile.path), "policy.name": "fixed", "policy.k": k, "engine.max_batch_size": batch,
               "workload.num_requests": 2 * batch, "workload.rate": 1e6, "workload.prompt_tokens": str(prompt),
-              "workload.output_tokens": str(OUTPUT_TOKENS), "engine.kv_cache_tokens": None}
+              "workload.output_tokens": str(OUTPUT_TOKENS)}
     config = load_config(None, {key: (value, "calibration") for key, value in values.items()})
     result, measured = replay_config(config)
     overhead = {key: value for key, value in result.extra["replay"].items() if key.endswith("_overhead_s")}
