@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.cli import main as specbatch
-from sim.sweep.store import code_version
+from sim.commands.cli import main as specbatch
+from sim.commands.sweep.store import code_version
 
 SCENARIO = """\
 [workload]

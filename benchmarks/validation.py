@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim.cli import main as specbatch
+from sim.commands.cli import main as specbatch
 
 GRID = ["--target", "llama-160m", "--draft", "llama-68m", "--device", "cpu", "--batch-sizes", "1,2,4,8",
         "--k-max", "4", "--contexts", "16,64,128", "--prompts", "16,32,64", "--max-prefill-tokens", "512",

@@ -76,7 +76,7 @@ class ClusterConfig:
 class OutputConfig:
     dir: str | None
     records: str
-    timeline: str | None = None  # Chrome trace-event JSON of the simulated timeline (sim.timeline)
+    timeline: str | None = None  # Chrome trace-event JSON of the simulated timeline (sim.commands.timeline)
     timeline_window: tuple[float, float] | None = None  # only events overlapping [start, end) seconds
 
 

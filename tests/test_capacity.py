@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.capacity.costing import cost_per_million, costing, replicas_needed
-from sim.capacity.inputs import SLO, parse_policies, parse_slo, parse_slos, policy_config
-from sim.capacity.search import RateSearch, SearchSettings, search_capacity
-from sim.cli import main
+from sim.commands.capacity.costing import cost_per_million, costing, replicas_needed
+from sim.commands.capacity.inputs import SLO, parse_policies, parse_slo, parse_slos, policy_config
+from sim.commands.capacity.search import RateSearch, SearchSettings, search_capacity
+from sim.commands.cli import main
 from sim.errors import InputError
 from tests.synthetic import make_profile
 
@@ -293,7 +293,7 @@ def test_report_is_deterministic_in_process_or_on_a_pool(report, synthetic_profi
 
 
 def test_a_folder_that_is_not_a_report_is_refused_before_any_work(synthetic_profile, tmp_path, capsys, monkeypatch):
-    from sim.capacity import search
+    from sim.commands.capacity import search
 
     monkeypatch.setattr(search, "_search", lambda *a: pytest.fail("searched before checking --out"))
     other = tmp_path / "other"
@@ -307,7 +307,7 @@ def test_a_folder_that_is_not_a_report_is_refused_before_any_work(synthetic_prof
 
 
 def test_a_report_is_replaced_whole(report, tmp_path):
-    from sim.capacity.report import write_report
+    from sim.commands.capacity.report import write_report
 
     target = tmp_path / "r"
     write_report(target, *_small_outcome(report))
@@ -318,7 +318,7 @@ def test_a_report_is_replaced_whole(report, tmp_path):
 
 
 def test_report_is_written_whole_or_not_at_all(report, monkeypatch, tmp_path):
-    from sim.capacity import report as report_module
+    from sim.commands.capacity import report as report_module
 
     def broken(*args):
         raise RuntimeError("disk full")
@@ -334,9 +334,9 @@ def _small_outcome(report: Path):
     """A hand-made result to write without searching (the report writer alone)."""
     import numpy as np
 
-    from sim.capacity.costing import Costing
-    from sim.capacity.report import ReportInputs
-    from sim.capacity.search import PolicyOutcome
+    from sim.commands.capacity.costing import Costing
+    from sim.commands.capacity.report import ReportInputs
+    from sim.commands.capacity.search import PolicyOutcome
     from sim.config import load_config
 
     stats = {"p99_e2el_ms": 10.0, "goodput": 1.0, "mean_k": 0.0, "mean_batch_size": 1.0}

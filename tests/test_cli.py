@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.commands.cli import main
 from sim.profile import DEFAULT_PROFILE, shipped_profiles
 
 SHORT = ["--duration", "60", "--rate", "2"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.commands.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 

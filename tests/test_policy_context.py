@@ -10,7 +10,7 @@ import pytest
 from policies import BatchView, PolicyError, make_policy
 from policies.context import ContextTable, build_context_table
 from policies.lut import best_k, expected_tokens
-from sim.cli import main
+from sim.commands.cli import main
 
 
 def magicdec(b: int, k: int, c: float) -> float:

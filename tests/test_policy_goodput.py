@@ -9,7 +9,7 @@ import pytest
 
 from policies import BatchView, PolicyError, StepFeedback, make_policy
 from policies.goodput import Goodput
-from sim.cli import main
+from sim.commands.cli import main
 from sim.simulate import execute, prepare
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from policies import BatchView, PolicyError, make_policy
 from policies.lut import LookupTable, build_lut
-from sim.cli import main
+from sim.commands.cli import main
 
 
 def flat(b: int, k: int, c: float) -> float:

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from policies import BatchView
 from policies.fixed import FixedK
-from sim.cli import main
+from sim.commands.cli import main
 from sim.config import load_config
 from sim.errors import InputError
-from sim.regress import (DIRECTIONS, Tolerance, assert_no_regression, check_baseline, default_direction, judge,
+from sim.commands.regress import (DIRECTIONS, Tolerance, assert_no_regression, check_baseline, default_direction, judge,
                          load_baseline)
 from sim.simulate import simulate
 

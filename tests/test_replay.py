@@ -13,7 +13,7 @@ from calibrate.configs import get_config
 from calibrate.model import Transformer
 from calibrate.replay import replay, replay_config
 from policies import Policy
-from sim.cli import main
+from sim.commands.cli import main
 from sim.config import load_config
 from sim.simulate import prepare
 from tests.test_engine import check_invariants

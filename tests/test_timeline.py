@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.commands.cli import main
 
 REQUIRED = {"X": {"ts", "dur", "pid", "tid", "name"}, "C": {"ts", "pid", "name", "args"},
             "b": {"ts", "pid", "tid", "name", "cat", "id"}, "e": {"ts", "pid", "tid", "name", "cat", "id"},

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.commands.cli import main
 from sim.config import load_config
 from sim.errors import InputError
 from workloads import (Requests, TraceError, gamma_arrivals, parse_rate_profile, profile_arrivals, read_trace,

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from sim.config import load_config  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
-from sim.timeline import write_timeline  # noqa: E402
+from sim.commands.timeline import write_timeline  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "timeline.png"
 WINDOW = (300.0, 360.0)

@@ -197,7 +197,7 @@ def policy_label(point: dict[str, Any]) -> str:
 
 def config_key(name: str) -> str:
     """A ``specbatch run`` flag name (rate, max-batch-size, k, ...) maps to its config key; else as written."""
-    from sim.cli import RUN_FLAGS
+    from sim.commands.cli import RUN_FLAGS
 
     flag = RUN_FLAGS.get(f"--{name.replace('_', '-')}")
     return flag[0] if flag is not None and "." not in name else name

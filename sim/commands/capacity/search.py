@@ -36,7 +36,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from sim.capacity.inputs import SLO, SLO_LATENCIES
+from sim.commands.capacity.inputs import SLO, SLO_LATENCIES
 from sim.config import RunConfig
 from sim.metrics import distribution_stats
 

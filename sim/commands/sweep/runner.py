@@ -11,9 +11,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from sim.errors import InputError
-from sim.sweep import executors
-from sim.sweep.spec import Sweep
-from sim.sweep.store import CellStore, build_table, cell_key, code_version, write_tables
+from sim.commands.sweep import executors
+from sim.commands.sweep.spec import Sweep
+from sim.commands.sweep.store import CellStore, build_table, cell_key, code_version, write_tables
 
 EXECUTORS = ("pool", "serial", "dask")
 

@@ -56,11 +56,11 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
 # ``add_arguments(parser)`` and ``main(args) -> int`` (raising InputError for bad input);
 # it is imported when the parser is built, so keep its top-level imports light.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "regress": ("sim.regress", "run a baseline's scenarios and fail on a metric regression (CI checks)"),
-    "sweep": ("sim.sweep.cli", "run a grid of scenarios (policy x rate x seed ...) into one table; resumable"),
-    "capacity": ("sim.capacity.cli", "highest request rate per replica within SLOs, per policy; replicas and cost"),
-    "replay": ("sim.replay_cli", "serve a scenario for real on its profile's device and models (needs torch)"),
-    "validate": ("sim.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
+    "regress": ("sim.commands.regress", "run a baseline's scenarios and fail on a metric regression (CI checks)"),
+    "sweep": ("sim.commands.sweep.cli", "run a grid of scenarios (policy x rate x seed ...) into one table; resumable"),
+    "capacity": ("sim.commands.capacity.cli", "highest request rate per replica within SLOs, per policy; replicas and cost"),
+    "replay": ("sim.commands.replay_cli", "serve a scenario for real on its profile's device and models (needs torch)"),
+    "validate": ("sim.commands.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
 }
 
 
@@ -140,9 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from sim.config import load_config
-    from sim.outputs import default_output_dir, format_summary, write_run
+    from sim.commands.outputs import default_output_dir, format_summary, write_run
     from sim.simulate import execute, prepare
-    from sim.timeline import check_writable, commit, stage_timeline
+    from sim.commands.timeline import check_writable, commit, stage_timeline
 
     overrides = {key: (getattr(args, key), flag) for flag, (key, _, _) in RUN_FLAGS.items()}
     config = load_config(args.config, overrides)

@@ -27,7 +27,7 @@ DEFAULT_POLICIES = "none,fixed,goodput"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sim.cli import RUN_FLAGS, _typed
+    from sim.commands.cli import RUN_FLAGS, _typed
 
     parser.add_argument("--config", help="base scenario TOML (its rate and run length are ignored); "
                         "the flags below override it")
@@ -66,10 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from sim.capacity.costing import costing
-    from sim.capacity.inputs import base_config, parse_policies, parse_slos, policy_config, positive
-    from sim.capacity.search import SearchSettings, search_capacity, stderr_progress
-    from sim.cli import RUN_FLAGS
+    from sim.commands.capacity.costing import costing
+    from sim.commands.capacity.inputs import base_config, parse_policies, parse_slos, policy_config, positive
+    from sim.commands.capacity.search import SearchSettings, search_capacity, stderr_progress
+    from sim.commands.cli import RUN_FLAGS
 
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("the report's figures need matplotlib, which is not installed: "
@@ -94,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
     settings = SearchSettings(seeds=tuple(range(base.seed, base.seed + args.seeds)), tolerance=args.tolerance,
                               requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
                               curve_points=args.curve_points)
-    from sim.capacity.report import ReportInputs, check_out_dir, write_report
+    from sim.commands.capacity.report import ReportInputs, check_out_dir, write_report
 
     inputs = ReportInputs(profile=_profile_facts(base), workload=_workload_facts(base), slos=slos,
                           settings=settings, target_rate=target, price=price,
@@ -113,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _workload_flags() -> list[str]:
-    from sim.cli import RUN_FLAGS
+    from sim.commands.cli import RUN_FLAGS
 
     return [flag for flag in WORKLOAD_FLAGS if flag in RUN_FLAGS]
 
@@ -170,7 +170,7 @@ def _digest(inputs, configs) -> str:
 
 
 def _summary_table(inputs, outcomes, costs) -> str:
-    from sim.capacity.report import result_header, result_rows
+    from sim.commands.capacity.report import result_header, result_rows
 
     header = result_header(inputs)
     rows = result_rows(inputs, outcomes, costs)

@@ -41,7 +41,7 @@ def run_cell(config: RunConfig) -> dict[str, Any]:
 
 
 def _record(status: str, error: str, metrics: dict, started: float) -> dict[str, Any]:
-    from sim.sweep.store import worker_code_version
+    from sim.commands.sweep.store import worker_code_version
 
     return {"status": status, "error": error, "metrics": metrics, "code_version": worker_code_version(),
             "wall_s": time.perf_counter() - started}

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 import sim
-from sim.capacity.costing import Costing
-from sim.capacity.inputs import SLO
-from sim.capacity.search import PolicyOutcome, SearchSettings
+from sim.commands.capacity.costing import Costing
+from sim.commands.capacity.inputs import SLO
+from sim.commands.capacity.search import PolicyOutcome, SearchSettings
 from sim.errors import InputError
-from sim.outputs import replace_dir
+from sim.commands.outputs import replace_dir
 from sim.profile import current_umask
 
 MARKER = "capacity.json"

@@ -1,4 +1,4 @@
-"""``specbatch sweep SWEEP.toml``: the command line of a sweep (registered in sim.cli.COMMANDS)."""
+"""``specbatch sweep SWEEP.toml``: the command line of a sweep (registered in sim.commands.cli.COMMANDS)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from sim.sweep.executors import have_dask
-    from sim.sweep.runner import run_sweep
-    from sim.sweep.spec import load_sweep
-    from sim.sweep.store import have_pyarrow
+    from sim.commands.sweep.executors import have_dask
+    from sim.commands.sweep.runner import run_sweep
+    from sim.commands.sweep.spec import load_sweep
+    from sim.commands.sweep.store import have_pyarrow
 
     if args.dask is not None and args.executor is not None:
         raise InputError("give either --executor or --dask, not both", source="--dask")

@@ -116,7 +116,7 @@ def plot_cdfs(real: pd.DataFrame, simulated: pd.DataFrame, path: Path, title: st
 
 # ---------------------------------------------------------------------- command line
 def add_arguments(parser: argparse.ArgumentParser, *, validate: bool = True) -> None:
-    from sim.cli import RUN_FLAGS, _typed
+    from sim.commands.cli import RUN_FLAGS, _typed
 
     parser.description = ("Replay a scenario with real batched speculative decoding on the device its profile was "
                           "calibrated on" + (", simulate it, and print the simulator's error." if validate else
@@ -137,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, *, validate: bool) -> int:
-    from sim.cli import RUN_FLAGS
+    from sim.commands.cli import RUN_FLAGS
     from sim.config import load_config
 
     overrides = {key: (getattr(args, key, None), flag) for flag, (key, _, _) in RUN_FLAGS.items()}
@@ -150,7 +150,7 @@ def _main(args: argparse.Namespace, *, validate: bool) -> int:
         print(f"error: specbatch {'validate' if validate else 'replay'} needs torch ({exc}); "
               "pip install 'specbatch[calibrate]'", file=sys.stderr)
         return 2
-    from sim.outputs import default_output_dir, format_summary, write_run
+    from sim.commands.outputs import default_output_dir, format_summary, write_run
     from sim.simulate import simulate
 
     name = "validate" if validate else "replay"
@@ -240,7 +240,7 @@ class _staged:
     def __exit__(self, kind, value, tb) -> None:
         try:
             if kind is None:
-                from sim.outputs import replace_dir
+                from sim.commands.outputs import replace_dir
 
                 replace_dir(self.inner, self.out)
         finally:
