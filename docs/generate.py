@@ -79,35 +79,56 @@ def masked(text: str) -> str:
 # --- generators -----------------------------------------------------------------------------
 
 
-def run_cli(argv: list[str]) -> str:
-    """What ``specbatch ARGV`` prints (stdout then stderr), run in-process."""
+def run_cli(argv: list[str], check: bool = True) -> str:
+    """What ``specbatch ARGV`` prints (stdout then stderr), run in-process.
+
+    With ``check=False`` a failing command is fine: the docs show error messages too.
+    """
     from sim.commands.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
-    if code not in (0, None):
+    if check and code not in (0, None):
         raise RuntimeError(f"specbatch {shlex.join(argv)} exited {code}: {err.getvalue().strip()}")
     return out.getvalue() + err.getvalue()
 
 
+# Plain tools a console block may use to show the files a run wrote.
+SHELL_TOOLS = ("head", "tail", "cut", "cmp", "cat", "wc", "ls")
+
+
+def run_line(command: str, where: str) -> str:
+    """One ``$`` line of a console block: specbatch in-process, or a plain file tool."""
+    import subprocess
+
+    argv = shlex.split(command.split(" #")[0])
+    if argv[0] == "specbatch":
+        return run_cli(argv[1:], check=False)
+    if argv[0] not in SHELL_TOOLS or any(part in ("|", ";", "&&", ">") for part in argv):
+        raise ValueError(f"only specbatch and {', '.join(SHELL_TOOLS)} run here: {command!r}")
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=where)
+    return done.stdout + done.stderr
+
+
 def console(block: Block) -> str:
-    """Rerun each ``$ specbatch`` line of a console block, in a scratch folder."""
+    """Rerun each ``$`` line of a console block, in order, in one scratch folder."""
     lines = [line[2:] for line in block.body.splitlines() if line.startswith("$ ")]
     if not lines:
         raise ValueError(f"{block.path}:{block.line}: a console block needs at least one '$ specbatch ...' line")
-    fence = block.body.splitlines()[0]
-    parts = [fence]
+    parts = [block.body.splitlines()[0]]  # the fence
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as scratch:
         os.chdir(scratch)
         try:
             for command in lines:
-                argv = shlex.split(command.split(" #")[0])
-                if argv[0] != "specbatch":
-                    raise ValueError(f"{block.path}:{block.line}: only specbatch commands run here: {command!r}")
+                try:
+                    printed = run_line(command, scratch)
+                except ValueError as exc:
+                    raise ValueError(f"{block.path}:{block.line}: {exc}") from None
                 parts.append(f"$ {command}")
-                parts.append(run_cli(argv[1:]).rstrip("\n").replace(scratch + os.sep, ""))
+                if printed.strip():
+                    parts.append(printed.rstrip("\n").replace(scratch + os.sep, ""))
         finally:
             os.chdir(cwd)
     return "\n".join(parts) + "\n```\n"
