@@ -27,39 +27,36 @@ DEFAULT_POLICIES = "none,fixed,goodput"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sim.commands.cli import RUN_FLAGS, _typed
+    from sim.commands.flags import add_run_flags, typed
 
     parser.add_argument("--config", help="base scenario TOML (its rate and run length are ignored); "
                         "the flags below override it")
-    for flag in _workload_flags():
-        key, kind, text = RUN_FLAGS[flag]
-        if flag == "--seed":
-            text = "first seed; the runs use seeds SEED..SEED+N-1 (default: the scenario's seed, 0)"
-        parser.add_argument(flag, dest=key, type=_typed(flag, kind), default=None, help=text)
+    add_run_flags(parser, _workload_flags(), helps={
+        "--seed": "first seed; the runs use seeds SEED..SEED+N-1 (default: the scenario's seed, 0)"})
     parser.add_argument("--slo", action="append", metavar="METRIC=MS",
                         help="an SLO, repeatable: p50/p90/p99 (or mean) of ttft, tpot, e2el in ms, named as in "
                              "summary.json, e.g. --slo p99_ttft_ms=2000 --slo p90_tpot_ms=500")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated policies, with parameters as NAME:KEY=VALUE[:KEY=VALUE], "
                              f"e.g. none,fixed:k=2,goodput (default {DEFAULT_POLICIES})")
-    parser.add_argument("--seeds", type=_typed("--seeds", int), default=3, help="runs (seeds) per rate (default 3)")
-    parser.add_argument("--tolerance", type=_typed("--tolerance", float), default=0.05,
+    parser.add_argument("--seeds", type=typed("--seeds", int), default=3, help="runs (seeds) per rate (default 3)")
+    parser.add_argument("--tolerance", type=typed("--tolerance", float), default=0.05,
                         help="stop bisecting when (hi - lo) / lo is at most this (default 0.05)")
-    parser.add_argument("--requests", type=_typed("--requests", int), default=600,
+    parser.add_argument("--requests", type=typed("--requests", int), default=600,
                         help="requests per run at the policy's saturation rate; fewer at lower rates (default 600)")
-    parser.add_argument("--min-requests", type=_typed("--min-requests", int), default=100,
+    parser.add_argument("--min-requests", type=typed("--min-requests", int), default=100,
                         help="fewest requests per run (default 100)")
-    parser.add_argument("--warmup", type=_typed("--warmup", float), default=0.1,
+    parser.add_argument("--warmup", type=typed("--warmup", float), default=0.1,
                         help="fraction of each run's arrivals left out of the metrics (default 0.1)")
-    parser.add_argument("--curve-points", type=_typed("--curve-points", int), default=5,
+    parser.add_argument("--curve-points", type=typed("--curve-points", int), default=5,
                         help="extra evenly spaced rates per policy for the latency and goodput figures (default 5)")
-    parser.add_argument("--target-rate", type=_typed("--target-rate", float), default=None,
+    parser.add_argument("--target-rate", type=typed("--target-rate", float), default=None,
                         help="traffic to serve (req/s): report the replicas needed")
-    parser.add_argument("--gpu-hour-price", type=_typed("--gpu-hour-price", float), default=None,
+    parser.add_argument("--gpu-hour-price", type=typed("--gpu-hour-price", float), default=None,
                         help="price of one GPU-hour: report the cost per 1M output tokens")
-    parser.add_argument("--gpus-per-replica", type=_typed("--gpus-per-replica", int), default=1,
+    parser.add_argument("--gpus-per-replica", type=typed("--gpus-per-replica", int), default=1,
                         help="GPUs one replica occupies, for the cost (default 1)")
-    parser.add_argument("--jobs", type=_typed("--jobs", int), default=os.cpu_count() or 1,
+    parser.add_argument("--jobs", type=typed("--jobs", int), default=os.cpu_count() or 1,
                         help="worker processes (default: all cores)")
     parser.add_argument("--out", default=None, help="report folder (default runs/capacity-<hash of the inputs>)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -69,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     from sim.commands.capacity.costing import costing
     from sim.commands.capacity.inputs import base_config, parse_policies, parse_slos, policy_config, positive
     from sim.commands.capacity.search import SearchSettings, search_capacity, stderr_progress
-    from sim.commands.cli import RUN_FLAGS
+    from sim.commands.flags import run_overrides
 
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("the report's figures need matplotlib, which is not installed: "
@@ -88,8 +85,7 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(f"must be inside (0, 1), got {args.tolerance:g}", source="--tolerance")
     if not 0 <= args.warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {args.warmup:g}", source="--warmup")
-    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in _workload_flags()}
-    base = base_config(args.config, overrides)
+    base = base_config(args.config, run_overrides(args, _workload_flags()))
     configs = {spec.label: _prepared(policy_config(base, spec), spec.label) for spec in specs}
     settings = SearchSettings(seeds=tuple(range(base.seed, base.seed + args.seeds)), tolerance=args.tolerance,
                               requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
@@ -113,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _workload_flags() -> list[str]:
-    from sim.commands.cli import RUN_FLAGS
+    from sim.commands.flags import RUN_FLAGS
 
     return [flag for flag in WORKLOAD_FLAGS if flag in RUN_FLAGS]
 
