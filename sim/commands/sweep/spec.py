@@ -67,8 +67,15 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.is_file():
         raise InputError("no such sweep file", source=path, field="sweep")
     text = path.read_text()
-    data = parse_toml(text, path)
-    where = _Where(path, text)
+    return sweep_from_data(parse_toml(text, path), _Where(path, text, path.parent))
+
+
+def sweep_from_data(data: dict[str, Any], where: "_Where | None" = None) -> Sweep:
+    """A sweep given as data in the sweep file's shape (the Python API's ``specbatch.sweep({...})``);
+    without ``where``, errors name the source "sweep" and a ``base`` file is relative to the working folder."""
+    where = where or _Where(Path("sweep"), "", Path("."))
+    if not isinstance(data, dict):
+        raise InputError(f"expected a table of base, scenario, axes and zip, got {data!r}", source=where.path)
     for key in data:
         if key not in TOP_KEYS:
             raise where.error(key, f"unknown sweep key (expected {', '.join(TOP_KEYS)})")
@@ -99,14 +106,14 @@ def load_sweep(path: str | Path) -> Sweep:
         raise where.error("axes", "no axes: give at least one, e.g. seed = [0, 1, 2]")
     _check_disjoint(axes, where)
     cells = _resolve_cells(base, scenario, dimensions, where)
-    return Sweep(path, base, axes, tuple(dimensions), tuple(cells))
+    return Sweep(where.path, base, axes, tuple(dimensions), tuple(cells))
 
 
 class _Where:
     """Turns a TOML path in the sweep file into an InputError with the file and line."""
 
-    def __init__(self, path: Path, text: str) -> None:
-        self.path, self.lines = path, KeyLines(text)
+    def __init__(self, path: Path, text: str, base_dir: Path) -> None:
+        self.path, self.lines, self.base_dir = path, KeyLines(text), base_dir
 
     def line(self, dotted: str) -> int | None:
         return self.lines.find(dotted)
@@ -125,7 +132,7 @@ def _base_file(base: Any, where: _Where) -> Path | None:
         return None
     if not isinstance(base, str) or not base:
         raise where.error("base", f"expected the path of a scenario file, got {base!r}")
-    resolved = where.path.parent / base
+    resolved = where.base_dir / base
     if not resolved.is_file():
         raise where.error("base", f"no such scenario file '{base}' (looked for {resolved})")
     return resolved
