@@ -165,11 +165,6 @@ class Key:
     def field(self) -> str:
         return self.name.rsplit(".", 1)[-1]
 
-    @property
-    def keyword(self) -> str | None:
-        """Its name as a Python keyword (specbatch.run(max_batch_size=...)): the flag's, underscored."""
-        return self.flag[2:].replace("-", "_") if self.flag else None
-
 
 LENGTH_HELP = "N, uniform:LOW:HIGH or lognormal:MEAN:SIGMA[:MAX]"
 
@@ -219,7 +214,6 @@ KEYS: tuple[Key, ...] = (
     Key("cluster.router", choice(ROUTERS), "round-robin, least-requests or least-tokens", "--router"),
 )
 
-KEY_BY_NAME: dict[str, Key] = {key.name: key for key in KEYS}
 KNOWN = frozenset(key.name for key in KEYS if key.value is not None)  # policy.* is open: the policy checks it
 
 
