@@ -63,3 +63,26 @@ def test_parse_toml_error_is_one_line_with_the_line_number():
         parse_toml("seed = 1\n[engine\n", "f.toml")
     assert info.value.source == "f.toml" and info.value.line == 2
     assert str(info.value).startswith("f.toml:2: not valid TOML")
+
+
+@pytest.mark.parametrize("command,text,line,field", [
+    ("sweep", '[scenario]\nseed = 1\nworkload = { rate = 0, num_requests = 5 }\n[axes]\nseed = [0, 1]\n', 3,
+     "workload.rate"),
+    ("sweep", '[scenario.engine]\nbatching = "static"\nmax_batch_size = 0\n[axes]\nseed = [0, 1]\n', 3,
+     "engine.max_batch_size"),
+    ("sweep", '[scenario]\nengine.max_batch_size = 0\n[axes]\nseed = [0, 1]\n', 2, "engine.max_batch_size"),
+    ("regress", 'format = 1\n[[scenario]]\nname = "a"\n[scenario.overrides]\nseed = 1\nworkload = { rate = 0 }\n'
+     '[scenario.expected]\ncompleted = 1\n', 6, "workload.rate"),
+    ("regress", 'format = 1\n[[scenario]]\nname = "a"\n[scenario.overrides]\nengine.max_batch_size = 0\n'
+     '[scenario.expected]\ncompleted = 1\n', 5, "engine.max_batch_size"),
+])
+def test_sweep_and_regress_files_name_the_keys_own_line(tmp_path, capsys, command, text, line, field):
+    from sim.commands.cli import main
+
+    path = tmp_path / "file.toml"
+    path.write_text(text)
+    args = [command, str(path), "--out", str(tmp_path / "out")] if command == "sweep" else \
+        [command, "--baseline", str(path)]
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith(f"error: {path}:{line}: {field}: ")
+    assert not (tmp_path / "out").exists()
