@@ -101,11 +101,13 @@ def run(config: str | os.PathLike[str] | None = None, *, overrides: dict[str, An
     ``timeline=FILE`` the Chrome trace too.
     """
     from sim.commands.outputs import write_run
-    from sim.commands.timeline import write_timeline
+    from sim.commands.timeline import check_writable, write_timeline
     from sim.simulate import execute, prepare
 
     resolved = load_config(config, {**(overrides or {}), **_keywords(settings)})
     prepared = prepare(resolved)
+    if resolved.output.timeline is not None:
+        check_writable(resolved.output.timeline)  # before the run, as the CLI does
     result = execute(prepared)
     out = None
     if resolved.output.dir is not None:
