@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
-from sim.profile import COLUMNS, KEY_COLUMNS, atomic_write_text
+from sim.atomic_write import write_file
+from sim.profile import COLUMNS, KEY_COLUMNS
 
 PARTIAL_CSV = "profile.partial.csv"
 PARTIAL_JSON = "calibration.partial.json"
@@ -63,8 +64,8 @@ class PartialRun:
         self.out.mkdir(parents=True, exist_ok=True)
         if self.rows:
             return
-        atomic_write_text(self.json_path, json.dumps({"settings": self.settings}, indent=2, sort_keys=True) + "\n")
-        atomic_write_text(self.csv_path, ",".join(PARTIAL_COLUMNS) + "\n")
+        write_file(self.json_path, json.dumps({"settings": self.settings}, indent=2, sort_keys=True) + "\n")
+        write_file(self.csv_path, ",".join(PARTIAL_COLUMNS) + "\n")
 
     def record(self, row: dict[str, Any]) -> None:
         """Append one finished point and push it to disk before moving on."""

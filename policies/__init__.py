@@ -7,7 +7,7 @@ same policy objects.
 """
 
 from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback
-from policies.registry import available_policies, make_policy
+from policies.registry import available_policies, make_policy, policy_class
 
 __all__ = [
     "BatchView",
@@ -17,4 +17,5 @@ __all__ = [
     "StepFeedback",
     "available_policies",
     "make_policy",
+    "policy_class",
 ]

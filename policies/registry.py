@@ -24,7 +24,7 @@ def available_policies() -> list[str]:
 
 def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
     """Build a policy; unknown names or parameters raise :class:`PolicyError`."""
-    cls = _resolve(name)
+    cls = policy_class(name)
     params = dict(params or {})
     accepted = inspect.signature(cls).parameters  # not cls.__init__: object's takes *args, **kwargs
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
@@ -47,7 +47,8 @@ def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
     return policy
 
 
-def _resolve(name: str) -> type[Policy]:
+def policy_class(name: str) -> type[Policy]:
+    """The class a policy name stands for (built in, or ``module:Class`` imported); PolicyError if none."""
     if name in BUILTIN:
         return BUILTIN[name]
     if ":" not in name:

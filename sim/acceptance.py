@@ -2,7 +2,7 @@
 
 Each draft token is accepted with probability alpha, independently, until the first
 rejection, so a sequence keeps a = min(G, k) tokens where P(G >= j) = alpha^j and
-emits a + 1 (DESIGN.md). Per-request alpha may be drawn from a Beta distribution.
+emits a + 1 (docs/acceptance.md). Per-request alpha may be drawn from a Beta distribution.
 
 Sampling is vectorised and cheap per step: G = floor(E / -ln(alpha)) with E a
 standard exponential, drawn ahead in large blocks from a seeded generator, so one

@@ -1,21 +1,24 @@
-"""Run configuration: shipped defaults < TOML file < command-line flags.
+"""Run configuration: shipped defaults < TOML file < command-line flags (or API keywords).
+
+Every setting is one row of :data:`KEYS`: its dotted name, how its value is read and
+checked, its help text and its ``specbatch run`` flag. The config sections' dataclasses,
+the set of known keys, the CLI flags (``sim.commands.cli``), the Python API's keywords and
+the resolved ``config.toml`` are all derived from that table, so adding a setting is one
+row here (plus its line in ``scenarios/default.toml``, which holds the shipped defaults).
 
 Every value remembers where it came from (a file and line, a flag, or the shipped
-defaults), so a bad one is answered with one line naming the field, the source and
-the line. Unknown keys are errors too: a typo must not silently fall back to a
-default.
+defaults), so a bad one is answered with one line naming the field, the source and the
+line. Unknown keys are errors too: a typo must not silently fall back to a default.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import re
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import tomli_w
 
@@ -23,41 +26,221 @@ from sim.acceptance import DISTRIBUTIONS, AcceptanceSpec
 from sim.errors import InputError
 from sim.router import ROUTERS
 from sim.scheduler import BATCHING, PREFILL
+from sim.tomlsource import KeyLines, parse_toml
 from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
 
 ARRIVALS = ("poisson", "gamma")
 RECORDS = ("csv", "parquet", "none")
 DEFAULT_SCENARIO = "default.toml"
-
+SECTIONS = ("workload", "engine", "policy", "acceptance", "output", "cluster")
 
 
 @dataclass(frozen=True)
 class Source:
-    where: str  # a file path, a flag such as "--rate", or "defaults"
+    where: str  # a file path, a flag such as "--rate", an API argument, or "defaults"
     line: int | None = None
 
 
-@dataclass(frozen=True)
-class WorkloadConfig:
-    arrival: str
-    rate: float
-    burstiness: float
-    duration_s: float | None
-    num_requests: int | None
-    prompt_tokens: LengthSpec
-    output_tokens: LengthSpec
-    trace: str | None
-    rate_profile: RateProfile | None = None  # replaces rate when set
-    cv: float | None = None                  # gamma gaps' coefficient of variation; burstiness = 1 / cv^2
+# ---------------------------------------------------------------------------------------------
+# How a value is read: its type and its checks. A check raises ValueError with the message
+# the user sees after "field: ".
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    batching: str
-    max_batch_size: int
-    kv_cache_tokens: int | None
-    prefill: str = "packed"  # packed (varlen, priced at the mean prompt) | padded (at the longest)
+class Value:
+    """How one setting is read from TOML, a flag's text or a Python value."""
+
+    type: Any                       # of the parsed value (the section dataclass's field type)
+    parse: Callable[[Any], Any]     # raw (never None) -> value; raises ValueError(message)
+    optional: bool = False          # may be absent (None); else "missing"
+
+    def read(self, raw: Any) -> Any:
+        if raw is None:
+            if self.optional:
+                return None
+            raise ValueError("missing")
+        return self.parse(raw)
+
+    @property
+    def flag_type(self) -> type:
+        """What argparse converts a flag's text with (a whole-number flag rejects '1.5' at once)."""
+        return self.type if self.type in (int, float) else str
+
+
+def number(*, positive: bool = False, inside: tuple[float, float] | None = None,
+           optional: bool = False) -> Value:
+    def parse(raw: Any) -> float:
+        try:
+            value = float(raw) if not isinstance(raw, bool) else math.nan
+        except (TypeError, ValueError):
+            raise ValueError(f"'{raw}' is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"'{raw}' is not a finite number")
+        if positive and value <= 0:
+            raise ValueError(f"must be greater than 0, got {raw}")
+        if inside is not None and not inside[0] < value < inside[1]:
+            raise ValueError(f"must be inside ({inside[0]:g}, {inside[1]:g}), got {value}")
+        return value
+    return Value(float, parse, optional)
+
+
+def integer(*, minimum: int, optional: bool = False) -> Value:
+    def parse(raw: Any) -> int:
+        if isinstance(raw, str):
+            try:
+                raw = int(raw)
+            except ValueError:
+                raise ValueError(f"'{raw}' is not a whole number") from None
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ValueError(f"'{raw}' is not a whole number")
+        if raw < minimum:
+            raise ValueError(f"must be at least {minimum}, got {raw}")
+        return raw
+    return Value(int, parse, optional)
+
+
+def choice(allowed: tuple[str, ...]) -> Value:
+    def parse(raw: Any) -> str:
+        if raw not in allowed:
+            raise ValueError(f"'{raw}' is not one of {', '.join(allowed)}")
+        return raw
+    return Value(str, parse)
+
+
+def text(*, optional: bool = False) -> Value:
+    def parse(raw: Any) -> str:
+        if not isinstance(raw, str) or not raw:
+            raise ValueError(f"expected a non-empty string, got {raw!r}")
+        return raw
+    return Value(str, parse, optional)
+
+
+def window(raw: Any) -> tuple[float, float]:
+    """'START:END' in seconds of simulated time, 0 <= START < END."""
+    parts = str(raw).split(":")
+    try:
+        start, end = (float(p) for p in parts) if len(parts) == 2 else (math.nan, math.nan)
+    except ValueError:
+        start = end = math.nan
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise ValueError(f"'{raw}' is not START:END in seconds (e.g. 100:160)")
+    if not 0 <= start < end:
+        raise ValueError(f"needs 0 <= START < END, got {raw}")
+    return start, end
+
+
+def _window_text(value: tuple[float, float] | None, section: Any = None) -> str | None:
+    return None if value is None else f"{value[0]!r}:{value[1]!r}"
+
+
+def _as_dict(value: Any, section: Any = None) -> dict | None:
+    return None if value is None else value.to_dict()
+
+
+def _same(value: Any, section: Any = None) -> Any:
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting: everything the config, the CLI, the API and config.toml need to know about it."""
+
+    name: str                       # dotted, as in TOML: "workload.rate"; the section is the part before the dot
+    value: Value | None             # None: a policy parameter, checked by the policy itself
+    help: str
+    flag: str | None = None         # its `specbatch run` flag; None: TOML (and API) only
+    write: Callable[[Any, Any], Any] = _same  # (value, its section) -> the value config.toml records (None: left out)
+    flag_type: type | None = None   # a policy parameter's flag type (other keys: their value's)
+
+    @property
+    def section(self) -> str | None:
+        return self.name.split(".", 1)[0] if "." in self.name else None
+
+    @property
+    def field(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+
+LENGTH_HELP = "N, uniform:LOW:HIGH or lognormal:MEAN:SIGMA[:MAX]"
+
+# In config.toml's order (the resolved file must stay byte-identical: its digest names run folders).
+KEYS: tuple[Key, ...] = (
+    Key("seed", integer(minimum=0), "random seed; same config and seed give the same bytes", "--seed"),
+    Key("profile", text(), "profile directory or shipped profile name", "--profile"),
+    Key("workload.arrival", choice(ARRIVALS), "arrival process: poisson or gamma", "--arrival"),
+    Key("workload.rate", number(positive=True), "mean request rate (req/s)", "--rate"),
+    Key("workload.rate_profile", Value(RateProfile, parse_rate_profile, optional=True),
+        "time-varying rate, replacing --rate: phases:1,4,8:60,60,60, ramp:1:8[:S], ramp-exp:1:8[:S], "
+        "sine:MEAN:AMP:PERIOD[:PHASE] or onoff:ON:OFF:ON_S:OFF_S", "--rate-profile", write=_as_dict),
+    Key("workload.burstiness", number(positive=True), "gamma shape (vLLM's burstiness; 1 = Poisson)",
+        "--burstiness", write=lambda value, section: value if section.cv is None else None),
+    Key("workload.cv", number(positive=True, optional=True),
+        "gamma gaps' coefficient of variation, instead of --burstiness (= 1/cv^2)", "--cv"),
+    Key("workload.duration_s", number(positive=True, optional=True), "generate arrivals for this many seconds",
+        "--duration"),
+    Key("workload.num_requests", integer(minimum=1, optional=True), "generate exactly this many requests instead",
+        "--num-requests"),
+    Key("workload.prompt_tokens", Value(LengthSpec, parse_length_spec), LENGTH_HELP, "--prompt-tokens",
+        write=_as_dict),
+    Key("workload.output_tokens", Value(LengthSpec, parse_length_spec), LENGTH_HELP, "--output-tokens",
+        write=_as_dict),
+    Key("workload.trace", text(optional=True),
+        "replay a CSV trace (arrival_s, prompt_tokens, output_tokens[, alpha, label])", "--trace"),
+    Key("engine.batching", choice(BATCHING), "continuous or static", "--batching"),
+    Key("engine.max_batch_size", integer(minimum=1), "most sequences in a batch", "--max-batch-size"),
+    Key("engine.prefill", choice(PREFILL), "packed (admitted prompts cost as their mean length, as vLLM) or "
+        "padded (as the longest, as a right-padded batch)", "--prefill"),
+    Key("engine.kv_cache_tokens", integer(minimum=1, optional=True),
+        "KV-cache budget in tokens (default: the profile's)", "--kv-cache-tokens"),
+    Key("policy.name", text(), "speculation-length policy: none, fixed, lut, goodput, or module:Class", "--policy"),
+    Key("policy.k", None, "speculation length for --policy fixed", "--k", flag_type=int),
+    Key("acceptance.alpha", number(inside=(0.0, 1.0)), "per-token acceptance rate in (0, 1)", "--alpha"),
+    Key("acceptance.distribution", choice(DISTRIBUTIONS), "fixed, or beta for per-request alpha",
+        "--alpha-distribution"),
+    Key("acceptance.concentration", number(positive=True), "Beta concentration (alpha*c, (1-alpha)*c)",
+        "--alpha-concentration"),
+    Key("output.dir", text(optional=True), "output folder (default runs/<config hash>)", "--out"),
+    Key("output.records", choice(RECORDS), "per-request and per-step records: csv, parquet or none", "--records"),
+    Key("output.timeline", text(optional=True), "also write the simulated timeline here, as Chrome trace-event "
+        "JSON (open it in Perfetto)", "--timeline"),
+    Key("output.timeline_window", Value(tuple, window, optional=True), "only steps and requests overlapping "
+        "START:END seconds of simulated time", "--timeline-window", write=_window_text),
+    Key("cluster.replicas", integer(minimum=1), "identical replicas behind one router (default 1)", "--replicas"),
+    Key("cluster.router", choice(ROUTERS), "round-robin, least-requests or least-tokens", "--router"),
+)
+
+KNOWN = frozenset(key.name for key in KEYS if key.value is not None)  # policy.* is open: the policy checks it
+
+
+def key_for(name: str) -> str:
+    """A flag or keyword name (``rate``, ``max-batch-size``, ``num_requests``, ``k``) -> its config key;
+    anything else (a dotted key) as written."""
+    if "." not in name:
+        flag = f"--{name.replace('_', '-')}"
+        for key in KEYS:
+            if key.flag == flag:
+                return key.name
+    return name
+
+
+def _section_type(class_name: str, section: str, doc: str) -> type:
+    """A frozen dataclass with one field per key of ``section``, typed by the key's value."""
+    fields = [(key.field, key.value.type | None if key.value.optional else key.value.type)
+              for key in KEYS if key.section == section]
+    cls = make_dataclass(class_name, fields, frozen=True, kw_only=True)
+    cls.__module__, cls.__doc__ = __name__, doc  # importable by name: configs are pickled to sweep workers
+    return cls
+
+
+WorkloadConfig = _section_type("WorkloadConfig", "workload", "The [workload] section: arrivals and lengths.")
+EngineConfig = _section_type("EngineConfig", "engine", "The [engine] section: batching and memory.")
+OutputConfig = _section_type("OutputConfig", "output", "The [output] section: where results go.")
+ClusterConfig = _section_type("ClusterConfig", "cluster", "The [cluster] section: replicas and router.")
 
 
 @dataclass(frozen=True)
@@ -66,18 +249,9 @@ class PolicyConfig:
     params: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class ClusterConfig:
-    replicas: int
-    router: str
-
-
-@dataclass(frozen=True)
-class OutputConfig:
-    dir: str | None
-    records: str
-    timeline: str | None = None  # Chrome trace-event JSON of the simulated timeline (sim.commands.timeline)
-    timeline_window: tuple[float, float] | None = None  # only events overlapping [start, end) seconds
+# The [acceptance] keys are AcceptanceSpec's fields (sim.acceptance owns that value type).
+SECTION_TYPES: dict[str, type] = {"workload": WorkloadConfig, "engine": EngineConfig, "acceptance": AcceptanceSpec,
+                                  "output": OutputConfig, "cluster": ClusterConfig}
 
 
 @dataclass(frozen=True)
@@ -89,7 +263,7 @@ class RunConfig:
     policy: PolicyConfig
     acceptance: AcceptanceSpec
     output: OutputConfig
-    cluster: ClusterConfig = ClusterConfig(1, ROUTERS[0])
+    cluster: ClusterConfig = ClusterConfig(replicas=1, router=ROUTERS[0])
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
 
     def error(self, key: str, message: str) -> InputError:
@@ -97,30 +271,20 @@ class RunConfig:
         return error_at(self.sources, key, message)
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved config as TOML-ready data (None values are left out)."""
-        w = self.workload
-        workload = {"arrival": w.arrival, "rate": w.rate,
-                    "rate_profile": w.rate_profile.to_dict() if w.rate_profile is not None else None,
-                    "burstiness": w.burstiness if w.cv is None else None, "cv": w.cv,
-                    "duration_s": w.duration_s, "num_requests": w.num_requests,
-                    "prompt_tokens": w.prompt_tokens.to_dict(), "output_tokens": w.output_tokens.to_dict(),
-                    "trace": w.trace}
-        data = {
-            "seed": self.seed,
-            "profile": self.profile,
-            "workload": workload,
-            "engine": {"batching": self.engine.batching, "max_batch_size": self.engine.max_batch_size,
-                       "prefill": self.engine.prefill,
-                       "kv_cache_tokens": self.engine.kv_cache_tokens},
-            "policy": {"name": self.policy.name, **self.policy.params},
-            "acceptance": {"alpha": self.acceptance.alpha, "distribution": self.acceptance.distribution,
-                           "concentration": self.acceptance.concentration},
-            "output": {"dir": self.output.dir, "records": self.output.records, "timeline": self.output.timeline,
-                       "timeline_window": _window_text(self.output.timeline_window)},
-        }
-        if self.cluster.replicas > 1:  # one replica is the plain single-replica run: same file, same digest
-            data["cluster"] = {"replicas": self.cluster.replicas, "router": self.cluster.router}
-        return _drop_none(data)
+        """The resolved config as TOML-ready data (None values are left out), in :data:`KEYS` order."""
+        data: dict[str, Any] = {}
+        for key in KEYS:
+            if key.name == "policy.name":
+                data["policy"] = {"name": self.policy.name, **self.policy.params}
+            if key.value is None or key.section == "policy":
+                continue
+            holder = self if key.section is None else getattr(self, key.section)
+            value = key.write(getattr(holder, key.field), holder)
+            if value is not None:
+                (data if key.section is None else data.setdefault(key.section, {}))[key.field] = value
+        if self.cluster.replicas == 1:  # the plain single-replica run: same file, same digest
+            del data["cluster"]
+        return data
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
@@ -147,38 +311,72 @@ def error_at(sources: dict[str, Source], key: str, message: str) -> InputError:
     return InputError(message, field=key, source=src.where, line=src.line)
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, tuple[Any, str]] | None = None) -> RunConfig:
-    """Resolve a run config. ``overrides`` maps dotted keys to (value, flag name)."""
+# ---------------------------------------------------------------------------------------------
+# Loading: defaults < file < overrides
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Resolve a run config.
+
+    ``overrides`` maps dotted keys to plain values (``{"workload.rate": 0.2}``; errors name
+    them as "overrides") or to ``(value, source)`` pairs, the source being a flag name or a
+    ``file:line`` label that errors name instead. A None value overrides nothing (a flag
+    not given).
+    """
     values: dict[str, Any] = {}
     sources: dict[str, Source] = {}
     default_text = (resources.files("sim") / "scenarios" / DEFAULT_SCENARIO).read_text()
-    _merge(values, sources, _parse_toml(default_text, "defaults"), None, "defaults")
+    _merge(values, sources, parse_toml(default_text, "defaults"), None, "defaults")
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise InputError("no such config file", source=path, field="config")
         text = path.read_text()
-        table = _parse_toml(text, str(path))
-        _check_exclusive(table, text, path)
-        if "workload.num_requests" in _flatten(table):
+        table = parse_toml(text, path)
+        flat = flatten_sections(table)
+        if "workload.duration_s" in flat and "workload.num_requests" in flat:
+            raise InputError("give either duration_s or num_requests, not both", field="workload.num_requests",
+                             source=path, line=KeyLines(text).find("workload.num_requests"))
+        if "workload.num_requests" in flat:
             values.pop("workload.duration_s", None)
-        if "workload.duration_s" in _flatten(table):
+        if "workload.duration_s" in flat:
             values.pop("workload.num_requests", None)
         _merge(values, sources, table, text, str(path))
-    overrides = {k: v for k, v in (overrides or {}).items() if v[0] is not None}
-    if "workload.duration_s" in overrides and "workload.num_requests" in overrides:
+    sourced = {k: _sourced(v) for k, v in (overrides or {}).items()}
+    sourced = {k: v for k, v in sourced.items() if v[0] is not None}
+    if "workload.duration_s" in sourced and "workload.num_requests" in sourced:
         raise InputError("give either --duration or --num-requests, not both", field="workload.num_requests",
-                         source=overrides["workload.num_requests"][1])
-    if "policy.name" in overrides:
-        _forget_policy(values, sources, overrides["policy.name"][0])
-    for key, (value, flag) in overrides.items():
+                         source=sourced["workload.num_requests"][1])
+    if "policy.name" in sourced:
+        _forget_policy(values, sources, sourced["policy.name"][0])
+    for key, (value, where) in sourced.items():
         if key == "workload.num_requests":
             values.pop("workload.duration_s", None)
         if key == "workload.duration_s":
             values.pop("workload.num_requests", None)
         values[key] = value
-        sources[key] = Source(flag)
+        sources[key] = Source(where)
     return _build(values, sources)
+
+
+def _sourced(override: Any) -> tuple[Any, str]:
+    """A plain value, or a (value, source) pair (no TOML value is a tuple, so a pair is unambiguous)."""
+    if isinstance(override, tuple) and len(override) == 2 and isinstance(override[1], str):
+        return override
+    return override, "overrides"
+
+
+def flatten_sections(table: dict[str, Any]) -> dict[str, Any]:
+    """A TOML config table as dotted keys: the sections' tables are opened one level
+    (``{"workload": {"rate": 2}}`` -> ``workload.rate``); values that are tables themselves
+    (a length distribution, a rate profile) stay whole."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and key in SECTIONS:
+            out.update({f"{key}.{sub}": v for sub, v in value.items()})
+        else:
+            out[key] = value
+    return out
 
 
 def _forget_policy(values: dict[str, Any], sources: dict[str, Source], new_name: str) -> None:
@@ -190,231 +388,55 @@ def _forget_policy(values: dict[str, Any], sources: dict[str, Source], new_name:
         sources.pop(key, None)
 
 
-def _parse_toml(text: str, where: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        match = re.search(r"line (\d+)", str(exc))
-        line = int(match.group(1)) if match else None
-        raise InputError(f"not valid TOML: {str(exc).split(' (at')[0]}", source=where, line=line) from None
-
-
-def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and dotted in ("workload", "engine", "policy", "acceptance", "output",
-                                                               "cluster"):
-            out.update(_flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out
-
-
 def _merge(values: dict, sources: dict, table: dict, text: str | None, where: str) -> None:
-    flat = _flatten(table)
+    flat = flatten_sections(table)
     if "policy.name" in flat:
         _forget_policy(values, sources, flat["policy.name"])
+    lines = KeyLines(text) if text is not None else None
     for key, value in flat.items():
         values[key] = value
-        sources[key] = Source(where, _locate(text, key) if text is not None else None)
-
-
-def _check_exclusive(table: dict, text: str, path: Path) -> None:
-    flat = _flatten(table)
-    if "workload.duration_s" in flat and "workload.num_requests" in flat:
-        raise InputError("give either duration_s or num_requests, not both", field="workload.num_requests",
-                         source=path, line=_locate(text, "workload.num_requests"))
-
-
-def _locate(text: str, dotted: str) -> int | None:
-    """Line of ``dotted`` in a TOML text: its ``key =`` under the right [table], else the table's header."""
-    section, _, key = dotted.rpartition(".")
-    current, header_line = "", None
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        header = re.match(r"^\[\s*([A-Za-z0-9_.\-\s]+?)\s*\]", stripped)
-        if header:
-            current = header.group(1).replace(" ", "")
-            if current == dotted:  # an unknown [table], or a value written as a [table]
-                return number
-            if current == section:
-                header_line = number
-            continue
-        assignment = re.match(r"^([A-Za-z0-9_.\-\"]+)\s*=", stripped)
-        if assignment:
-            name = assignment.group(1).strip('"')
-            full = f"{current}.{name}" if current else name
-            if full == dotted:
-                return number
-    return header_line
-
-
-KNOWN = {
-    "seed", "profile",
-    "workload.arrival", "workload.rate", "workload.burstiness", "workload.duration_s", "workload.num_requests",
-    "workload.prompt_tokens", "workload.output_tokens", "workload.trace", "workload.rate_profile", "workload.cv",
-    "engine.batching", "engine.max_batch_size", "engine.kv_cache_tokens", "engine.prefill",
-    "policy.name",
-    "acceptance.alpha", "acceptance.distribution", "acceptance.concentration",
-    "output.dir", "output.records", "output.timeline", "output.timeline_window",
-    "cluster.replicas", "cluster.router",
-}
+        sources[key] = Source(where, lines.find(key) if lines is not None else None)
 
 
 def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
     for key in values:
         if key not in KNOWN and not key.startswith("policy."):
             raise error_at(sources, key, "unknown setting")
-    get = _Getter(values, sources)
-    rate_profile = get.rate_profile("workload.rate_profile")
-    cv = get.number("workload.cv", positive=True, optional=True)
-    burstiness = get.number("workload.burstiness", positive=True)
-    if cv is not None:
-        if sources.get("workload.burstiness", Source("defaults")).where != "defaults":
+    read: dict[str, Any] = {}
+    for key in KEYS:
+        if key.value is not None:
+            try:
+                read[key.name] = key.value.read(values.get(key.name))
+            except ValueError as exc:
+                raise error_at(sources, key.name, str(exc)) from None
+    _settle_workload(read, sources)
+    if read["output.timeline_window"] is not None and read["output.timeline"] is None:
+        raise error_at(sources, "output.timeline_window", "applies only to a timeline: give "
+                       "--timeline FILE (or timeline in [output]) too")
+    sections = {name: cls(**{k.field: read[k.name] for k in KEYS if k.section == name and k.value is not None})
+                for name, cls in SECTION_TYPES.items()}
+    params = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("policy.") and k != "policy.name"}
+    return RunConfig(seed=read["seed"], profile=read["profile"], policy=PolicyConfig(read["policy.name"], params),
+                     sources=dict(sources), **sections)
+
+
+def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:
+    """The rules between workload keys: cv replaces burstiness; a rate profile's phases give the duration."""
+    def given(key: str) -> bool:
+        return sources.get(key, Source("defaults")).where != "defaults"
+
+    if read["workload.cv"] is not None:
+        if given("workload.burstiness"):
             src = sources["workload.burstiness"]
             where = src.where + (f":{src.line}" if src.line is not None and not src.where.startswith("--") else "")
             raise error_at(sources, "workload.cv", f"give either burstiness or cv, not both (burstiness set at {where})")
-        burstiness = burstiness_from_cv(cv)
-    duration_s = get.number("workload.duration_s", positive=True, optional=True)
-    if (rate_profile is not None and rate_profile.natural_duration_s is not None and duration_s is not None
-            and sources.get("workload.duration_s", Source("defaults")).where == "defaults"):
-        duration_s = rate_profile.natural_duration_s  # the phases' total unless a duration is given
-    if rate_profile is not None and duration_s is None and (rate_profile.shape == "ramp"
-                                                            and rate_profile.duration_s is None):
+        read["workload.burstiness"] = burstiness_from_cv(read["workload.cv"])
+    profile, duration = read["workload.rate_profile"], read["workload.duration_s"]
+    if (profile is not None and profile.natural_duration_s is not None and duration is not None
+            and not given("workload.duration_s")):
+        read["workload.duration_s"] = duration = profile.natural_duration_s  # the phases' total unless given
+    if profile is not None and duration is None and profile.shape == "ramp" and profile.duration_s is None:
         raise error_at(sources, "workload.rate_profile", "a ramp with num_requests needs its own duration "
                        "(duration_s in the table, or ramp:START:END:SECONDS)")
-    workload = WorkloadConfig(
-        arrival=get.choice("workload.arrival", ARRIVALS),
-        rate=get.number("workload.rate", positive=True),
-        burstiness=burstiness,
-        duration_s=duration_s,
-        num_requests=get.integer("workload.num_requests", minimum=1, optional=True),
-        prompt_tokens=get.length("workload.prompt_tokens"),
-        output_tokens=get.length("workload.output_tokens"),
-        trace=get.text("workload.trace", optional=True),
-        rate_profile=rate_profile,
-        cv=cv,
-    )
-    if workload.trace is None and workload.duration_s is None and workload.num_requests is None:
+    if read["workload.trace"] is None and duration is None and read["workload.num_requests"] is None:
         raise error_at(sources, "workload.duration_s", "give duration_s or num_requests (or a trace)")
-    engine = EngineConfig(
-        batching=get.choice("engine.batching", BATCHING),
-        max_batch_size=get.integer("engine.max_batch_size", minimum=1),
-        kv_cache_tokens=get.integer("engine.kv_cache_tokens", minimum=1, optional=True),
-        prefill=get.choice("engine.prefill", PREFILL),
-    )
-    params = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("policy.") and k != "policy.name"}
-    policy = PolicyConfig(name=get.text("policy.name"), params=params)
-    alpha = get.number("acceptance.alpha")
-    if not 0.0 < alpha < 1.0:
-        raise error_at(sources, "acceptance.alpha", f"must be inside (0, 1), got {alpha}")
-    acceptance = AcceptanceSpec(alpha=alpha, distribution=get.choice("acceptance.distribution", DISTRIBUTIONS),
-                                concentration=get.number("acceptance.concentration", positive=True))
-    output = OutputConfig(dir=get.text("output.dir", optional=True), records=get.choice("output.records", RECORDS),
-                          timeline=get.text("output.timeline", optional=True),
-                          timeline_window=get.window("output.timeline_window"))
-    if output.timeline_window is not None and output.timeline is None:
-        raise error_at(sources, "output.timeline_window", "applies only to a timeline: give "
-                       "--timeline FILE (or timeline in [output]) too")
-    cluster = ClusterConfig(replicas=get.integer("cluster.replicas", minimum=1),
-                            router=get.choice("cluster.router", ROUTERS))
-    return RunConfig(seed=get.integer("seed", minimum=0), profile=get.text("profile"), workload=workload,
-                     engine=engine, policy=policy, acceptance=acceptance, output=output, cluster=cluster,
-                     sources=dict(sources))
-
-
-class _Getter:
-    """Typed reads of the merged values, each failing with the value's source."""
-
-    def __init__(self, values: dict[str, Any], sources: dict[str, Source]) -> None:
-        self.values, self.sources = values, sources
-
-    def _raw(self, key: str, optional: bool):
-        if key not in self.values or self.values[key] is None:
-            if optional:
-                return None
-            raise error_at(self.sources, key, "missing")
-        return self.values[key]
-
-    def number(self, key: str, positive: bool = False, optional: bool = False) -> float | None:
-        raw = self._raw(key, optional)
-        if raw is None:
-            return None
-        try:
-            value = float(raw) if not isinstance(raw, bool) else math.nan
-        except (TypeError, ValueError):
-            raise error_at(self.sources, key, f"'{raw}' is not a number") from None
-        if not math.isfinite(value):
-            raise error_at(self.sources, key, f"'{raw}' is not a finite number")
-        if positive and value <= 0:
-            raise error_at(self.sources, key, f"must be greater than 0, got {raw}")
-        return value
-
-    def integer(self, key: str, minimum: int, optional: bool = False) -> int | None:
-        raw = self._raw(key, optional)
-        if raw is None:
-            return None
-        if isinstance(raw, str):
-            try:
-                raw = int(raw)
-            except ValueError:
-                raise error_at(self.sources, key, f"'{raw}' is not a whole number") from None
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise error_at(self.sources, key, f"'{raw}' is not a whole number")
-        if raw < minimum:
-            raise error_at(self.sources, key, f"must be at least {minimum}, got {raw}")
-        return raw
-
-    def choice(self, key: str, allowed: tuple[str, ...]) -> str:
-        raw = self._raw(key, False)
-        if raw not in allowed:
-            raise error_at(self.sources, key, f"'{raw}' is not one of {', '.join(allowed)}")
-        return raw
-
-    def text(self, key: str, optional: bool = False) -> str | None:
-        raw = self._raw(key, optional)
-        if raw is None:
-            return None
-        if not isinstance(raw, str) or not raw:
-            raise error_at(self.sources, key, f"expected a non-empty string, got {raw!r}")
-        return raw
-
-    def rate_profile(self, key: str) -> RateProfile | None:
-        raw = self._raw(key, True)
-        if raw is None:
-            return None
-        try:
-            return parse_rate_profile(raw)
-        except ValueError as exc:
-            raise error_at(self.sources, key, str(exc)) from None
-
-    def window(self, key: str) -> tuple[float, float] | None:
-        """'START:END' in seconds of simulated time, 0 <= START < END."""
-        raw = self._raw(key, True)
-        if raw is None:
-            return None
-        parts = str(raw).split(":")
-        try:
-            start, end = (float(p) for p in parts) if len(parts) == 2 else (math.nan, math.nan)
-        except ValueError:
-            start = end = math.nan
-        if not (math.isfinite(start) and math.isfinite(end)):
-            raise error_at(self.sources, key, f"'{raw}' is not START:END in seconds (e.g. 100:160)")
-        if not 0 <= start < end:
-            raise error_at(self.sources, key, f"needs 0 <= START < END, got {raw}")
-        return start, end
-
-    def length(self, key: str) -> LengthSpec:
-        try:
-            return parse_length_spec(self._raw(key, False))
-        except ValueError as exc:
-            raise error_at(self.sources, key, str(exc)) from None
-
-
-def _window_text(window: tuple[float, float] | None) -> str | None:
-    return None if window is None else f"{window[0]!r}:{window[1]!r}"
-
-
-def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in data.items() if v is not None}

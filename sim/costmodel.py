@@ -1,4 +1,4 @@
-"""Step times from a calibrated profile (DESIGN.md, "Cost model").
+"""Step times from a calibrated profile (docs/cost-model.md; its place in the code: docs/architecture.md).
 
 A speculative decode step over b sequences with mean context c and speculation
 length k costs

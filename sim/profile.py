@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.atomic_write import write_file
 from sim.errors import InputError
 
 FORMAT_VERSION = 1
@@ -238,8 +238,8 @@ def write_profile(directory: str | os.PathLike[str], meta: dict[str, Any], point
     if missing:
         raise ValueError(f"profile metadata lacks {missing}")
     csv_text = sort_points(points).to_csv(index=False, float_format="%.9g", lineterminator="\n")
-    atomic_write_text(directory / CSV_NAME, csv_text)
-    atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_file(directory / CSV_NAME, csv_text)
+    write_file(directory / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return directory
 
 
@@ -257,29 +257,3 @@ def write_scaled_profile(profile: "Profile", factor: float, directory: str | os.
     meta["name"] = f"{profile.name}-x{factor:.3f}"
     meta["scaled"] = {"from": profile.name, "factor": factor}
     return write_profile(directory, meta, table[list(COLUMNS)])
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory and rename over the target."""
-    write_atomic(path, text.encode())
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a profile is for everyone to read
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

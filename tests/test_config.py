@@ -293,3 +293,70 @@ def test_digest_follows_the_trace_contents_not_only_its_path(tmp_path):
     before = load_config(None, flags).digest()
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,6\n")
     assert load_config(None, flags).digest() != before
+
+
+# ---------------------------------------------------------------------------------------------- the key table and the locator
+
+
+@pytest.mark.parametrize("text,key,line", [
+    ("seed = 1\n[engine]\nbatching = \"static\"\nmax_batch_size = 0\n", "engine.max_batch_size", 4),
+    ("seed = 1\nengine.max_batch_size = 0\n", "engine.max_batch_size", 2),
+    ("seed = 1\n\nworkload = { rate = 0 }\n", "workload.rate", 3),
+    ("seed = 1\n[workload]\narrival = \"poisson\"\n\n[engine]\nmax_batch_size = 2\n[workload.prompt_tokens]\n"
+     "dist = \"fixed\"\nvalue = 0\n", "workload.prompt_tokens", 7),
+])
+def test_a_bad_key_is_named_at_its_own_line(tmp_path, text, key, line):
+    path = _file(tmp_path, text)
+    err = _expect_error(path)
+    assert (err.field, err.source, err.line) == (key, str(path), line)
+
+
+def test_overrides_may_be_plain_values():
+    cfg = load_config(None, {"workload.rate": 0.2, "engine.max_batch_size": 4, "seed": None})
+    assert cfg.workload.rate == 0.2 and cfg.engine.max_batch_size == 4 and cfg.seed == load_config().seed
+    assert cfg.sources["workload.rate"] == Source("overrides")
+    err = _expect_error(None, {"workload.rate": -1})
+    assert str(err) == "overrides: workload.rate: must be greater than 0, got -1"
+    assert str(_expect_error(None, {"workload.rat": 1})) == "overrides: workload.rat: unknown setting"
+
+
+def test_the_key_table_is_the_one_list_of_settings():
+    import dataclasses
+
+    from sim.commands.flags import RUN_FLAGS
+    from sim.config import KEYS, KNOWN, SECTION_TYPES, flatten_sections
+
+    cfg = load_config()
+    for section, cls in SECTION_TYPES.items():  # the sections' fields are the table's keys
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert fields == {k.field for k in KEYS if k.section == section and k.value is not None}, section
+    assert {k.name for k in KEYS if k.value is not None} == KNOWN
+    assert {flag: key for flag, (key, _, _) in RUN_FLAGS.items()} == {k.flag: k.name for k in KEYS if k.flag}
+    # The shipped defaults file sets every required key and nothing else (policy parameters aside).
+    shipped = flatten_sections(tomllib.loads((resources.files("sim") / "scenarios" / "default.toml").read_text()))
+    required = {k.name for k in KEYS if k.value is not None and not k.value.optional}
+    assert required <= set(shipped) | {"workload.rate_profile"}
+    assert {k for k in shipped if not k.startswith("policy.")} <= KNOWN
+    assert cfg.to_dict().keys() <= {k.section or k.name for k in KEYS}
+
+
+@pytest.mark.parametrize("name,key", [("rate", "workload.rate"), ("num_requests", "workload.num_requests"),
+                                      ("max-batch-size", "engine.max_batch_size"), ("k", "policy.k"),
+                                      ("policy", "policy.name"), ("workload.cv", "workload.cv"), ("nope", "nope")])
+def test_key_for_maps_flag_and_keyword_names(name, key):
+    from sim.config import key_for
+
+    assert key_for(name) == key
+
+
+def test_to_toml_is_byte_identical_to_the_format_before_the_key_table(tmp_path):
+    """The resolved config.toml names run folders (its digest): the table must write it as before."""
+    cfg = load_config(None, {"workload.cv": 2.0, "workload.arrival": "gamma", "cluster.replicas": 2,
+                             "output.timeline": "t.json", "output.timeline_window": "1:2.5"})
+    assert cfg.to_toml() == (
+        'seed = 0\nprofile = "cpu-tinyllama-1.1b-llama-68m"\n\n[workload]\narrival = "gamma"\nrate = 0.1\ncv = 2.0\n'
+        'duration_s = 1200.0\n\n[workload.prompt_tokens]\ndist = "lognormal"\nmean = 128.0\nsigma = 0.5\nmax = 512\n\n'
+        '[workload.output_tokens]\ndist = "lognormal"\nmean = 128.0\nsigma = 0.5\nmax = 512\n\n[engine]\n'
+        'batching = "continuous"\nmax_batch_size = 32\nprefill = "packed"\n\n[policy]\nname = "fixed"\nk = 3\n\n'
+        '[acceptance]\nalpha = 0.7\ndistribution = "fixed"\nconcentration = 10.0\n\n[output]\nrecords = "csv"\n'
+        'timeline = "t.json"\ntimeline_window = "1.0:2.5"\n\n[cluster]\nreplicas = 2\nrouter = "round-robin"\n')

@@ -57,3 +57,23 @@ def test_example_policy_learns_alpha(examples_on_path):
     # observe() was fed every step: a moving average of accepted / drafted, a rate in (0, 1).
     assert run.policy.alpha_estimate is not None and 0.0 < run.policy.alpha_estimate < 1.0
 
+
+
+def _marked_block(page: str, marker: str) -> str:
+    """The fenced block right after ``<!-- marker -->`` in a docs page."""
+    after = page.split(f"<!-- {marker} -->", 1)[1]
+    return after.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
+
+
+def test_python_api_page_shows_the_example_and_what_it_prints(tmp_path):
+    """docs/python-api.md: the code is the example file's, the output is what running it prints."""
+    import subprocess
+
+    page = (EXAMPLES.parent / "python-api.md").read_text()
+    script = EXAMPLES / "python_api.py"
+    body = script.read_text().split('"""', 2)[2].strip("\n")
+    assert _marked_block(page, "example: docs/examples/python_api.py") == body
+    printed = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                             check=True).stdout
+    assert _marked_block(page, "output: docs/examples/python_api.py") == printed.rstrip("\n")
+    assert list(tmp_path.iterdir()) == []  # the API writes nothing unless asked

@@ -10,10 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import sim.atomic_write as atomic_write_module
 import sim.profile as profile_module
 from sim.errors import InputError
 from sim.profile import (COLUMNS, CSV_NAME, FORMAT_VERSION, META_NAME, load_profile, resolve_profile_path,
-                         sort_points, write_atomic, write_profile)
+                         sort_points, write_profile)
+from sim.atomic_write import write_file
 from tests.synthetic import make_profile
 
 SMALL = dict(batch=(1, 4), q_max=4, contexts=(128, 1024), prompts=(32, 256))
@@ -117,9 +119,9 @@ def test_failed_atomic_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, mon
     def broken_replace(src, dst):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(profile_module.os, "replace", broken_replace)
+    monkeypatch.setattr(atomic_write_module.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk gone"):
-        write_atomic(target, b"new contents")
+        write_file(target, b"new contents")
     assert target.read_text() == "old"
     assert os.listdir(tmp_path) == ["data.txt"]
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from sim.acceptance import expected_tokens_per_step  # noqa: E402
-from sim.commands.cli import RUN_FLAGS  # noqa: E402
+from sim.commands.flags import RUN_FLAGS  # noqa: E402
 from sim.config import load_config  # noqa: E402
 from sim.costmodel import CostModel  # noqa: E402
 from sim.profile import DEFAULT_PROFILE, load_profile  # noqa: E402

@@ -14,42 +14,8 @@ import os
 import sys
 from typing import Sequence
 
+from sim.commands.flags import add_run_flags, run_overrides, typed
 from sim.errors import InputError
-
-# run flag -> (config key, type); every run option can also come from the TOML file.
-RUN_FLAGS: dict[str, tuple[str, type, str]] = {
-    "--profile": ("profile", str, "profile directory or shipped profile name"),
-    "--policy": ("policy.name", str, "speculation-length policy: none, fixed, lut, goodput, or module:Class"),
-    "--k": ("policy.k", int, "speculation length for --policy fixed"),
-    "--rate": ("workload.rate", float, "mean request rate (req/s)"),
-    "--rate-profile": ("workload.rate_profile", str, "time-varying rate, replacing --rate: phases:1,4,8:60,60,60, "
-                       "ramp:1:8[:S], ramp-exp:1:8[:S], sine:MEAN:AMP:PERIOD[:PHASE] or onoff:ON:OFF:ON_S:OFF_S"),
-    "--duration": ("workload.duration_s", float, "generate arrivals for this many seconds"),
-    "--num-requests": ("workload.num_requests", int, "generate exactly this many requests instead"),
-    "--arrival": ("workload.arrival", str, "arrival process: poisson or gamma"),
-    "--burstiness": ("workload.burstiness", float, "gamma shape (vLLM's burstiness; 1 = Poisson)"),
-    "--cv": ("workload.cv", float, "gamma gaps' coefficient of variation, instead of --burstiness (= 1/cv^2)"),
-    "--prompt-tokens": ("workload.prompt_tokens", str, "N, uniform:LOW:HIGH or lognormal:MEAN:SIGMA[:MAX]"),
-    "--output-tokens": ("workload.output_tokens", str, "N, uniform:LOW:HIGH or lognormal:MEAN:SIGMA[:MAX]"),
-    "--trace": ("workload.trace", str, "replay a CSV trace (arrival_s, prompt_tokens, output_tokens[, alpha, label])"),
-    "--batching": ("engine.batching", str, "continuous or static"),
-    "--max-batch-size": ("engine.max_batch_size", int, "most sequences in a batch"),
-    "--prefill": ("engine.prefill", str, "packed (admitted prompts cost as their mean length, as vLLM) or padded "
-                  "(as the longest, as a right-padded batch)"),
-    "--kv-cache-tokens": ("engine.kv_cache_tokens", int, "KV-cache budget in tokens (default: the profile's)"),
-    "--alpha": ("acceptance.alpha", float, "per-token acceptance rate in (0, 1)"),
-    "--alpha-distribution": ("acceptance.distribution", str, "fixed, or beta for per-request alpha"),
-    "--alpha-concentration": ("acceptance.concentration", float, "Beta concentration (alpha*c, (1-alpha)*c)"),
-    "--seed": ("seed", int, "random seed; same config and seed give the same bytes"),
-    "--out": ("output.dir", str, "output folder (default runs/<config hash>)"),
-    "--records": ("output.records", str, "per-request and per-step records: csv, parquet or none"),
-    "--replicas": ("cluster.replicas", int, "identical replicas behind one router (default 1)"),
-    "--router": ("cluster.router", str, "round-robin, least-requests or least-tokens"),
-    "--timeline": ("output.timeline", str, "also write the simulated timeline here, as Chrome trace-event JSON "
-                   "(open it in Perfetto)"),
-    "--timeline-window": ("output.timeline_window", str, "only steps and requests overlapping START:END "
-                          "seconds of simulated time"),
-}
 
 
 # Commands that live in their own module: name -> (module, help). The module provides
@@ -77,8 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     run = sub.add_parser("run", help="simulate serving a workload (no flags: the shipped default scenario)")
     run.add_argument("--config", help="TOML scenario file; flags override its values")
-    for flag, (key, kind, text) in RUN_FLAGS.items():
-        run.add_argument(flag, dest=key, type=_typed(flag, kind), default=None, help=text)
+    add_run_flags(run)
     run.add_argument("--quiet", action="store_true", help="print only the output folder")
     sub.add_parser("calibrate", help="time real draft/target passes and write a profile (needs torch)",
                    add_help=False)
@@ -87,28 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     lut = sub.add_parser("lut", help="build the lut policy's batch size -> k table from a profile")
     lut.add_argument("--profile", default=None, help="profile directory or shipped profile name "
                      "(default: the shipped default profile)")
-    lut.add_argument("--alpha", type=_typed("--alpha", float), required=True,
+    lut.add_argument("--alpha", type=typed("--alpha", float), required=True,
                      help="per-token acceptance rate of the model pair, in (0, 1)")
-    lut.add_argument("--k-max", type=_typed("--k-max", int), default=None,
+    lut.add_argument("--k-max", type=typed("--k-max", int), default=None,
                      help="largest k to consider (default 4; at most the profile's k_max)")
-    lut.add_argument("--context", type=_typed("--context", float), default=None,
+    lut.add_argument("--context", type=typed("--context", float), default=None,
                      help="reference context length in tokens at which steps are priced (default 512)")
-    lut.add_argument("--max-batch", type=_typed("--max-batch", int), default=None,
+    lut.add_argument("--max-batch", type=typed("--max-batch", int), default=None,
                      help="tabulate batch sizes 1..N (default: the default scenario's engine.max_batch_size)")
     lut.add_argument("--out", default=None, help="also write the table as a TOML [policy] snippet here")
     for name, (module, text) in COMMANDS.items():
         importlib.import_module(module).add_arguments(sub.add_parser(name, help=text))
     return parser
-
-
-def _typed(flag: str, kind: type):
-    def convert(text: str):
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not a valid {kind.__name__}") from None
-    convert.__name__ = kind.__name__
-    return convert
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,8 +99,7 @@ def _run(args: argparse.Namespace) -> int:
     from sim.simulate import execute, prepare
     from sim.commands.timeline import check_writable, commit, stage_timeline
 
-    overrides = {key: (getattr(args, key), flag) for flag, (key, _, _) in RUN_FLAGS.items()}
-    config = load_config(args.config, overrides)
+    config = load_config(args.config, run_overrides(args))
     run = prepare(config)
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -217,6 +171,7 @@ def _lut(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from policies.lut import DEFAULT_CONTEXT, DEFAULT_K_MAX, build_lut
+    from sim.atomic_write import write_file
     from sim.config import load_config
     from sim.costmodel import CostModel
     from sim.profile import DEFAULT_PROFILE, load_profile
@@ -244,13 +199,9 @@ def _lut(args: argparse.Namespace) -> int:
         text = (f"# built by: specbatch lut --profile {args.profile or DEFAULT_PROFILE} --alpha {alpha} "
                 f"--k-max {k_max} --context {ctx} --max-batch {max_batch}\n"
                 f"[policy]\nname = \"lut\"\ntable = [{rows}]\n")
-        staging = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            staging.write_text(text)
-            os.replace(staging, out)  # atomic: a reader sees the old file or the whole new one
+            write_file(out, text)
         except OSError as exc:
-            staging.unlink(missing_ok=True)
             raise InputError(f"cannot write the table: {exc.strerror or exc}", source=out) from None
     print("\n".join(_lut_lines(profile.name, step_time, table, alpha, k_max, context, max_batch)))
     if out is not None:

@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 import sim
+from sim.atomic_write import staged_dir
 from sim.errors import InputError
-from sim.profile import current_umask
 from sim.simulate import RunResult
 
 MARKER = "summary.json"
@@ -54,20 +52,13 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
     if out_dir.exists() and not (out_dir.is_dir() and (out_dir / MARKER).is_file()):
         raise InputError("exists and is not a specbatch run folder; refusing to replace it",
                          field="output.dir", source=str(out_dir))
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes 0700
+    with staged_dir(out_dir) as staging:
         records = result.config.output.records
         (staging / "config.toml").write_text(result.config.to_toml())
         if records != "none":
             _write_table(result.requests, staging / f"requests.{records}", records)
             _write_table(result.steps, staging / f"steps.{records}", records)
         (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
-        replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -81,18 +72,6 @@ def _write_table(frame: pd.DataFrame, path: Path, fmt: str) -> None:
             raise InputError("parquet output needs pyarrow: pip install 'specbatch[parquet]'",
                              field="output.records") from None
         frame.to_parquet(path, index=False)
-
-
-def replace_dir(staging: Path, target: Path) -> None:
-    """Put a finished staging folder in place of ``target``, old contents gone, never half of either."""
-    if not target.exists():
-        os.replace(staging, target)
-        return
-    retired = target.with_name(f".{target.name}.old")
-    shutil.rmtree(retired, ignore_errors=True)
-    os.replace(target, retired)
-    os.replace(staging, target)
-    shutil.rmtree(retired, ignore_errors=True)
 
 
 def _json_number(value):

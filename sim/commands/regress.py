@@ -21,12 +21,13 @@ import os
 import re
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from sim.atomic_write import write_file
 from sim.errors import InputError
+from sim.tomlsource import KeyLines, parse_toml
 
 FORMAT_VERSION = 1
 DIRECTIONS = ("lower-is-better", "higher-is-better", "must-not-change", "informational")
@@ -137,7 +138,7 @@ class Baseline:
     tolerances: dict[str, Tolerance]  # file-wide: "default" or a metric
     directions: dict[str, str]
     metrics: list[str] | None  # what --update records for a scenario with no expected values
-    lines: "_Lines" = field(repr=False, default=None)
+    lines: KeyLines = field(repr=False, default=None)
 
     def tolerance(self, scenario: Scenario, metric: str) -> Tolerance:
         """Most specific first: the scenario's for the metric, its default, the file's for it, its default."""
@@ -159,80 +160,14 @@ def _dotted(path: tuple) -> str:
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
 
 
-class _Lines:
-    """Line numbers of keys in a TOML text, by path, e.g. ("scenario", 2, "expected", "mean_e2el_ms").
-
-    Enough of TOML for baseline files: [tables], [[arrays of tables]] and dotted keys; a key
-    inside an inline table or a multi-line array is found at its parent key's line.
-    """
-
-    def __init__(self, text: str) -> None:
-        self.lines: dict[tuple, int] = {}
-        counts: dict[tuple, int] = {}
-        current: tuple = ()
-        depth = 0  # open brackets of a multi-line value: its lines are neither headers nor keys
-        for number, line in enumerate(text.splitlines(), start=1):
-            stripped = line.strip()
-            if depth:
-                depth += _bracket_balance(stripped)
-                continue
-            header = re.match(r"^(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$", stripped)
-            if header:
-                parts = self._expand(self._keys(header.group(2)), counts)
-                if header.group(1) == "[[":
-                    raw = tuple(p for p in parts if not isinstance(p, int))
-                    counts[raw] = counts.get(raw, -1) + 1
-                    parts = parts + (counts[raw],)
-                current = parts
-                self.lines.setdefault(current, number)
-                continue
-            key = re.match(r'^((?:[A-Za-z0-9_\-]+|"[^"]*"|\'[^\']*\')(?:\s*\.\s*(?:[A-Za-z0-9_\-]+|"[^"]*"|\'[^\']*\'))*)'
-                           r"\s*=", stripped)
-            if key:
-                self.lines.setdefault(current + self._keys(key.group(1)), number)
-                depth = max(0, _bracket_balance(stripped[key.end():]))
-
-    @staticmethod
-    def _keys(text: str) -> tuple:
-        return tuple(part.strip().strip("\"'") for part in re.findall(r'"[^"]*"|\'[^\']*\'|[^.]+', text))
-
-    @staticmethod
-    def _expand(parts: tuple, counts: dict[tuple, int]) -> tuple:
-        """[scenario.expected] belongs to the latest [[scenario]]: insert its index after the prefix."""
-        out: tuple = ()
-        for i, part in enumerate(parts):
-            out += (part,)
-            prefix = parts[:i + 1]
-            if prefix in counts and i + 1 < len(parts):
-                out += (counts[prefix],)
-        return out
-
-    def find(self, path: tuple) -> int | None:
-        for end in range(len(path), 0, -1):
-            if path[:end] in self.lines:
-                return self.lines[path[:end]]
-        return None
-
-
-def _bracket_balance(text: str) -> int:
-    """Opened minus closed brackets and braces on a line, strings and comments aside."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'', "", text).split("#", 1)[0]
-    return text.count("[") + text.count("{") - text.count("]") - text.count("}")
-
-
 def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     """Parse and check a baseline file; every problem is an InputError naming the key and line."""
     path = Path(path)
     if not path.is_file():
         raise InputError("no such baseline file", field="baseline", source=path)
     text = path.read_text()
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        match = re.search(r"line (\d+)", str(exc))
-        raise InputError(f"not valid TOML: {str(exc).split(' (at')[0]}", source=path,
-                         line=int(match.group(1)) if match else None) from None
-    base = Baseline(path, text, [], {}, {}, None, _Lines(text))
+    data = parse_toml(text, path)
+    base = Baseline(path, text, [], {}, {}, None, KeyLines(text))
     for key in data:
         if key not in TOP_KEYS:
             raise base.error((key,), f"unknown key (known: {', '.join(sorted(TOP_KEYS))})")
@@ -268,6 +203,8 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
 
 
 def _scenario(base: Baseline, index: int, table: Any) -> Scenario:
+    from sim.config import flatten_sections
+
     at = ("scenario", index)
     if not isinstance(table, dict):
         raise base.error(at, "expected a [[scenario]] table")
@@ -299,7 +236,7 @@ def _scenario(base: Baseline, index: int, table: Any) -> Scenario:
     description = table.get("description")
     if description is not None and not isinstance(description, str):
         raise base.error(at + ("description",), "expected a string")
-    return Scenario(name=name, index=index, config=config, overrides=_flatten(overrides),
+    return Scenario(name=name, index=index, config=config, overrides=flatten_sections(overrides),
                     tolerances=_tolerances(base, table.get("tolerance", {}), at + ("tolerance",)),
                     expected=dict(expected), description=description)
 
@@ -319,17 +256,6 @@ def _tolerances(base: Baseline, table: Any, at: tuple) -> dict[str, Tolerance]:
                     or math.isinf(value):
                 raise base.error(where + (key,), f"must be a finite number >= 0, got {value!r}")
         out[metric] = Tolerance(float(spec.get("abs", 0.0)), float(spec.get("rel", 0.0)))
-    return out
-
-
-def _flatten(table: dict[str, Any]) -> dict[str, Any]:
-    """Overrides in config-file shape (workload.rate = 0.2, policy = { ... }) as dotted config keys."""
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            out.update({f"{key}.{sub}": v for sub, v in value.items()})
-        else:
-            out[key] = value
     return out
 
 
@@ -577,13 +503,9 @@ def write_updated(base: Baseline, scenarios: list[Scenario], runs: list[Scenario
         if created:
             expected.add(tomlkit.nl())  # a blank line before the next [[scenario]]
     text = tomlkit.dumps(doc)
-    staging = base.path.with_name(f".{base.path.name}.{os.getpid()}.tmp")
     try:
-        staging.write_text(text)
-        os.chmod(staging, base.path.stat().st_mode & 0o777)
-        os.replace(staging, base.path)  # atomic: a reader sees the old file or the whole new one
+        write_file(base.path, text, keep_mode=True)
     except OSError as exc:
-        staging.unlink(missing_ok=True)
         raise InputError(f"cannot rewrite the baseline: {exc.strerror or exc}", source=base.path) from None
     return recorded
 
@@ -626,11 +548,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _write_json(path: Path, document: dict) -> None:
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging.write_text(json.dumps(document, indent=2) + "\n")
-        os.replace(staging, path)
+        write_file(path, json.dumps(document, indent=2) + "\n")
     except OSError as exc:
-        staging.unlink(missing_ok=True)
         raise InputError(f"cannot write the comparison: {exc.strerror or exc}", field="--json", source=path) from None

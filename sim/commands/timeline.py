@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 import sim
+from sim.atomic_write import commit, new_staging_file
 from sim.errors import InputError
 
 US = 1e6  # trace timestamps are microseconds
@@ -117,14 +118,13 @@ def stage_timeline(result, path: str | os.PathLike[str], window: tuple[float, fl
     behind if either fails.
     """
     path = Path(path)
-    staging = _staging_path(path)
     other = {"specbatch_version": sim.__version__, "config_digest": result.config.digest(),
              "profile": result.profile.name, "policy": result.config.policy.name,
              "replicas": result.config.cluster.replicas, "router": result.config.cluster.router,
              "time_unit": "microseconds of simulated time",
              **({"window_s": list(window)} if window is not None else {})}
     try:
-        with _opened(path, staging) as out:
+        with _opened(path) as (staging, out):
             out.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(other, sort_keys=True)
                       + ',\n"traceEvents":[\n')
             first = True
@@ -141,29 +141,25 @@ def check_writable(path: str | os.PathLike[str]) -> None:
     """Fail before a long run, not after it, when the timeline could not be written."""
     path = Path(path)
     try:
-        with _opened(path, _staging_path(path)):
+        with _opened(path) as (staging, _):
             pass
     except OSError as exc:
         raise _cannot_write(path, exc) from None
-    _staging_path(path).unlink()
-
-
-def _staging_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging.unlink()
 
 
 @contextlib.contextmanager
-def _opened(path: Path, staging: Path):
-    """The staging file, open for writing; removed again if anything fails."""
+def _opened(path: Path):
+    """A new staging file beside ``path`` and its handle, open for writing; removed again if anything fails."""
     if path.is_dir():
         raise IsADirectoryError(21, "it is a folder")
     for folder in (path.parent, *path.parent.parents):
         if folder.exists() and not folder.is_dir():  # mkdir would only say "File exists"
             raise NotADirectoryError(20, f"{folder} is a file, not a folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = new_staging_file(path)
     try:
         with open(staging, "w") as out:
-            yield out
+            yield staging, out
     except BaseException:
         with contextlib.suppress(OSError):
             staging.unlink()
@@ -173,11 +169,6 @@ def _opened(path: Path, staging: Path):
 def _cannot_write(path: Path, exc: OSError) -> InputError:
     return InputError(f"cannot write the timeline: {exc.strerror or exc}", field="output.timeline",
                       source=str(path))
-
-
-def commit(staging: Path, path: str | os.PathLike[str]) -> Path:
-    os.replace(staging, path)  # atomic: a reader sees the old file or the whole new one
-    return Path(path)
 
 
 def write_timeline(result, path: str | os.PathLike[str], window: tuple[float, float] | None = None) -> Path:

@@ -15,17 +15,17 @@ interrupted with Ctrl-C still writes what it measured, marked partial (exit 130)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
-import shutil
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from sim.atomic_write import staged_dir
 from sim.errors import InputError
 from sim.profile import write_scaled_profile
 
@@ -116,16 +116,14 @@ def plot_cdfs(real: pd.DataFrame, simulated: pd.DataFrame, path: Path, title: st
 
 # ---------------------------------------------------------------------- command line
 def add_arguments(parser: argparse.ArgumentParser, *, validate: bool = True) -> None:
-    from sim.commands.cli import RUN_FLAGS, _typed
+    from sim.commands.flags import RUN_FLAGS, add_run_flags
 
     parser.description = ("Replay a scenario with real batched speculative decoding on the device its profile was "
                           "calibrated on" + (", simulate it, and print the simulator's error." if validate else
                                              ", and write what it measured."))
     parser.add_argument("--config", help="TOML scenario file; flags override its values")
-    for flag, (key, kind, text) in RUN_FLAGS.items():
-        if key.startswith("output.timeline"):
-            continue  # no timeline of a real replay
-        parser.add_argument(flag, dest=key, type=_typed(flag, kind), default=None, help=text)
+    add_run_flags(parser, [f for f, (key, _, _) in RUN_FLAGS.items()
+                           if not key.startswith("output.timeline")])  # no timeline of a real replay
     parser.add_argument("--acceptance", choices=("synthetic", "real"), default="synthetic",
                         help="synthetic (default): accepted counts drawn from the acceptance model, the "
                              "verification kernel still run on the real logits; real: keep what rejection "
@@ -137,11 +135,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, *, validate: bool) -> int:
-    from sim.commands.cli import RUN_FLAGS
+    from sim.commands.flags import run_overrides
     from sim.config import load_config
 
-    overrides = {key: (getattr(args, key, None), flag) for flag, (key, _, _) in RUN_FLAGS.items()}
-    config = load_config(args.config, overrides)
+    config = load_config(args.config, run_overrides(args))
     if config.cluster.replicas != 1:
         raise config.error("cluster.replicas", "the real replay serves one replica")
     try:
@@ -164,7 +161,8 @@ def _main(args: argparse.Namespace, *, validate: bool) -> int:
     for warning in real.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     partial = measured.partial
-    with _staged(out) as staging:
+    # write_run is atomic itself; a validation's several folders are staged together.
+    with staged_dir(out) if validate else contextlib.nullcontext(out) as staging:
         write_run(real, staging / "real" if validate else staging)
         if validate and not partial:
             sim = simulate(real.config)  # the resolved config the replay ran (prefill padded)
@@ -223,28 +221,6 @@ def _check_out(out: Path, config) -> None:
     if out.exists() and not (out.is_dir() and ((out / "summary.json").is_file() or (out / "real").is_dir())):
         raise InputError("exists and is not a specbatch output folder; refusing to replace it",
                          field="output.dir", source=str(out))
-
-
-class _staged:
-    """Write into a staging folder beside ``out``; on success it replaces ``out`` whole."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-
-    def __enter__(self) -> Path:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", dir=self.out.parent))
-        self.inner = self.staging / "out"
-        return self.inner
-
-    def __exit__(self, kind, value, tb) -> None:
-        try:
-            if kind is None:
-                from sim.commands.outputs import replace_dir
-
-                replace_dir(self.inner, self.out)
-        finally:
-            shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:

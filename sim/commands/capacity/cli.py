@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sim.errors import InputError
 
@@ -27,93 +27,152 @@ DEFAULT_POLICIES = "none,fixed,goodput"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sim.commands.cli import RUN_FLAGS, _typed
+    from sim.commands.flags import add_run_flags, typed
 
     parser.add_argument("--config", help="base scenario TOML (its rate and run length are ignored); "
                         "the flags below override it")
-    for flag in _workload_flags():
-        key, kind, text = RUN_FLAGS[flag]
-        if flag == "--seed":
-            text = "first seed; the runs use seeds SEED..SEED+N-1 (default: the scenario's seed, 0)"
-        parser.add_argument(flag, dest=key, type=_typed(flag, kind), default=None, help=text)
+    add_run_flags(parser, _workload_flags(), helps={
+        "--seed": "first seed; the runs use seeds SEED..SEED+N-1 (default: the scenario's seed, 0)"})
     parser.add_argument("--slo", action="append", metavar="METRIC=MS",
                         help="an SLO, repeatable: p50/p90/p99 (or mean) of ttft, tpot, e2el in ms, named as in "
                              "summary.json, e.g. --slo p99_ttft_ms=2000 --slo p90_tpot_ms=500")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated policies, with parameters as NAME:KEY=VALUE[:KEY=VALUE], "
                              f"e.g. none,fixed:k=2,goodput (default {DEFAULT_POLICIES})")
-    parser.add_argument("--seeds", type=_typed("--seeds", int), default=3, help="runs (seeds) per rate (default 3)")
-    parser.add_argument("--tolerance", type=_typed("--tolerance", float), default=0.05,
+    parser.add_argument("--seeds", type=typed("--seeds", int), default=3, help="runs (seeds) per rate (default 3)")
+    parser.add_argument("--tolerance", type=typed("--tolerance", float), default=0.05,
                         help="stop bisecting when (hi - lo) / lo is at most this (default 0.05)")
-    parser.add_argument("--requests", type=_typed("--requests", int), default=600,
+    parser.add_argument("--requests", type=typed("--requests", int), default=600,
                         help="requests per run at the policy's saturation rate; fewer at lower rates (default 600)")
-    parser.add_argument("--min-requests", type=_typed("--min-requests", int), default=100,
+    parser.add_argument("--min-requests", type=typed("--min-requests", int), default=100,
                         help="fewest requests per run (default 100)")
-    parser.add_argument("--warmup", type=_typed("--warmup", float), default=0.1,
+    parser.add_argument("--warmup", type=typed("--warmup", float), default=0.1,
                         help="fraction of each run's arrivals left out of the metrics (default 0.1)")
-    parser.add_argument("--curve-points", type=_typed("--curve-points", int), default=5,
+    parser.add_argument("--curve-points", type=typed("--curve-points", int), default=5,
                         help="extra evenly spaced rates per policy for the latency and goodput figures (default 5)")
-    parser.add_argument("--target-rate", type=_typed("--target-rate", float), default=None,
+    parser.add_argument("--target-rate", type=typed("--target-rate", float), default=None,
                         help="traffic to serve (req/s): report the replicas needed")
-    parser.add_argument("--gpu-hour-price", type=_typed("--gpu-hour-price", float), default=None,
+    parser.add_argument("--gpu-hour-price", type=typed("--gpu-hour-price", float), default=None,
                         help="price of one GPU-hour: report the cost per 1M output tokens")
-    parser.add_argument("--gpus-per-replica", type=_typed("--gpus-per-replica", int), default=1,
+    parser.add_argument("--gpus-per-replica", type=typed("--gpus-per-replica", int), default=1,
                         help="GPUs one replica occupies, for the cost (default 1)")
-    parser.add_argument("--jobs", type=_typed("--jobs", int), default=os.cpu_count() or 1,
+    parser.add_argument("--jobs", type=typed("--jobs", int), default=os.cpu_count() or 1,
                         help="worker processes (default: all cores)")
     parser.add_argument("--out", default=None, help="report folder (default runs/capacity-<hash of the inputs>)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def main(args: argparse.Namespace) -> int:
-    from sim.commands.capacity.costing import costing
+@dataclass
+class CapacityPlan:
+    """A checked capacity search, before it runs: its report inputs and one prepared config per policy."""
+
+    inputs: Any          # report.ReportInputs
+    configs: dict        # policy label -> the RunConfig to search
+    jobs: int
+
+    def default_out(self) -> Path:
+        return Path("runs") / f"capacity-{_digest(self.inputs, self.configs)}"
+
+    def search(self, progress=None) -> "CapacityResult":
+        from sim.commands.capacity.costing import costing
+        from sim.commands.capacity.search import search_capacity
+
+        started = time.perf_counter()
+        inputs = self.inputs
+        outcomes = search_capacity(self.configs, inputs.slos, inputs.settings, jobs=self.jobs, progress=progress)
+        costs = {label: costing(o.max_rate, (o.operating or {}).get("mean_output_tokens", 0.0), inputs.target_rate,
+                                inputs.price, inputs.gpus_per_replica) for label, o in outcomes.items()}
+        return CapacityResult(inputs, outcomes, costs, self.configs, time.perf_counter() - started)
+
+
+@dataclass
+class CapacityResult:
+    """A finished search: its inputs, each policy's outcome and costing."""
+
+    inputs: Any          # report.ReportInputs
+    outcomes: dict       # policy label -> search.PolicyOutcome
+    costs: dict          # policy label -> costing.Costing
+    configs: dict        # policy label -> the RunConfig searched
+    wall_s: float
+
+    def table_rows(self) -> tuple[list[str], list[list[str]]]:
+        """The result table's header and rows, as printed and as in the report."""
+        from sim.commands.capacity.report import result_header, result_rows
+
+        return result_header(self.inputs), result_rows(self.inputs, self.outcomes, self.costs)
+
+    def table_text(self) -> str:
+        """The result table as ``specbatch capacity`` prints it."""
+        header, rows = self.table_rows()
+        table = [header] + rows
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in table]
+        lines.insert(1, "-" * len(lines[0]))
+        return "\n".join(lines)
+
+    def write(self, out: str | os.PathLike[str]) -> Path:
+        from sim.commands.capacity.report import write_report
+
+        return write_report(out, self.inputs, self.outcomes, self.costs)
+
+
+def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[str] | None, policies: str,
+                  seeds: int = 3, tolerance: float = 0.05, requests: int = 600, min_requests: int = 100,
+                  warmup: float = 0.1, curve_points: int = 5, target_rate: float | None = None,
+                  gpu_hour_price: float | None = None, gpus_per_replica: int = 1, jobs: int = 1) -> CapacityPlan:
+    """Check every input (one InputError, named by its flag) and prepare each policy, before any run."""
     from sim.commands.capacity.inputs import base_config, parse_policies, parse_slos, policy_config, positive
-    from sim.commands.capacity.search import SearchSettings, search_capacity, stderr_progress
-    from sim.commands.cli import RUN_FLAGS
+    from sim.commands.capacity.report import ReportInputs
+    from sim.commands.capacity.search import SearchSettings
 
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("the report's figures need matplotlib, which is not installed: "
                          "pip install 'specbatch[report]'")
-    slos = parse_slos(args.slo)
-    specs = parse_policies(args.policies)
-    target = positive(args.target_rate, "--target-rate")
-    price = positive(args.gpu_hour_price, "--gpu-hour-price")
-    _at_least(args.seeds, 1, "--seeds")
-    _at_least(args.gpus_per_replica, 1, "--gpus-per-replica")
-    _at_least(args.jobs, 1, "--jobs")
-    _at_least(args.min_requests, 2, "--min-requests")
-    _at_least(args.requests, args.min_requests, "--requests", "--min-requests")
-    _at_least(args.curve_points, 0, "--curve-points")
-    if not 0 < args.tolerance < 1:
-        raise InputError(f"must be inside (0, 1), got {args.tolerance:g}", source="--tolerance")
-    if not 0 <= args.warmup < 0.9:
-        raise InputError(f"must be in [0, 0.9), got {args.warmup:g}", source="--warmup")
-    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in _workload_flags()}
-    base = base_config(args.config, overrides)
+    parsed_slos = parse_slos(slos)
+    specs = parse_policies(policies)
+    target = positive(target_rate, "--target-rate")
+    price = positive(gpu_hour_price, "--gpu-hour-price")
+    _at_least(seeds, 1, "--seeds")
+    _at_least(gpus_per_replica, 1, "--gpus-per-replica")
+    _at_least(jobs, 1, "--jobs")
+    _at_least(min_requests, 2, "--min-requests")
+    _at_least(requests, min_requests, "--requests", "--min-requests")
+    _at_least(curve_points, 0, "--curve-points")
+    if not 0 < tolerance < 1:
+        raise InputError(f"must be inside (0, 1), got {tolerance:g}", source="--tolerance")
+    if not 0 <= warmup < 0.9:
+        raise InputError(f"must be in [0, 0.9), got {warmup:g}", source="--warmup")
+    base = base_config(config, overrides)
     configs = {spec.label: _prepared(policy_config(base, spec), spec.label) for spec in specs}
-    settings = SearchSettings(seeds=tuple(range(base.seed, base.seed + args.seeds)), tolerance=args.tolerance,
-                              requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
-                              curve_points=args.curve_points)
-    from sim.commands.capacity.report import ReportInputs, check_out_dir, write_report
+    settings = SearchSettings(seeds=tuple(range(base.seed, base.seed + seeds)), tolerance=tolerance,
+                              requests=requests, min_requests=min_requests, warmup=warmup,
+                              curve_points=curve_points)
+    inputs = ReportInputs(profile=_profile_facts(base), workload=_workload_facts(base), slos=parsed_slos,
+                          settings=settings, target_rate=target, price=price, gpus_per_replica=gpus_per_replica)
+    return CapacityPlan(inputs, configs, jobs)
 
-    inputs = ReportInputs(profile=_profile_facts(base), workload=_workload_facts(base), slos=slos,
-                          settings=settings, target_rate=target, price=price,
-                          gpus_per_replica=args.gpus_per_replica)
-    out = check_out_dir(args.out if args.out else Path("runs") / f"capacity-{_digest(inputs, configs)}")
-    started = time.perf_counter()
-    outcomes = search_capacity(configs, slos, settings, jobs=args.jobs,
-                               progress=None if args.quiet else stderr_progress)
-    costs = {label: costing(o.max_rate, (o.operating or {}).get("mean_output_tokens", 0.0), target, price,
-                            args.gpus_per_replica) for label, o in outcomes.items()}
-    write_report(out, inputs, outcomes, costs)
-    print(_summary_table(inputs, outcomes, costs))
-    print(f"Search took {time.perf_counter() - started:.1f} s wall on {args.jobs} worker(s). "
+
+def main(args: argparse.Namespace) -> int:
+    from sim.commands.capacity.report import check_out_dir
+    from sim.commands.capacity.search import stderr_progress
+    from sim.commands.flags import run_overrides
+
+    plan = plan_capacity(args.config, run_overrides(args, _workload_flags()), slos=args.slo,
+                         policies=args.policies, seeds=args.seeds, tolerance=args.tolerance,
+                         requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
+                         curve_points=args.curve_points, target_rate=args.target_rate,
+                         gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs)
+    out = check_out_dir(args.out if args.out else plan.default_out())  # before the search, not after
+    result = plan.search(progress=None if args.quiet else stderr_progress)
+    result.write(out)
+    print(result.table_text())
+    print(f"Search took {result.wall_s:.1f} s wall on {args.jobs} worker(s). "
           f"Wrote {out}/ (report.html, report.md, capacity.json, figures)")
     return 0
 
 
 def _workload_flags() -> list[str]:
-    from sim.commands.cli import RUN_FLAGS
+    from sim.commands.flags import RUN_FLAGS
 
     return [flag for flag in WORKLOAD_FLAGS if flag in RUN_FLAGS]
 
@@ -167,15 +226,3 @@ def _digest(inputs, configs) -> str:
 
     payload = json.dumps([repr(inputs), [c.digest() for c in configs.values()]], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:10]
-
-
-def _summary_table(inputs, outcomes, costs) -> str:
-    from sim.commands.capacity.report import result_header, result_rows
-
-    header = result_header(inputs)
-    rows = result_rows(inputs, outcomes, costs)
-    table = [header] + rows
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in table]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)

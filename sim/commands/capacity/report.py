@@ -14,8 +14,6 @@ import io
 import json
 import math
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +21,11 @@ from typing import Any
 import numpy as np
 
 import sim
+from sim.atomic_write import staged_dir
 from sim.commands.capacity.costing import Costing
 from sim.commands.capacity.inputs import SLO
 from sim.commands.capacity.search import PolicyOutcome, SearchSettings
 from sim.errors import InputError
-from sim.commands.outputs import replace_dir
-from sim.profile import current_umask
 
 MARKER = "capacity.json"
 FIGURES = ("latency_vs_rate.png", "goodput_vs_rate.png", "operating_point.png")
@@ -51,19 +48,12 @@ def write_report(out_dir: str | os.PathLike[str], inputs: ReportInputs, outcomes
     out_dir = check_out_dir(out_dir)
     figures = render_figures(inputs, outcomes)
     document = results_document(inputs, outcomes, costs)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        os.chmod(staging, 0o777 & ~current_umask())
+    with staged_dir(out_dir) as staging:
         for name, png in figures.items():
             (staging / name).write_bytes(png)
         (staging / "report.md").write_text(markdown(inputs, outcomes, costs))
         (staging / "report.html").write_text(html_page(inputs, outcomes, costs, figures))
         (staging / MARKER).write_text(json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")
-        replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 

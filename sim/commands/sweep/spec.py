@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from policies import PolicyError, make_policy
-from sim.config import RunConfig, _flatten, _locate, load_config  # the config's own flattening and line finder
+from sim.config import RunConfig, flatten_sections, key_for, load_config
 from sim.errors import InputError
+from sim.tomlsource import KeyLines, parse_toml
 
 POLICY_AXIS = "policy"
 TOP_KEYS = ("base", "scenario", "axes", "zip")
@@ -68,12 +67,15 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.is_file():
         raise InputError("no such sweep file", source=path, field="sweep")
     text = path.read_text()
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"not valid TOML: {str(exc).split(' (at')[0]}", source=path,
-                         line=_decode_error_line(exc)) from None
-    where = _Where(path, text)
+    return sweep_from_data(parse_toml(text, path), _Where(path, text, path.parent))
+
+
+def sweep_from_data(data: dict[str, Any], where: "_Where | None" = None) -> Sweep:
+    """A sweep given as data in the sweep file's shape (the Python API's ``specbatch.sweep({...})``);
+    without ``where``, errors name the source "sweep" and a ``base`` file is relative to the working folder."""
+    where = where or _Where(Path("sweep"), "", Path("."))
+    if not isinstance(data, dict):
+        raise InputError(f"expected a table of base, scenario, axes and zip, got {data!r}", source=where.path)
     for key in data:
         if key not in TOP_KEYS:
             raise where.error(key, f"unknown sweep key (expected {', '.join(TOP_KEYS)})")
@@ -104,17 +106,17 @@ def load_sweep(path: str | Path) -> Sweep:
         raise where.error("axes", "no axes: give at least one, e.g. seed = [0, 1, 2]")
     _check_disjoint(axes, where)
     cells = _resolve_cells(base, scenario, dimensions, where)
-    return Sweep(path, base, axes, tuple(dimensions), tuple(cells))
+    return Sweep(where.path, base, axes, tuple(dimensions), tuple(cells))
 
 
 class _Where:
     """Turns a TOML path in the sweep file into an InputError with the file and line."""
 
-    def __init__(self, path: Path, text: str) -> None:
-        self.path, self.text = path, text
+    def __init__(self, path: Path, text: str, base_dir: Path) -> None:
+        self.path, self.lines, self.base_dir = path, KeyLines(text), base_dir
 
     def line(self, dotted: str) -> int | None:
-        return _locate(self.text, dotted)
+        return self.lines.find(dotted)
 
     def error(self, dotted: str, message: str) -> InputError:
         return InputError(message, field=dotted, source=self.path, line=self.line(dotted))
@@ -125,17 +127,12 @@ class _Where:
         return f"{self.path}:{line}" if line is not None else str(self.path)
 
 
-def _decode_error_line(exc: tomllib.TOMLDecodeError) -> int | None:
-    match = re.search(r"line (\d+)", str(exc))
-    return int(match.group(1)) if match else None
-
-
 def _base_file(base: Any, where: _Where) -> Path | None:
     if base is None:
         return None
     if not isinstance(base, str) or not base:
         raise where.error("base", f"expected the path of a scenario file, got {base!r}")
-    resolved = where.path.parent / base
+    resolved = where.base_dir / base
     if not resolved.is_file():
         raise where.error("base", f"no such scenario file '{base}' (looked for {resolved})")
     return resolved
@@ -145,7 +142,7 @@ def _scenario(table: Any, where: _Where) -> dict[str, tuple[Any, str]]:
     """Inline overrides for every cell, written like a scenario file under [scenario]."""
     if not isinstance(table, dict):
         raise where.error("scenario", "expected a table written like a scenario file")
-    return {key: (value, where.token(f"scenario.{key}")) for key, value in _flatten(table).items()}
+    return {key: (value, where.token(f"scenario.{key}")) for key, value in flatten_sections(table).items()}
 
 
 def _axis_items(table: dict[str, Any], prefix: str = ""):
@@ -172,7 +169,7 @@ def _axis(name: str, values: Any, dotted: str, where: _Where) -> Axis:
         columns = tuple({POLICY_AXIS: policy_label(point),
                          **{key: _cell_value(v) for key, v in point.items()}} for point in points)
         return Axis(name, dotted, line, points, columns)
-    key = config_key(name)
+    key = key_for(name)
     if key.startswith("output."):
         raise fail("output settings do not vary in a sweep (each cell's results go to the sweep's table)")
     points = tuple({key: value} for value in values)
@@ -193,14 +190,6 @@ def policy_label(point: dict[str, Any]) -> str:
     """A short, readable name for a policy and its parameters, e.g. ``fixed k=2``."""
     params = " ".join(f"{k.split('.', 1)[1]}={_cell_value(v)}" for k, v in point.items() if k != "policy.name")
     return f"{point['policy.name']} {params}".strip()
-
-
-def config_key(name: str) -> str:
-    """A ``specbatch run`` flag name (rate, max-batch-size, k, ...) maps to its config key; else as written."""
-    from sim.commands.cli import RUN_FLAGS
-
-    flag = RUN_FLAGS.get(f"--{name.replace('_', '-')}")
-    return flag[0] if flag is not None and "." not in name else name
 
 
 def _cell_value(value: Any) -> Any:
@@ -276,7 +265,7 @@ def _blame(exc: InputError, origin: dict[str, Axis], where: _Where) -> InputErro
     axis = origin.get(exc.field or "")
     if axis is None:  # a base-file or [scenario] value: load_config's error already says where
         return exc
-    obvious = exc.field in (axis.name, config_key(axis.name)) or (axis.name == POLICY_AXIS
+    obvious = exc.field in (axis.name, key_for(axis.name)) or (axis.name == POLICY_AXIS
                                                                    and exc.field == "policy.name")
     detail = "" if obvious else f" ({exc.field})"
     if exc.message == "unknown setting":

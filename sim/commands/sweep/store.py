@@ -3,7 +3,7 @@
 A cell is keyed by a hash of what determines its result: the resolved config, the
 contents of its trace and profile, and the code (package version plus the bytes of
 sim/, policies/, workloads/ and a custom policy's module). Each cell file is written
-atomically (temp file + os.replace), so a sweep killed at any moment leaves only whole
+atomically (sim.atomic_write), so a sweep killed at any moment leaves only whole
 cells behind, and re-running it computes only the missing ones. Changed code or inputs
 give new keys, so stale results are never reused.
 """
@@ -14,7 +14,6 @@ import hashlib
 import inspect
 import json
 import math
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
@@ -23,6 +22,7 @@ import pandas as pd
 import tomli_w
 
 import sim
+from sim.atomic_write import staged_file, write_file
 from sim.config import RunConfig
 from sim.errors import InputError
 from sim.profile import CSV_NAME, META_NAME, resolve_profile_path
@@ -90,10 +90,10 @@ def _input_files(config: RunConfig) -> list[Path]:
 
 
 def _policy_source(name: str) -> Path | None:
-    from policies.registry import _resolve
+    from policies import policy_class
 
     try:
-        file = inspect.getsourcefile(_resolve(name))
+        file = inspect.getsourcefile(policy_class(name))
     except Exception:  # noqa: BLE001 - unresolvable: the run reports it
         return None
     return Path(file) if file else None
@@ -123,20 +123,7 @@ class CellStore:
             return None
 
     def save(self, key: str, record: dict[str, Any]) -> None:
-        write_atomic(self.path(key), (json.dumps(record, indent=1) + "\n").encode())  # metrics in summary order
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(staging, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())  # whole on disk before it takes the real name
-        os.replace(staging, path)
-    except BaseException:
-        staging.unlink(missing_ok=True)
-        raise
+        write_file(self.path(key), json.dumps(record, indent=1) + "\n")  # metrics in summary order
 
 
 def build_table(cells: Iterable, keys: list[str], columns: list[str], store: CellStore) -> pd.DataFrame:
@@ -183,16 +170,12 @@ def write_tables(frame: pd.DataFrame, out_dir: Path, parquet: bool, csv: bool) -
     written = []
     if parquet:
         path = out_dir / f"{TABLE}.parquet"
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
+        with staged_file(path) as staging:
             frame.to_parquet(staging, index=False)
-            os.replace(staging, path)
-        finally:
-            staging.unlink(missing_ok=True)
         written.append(path)
     if csv:
         path = out_dir / f"{TABLE}.csv"
-        write_atomic(path, frame.to_csv(index=False, lineterminator="\n").encode())
+        write_file(path, frame.to_csv(index=False, lineterminator="\n").encode())
         written.append(path)
     return written
 

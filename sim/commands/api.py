@@ -1,0 +1,292 @@
+"""The Python API, for notebooks and scripts: ``import specbatch`` (the top-level module re-exports this).
+
+``run``, ``sweep`` and ``capacity`` are the commands without the command line: the same
+config resolution (:func:`sim.config.load_config`), the same simulation and the same
+one-line :class:`~sim.errors.InputError` for bad input, raised instead of printed. Keywords
+are named like the ``specbatch run`` flags (``rate``, ``num_requests``, ``max_batch_size``,
+``policy``, ``k``...), so a bad one reads as the CLI's error for that flag; ``overrides``
+takes dotted config keys (``{"workload.rate": 0.2}``). Nothing is written to disk unless
+asked for (``out=``, ``timeline=``).
+
+This module lives with the commands because it is one: it composes the core (config,
+simulate) and the other commands (outputs, sweep, capacity) and is imported by nothing
+of the core.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.config import RunConfig, key_for, load_config
+from sim.errors import InputError
+
+__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity"]
+
+# The summary table's rows: (label, summary key, scale, format).
+_SUMMARY_ROWS = (
+    ("requests completed", "completed", 1, "{:.0f}"),
+    ("request throughput (req/s)", "request_throughput", 1, "{:.4g}"),
+    ("output throughput (tok/s)", "output_throughput", 1, "{:.4g}"),
+    ("mean / p99 TTFT (ms)", ("mean_ttft_ms", "p99_ttft_ms"), 1, "{:.1f}"),
+    ("mean / p99 TPOT (ms)", ("mean_tpot_ms", "p99_tpot_ms"), 1, "{:.1f}"),
+    ("mean / p99 E2EL (ms)", ("mean_e2el_ms", "p99_e2el_ms"), 1, "{:.1f}"),
+    ("acceptance rate (%)", "acceptance_rate", 100, "{:.1f}"),
+    ("mean acceptance length", "mean_acceptance_length", 1, "{:.3f}"),
+    ("mean k", "mean_k", 1, "{:.3f}"),
+    ("mean batch size (decode)", "mean_batch_size", 1, "{:.2f}"),
+    ("engine steps", "num_steps", 1, "{:.0f}"),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulated run: its metrics, per-request and per-step records, and the resolved config."""
+
+    summary: dict[str, Any]   # the metrics, as summary.json's "metrics" (NaN where it writes null)
+    requests: pd.DataFrame    # one row per request, as requests.csv
+    steps: pd.DataFrame       # one row per engine step, as steps.csv
+    config: RunConfig
+    warnings: tuple[str, ...]
+    out: Path | None          # the run folder, when one was asked for
+    result: Any = field(repr=False)  # the sim.simulate.RunResult behind it
+
+    def document(self) -> dict[str, Any]:
+        """The whole summary.json of this run (version, digest, profile, policy, metrics, ...)."""
+        from sim.commands.outputs import summary_document
+
+        return summary_document(self.result)
+
+    def __str__(self) -> str:
+        from sim.commands.outputs import format_summary
+
+        return format_summary(self.result)
+
+    def _repr_html_(self) -> str:
+        cfg = self.config
+        title = (f"specbatch run: {html.escape(cfg.profile)}, policy {html.escape(cfg.policy.name)}, "
+                 f"{cfg.engine.batching} batching, seed {cfg.seed}")
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+                       f"<td style='text-align:right'>{html.escape(value)}</td></tr>"
+                       for label, value in summary_rows(self.summary))
+        table = f"<table><caption>{title}</caption>{rows}</table>"
+        figure = latency_cdf_svg(self.requests)
+        if figure is None:  # no matplotlib: the table alone
+            return table
+        return (f"<div style='display:flex;gap:2em;align-items:flex-start'><div>{table}</div>"
+                f"<div style='max-width:520px'>{figure}</div></div>")
+
+
+def run(config: str | os.PathLike[str] | None = None, *, overrides: dict[str, Any] | None = None,
+        **settings: Any) -> Run:
+    """Simulate one run: ``specbatch.run(profile=..., policy="goodput", rate=2.0, num_requests=500)``.
+
+    ``config``: a scenario TOML file (as ``specbatch run --config``); ``overrides``: dotted
+    keys with plain values; ``settings``: keywords named like the run flags, which win over
+    both. ``policy`` may also be a table, ``{"name": "lut", "table": [[1, 4, 3]]}``. With
+    ``out=FOLDER`` the run folder is written as ``specbatch run --out`` writes it; with
+    ``timeline=FILE`` the Chrome trace too.
+    """
+    from sim.commands.outputs import write_run
+    from sim.commands.timeline import check_writable, write_timeline
+    from sim.simulate import execute, prepare
+
+    resolved = load_config(config, {**(overrides or {}), **_keywords(settings)})
+    prepared = prepare(resolved)
+    if resolved.output.timeline is not None:
+        check_writable(resolved.output.timeline)  # before the run, as the CLI does
+    result = execute(prepared)
+    out = None
+    if resolved.output.dir is not None:
+        out = write_run(result, resolved.output.dir)
+    if resolved.output.timeline is not None:
+        write_timeline(result, resolved.output.timeline, resolved.output.timeline_window)
+    return Run(dict(result.summary), result.requests, result.steps, result.config, tuple(result.warnings),
+               out, result)
+
+
+def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict[str, tuple[Any, str]]:
+    """Keywords -> load_config overrides, each sourced as its flag (so errors read as the CLI's)."""
+    from sim.commands.flags import RUN_FLAGS
+
+    flags = {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}
+    overrides: dict[str, tuple[Any, str]] = {}
+    for name, value in settings.items():
+        key = key_for(name)
+        flag = flags.get(key)
+        if flag is None or "." in name or (allowed is not None and flag not in allowed):
+            known = sorted(flag[2:].replace("-", "_") for flag in (allowed or RUN_FLAGS))
+            raise InputError(f"unknown keyword (known: {', '.join(known)}; or overrides={{'section.key': value}})",
+                             field=name)
+        if key == "policy.name" and isinstance(value, dict):
+            params = dict(value)
+            if not isinstance(params.get("name"), str):
+                raise InputError(f"a policy table needs a name, got {value!r}", source=flag)
+            overrides.update({f"policy.{k}": (v, flag) for k, v in params.items()})
+        else:
+            overrides[key] = (value, flag)
+    return overrides
+
+
+def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The headline metrics as (label, text) rows."""
+    def text(key: str, scale: float, fmt: str) -> str:
+        value = summary.get(key)
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            return "n/a"
+        return fmt.format(value * scale)
+
+    rows = []
+    for label, keys, scale, fmt in _SUMMARY_ROWS:
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        rows.append((label, " / ".join(text(k, scale, fmt) for k in keys)))
+    return rows
+
+
+def latency_cdf_svg(requests: pd.DataFrame) -> str | None:
+    """The TTFT, TPOT and E2EL distributions as one inline SVG; None without matplotlib.
+
+    Drawn on a bare Figure (no pyplot), so it neither needs nor changes a notebook's backend.
+    """
+    try:
+        from matplotlib import rc_context
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    import numpy as np
+
+    fig = Figure(figsize=(5.2, 3.4))
+    ax = fig.subplots()
+    for column, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2el_s", "E2EL")):
+        values = np.sort(requests[column].to_numpy(dtype=float) * 1e3)
+        values = values[np.isfinite(values)]
+        if len(values):
+            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("latency CDF")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    buffer = io.StringIO()
+    with rc_context({"svg.hashsalt": "specbatch"}):  # element ids from a fixed salt: the same run, the same SVG
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]  # inline: without the XML prolog and doctype
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep
+
+
+def sweep(spec: dict[str, Any], *, out: str | os.PathLike[str] | None = None, executor: str = "pool",
+          workers: int | None = None, progress: bool = False) -> pd.DataFrame:
+    """Run a sweep given as a dict in the sweep file's shape; returns its table (one row per cell).
+
+    ``{"scenario": {"workload": {"num_requests": 200}}, "axes": {"rate": [0.5, 1], "policy": ["none",
+    "goodput"]}}``. Every cell is resolved before any runs (a bad axis is one InputError naming
+    it). With ``out=FOLDER`` the cells and sweep.parquet/csv are written there, and a rerun
+    resumes; without, the sweep runs in a temporary folder that is removed afterwards.
+    """
+    from sim.commands.sweep.runner import EXECUTORS, run_sweep
+    from sim.commands.sweep.spec import sweep_from_data
+    from sim.commands.sweep.store import have_pyarrow
+
+    if executor not in EXECUTORS or executor == "dask":
+        raise InputError(f"'{executor}' is not one of pool, serial", field="executor")
+    if workers is not None and workers < 1:
+        raise InputError(f"must be at least 1, got {workers}", field="workers")
+    resolved = sweep_from_data(spec)
+    if out is not None:
+        parquet = have_pyarrow()
+        return run_sweep(resolved, Path(out), executor=executor, workers=workers, parquet=parquet,
+                         csv=not parquet, progress=progress).table
+    with tempfile.TemporaryDirectory(prefix="specbatch-sweep-") as folder:
+        return run_sweep(resolved, Path(folder), executor=executor, workers=workers, parquet=False, csv=False,
+                         progress=progress).table
+
+
+# ---------------------------------------------------------------------------------------------
+# capacity
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    """A capacity search's results: a table (one row per policy), the text the CLI prints, the search."""
+
+    table: pd.DataFrame
+    text: str
+    result: Any = field(repr=False)  # sim.commands.capacity.cli.CapacityResult: outcomes, costs, inputs
+    out: Path | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return self.table.to_html(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, float] | list[str],
+             policies: str | list[str] = "none,fixed,goodput", seeds: int = 3, tolerance: float = 0.05,
+             requests: int = 600, min_requests: int = 100, warmup: float = 0.1, curve_points: int = 5,
+             target_rate: float | None = None, gpu_hour_price: float | None = None, gpus_per_replica: int = 1,
+             jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
+             overrides: dict[str, Any] | None = None, **settings: Any) -> CapacityReport:
+    """The highest request rate one replica serves within the SLOs, per policy (``specbatch capacity``).
+
+    ``slo``: ``{"p99_ttft_ms": 2000, "p90_tpot_ms": 500}``; ``policies``: names with parameters
+    as the CLI writes them (``["none", "fixed:k=2", "goodput"]``); ``settings``: the workload
+    keywords of the run flags (``profile``, ``prompt_tokens``, ``alpha``, ``seed``...). With
+    ``out=FOLDER`` the report (HTML, Markdown, JSON, figures) is written there.
+    """
+    from sim.commands.capacity.cli import WORKLOAD_FLAGS, plan_capacity
+    from sim.commands.capacity.report import check_out_dir
+    from sim.commands.capacity.search import stderr_progress
+
+    slos = [f"{metric}={limit}" for metric, limit in slo.items()] if isinstance(slo, dict) else list(slo)
+    policy_text = policies if isinstance(policies, str) else ",".join(policies)
+    keyword_overrides = _keywords(settings, allowed=set(WORKLOAD_FLAGS))
+    plan = plan_capacity(config, {**(overrides or {}), **keyword_overrides}, slos=slos, policies=policy_text,
+                         seeds=seeds, tolerance=tolerance, requests=requests, min_requests=min_requests,
+                         warmup=warmup, curve_points=curve_points, target_rate=target_rate,
+                         gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs)
+    folder = check_out_dir(out) if out is not None else None
+    result = plan.search(progress=stderr_progress if progress else None)
+    if folder is not None:
+        result.write(folder)
+    return CapacityReport(capacity_table(result), result.table_text(), result, folder)
+
+
+def capacity_table(result: Any) -> pd.DataFrame:
+    """One row per policy, in numbers: max rate and its uncertainty, the SLO statistics and
+    operating point at that rate, and (when asked for) replicas and cost."""
+    inputs, rows = result.inputs, []
+    for label, outcome in result.outcomes.items():
+        operating, costs = outcome.operating or {}, result.costs[label]
+        row = {"policy": label, "max_rate": outcome.max_rate, "uncertainty": outcome.uncertainty,
+               "bracket_low": outcome.bracket[0], "bracket_high": outcome.bracket[1],
+               "seed_max_rates": json.dumps(list(outcome.seed_max_rates))}
+        row.update({slo.metric: operating.get(slo.metric) for slo in inputs.slos})
+        row.update({name: operating.get(name) for name in ("goodput", "mean_k", "mean_batch_size")})
+        if inputs.target_rate is not None:
+            row["replicas"] = costs.replicas
+        if inputs.price is not None:
+            if inputs.target_rate is not None:
+                row["cost_per_m_at_target"] = costs.cost_per_m_at_target
+            row["cost_per_m_at_max_rate"] = costs.cost_per_m_at_max_rate
+        rows.append(row)
+    return pd.DataFrame(rows)
