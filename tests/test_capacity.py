@@ -268,17 +268,21 @@ def test_report_files(report):
     assert names == ["capacity.json", "goodput_vs_rate.png", "latency_vs_rate.png", "operating_point.png",
                      "report.html", "report.md"]
     md = (report / "report.md").read_text()
-    for text in ("| profile | synthetic |", "p99_e2el_ms <= 1500 ms; p90_tpot_ms <= 80 ms", "| seeds | 0, 1 |",
-                 "![latency vs rate](latency_vs_rate.png)", "replicas for 100 req/s", "$ / 1M output tokens"):
+    for text in ("| synthetic | measured | hand-made [synthetic] | float32 | synthetic-target | synthetic-draft | "
+                 "$2.5 per GPU-hour |", "p99_e2el_ms <= 1500 ms; p90_tpot_ms <= 80 ms", "| seeds | 0, 1 |",
+                 "![latency vs rate](latency_vs_rate.png)", "replicas for 100 req/s", "$ / 1M output tokens",
+                 "| GPU prices | --gpu-hour-price 2.5; 1 GPU(s) per replica |"):
         assert text in md
+    assert "Cost by GPU" not in md  # one profile: nothing to compare
     html = (report / "report.html").read_text()
     assert html.count('src="data:image/png;base64,') == 3
     assert "http" not in html.replace("http-equiv", "")  # nothing external to fetch
     import json
 
     doc = json.loads((report / "capacity.json").read_text())
+    assert doc["profile_order"] == ["synthetic"] and doc["profiles"]["synthetic"]["gpu_hour_price"] == 2.5
     for label in ("none", "fixed:k=2"):
-        result = doc["policies"][label]
+        result = doc["profiles"]["synthetic"]["policies"][label]
         rate = result["max_rate_req_s"]
         assert rate > 0 and result["replicas"] == math.ceil(100 / rate)
         assert result["operating_point"]["p99_e2el_ms"] <= 1500 and result["operating_point"]["p90_tpot_ms"] <= 80
@@ -335,7 +339,7 @@ def _small_outcome(report: Path):
     import numpy as np
 
     from sim.commands.capacity.costing import Costing
-    from sim.commands.capacity.report import ReportInputs
+    from sim.commands.capacity.report import PricedProfile, ReportInputs
     from sim.commands.capacity.search import PolicyOutcome
     from sim.config import load_config
 
@@ -344,10 +348,11 @@ def _small_outcome(report: Path):
                             points={1.0: stats}, operating=stats,
                             steps={"start_s": np.arange(3.0), "phase": np.ones(3), "running": np.ones(3),
                                    "k": np.zeros(3)})
-    inputs = ReportInputs({"name": "p", "device": {}, "dtype": None, "models": {}},
+    facts = {"name": "p", "gpu": "?", "source": "measured", "device": {}, "dtype": None, "models": {}}
+    inputs = ReportInputs({"p": PricedProfile(facts, None)},
                           {"arrival": "a", "prompt_tokens": "1", "output_tokens": "1", "batching": "b",
-                           "acceptance": "c"}, (SLO("p99_e2el_ms", 20.0),), SearchSettings(), None, None, 1)
-    return inputs, {"none": outcome}, {"none": Costing(None, None, None)}
+                           "acceptance": "c"}, (SLO("p99_e2el_ms", 20.0),), SearchSettings(), None, 1)
+    return inputs, {"p": {"none": outcome}}, {"p": {"none": Costing(None, None, None)}}
 
 
 # ------------------------------------------------------------------ the HTML in a real browser

@@ -57,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="traffic to serve (req/s): report the replicas needed")
     parser.add_argument("--gpu-hour-price", type=_typed("--gpu-hour-price", float), default=None,
                         help="price of one GPU-hour: report the cost per 1M output tokens")
+    parser.add_argument("--profiles", default=None, metavar="A,B,...",
+                        help="compare these profiles (names or folders, comma-separated; one per GPU, say) "
+                             "for the same traffic and SLOs: replicas and $ per 1M output tokens per GPU; "
+                             "needs --gpu-price")
+    parser.add_argument("--gpu-price", default=None, metavar="GPU=PRICE,...|FILE",
+                        help="price of one hour of each GPU, e.g. h100=3.9,h200=4.5,l40s=1.9, or a TOML file of "
+                             "GPU = PRICE lines; a key matches a profile's GPU by its words (h100 matches "
+                             "h100_sxm and 'NVIDIA H100 80GB HBM3'). No prices ship with specbatch")
     parser.add_argument("--gpus-per-replica", type=_typed("--gpus-per-replica", int), default=1,
                         help="GPUs one replica occupies, for the cost (default 1)")
     parser.add_argument("--jobs", type=_typed("--jobs", int), default=os.cpu_count() or 1,
@@ -67,9 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from sim.commands.capacity.costing import costing
-    from sim.commands.capacity.inputs import base_config, parse_policies, parse_slos, policy_config, positive
+    from sim.commands.capacity.inputs import parse_policies, parse_slos, policy_config, positive
     from sim.commands.capacity.search import SearchSettings, search_capacity, stderr_progress
-    from sim.commands.cli import RUN_FLAGS
 
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("the report's figures need matplotlib, which is not installed: "
@@ -77,7 +84,6 @@ def main(args: argparse.Namespace) -> int:
     slos = parse_slos(args.slo)
     specs = parse_policies(args.policies)
     target = positive(args.target_rate, "--target-rate")
-    price = positive(args.gpu_hour_price, "--gpu-hour-price")
     _at_least(args.seeds, 1, "--seeds")
     _at_least(args.gpus_per_replica, 1, "--gpus-per-replica")
     _at_least(args.jobs, 1, "--jobs")
@@ -88,28 +94,110 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(f"must be inside (0, 1), got {args.tolerance:g}", source="--tolerance")
     if not 0 <= args.warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {args.warmup:g}", source="--warmup")
-    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in _workload_flags()}
-    base = base_config(args.config, overrides)
-    configs = {spec.label: _prepared(policy_config(base, spec), spec.label) for spec in specs}
-    settings = SearchSettings(seeds=tuple(range(base.seed, base.seed + args.seeds)), tolerance=args.tolerance,
+    bases = _profile_bases(args)
+    priced = _priced_profiles(args, bases)
+    configs, members = {}, {}
+    for name, base in bases.items():
+        for spec in specs:
+            label = spec.label if len(bases) == 1 else f"{name} / {spec.label}"
+            configs[label] = _prepared(policy_config(base, spec), label)
+            members[label] = (name, spec.label)
+    first = next(iter(bases.values()))
+    settings = SearchSettings(seeds=tuple(range(first.seed, first.seed + args.seeds)), tolerance=args.tolerance,
                               requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
                               curve_points=args.curve_points)
     from sim.commands.capacity.report import ReportInputs, check_out_dir, write_report
 
-    inputs = ReportInputs(profile=_profile_facts(base), workload=_workload_facts(base), slos=slos,
-                          settings=settings, target_rate=target, price=price,
-                          gpus_per_replica=args.gpus_per_replica)
+    inputs = ReportInputs(profiles=priced, workload=_workload_facts(first), slos=slos, settings=settings,
+                          target_rate=target, gpus_per_replica=args.gpus_per_replica, prices=_prices_text(args))
     out = check_out_dir(args.out if args.out else Path("runs") / f"capacity-{_digest(inputs, configs)}")
     started = time.perf_counter()
-    outcomes = search_capacity(configs, slos, settings, jobs=args.jobs,
-                               progress=None if args.quiet else stderr_progress)
-    costs = {label: costing(o.max_rate, (o.operating or {}).get("mean_output_tokens", 0.0), target, price,
-                            args.gpus_per_replica) for label, o in outcomes.items()}
+    found = search_capacity(configs, slos, settings, jobs=args.jobs,
+                            progress=None if args.quiet else stderr_progress,
+                            curve_groups={label: name for label, (name, _) in members.items()})
+    outcomes = {name: {} for name in bases}
+    costs = {name: {} for name in bases}
+    for label, o in found.items():
+        name, policy = members[label]
+        outcomes[name][policy] = replace(o, label=policy)
+        costs[name][policy] = costing(o.max_rate, (o.operating or {}).get("mean_output_tokens", 0.0), target,
+                                      priced[name].price, args.gpus_per_replica)
     write_report(out, inputs, outcomes, costs)
     print(_summary_table(inputs, outcomes, costs))
     print(f"Search took {time.perf_counter() - started:.1f} s wall on {args.jobs} worker(s). "
           f"Wrote {out}/ (report.html, report.md, capacity.json, figures)")
     return 0
+
+
+# ---------------------------------------------------------------- profiles and their prices
+
+def _profile_bases(args: argparse.Namespace) -> dict:
+    """Profile name -> base scenario: the one of --profile/--config, or one per --profiles entry."""
+    from sim.commands.capacity.inputs import base_config
+    from sim.commands.cli import RUN_FLAGS
+
+    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in _workload_flags()}
+    if args.profiles is None:
+        base = base_config(args.config, overrides)
+        return {_profile_facts(base)["name"]: base}
+    profile_key = RUN_FLAGS["--profile"][0]
+    if overrides[profile_key][0] is not None:
+        raise InputError("give --profile or --profiles, not both", source="--profiles")
+    names = [part.strip() for part in args.profiles.split(",")]
+    if not all(names):
+        raise InputError(f"empty profile name in '{args.profiles}'", source="--profiles")
+    bases = {}
+    for name in names:
+        _check_profile(name)
+        base = base_config(args.config, {**overrides, profile_key: (name, "--profiles")})
+        shown = _profile_facts(base)["name"]
+        if shown in bases:
+            raise InputError(f"profile {shown} is listed twice", source="--profiles")
+        bases[shown] = base
+    return bases
+
+
+def _check_profile(name: str) -> None:
+    from sim.profile import load_profile
+
+    try:
+        load_profile(name)
+    except InputError as exc:
+        if exc.source is None:
+            raise InputError(exc.message, source="--profiles") from None
+        raise
+
+
+def _priced_profiles(args: argparse.Namespace, bases: dict) -> dict:
+    """Profile name -> its facts and price per GPU-hour (None without a price flag)."""
+    from sim.commands.capacity.inputs import positive
+    from sim.commands.capacity.prices import gpu_price, parse_gpu_prices
+    from sim.commands.capacity.report import PricedProfile
+    from sim.profile import load_profile
+
+    one_price = positive(args.gpu_hour_price, "--gpu-hour-price")
+    prices = parse_gpu_prices(args.gpu_price) if args.gpu_price is not None else None
+    if prices is not None and one_price is not None:
+        raise InputError("give one price for every GPU (--gpu-hour-price) or a price per GPU, not both",
+                         source="--gpu-price")
+    if len(bases) > 1 and prices is None and one_price is None:
+        raise InputError("comparing profiles needs each GPU's price per hour, e.g. --gpu-price "
+                         "h100=3.9,h200=4.5 (or --gpu-hour-price P, one price for all)", source="--gpu-price")
+    priced = {}
+    for name, base in bases.items():
+        key, price = None, one_price
+        if prices is not None:
+            key, price = gpu_price(load_profile(base.profile).meta, prices, name)
+        priced[name] = PricedProfile(facts=_profile_facts(base), price=price, price_key=key)
+    return priced
+
+
+def _prices_text(args: argparse.Namespace) -> str | None:
+    if args.gpu_price is not None:
+        return f"--gpu-price {args.gpu_price}"
+    if args.gpu_hour_price is not None:
+        return f"--gpu-hour-price {args.gpu_hour_price:g}"
+    return None
 
 
 def _workload_flags() -> list[str]:
@@ -138,11 +226,13 @@ def _prepared(config, label: str):
 
 
 def _profile_facts(config) -> dict:
+    from sim.commands.capacity.prices import profile_gpu
     from sim.profile import load_profile
 
     profile = load_profile(config.profile)
     meta = profile.meta
-    return {"name": profile.name, "device": meta.get("device", {}), "dtype": meta.get("dtype"),
+    return {"name": profile.name, "gpu": profile_gpu(meta), "source": meta.get("source", "measured"),
+            "device": meta.get("device", {}), "dtype": meta.get("dtype"),
             "models": {role: m.get("name") for role, m in meta.get("models", {}).items()}}
 
 
@@ -170,12 +260,18 @@ def _digest(inputs, configs) -> str:
 
 
 def _summary_table(inputs, outcomes, costs) -> str:
-    from sim.commands.capacity.report import result_header, result_rows
+    """The results table, and with several profiles the cost comparison and the prices it used."""
+    from sim.commands.capacity.report import comparison_header, comparison_rows, price_lines, result_header, result_rows
 
-    header = result_header(inputs)
-    rows = result_rows(inputs, outcomes, costs)
+    text = _text_table(result_header(inputs), result_rows(inputs, outcomes, costs))
+    if len(inputs.profiles) > 1:
+        text += "\n\n" + _text_table(comparison_header(inputs), comparison_rows(inputs, outcomes, costs))
+    return "\n".join([text, *price_lines(inputs)])
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
     table = [header] + rows
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in table]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "-" * max(len(line) for line in lines))
     return "\n".join(lines)
