@@ -212,7 +212,9 @@ def comparison_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> l
         p = inputs.profiles[name]
         for label, o in by_policy.items():
             c = costs[name][label]
-            rows.append([name, p.facts["gpu"], label, _num(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
+            k = o.config.policy.params.get("k")
+            policy = label + (f" (k={k})" if isinstance(k, int) and ":k=" not in label else "")
+            rows.append([name, p.facts["gpu"], policy, _num(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
                          "—" if c.replicas is None else str(c.replicas),
                          "—" if p.price is None else f"${p.price:g}", _money(c.fleet_cost_per_hour),
                          _money(c.cost_per_m_at_target), _money(c.cost_per_m_at_max_rate)])
