@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from sim.commands.capacity.costing import cost_per_million, costing, replicas_needed
 from sim.commands.capacity.inputs import SLO, parse_policies, parse_slo, parse_slos, policy_config
+from sim.commands.capacity.prices import gpu_price, parse_gpu_prices, profile_gpu
 from sim.commands.capacity.search import RateSearch, SearchSettings, search_capacity
 from sim.commands.cli import main
 from sim.errors import InputError
@@ -365,6 +366,23 @@ def _chromium() -> tuple[str, str] | None:
 
 
 def test_html_report_renders_its_figures_in_headless_chromium(report):
+    title, sizes = _render_in_chromium(report / "report.html")
+    assert title == "Capacity report: synthetic"
+    assert len(sizes) == 3
+    for complete, width, height, shown in sizes:
+        assert complete and width > 0 and height > 0 and shown > 0
+
+
+def test_comparison_html_renders_its_four_figures_in_headless_chromium(comparison):
+    title, sizes = _render_in_chromium(comparison[0] / "report.html")
+    assert title == "Capacity report: slow-h100 vs fast-h200"
+    assert len(sizes) == 4
+    for complete, width, height, shown in sizes:
+        assert complete and width > 0 and height > 0 and shown > 0
+
+
+def _render_in_chromium(page: Path) -> tuple[str, list]:
+    """The page's title and, per <img>, (loaded, natural width, natural height, shown width)."""
     found = _chromium()
     if found is None:
         pytest.skip("no chromium and chromedriver on PATH (Debian: apt-get install -y chromium chromium-driver)")
@@ -384,7 +402,7 @@ def test_html_report_renders_its_figures_in_headless_chromium(report):
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     try:
         driver.set_page_load_timeout(60)
-        driver.get((report / "report.html").resolve().as_uri())
+        driver.get(page.resolve().as_uri())
         sizes = driver.execute_script(
             "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight,"
             " i.getBoundingClientRect().width]);")
@@ -392,15 +410,10 @@ def test_html_report_renders_its_figures_in_headless_chromium(report):
     finally:
         driver.quit()
         shutil.rmtree(profile_dir, ignore_errors=True)
-    assert title == "Capacity report: synthetic"
-    assert len(sizes) == 3
-    for complete, width, height, shown in sizes:
-        assert complete and width > 0 and height > 0 and shown > 0
+    return title, sizes
 
 
 # ------------------------------------------------------------------ GPUs and their prices
-
-from sim.commands.capacity.prices import gpu_price, parse_gpu_prices, profile_gpu  # noqa: E402
 
 COMPOSED_H100 = {"source": "composed", "gpu": "h100_sxm", "device": {"type": "cuda", "name": "h100_sxm"}}
 MEASURED_H100 = {"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}}
