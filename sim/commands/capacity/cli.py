@@ -77,6 +77,7 @@ def main(args: argparse.Namespace) -> int:
     from sim.commands.capacity.costing import costing
     from sim.commands.capacity.inputs import parse_policies, parse_slos, policy_config, positive
     from sim.commands.capacity.search import SearchSettings, search_capacity, stderr_progress
+    from sim.commands.cli import RUN_FLAGS
 
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("the report's figures need matplotlib, which is not installed: "
@@ -94,15 +95,16 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(f"must be inside (0, 1), got {args.tolerance:g}", source="--tolerance")
     if not 0 <= args.warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {args.warmup:g}", source="--warmup")
-    bases = _profile_bases(args)
+    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in _workload_flags()}
+    bases = _profile_bases(args, overrides)  # profile name -> (base scenario, loaded profile)
     priced = _priced_profiles(args, bases)
     configs, members = {}, {}
-    for name, base in bases.items():
+    for name, (base, _) in bases.items():
         for spec in specs:
             label = spec.label if len(bases) == 1 else f"{name} / {spec.label}"
             configs[label] = _prepared(policy_config(base, spec), label)
             members[label] = (name, spec.label)
-    first = next(iter(bases.values()))
+    first = next(iter(bases.values()))[0]
     settings = SearchSettings(seeds=tuple(range(first.seed, first.seed + args.seeds)), tolerance=args.tolerance,
                               requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
                               curve_points=args.curve_points)
@@ -131,41 +133,33 @@ def main(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- profiles and their prices
 
-def _profile_bases(args: argparse.Namespace) -> dict:
-    """Profile name -> base scenario: the one of --profile/--config, or one per --profiles entry."""
+def _profile_bases(args: argparse.Namespace, overrides: dict) -> dict:
+    """Profile name -> (base scenario, profile): the one of --profile/--config, or one per --profiles entry."""
     from sim.commands.capacity.inputs import base_config
-    from sim.commands.cli import RUN_FLAGS
+    from sim.profile import load_profile
 
-    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0]), f) for f in _workload_flags()}
     if args.profiles is None:
         base = base_config(args.config, overrides)
-        return {_profile_facts(base)["name"]: base}
-    profile_key = RUN_FLAGS["--profile"][0]
-    if overrides[profile_key][0] is not None:
+        profile = load_profile(base.profile)
+        return {profile.name: (base, profile)}
+    profile_key = "profile"  # the config key --profile sets
+    if overrides.get(profile_key, (None,))[0] is not None:
         raise InputError("give --profile or --profiles, not both", source="--profiles")
     names = [part.strip() for part in args.profiles.split(",")]
     if not all(names):
         raise InputError(f"empty profile name in '{args.profiles}'", source="--profiles")
     bases = {}
     for name in names:
-        _check_profile(name)
-        base = base_config(args.config, {**overrides, profile_key: (name, "--profiles")})
-        shown = _profile_facts(base)["name"]
-        if shown in bases:
-            raise InputError(f"profile {shown} is listed twice", source="--profiles")
-        bases[shown] = base
+        try:
+            profile = load_profile(name)
+        except InputError as exc:
+            if exc.source is None:
+                raise InputError(exc.message, source="--profiles") from None
+            raise
+        if profile.name in bases:
+            raise InputError(f"profile {profile.name} is listed twice", source="--profiles")
+        bases[profile.name] = (base_config(args.config, {**overrides, profile_key: (name, "--profiles")}), profile)
     return bases
-
-
-def _check_profile(name: str) -> None:
-    from sim.profile import load_profile
-
-    try:
-        load_profile(name)
-    except InputError as exc:
-        if exc.source is None:
-            raise InputError(exc.message, source="--profiles") from None
-        raise
 
 
 def _priced_profiles(args: argparse.Namespace, bases: dict) -> dict:
@@ -173,7 +167,6 @@ def _priced_profiles(args: argparse.Namespace, bases: dict) -> dict:
     from sim.commands.capacity.inputs import positive
     from sim.commands.capacity.prices import gpu_price, parse_gpu_prices
     from sim.commands.capacity.report import PricedProfile
-    from sim.profile import load_profile
 
     one_price = positive(args.gpu_hour_price, "--gpu-hour-price")
     prices = parse_gpu_prices(args.gpu_price) if args.gpu_price is not None else None
@@ -184,11 +177,11 @@ def _priced_profiles(args: argparse.Namespace, bases: dict) -> dict:
         raise InputError("comparing profiles needs each GPU's price per hour, e.g. --gpu-price "
                          "h100=3.9,h200=4.5 (or --gpu-hour-price P, one price for all)", source="--gpu-price")
     priced = {}
-    for name, base in bases.items():
+    for name, (_, profile) in bases.items():
         key, price = None, one_price
         if prices is not None:
-            key, price = gpu_price(load_profile(base.profile).meta, prices, name)
-        priced[name] = PricedProfile(facts=_profile_facts(base), price=price, price_key=key)
+            key, price = gpu_price(profile.meta, prices, name)
+        priced[name] = PricedProfile(facts=_profile_facts(profile), price=price, price_key=key)
     return priced
 
 
@@ -225,11 +218,9 @@ def _prepared(config, label: str):
     return replace(config, policy=resolved.policy)
 
 
-def _profile_facts(config) -> dict:
+def _profile_facts(profile) -> dict:
     from sim.commands.capacity.prices import profile_gpu
-    from sim.profile import load_profile
 
-    profile = load_profile(config.profile)
     meta = profile.meta
     return {"name": profile.name, "gpu": profile_gpu(meta), "source": meta.get("source", "measured"),
             "device": meta.get("device", {}), "dtype": meta.get("dtype"),

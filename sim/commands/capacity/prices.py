@@ -30,7 +30,7 @@ def profile_gpu(meta: dict[str, Any]) -> str:
     """The GPU (or other device) a profile's costs were composed or measured for.
 
     Composed profiles (``source = "composed"``) name it in a ``gpu`` field, the kernel
-    data's system name such as ``h100_sxm`` (top level, or inside ``device``); measured
+    data's system name such as ``h100_sxm`` (top level, in ``device`` or in ``composition``); measured
     ones in ``device.name`` as torch reports it (``NVIDIA H100 80GB HBM3``, or the CPU's
     name). The device type (``cuda``, ``cpu``) is the last resort.
     """
@@ -40,7 +40,8 @@ def profile_gpu(meta: dict[str, Any]) -> str:
 
 def _descriptions(meta: dict[str, Any]) -> list[str]:
     device = meta.get("device") if isinstance(meta.get("device"), dict) else {}
-    found = [meta.get("gpu"), device.get("gpu"), device.get("name"), device.get("type")]
+    composition = meta.get("composition") if isinstance(meta.get("composition"), dict) else {}
+    found = [meta.get("gpu"), device.get("gpu"), composition.get("gpu"), device.get("name"), device.get("type")]
     return [text.strip() for text in found if isinstance(text, str) and text.strip()]
 
 
