@@ -423,6 +423,8 @@ MEASURED_CPU = {"device": {"type": "cpu", "name": "AMD EPYC"}}
 def test_profile_gpu_reads_composed_and_measured_sidecars():
     assert profile_gpu(COMPOSED_H100) == "h100_sxm"
     assert profile_gpu({"source": "composed", "device": {"gpu": "l40s", "type": "cuda"}}) == "l40s"
+    assert profile_gpu({"source": "composed", "composition": {"gpu": "h200_sxm"},
+                        "device": {"type": "cuda", "name": "NVIDIA H200"}}) == "h200_sxm"
     assert profile_gpu(MEASURED_H100) == "NVIDIA H100 80GB HBM3"
     assert profile_gpu(MEASURED_CPU) == "AMD EPYC"
     assert profile_gpu({"device": {"type": "cuda"}}) == "cuda"
@@ -615,3 +617,12 @@ def test_bad_comparison_inputs_fail_first_with_one_line(args, says, gpu_profiles
     code, _, err = _cli(given + ["--out", str(out)], capsys)
     assert code == 2 and says in err and err.count("\n") == 1, err
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_one_profile_is_priced_by_gpu_price_too(gpu_profiles, tmp_path, capsys):
+    out = tmp_path / "report"
+    code, _, err = _cli(["--profile", str(gpu_profiles[1]), "--gpu-price", "h100=2", "--slo", "p99_ttft_ms=1000",
+                         "--out", str(out)], capsys)
+    assert code == 2 and err == ("error: --gpu-price: no price for the GPU of profile fast-h200 ('NVIDIA H200'); "
+                                 "prices given for: h100; add one, e.g. --gpu-price nvidia_h200=PRICE\n")
+    assert list(tmp_path.iterdir()) == []
