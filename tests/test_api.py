@@ -147,3 +147,20 @@ def test_capacity_returns_a_report_like_the_clis(tmp_path, empty_cwd, capsys):
         specbatch.capacity(**settings, rate=2.0)  # the search chooses the rate
     assert written  # the CLI's report exists; the API wrote none
     assert sorted(os.listdir(tmp_path)) == ["cli", "cwd"]
+
+
+def test_capacity_compares_profiles_with_a_price_per_gpu(empty_cwd):
+    settings = dict(slo={"p99_ttft_ms": 60000}, policies=["none"], seeds=1, tolerance=0.3, requests=30,
+                    min_requests=10, curve_points=0, prompt_tokens="32", output_tokens="32", target_rate=1.0)
+    profiles = ["cpu-tinyllama-1.1b-llama-68m", "cpu-llama-160m-llama-68m"]
+    report = specbatch.capacity(**settings, profiles=profiles, gpu_price={"cpu": 2.0})
+    table = report.table
+    assert list(table.profile) == profiles and list(table.policy) == ["none", "none"]
+    assert (table.gpu_hour_price == 2.0).all() and (table.replicas >= 1).all()
+    # the same price per GPU-hour: the replica that serves more costs less per token
+    faster, slower = table.sort_values("max_rate", ascending=False).cost_per_m_at_max_rate
+    assert faster < slower
+    assert "Prices" in report.text
+    with pytest.raises(specbatch.InputError, match=r"^--gpu-price: comparing profiles needs"):
+        specbatch.capacity(**settings, profiles=profiles)
+    assert list(empty_cwd.iterdir()) == []

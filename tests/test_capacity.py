@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from sim.commands.capacity.costing import cost_per_million, costing, replicas_needed
 from sim.commands.capacity.inputs import SLO, parse_policies, parse_slo, parse_slos, policy_config
+from sim.commands.capacity.prices import gpu_price, parse_gpu_prices, profile_gpu
 from sim.commands.capacity.search import RateSearch, SearchSettings, search_capacity
 from sim.commands.cli import main
 from sim.errors import InputError
@@ -268,17 +270,21 @@ def test_report_files(report):
     assert names == ["capacity.json", "goodput_vs_rate.png", "latency_vs_rate.png", "operating_point.png",
                      "report.html", "report.md"]
     md = (report / "report.md").read_text()
-    for text in ("| profile | synthetic |", "p99_e2el_ms <= 1500 ms; p90_tpot_ms <= 80 ms", "| seeds | 0, 1 |",
-                 "![latency vs rate](latency_vs_rate.png)", "replicas for 100 req/s", "$ / 1M output tokens"):
+    for text in ("| synthetic | measured | hand-made [synthetic] | float32 | synthetic-target | synthetic-draft | "
+                 "$2.5 per GPU-hour |", "p99_e2el_ms <= 1500 ms; p90_tpot_ms <= 80 ms", "| seeds | 0, 1 |",
+                 "![latency vs rate](latency_vs_rate.png)", "replicas for 100 req/s", "$ / 1M output tokens",
+                 "| GPU prices | --gpu-hour-price 2.5; 1 GPU(s) per replica |"):
         assert text in md
+    assert "Cost by GPU" not in md  # one profile: nothing to compare
     html = (report / "report.html").read_text()
     assert html.count('src="data:image/png;base64,') == 3
     assert "http" not in html.replace("http-equiv", "")  # nothing external to fetch
     import json
 
     doc = json.loads((report / "capacity.json").read_text())
+    assert doc["profile_order"] == ["synthetic"] and doc["profiles"]["synthetic"]["gpu_hour_price"] == 2.5
     for label in ("none", "fixed:k=2"):
-        result = doc["policies"][label]
+        result = doc["profiles"]["synthetic"]["policies"][label]
         rate = result["max_rate_req_s"]
         assert rate > 0 and result["replicas"] == math.ceil(100 / rate)
         assert result["operating_point"]["p99_e2el_ms"] <= 1500 and result["operating_point"]["p90_tpot_ms"] <= 80
@@ -335,7 +341,7 @@ def _small_outcome(report: Path):
     import numpy as np
 
     from sim.commands.capacity.costing import Costing
-    from sim.commands.capacity.report import ReportInputs
+    from sim.commands.capacity.report import PricedProfile, ReportInputs
     from sim.commands.capacity.search import PolicyOutcome
     from sim.config import load_config
 
@@ -344,10 +350,11 @@ def _small_outcome(report: Path):
                             points={1.0: stats}, operating=stats,
                             steps={"start_s": np.arange(3.0), "phase": np.ones(3), "running": np.ones(3),
                                    "k": np.zeros(3)})
-    inputs = ReportInputs({"name": "p", "device": {}, "dtype": None, "models": {}},
+    facts = {"name": "p", "gpu": "?", "source": "measured", "device": {}, "dtype": None, "models": {}}
+    inputs = ReportInputs({"p": PricedProfile(facts, None)},
                           {"arrival": "a", "prompt_tokens": "1", "output_tokens": "1", "batching": "b",
-                           "acceptance": "c"}, (SLO("p99_e2el_ms", 20.0),), SearchSettings(), None, None, 1)
-    return inputs, {"none": outcome}, {"none": Costing(None, None, None)}
+                           "acceptance": "c"}, (SLO("p99_e2el_ms", 20.0),), SearchSettings(), None, 1)
+    return inputs, {"p": {"none": outcome}}, {"p": {"none": Costing(None, None, None)}}
 
 
 # ------------------------------------------------------------------ the HTML in a real browser
@@ -359,6 +366,23 @@ def _chromium() -> tuple[str, str] | None:
 
 
 def test_html_report_renders_its_figures_in_headless_chromium(report):
+    title, sizes = _render_in_chromium(report / "report.html")
+    assert title == "Capacity report: synthetic"
+    assert len(sizes) == 3
+    for complete, width, height, shown in sizes:
+        assert complete and width > 0 and height > 0 and shown > 0
+
+
+def test_comparison_html_renders_its_four_figures_in_headless_chromium(comparison):
+    title, sizes = _render_in_chromium(comparison[0] / "report.html")
+    assert title == "Capacity report: slow-h100 vs fast-h200"
+    assert len(sizes) == 4
+    for complete, width, height, shown in sizes:
+        assert complete and width > 0 and height > 0 and shown > 0
+
+
+def _render_in_chromium(page: Path) -> tuple[str, list]:
+    """The page's title and, per <img>, (loaded, natural width, natural height, shown width)."""
     found = _chromium()
     if found is None:
         pytest.skip("no chromium and chromedriver on PATH (Debian: apt-get install -y chromium chromium-driver)")
@@ -378,7 +402,7 @@ def test_html_report_renders_its_figures_in_headless_chromium(report):
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     try:
         driver.set_page_load_timeout(60)
-        driver.get((report / "report.html").resolve().as_uri())
+        driver.get(page.resolve().as_uri())
         sizes = driver.execute_script(
             "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight,"
             " i.getBoundingClientRect().width]);")
@@ -386,7 +410,219 @@ def test_html_report_renders_its_figures_in_headless_chromium(report):
     finally:
         driver.quit()
         shutil.rmtree(profile_dir, ignore_errors=True)
-    assert title == "Capacity report: synthetic"
-    assert len(sizes) == 3
-    for complete, width, height, shown in sizes:
-        assert complete and width > 0 and height > 0 and shown > 0
+    return title, sizes
+
+
+# ------------------------------------------------------------------ GPUs and their prices
+
+COMPOSED_H100 = {"source": "composed", "gpu": "h100_sxm", "device": {"type": "cuda", "name": "h100_sxm"}}
+MEASURED_H100 = {"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}}
+MEASURED_CPU = {"device": {"type": "cpu", "name": "AMD EPYC"}}
+
+
+def test_profile_gpu_reads_composed_and_measured_sidecars():
+    assert profile_gpu(COMPOSED_H100) == "h100_sxm"
+    assert profile_gpu({"source": "composed", "device": {"gpu": "l40s", "type": "cuda"}}) == "l40s"
+    assert profile_gpu({"source": "composed", "composition": {"gpu": "h200_sxm"},
+                        "device": {"type": "cuda", "name": "NVIDIA H200"}}) == "h200_sxm"
+    assert profile_gpu(MEASURED_H100) == "NVIDIA H100 80GB HBM3"
+    assert profile_gpu(MEASURED_CPU) == "AMD EPYC"
+    assert profile_gpu({"device": {"type": "cuda"}}) == "cuda"
+    assert profile_gpu({}) == "unknown device"
+
+
+def test_a_price_key_matches_by_its_words():
+    prices = parse_gpu_prices("h100=3.9,h200=4.5,l40s=1.9,cpu=0.2")
+    assert gpu_price(COMPOSED_H100, prices, "p") == ("h100", 3.9)
+    assert gpu_price(MEASURED_H100, prices, "p") == ("h100", 3.9)
+    assert gpu_price({"gpu": "h200_sxm"}, prices, "p") == ("h200", 4.5)
+    assert gpu_price({"gpu": "l40s"}, prices, "p") == ("l40s", 1.9)
+    assert gpu_price(MEASURED_CPU, prices, "p") == ("cpu", 0.2)
+    # the most specific key wins; h20 is not h200
+    assert gpu_price(COMPOSED_H100, {"h100": 3.0, "h100_sxm": 4.0}, "p") == ("h100_sxm", 4.0)
+    with pytest.raises(InputError, match="no price for the GPU of profile big .'h200_sxm'.; prices given for: "
+                                         "h20; add one, e.g. --gpu-price h200_sxm=PRICE") as info:
+        gpu_price({"gpu": "h200_sxm"}, {"h20": 1.0}, "big")
+    assert info.value.source == "--gpu-price"
+    with pytest.raises(InputError, match="'h100' and 'nvidia' both match the GPU of profile p"):
+        gpu_price(MEASURED_H100, {"h100": 3.0, "nvidia": 4.0}, "p")
+
+
+def test_gpu_prices_from_a_toml_file(tmp_path):
+    path = tmp_path / "prices.toml"
+    path.write_text('# $ per GPU-hour\nh100_sxm = 3.9\n"h200" = 4.5\nl40s = 2\n')
+    assert parse_gpu_prices(str(path)) == {"h100_sxm": 3.9, "h200": 4.5, "l40s": 2.0}
+
+
+@pytest.mark.parametrize("text, says", [
+    ("h100", "'h100' is neither GPU=PRICE pairs"),
+    ("h100=", "'h100=' is not GPU=PRICE"),
+    ("h100=3,,h200=4", "'' is not GPU=PRICE"),
+    ("h100=cheap", "'cheap' for h100 is not a price"),
+    ("h100=0", "the price of h100 must be a positive number per GPU-hour, got 0"),
+    ("h100=nan", "must be a positive number"),
+    ("h100=3,H100=4", "H100 is given twice ('h100' and 'H100')"),
+    ("_=3", "'_' names no GPU"),
+])
+def test_bad_gpu_prices(text, says):
+    with pytest.raises(InputError, match=re.escape(says)) as info:
+        parse_gpu_prices(text)
+    assert info.value.source == "--gpu-price"
+
+
+@pytest.mark.parametrize("body, says", [
+    ("h100 = 3.9\nh200 = -1\n", ":2: the price of h200 must be a positive number"),
+    ("h100 = 3.9\nh200 = 'cheap'\n", ":2: h200: expected a price per GPU-hour (a number), got 'cheap'"),
+    ("h100 = 3.9\nh200 = \n", ":2: not valid TOML"),
+    ("# nothing\n", "no prices"),
+])
+def test_bad_gpu_price_files_name_the_line(body, says, tmp_path):
+    path = tmp_path / "prices.toml"
+    path.write_text(body)
+    with pytest.raises(InputError, match=re.escape(says)) as info:
+        parse_gpu_prices(str(path))
+    assert info.value.source == f"--gpu-price {path}"
+
+
+@given(rate=st.floats(1e-3, 1e3), tokens=st.floats(1.0, 1e4), target=st.floats(1e-3, 1e4),
+       price=st.floats(1e-2, 1e2), more=st.floats(1.0, 10.0), gpus=st.integers(1, 8))
+def test_cost_invariants(rate, tokens, target, price, more, gpus):
+    """Cost per token is linear (so monotone) in the price, falls as a replica sustains more, the fleet
+    costs replicas x GPUs x price, and serving the target never costs less per token than the floor."""
+    c = costing(rate, tokens, target, price, gpus)
+    dearer = costing(rate, tokens, target, price * more, gpus)
+    faster = costing(rate * more, tokens, target, price, gpus)
+    assert dearer.cost_per_m_at_target == pytest.approx(more * c.cost_per_m_at_target)
+    assert dearer.cost_per_m_at_max_rate == pytest.approx(more * c.cost_per_m_at_max_rate)
+    assert faster.cost_per_m_at_max_rate == pytest.approx(c.cost_per_m_at_max_rate / more)
+    assert faster.replicas <= c.replicas and faster.cost_per_m_at_target <= c.cost_per_m_at_target * (1 + 1e-9)
+    assert c.fleet_cost_per_hour == pytest.approx(c.replicas * gpus * price)
+    assert c.cost_per_m_at_target >= c.cost_per_m_at_max_rate * (1 - 1e-9)
+    # the fleet's hourly cost over the tokens the target generates in an hour
+    assert c.cost_per_m_at_target == pytest.approx(c.fleet_cost_per_hour / (target * tokens * 3600) * 1e6)
+
+
+# ------------------------------------------------------------------ several profiles, one per GPU
+
+def _retag(profile: Path, **meta) -> Path:
+    import json
+
+    sidecar = profile / "profile.json"
+    doc = json.loads(sidecar.read_text())
+    doc.update({k: v for k, v in meta.items() if k != "device"})
+    doc["device"].update(meta.get("device", {}))
+    sidecar.write_text(json.dumps(doc))
+    return profile
+
+
+@pytest.fixture(scope="module")
+def gpu_profiles(tmp_path_factory) -> tuple[Path, Path]:
+    """Two constant-step profiles: a 'composed H100' at 10 ms a step (40 req/s a replica) and a 'measured
+    H200' twice as fast (80 req/s)."""
+    root = tmp_path_factory.mktemp("gpus")
+    slow = make_profile(root / "slow-h100", constant_latency)
+    fast = make_profile(root / "fast-h200", lambda *a: constant_latency(*a) / 2)
+    return (_retag(slow, source="composed", gpu="h100_sxm", device={"type": "cuda", "name": "h100_sxm"}),
+            _retag(fast, device={"type": "cuda", "name": "NVIDIA H200"}))
+
+
+COMPARE_ARGS = ["--policies", "none", "--slo", "p99_e2el_ms=100000", "--arrival", "gamma", "--burstiness", "1e8",
+                "--prompt-tokens", "32", "--output-tokens", str(OUTPUT_TOKENS), "--max-batch-size", str(MAX_BATCH),
+                "--seeds", "1", "--requests", "300", "--min-requests", "60", "--tolerance", "0.04",
+                "--curve-points", "2", "--target-rate", "100", "--gpu-price", "h100=2,h200=3"]
+
+
+@pytest.fixture(scope="module")
+def comparison(gpu_profiles, tmp_path_factory) -> tuple[Path, str]:
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("compare") / "report"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["capacity", "--quiet", "--profiles", ",".join(map(str, gpu_profiles)), "--jobs", "2",
+                     "--out", str(out), *COMPARE_ARGS]) == 0
+    return out, printed.getvalue()
+
+
+def test_profiles_are_sized_for_the_same_traffic_and_priced_per_gpu(comparison):
+    """Known answers: 40 and 80 req/s a replica, so 100 req/s needs 3 H100s ($6/h) or 2 H200s ($6/h)."""
+    import json
+
+    out, printed = comparison
+    doc = json.loads((out / "capacity.json").read_text())
+    assert doc["profile_order"] == ["slow-h100", "fast-h200"]
+    slow, fast = doc["profiles"]["slow-h100"], doc["profiles"]["fast-h200"]
+    assert (slow["gpu"], slow["source"], slow["gpu_hour_price"], slow["price_key"]) == ("h100_sxm", "composed", 2, "h100")
+    assert (fast["gpu"], fast["source"], fast["gpu_hour_price"], fast["price_key"]) == ("NVIDIA H200", "measured", 3,
+                                                                                       "h200")
+    slow, fast = slow["policies"]["none"], fast["policies"]["none"]
+    assert abs(slow["max_rate_req_s"] / SERVICE_RATE - 1) <= 0.08
+    assert abs(fast["max_rate_req_s"] / (2 * SERVICE_RATE) - 1) <= 0.08
+    assert (slow["replicas"], fast["replicas"]) == (3, 2)
+    assert slow["fleet_cost_per_hour"] == 6 and fast["fleet_cost_per_hour"] == 6
+    # the same traffic, so the same fleet cost is the same cost per token; at max rate the H200 is cheaper
+    assert slow["cost_per_m_output_tokens_at_target"] == pytest.approx(fast["cost_per_m_output_tokens_at_target"])
+    expected = 6 / (100 * OUTPUT_TOKENS * 3600) * 1e6
+    assert slow["cost_per_m_output_tokens_at_target"] == pytest.approx(expected)
+    assert fast["cost_per_m_output_tokens_at_max_rate"] < slow["cost_per_m_output_tokens_at_max_rate"]
+    # the printed output: the results, the comparison and the prices used
+    assert "profile    GPU          policy  max rate per replica (req/s)  replicas for 100 req/s" in printed
+    assert "Prices (--gpu-price h100=2,h200=3): slow-h100 (h100_sxm) $2 per GPU-hour (h100 in --gpu-price); " \
+           "fast-h200 (NVIDIA H200) $3 per GPU-hour (h200 in --gpu-price)" in printed
+
+
+def test_comparison_report_has_the_cost_figure_and_table(comparison):
+    out, _ = comparison
+    assert sorted(p.name for p in out.iterdir()) == [
+        "capacity.json", "cost_by_gpu.png", "goodput_vs_rate.png", "latency_vs_rate.png", "operating_point.png",
+        "report.html", "report.md"]
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Capacity report: slow-h100 vs fast-h200\n")
+    for text in ("## Cost by GPU", "![cost by gpu](cost_by_gpu.png)", "| slow-h100 | h100_sxm | none |",
+                 "| 3 | $2 | $6.00 |", "| fast-h200 | NVIDIA H200 | none |", "| 2 | $3 | $6.00 |",
+                 "| slow-h100 | composed | h100_sxm [cuda] |", "$2 per GPU-hour (h100 in --gpu-price)"):
+        assert text in md, text
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == 4 and "<h2>Cost by GPU</h2>" in html
+    from PIL import Image
+
+    with Image.open(out / "cost_by_gpu.png") as image:
+        assert image.size[0] > 500 and image.size[1] > 300
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--profile", "X"], "--profiles: give --profile or --profiles, not both"),
+    (["--gpu-price", None], "--gpu-price: comparing profiles needs each GPU's price per hour"),
+    (["--gpu-price", "h100=2"], "--gpu-price: no price for the GPU of profile fast-h200 ('NVIDIA H200'); "
+                                "prices given for: h100; add one, e.g. --gpu-price nvidia_h200=PRICE"),
+    (["--gpu-price", "h100=2,h200=3", "--gpu-hour-price", "2"], "--gpu-price: give one price for every GPU"),
+    (["--gpu-price", "h100=2;h200=3"], "--gpu-price: '2;h200=3' for h100 is not a price"),
+    (["--profiles", "nope"], "--profiles: no profile directory 'nope' and no shipped profile of that name"),
+    (["--profiles", "A,,B"], "--profiles: empty profile name in '"),
+    (["--profiles", "A,A"], "--profiles: profile slow-h100 is listed twice"),
+    (["--policies", "fixed:k=9"], "--policies: policy.k: slow-h100 / fixed:k=9: k = 9 is beyond"),
+])
+def test_bad_comparison_inputs_fail_first_with_one_line(args, says, gpu_profiles, tmp_path, capsys):
+    slow, fast = map(str, gpu_profiles)
+    given = ["--profiles", f"{slow},{fast}", "--gpu-price", "h100=2,h200=3", "--slo", "p99_ttft_ms=1000"]
+    for flag, value in zip(args[::2], args[1::2]):
+        at = given.index(flag) if flag in given else None
+        value = None if value is None else value.replace("X", slow).replace("A", slow).replace("B", fast)
+        if at is not None:
+            del given[at:at + 2]
+        if value is not None:
+            given += [flag, value]
+    out = tmp_path / "report"
+    code, _, err = _cli(given + ["--out", str(out)], capsys)
+    assert code == 2 and says in err and err.count("\n") == 1, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_one_profile_is_priced_by_gpu_price_too(gpu_profiles, tmp_path, capsys):
+    out = tmp_path / "report"
+    code, _, err = _cli(["--profile", str(gpu_profiles[1]), "--gpu-price", "h100=2", "--slo", "p99_ttft_ms=1000",
+                         "--out", str(out)], capsys)
+    assert code == 2 and err == ("error: --gpu-price: no price for the GPU of profile fast-h200 ('NVIDIA H200'); "
+                                 "prices given for: h100; add one, e.g. --gpu-price nvidia_h200=PRICE\n")
+    assert list(tmp_path.iterdir()) == []

@@ -244,6 +244,7 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
              policies: str | list[str] = "none,fixed,goodput", seeds: int = 3, tolerance: float = 0.05,
              requests: int = 600, min_requests: int = 100, warmup: float = 0.1, curve_points: int = 5,
              target_rate: float | None = None, gpu_hour_price: float | None = None, gpus_per_replica: int = 1,
+             profiles: str | list[str] | None = None, gpu_price: str | dict[str, float] | None = None,
              jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
              overrides: dict[str, Any] | None = None, **settings: Any) -> CapacityReport:
     """The highest request rate one replica serves within the SLOs, per policy (``specbatch capacity``).
@@ -251,7 +252,9 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     ``slo``: ``{"p99_ttft_ms": 2000, "p90_tpot_ms": 500}``; ``policies``: names with parameters
     as the CLI writes them (``["none", "fixed:k=2", "goodput"]``); ``settings``: the workload
     keywords of the run flags (``profile``, ``prompt_tokens``, ``alpha``, ``seed``...). With
-    ``out=FOLDER`` the report (HTML, Markdown, JSON, figures) is written there.
+    ``out=FOLDER`` the report (HTML, Markdown, JSON, figures) is written there. To compare
+    GPUs: ``profiles=["h100-...", "h200-..."]`` and ``gpu_price={"h100": 3.9, "h200": 4.5}``;
+    the table then has one row per profile and policy.
     """
     from sim.commands.capacity.cli import WORKLOAD_FLAGS, plan_capacity
     from sim.commands.capacity.report import check_out_dir
@@ -259,11 +262,15 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
 
     slos = [f"{metric}={limit}" for metric, limit in slo.items()] if isinstance(slo, dict) else list(slo)
     policy_text = policies if isinstance(policies, str) else ",".join(policies)
+    profile_text = profiles if profiles is None or isinstance(profiles, str) else ",".join(profiles)
+    price_text = (gpu_price if gpu_price is None or isinstance(gpu_price, str)
+                  else ",".join(f"{gpu}={price:g}" for gpu, price in gpu_price.items()))
     keyword_overrides = _keywords(settings, allowed=set(WORKLOAD_FLAGS))
     plan = plan_capacity(config, {**(overrides or {}), **keyword_overrides}, slos=slos, policies=policy_text,
                          seeds=seeds, tolerance=tolerance, requests=requests, min_requests=min_requests,
                          warmup=warmup, curve_points=curve_points, target_rate=target_rate,
-                         gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs)
+                         gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs,
+                         profiles=profile_text, gpu_price=price_text)
     folder = check_out_dir(out) if out is not None else None
     result = plan.search(progress=stderr_progress if progress else None)
     if folder is not None:
@@ -272,21 +279,24 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
 
 
 def capacity_table(result: Any) -> pd.DataFrame:
-    """One row per policy, in numbers: max rate and its uncertainty, the SLO statistics and
-    operating point at that rate, and (when asked for) replicas and cost."""
+    """One row per profile and policy, in numbers: max rate and its uncertainty, the SLO
+    statistics and operating point at that rate, and (when asked for) replicas and cost."""
     inputs, rows = result.inputs, []
-    for label, outcome in result.outcomes.items():
-        operating, costs = outcome.operating or {}, result.costs[label]
-        row = {"policy": label, "max_rate": outcome.max_rate, "uncertainty": outcome.uncertainty,
-               "bracket_low": outcome.bracket[0], "bracket_high": outcome.bracket[1],
-               "seed_max_rates": json.dumps(list(outcome.seed_max_rates))}
-        row.update({slo.metric: operating.get(slo.metric) for slo in inputs.slos})
-        row.update({name: operating.get(name) for name in ("goodput", "mean_k", "mean_batch_size")})
-        if inputs.target_rate is not None:
-            row["replicas"] = costs.replicas
-        if inputs.price is not None:
+    for profile, by_policy in result.outcomes.items():
+        price = inputs.profiles[profile].price
+        for label, outcome in by_policy.items():
+            operating, costs = outcome.operating or {}, result.costs[profile][label]
+            row = {"profile": profile, "policy": label, "max_rate": outcome.max_rate,
+                   "uncertainty": outcome.uncertainty, "bracket_low": outcome.bracket[0],
+                   "bracket_high": outcome.bracket[1], "seed_max_rates": json.dumps(list(outcome.seed_max_rates))}
+            row.update({slo.metric: operating.get(slo.metric) for slo in inputs.slos})
+            row.update({name: operating.get(name) for name in ("goodput", "mean_k", "mean_batch_size")})
             if inputs.target_rate is not None:
-                row["cost_per_m_at_target"] = costs.cost_per_m_at_target
-            row["cost_per_m_at_max_rate"] = costs.cost_per_m_at_max_rate
-        rows.append(row)
+                row["replicas"] = costs.replicas
+            if price is not None:
+                row["gpu_hour_price"] = price
+                if inputs.target_rate is not None:
+                    row["cost_per_m_at_target"] = costs.cost_per_m_at_target
+                row["cost_per_m_at_max_rate"] = costs.cost_per_m_at_max_rate
+            rows.append(row)
     return pd.DataFrame(rows)

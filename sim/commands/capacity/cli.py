@@ -54,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="traffic to serve (req/s): report the replicas needed")
     parser.add_argument("--gpu-hour-price", type=typed("--gpu-hour-price", float), default=None,
                         help="price of one GPU-hour: report the cost per 1M output tokens")
+    parser.add_argument("--profiles", default=None, metavar="A,B,...",
+                        help="compare these profiles (names or folders, comma-separated; one per GPU, say) "
+                             "for the same traffic and SLOs: replicas and $ per 1M output tokens per GPU; "
+                             "needs --gpu-price")
+    parser.add_argument("--gpu-price", default=None, metavar="GPU=PRICE,...|FILE",
+                        help="price of one hour of each GPU, e.g. h100=3.9,h200=4.5,l40s=1.9, or a TOML file of "
+                             "GPU = PRICE lines; a key matches a profile's GPU by its words (h100 matches "
+                             "h100_sxm and 'NVIDIA H100 80GB HBM3'). No prices ship with specbatch")
     parser.add_argument("--gpus-per-replica", type=typed("--gpus-per-replica", int), default=1,
                         help="GPUs one replica occupies, for the cost (default 1)")
     parser.add_argument("--jobs", type=typed("--jobs", int), default=os.cpu_count() or 1,
@@ -67,7 +75,8 @@ class CapacityPlan:
     """A checked capacity search, before it runs: its report inputs and one prepared config per policy."""
 
     inputs: Any          # report.ReportInputs
-    configs: dict        # policy label -> the RunConfig to search
+    configs: dict        # search label -> the RunConfig to search
+    members: dict        # search label -> (profile name, policy label)
     jobs: int
 
     def default_out(self) -> Path:
@@ -79,9 +88,15 @@ class CapacityPlan:
 
         started = time.perf_counter()
         inputs = self.inputs
-        outcomes = search_capacity(self.configs, inputs.slos, inputs.settings, jobs=self.jobs, progress=progress)
-        costs = {label: costing(o.max_rate, (o.operating or {}).get("mean_output_tokens", 0.0), inputs.target_rate,
-                                inputs.price, inputs.gpus_per_replica) for label, o in outcomes.items()}
+        found = search_capacity(self.configs, inputs.slos, inputs.settings, jobs=self.jobs, progress=progress,
+                                curve_groups={label: name for label, (name, _) in self.members.items()})
+        outcomes = {name: {} for name in inputs.profiles}
+        costs = {name: {} for name in inputs.profiles}
+        for label, o in found.items():
+            name, policy = self.members[label]
+            outcomes[name][policy] = replace(o, label=policy)
+            costs[name][policy] = costing(o.max_rate, (o.operating or {}).get("mean_output_tokens", 0.0),
+                                          inputs.target_rate, inputs.profiles[name].price, inputs.gpus_per_replica)
         return CapacityResult(inputs, outcomes, costs, self.configs, time.perf_counter() - started)
 
 
@@ -90,25 +105,22 @@ class CapacityResult:
     """A finished search: its inputs, each policy's outcome and costing."""
 
     inputs: Any          # report.ReportInputs
-    outcomes: dict       # policy label -> search.PolicyOutcome
-    costs: dict          # policy label -> costing.Costing
-    configs: dict        # policy label -> the RunConfig searched
+    outcomes: dict       # profile name -> policy label -> search.PolicyOutcome
+    costs: dict          # profile name -> policy label -> costing.Costing
+    configs: dict        # search label -> the RunConfig searched
     wall_s: float
 
-    def table_rows(self) -> tuple[list[str], list[list[str]]]:
-        """The result table's header and rows, as printed and as in the report."""
-        from sim.commands.capacity.report import result_header, result_rows
-
-        return result_header(self.inputs), result_rows(self.inputs, self.outcomes, self.costs)
-
     def table_text(self) -> str:
-        """The result table as ``specbatch capacity`` prints it."""
-        header, rows = self.table_rows()
-        table = [header] + rows
-        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in table]
-        lines.insert(1, "-" * len(lines[0]))
-        return "\n".join(lines)
+        """What ``specbatch capacity`` prints: the results, with several profiles the cost
+        comparison, and the prices it used."""
+        from sim.commands.capacity.report import (comparison_header, comparison_rows, price_lines, result_header,
+                                                  result_rows)
+
+        inputs = self.inputs
+        text = _text_table(result_header(inputs), result_rows(inputs, self.outcomes, self.costs))
+        if len(inputs.profiles) > 1:
+            text += "\n\n" + _text_table(comparison_header(inputs), comparison_rows(inputs, self.outcomes, self.costs))
+        return "\n".join([text, *price_lines(inputs)])
 
     def write(self, out: str | os.PathLike[str]) -> Path:
         from sim.commands.capacity.report import write_report
@@ -119,9 +131,10 @@ class CapacityResult:
 def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[str] | None, policies: str,
                   seeds: int = 3, tolerance: float = 0.05, requests: int = 600, min_requests: int = 100,
                   warmup: float = 0.1, curve_points: int = 5, target_rate: float | None = None,
-                  gpu_hour_price: float | None = None, gpus_per_replica: int = 1, jobs: int = 1) -> CapacityPlan:
+                  gpu_hour_price: float | None = None, gpus_per_replica: int = 1, jobs: int = 1,
+                  profiles: str | None = None, gpu_price: str | None = None) -> CapacityPlan:
     """Check every input (one InputError, named by its flag) and prepare each policy, before any run."""
-    from sim.commands.capacity.inputs import base_config, parse_policies, parse_slos, policy_config, positive
+    from sim.commands.capacity.inputs import parse_policies, parse_slos, policy_config, positive
     from sim.commands.capacity.report import ReportInputs
     from sim.commands.capacity.search import SearchSettings
 
@@ -131,7 +144,6 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     parsed_slos = parse_slos(slos)
     specs = parse_policies(policies)
     target = positive(target_rate, "--target-rate")
-    price = positive(gpu_hour_price, "--gpu-hour-price")
     _at_least(seeds, 1, "--seeds")
     _at_least(gpus_per_replica, 1, "--gpus-per-replica")
     _at_least(jobs, 1, "--jobs")
@@ -142,14 +154,22 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
         raise InputError(f"must be inside (0, 1), got {tolerance:g}", source="--tolerance")
     if not 0 <= warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {warmup:g}", source="--warmup")
-    base = base_config(config, overrides)
-    configs = {spec.label: _prepared(policy_config(base, spec), spec.label) for spec in specs}
-    settings = SearchSettings(seeds=tuple(range(base.seed, base.seed + seeds)), tolerance=tolerance,
+    bases = _profile_bases(config, overrides, profiles)  # profile name -> (base scenario, loaded profile)
+    priced = _priced_profiles(bases, gpu_hour_price, gpu_price)
+    configs, members = {}, {}
+    for name, (base, _) in bases.items():
+        for spec in specs:
+            label = spec.label if len(bases) == 1 else f"{name} / {spec.label}"
+            configs[label] = _prepared(policy_config(base, spec), label)
+            members[label] = (name, spec.label)
+    first = next(iter(bases.values()))[0]
+    settings = SearchSettings(seeds=tuple(range(first.seed, first.seed + seeds)), tolerance=tolerance,
                               requests=requests, min_requests=min_requests, warmup=warmup,
                               curve_points=curve_points)
-    inputs = ReportInputs(profile=_profile_facts(base), workload=_workload_facts(base), slos=parsed_slos,
-                          settings=settings, target_rate=target, price=price, gpus_per_replica=gpus_per_replica)
-    return CapacityPlan(inputs, configs, jobs)
+    inputs = ReportInputs(profiles=priced, workload=_workload_facts(first), slos=parsed_slos, settings=settings,
+                          target_rate=target, gpus_per_replica=gpus_per_replica,
+                          prices=_prices_text(gpu_hour_price, gpu_price))
+    return CapacityPlan(inputs, configs, members, jobs)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -161,7 +181,8 @@ def main(args: argparse.Namespace) -> int:
                          policies=args.policies, seeds=args.seeds, tolerance=args.tolerance,
                          requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
                          curve_points=args.curve_points, target_rate=args.target_rate,
-                         gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs)
+                         gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs,
+                         profiles=args.profiles, gpu_price=args.gpu_price)
     out = check_out_dir(args.out if args.out else plan.default_out())  # before the search, not after
     result = plan.search(progress=None if args.quiet else stderr_progress)
     result.write(out)
@@ -169,6 +190,76 @@ def main(args: argparse.Namespace) -> int:
     print(f"Search took {result.wall_s:.1f} s wall on {args.jobs} worker(s). "
           f"Wrote {out}/ (report.html, report.md, capacity.json, figures)")
     return 0
+
+
+# ---------------------------------------------------------------- profiles and their prices
+
+def _profile_bases(config: str | None, overrides: dict, profiles: str | None) -> dict:
+    """Profile name -> (base scenario, profile): the one of --profile/--config, or one per --profiles entry."""
+    from sim.commands.capacity.inputs import base_config
+    from sim.profile import load_profile
+
+    if profiles is None:
+        base = base_config(config, overrides)
+        profile = load_profile(base.profile)
+        return {profile.name: (base, profile)}
+    given = overrides.get("profile")  # the config key --profile sets: a plain value or a (value, source) pair
+    if (given[0] if isinstance(given, tuple) else given) is not None:
+        raise InputError("give --profile or --profiles, not both", source="--profiles")
+    names = [part.strip() for part in profiles.split(",")]
+    if not all(names):
+        raise InputError(f"empty profile name in '{profiles}'", source="--profiles")
+    bases = {}
+    for name in names:
+        try:
+            profile = load_profile(name)
+        except InputError as exc:
+            if exc.source is None:
+                raise InputError(exc.message, source="--profiles") from None
+            raise
+        if profile.name in bases:
+            raise InputError(f"profile {profile.name} is listed twice", source="--profiles")
+        bases[profile.name] = (base_config(config, {**overrides, "profile": (name, "--profiles")}), profile)
+    return bases
+
+
+def _priced_profiles(bases: dict, gpu_hour_price: float | None, gpu_price: str | None) -> dict:
+    """Profile name -> its facts and price per GPU-hour (None without a price flag)."""
+    from sim.commands.capacity.inputs import positive
+    from sim.commands.capacity.prices import gpu_price as price_of, parse_gpu_prices
+    from sim.commands.capacity.report import PricedProfile
+
+    one_price = positive(gpu_hour_price, "--gpu-hour-price")
+    prices = parse_gpu_prices(gpu_price) if gpu_price is not None else None
+    if prices is not None and one_price is not None:
+        raise InputError("give one price for every GPU (--gpu-hour-price) or a price per GPU, not both",
+                         source="--gpu-price")
+    if len(bases) > 1 and prices is None and one_price is None:
+        raise InputError("comparing profiles needs each GPU's price per hour, e.g. --gpu-price "
+                         "h100=3.9,h200=4.5 (or --gpu-hour-price P, one price for all)", source="--gpu-price")
+    priced = {}
+    for name, (_, profile) in bases.items():
+        key, price = None, one_price
+        if prices is not None:
+            key, price = price_of(profile.meta, prices, name)
+        priced[name] = PricedProfile(facts=_profile_facts(profile), price=price, price_key=key)
+    return priced
+
+
+def _prices_text(gpu_hour_price: float | None, gpu_price: str | None) -> str | None:
+    if gpu_price is not None:
+        return f"--gpu-price {gpu_price}"
+    if gpu_hour_price is not None:
+        return f"--gpu-hour-price {gpu_hour_price:g}"
+    return None
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    table = [header] + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)
 
 
 def _workload_flags() -> list[str]:
@@ -196,12 +287,12 @@ def _prepared(config, label: str):
     return replace(config, policy=resolved.policy)
 
 
-def _profile_facts(config) -> dict:
-    from sim.profile import load_profile
+def _profile_facts(profile) -> dict:
+    from sim.commands.capacity.prices import profile_gpu
 
-    profile = load_profile(config.profile)
     meta = profile.meta
-    return {"name": profile.name, "device": meta.get("device", {}), "dtype": meta.get("dtype"),
+    return {"name": profile.name, "gpu": profile_gpu(meta), "source": meta.get("source", "measured"),
+            "device": meta.get("device", {}), "dtype": meta.get("dtype"),
             "models": {role: m.get("name") for role, m in meta.get("models", {}).items()}}
 
 

@@ -18,6 +18,7 @@ class Costing:
     replicas: int | None                      # None without a target rate, or when no rate met the SLOs
     cost_per_m_at_target: float | None        # $ per 1M output tokens serving the target with `replicas`
     cost_per_m_at_max_rate: float | None      # $ per 1M output tokens of one replica run at its max rate
+    fleet_cost_per_hour: float | None = None  # $ per hour for `replicas` replicas
 
 
 def replicas_needed(target_rate: float, max_rate: float) -> int | None:
@@ -36,9 +37,10 @@ def cost_per_million(rate: float, mean_output_tokens: float, gpus: float, price_
 def costing(max_rate: float, mean_output_tokens: float, target_rate: float | None, price: float | None,
             gpus_per_replica: int) -> Costing:
     replicas = replicas_needed(target_rate, max_rate) if target_rate is not None else None
-    at_target = at_max = None
+    at_target = at_max = fleet = None
     if price is not None and max_rate > 0:
         at_max = cost_per_million(max_rate, mean_output_tokens, gpus_per_replica, price)
         if replicas is not None:
             at_target = cost_per_million(target_rate, mean_output_tokens, replicas * gpus_per_replica, price)
-    return Costing(replicas, at_target, at_max)
+            fleet = replicas * gpus_per_replica * price
+    return Costing(replicas, at_target, at_max, fleet)

@@ -29,24 +29,46 @@ from sim.errors import InputError
 
 MARKER = "capacity.json"
 FIGURES = ("latency_vs_rate.png", "goodput_vs_rate.png", "operating_point.png")
+COMPARISON_FIGURE = "cost_by_gpu.png"   # only when several profiles are compared
 COLORS = ("black", "tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink")
+
+Outcomes = dict[str, dict[str, PolicyOutcome]]   # profile name -> policy label -> outcome
+Costs = dict[str, dict[str, Costing]]
+
+
+@dataclass(frozen=True)
+class PricedProfile:
+    facts: dict[str, Any]              # name, gpu, source, device, dtype, models
+    price: float | None                # $ per GPU-hour
+    price_key: str | None = None       # the --gpu-price key that priced it
 
 
 @dataclass(frozen=True)
 class ReportInputs:
-    profile: dict[str, Any]            # name, device, dtype, models
+    profiles: dict[str, PricedProfile]  # by profile name, in the order given
     workload: dict[str, Any]
     slos: tuple[SLO, ...]
     settings: SearchSettings
     target_rate: float | None
-    price: float | None
     gpus_per_replica: int
+    prices: str | None = None           # the price flag as given, for the record
+
+    @property
+    def title(self) -> str:
+        return "Capacity report: " + " vs ".join(self.profiles)
+
+    @property
+    def priced(self) -> bool:
+        return any(p.price is not None for p in self.profiles.values())
 
 
-def write_report(out_dir: str | os.PathLike[str], inputs: ReportInputs, outcomes: dict[str, PolicyOutcome],
-                 costs: dict[str, Costing]) -> Path:
+def figure_names(inputs: ReportInputs) -> tuple[str, ...]:
+    return FIGURES + ((COMPARISON_FIGURE,) if len(inputs.profiles) > 1 else ())
+
+
+def write_report(out_dir: str | os.PathLike[str], inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> Path:
     out_dir = check_out_dir(out_dir)
-    figures = render_figures(inputs, outcomes)
+    figures = render_figures(inputs, outcomes, costs)
     document = results_document(inputs, outcomes, costs)
     with staged_dir(out_dir) as staging:
         for name, png in figures.items():
@@ -78,12 +100,15 @@ def _money(value: float | None) -> str:
     return "—" if value is None else f"${value:,.2f}"
 
 
+def _price_text(p: PricedProfile) -> str:
+    if p.price is None:
+        return "—"
+    return f"${p.price:g} per GPU-hour" + (f" ({p.price_key} in --gpu-price)" if p.price_key else "")
+
+
 def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
-    p, w, s = inputs.profile, inputs.workload, inputs.settings
-    rows = [
-        ("profile", p["name"]),
-        ("device", f"{p['device'].get('name', '?')} [{p['device'].get('type', '?')}], {p.get('dtype', '?')}"),
-        ("models", f"target {p['models'].get('target', '?')}, draft {p['models'].get('draft', '?')}"),
+    w, s = inputs.workload, inputs.settings
+    return [
         ("arrivals", w["arrival"]),
         ("prompt tokens", w["prompt_tokens"]),
         ("output tokens", w["output_tokens"]),
@@ -95,45 +120,94 @@ def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
         ("run length", f"{s.requests} requests at the policy's saturation rate, scaled with the rate, "
                        f"at least {s.min_requests}; first {s.warmup:.0%} of arrivals not measured"),
         ("target traffic", "—" if inputs.target_rate is None else f"{inputs.target_rate:g} req/s"),
-        ("GPU price", "—" if inputs.price is None else
-         f"${inputs.price:g} per GPU-hour, {inputs.gpus_per_replica} GPU(s) per replica"),
+        ("GPU prices", "—" if inputs.prices is None else
+         f"{inputs.prices}; {inputs.gpus_per_replica} GPU(s) per replica"),
     ]
+
+
+PROFILE_HEADER = ["profile", "source", "GPU / device", "dtype", "target model", "draft model", "price"]
+
+
+def profile_rows(inputs: ReportInputs) -> list[list[str]]:
+    rows = []
+    for name, p in inputs.profiles.items():
+        f = p.facts
+        device = f"{f['gpu']} [{f['device'].get('type', '?')}]"
+        rows.append([name, str(f.get("source", "measured")), device, str(f.get("dtype") or "?"),
+                     str(f["models"].get("target", "?")), str(f["models"].get("draft", "?")), _price_text(p)])
     return rows
 
 
+def price_lines(inputs: ReportInputs) -> list[str]:
+    """Which price costed which profile (printed under the table: prices are the user's, never defaults)."""
+    if not inputs.priced:
+        return []
+    return [f"Prices ({inputs.prices}): " + "; ".join(f"{name} ({p.facts['gpu']}) {_price_text(p)}"
+                                                     for name, p in inputs.profiles.items())]
+
+
 def result_header(inputs: ReportInputs) -> list[str]:
-    cols = ["policy", "max rate (req/s)", "final bracket", "per-seed max rates"]
+    cols = ["profile"] if len(inputs.profiles) > 1 else []
+    cols += ["policy", "max rate (req/s)", "final bracket", "per-seed max rates"]
     cols += [f"{slo.metric} at max" for slo in inputs.slos]
     cols += ["goodput at max (req/s)", "mean k", "mean batch"]
     if inputs.target_rate is not None:
         cols.append(f"replicas for {inputs.target_rate:g} req/s")
-    if inputs.price is not None:
+    if inputs.priced:
         if inputs.target_rate is not None:
             cols.append("$ / 1M output tokens at target")
         cols.append("$ / 1M output tokens at max rate")
     return cols
 
 
-def result_rows(inputs: ReportInputs, outcomes: dict[str, PolicyOutcome], costs: dict[str, Costing]) -> list[list[str]]:
+def _policy_text(label: str, o: PolicyOutcome) -> str:
+    params = " ".join(f"{k}={v}" for k, v in o.config.policy.params.items()  # those the label does not say
+                      if not isinstance(v, (list, dict)) and f":{k}=" not in label)
+    return f"{label}" + (f" ({params})" if params else "")
+
+
+def result_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> list[list[str]]:
     rows = []
-    for label, o in outcomes.items():
-        op = o.operating or {}
-        params = " ".join(f"{k}={v}" for k, v in o.config.policy.params.items()  # those the label does not say
-                          if not isinstance(v, (list, dict)) and f":{k}=" not in label)
-        row = [f"{label}" + (f" ({params})" if params else ""),
-               f"{_num(o.max_rate)} ± {_num(o.uncertainty, 2)}" if o.max_rate > 0 else "none meets the SLOs",
-               f"{_num(o.bracket[0])} – {_num(o.bracket[1])}",
-               ", ".join(_num(r, 3) for r in o.seed_max_rates)]
-        row += [_num(op.get(slo.metric)) for slo in inputs.slos]
-        row += [_num(op.get("goodput")), _num(op.get("mean_k"), 3), _num(op.get("mean_batch_size"), 3)]
-        c = costs[label]
-        if inputs.target_rate is not None:
-            row.append("—" if c.replicas is None else str(c.replicas))
-        if inputs.price is not None:
+    for name, by_policy in outcomes.items():
+        for label, o in by_policy.items():
+            op = o.operating or {}
+            row = [name] if len(inputs.profiles) > 1 else []
+            row += [_policy_text(label, o),
+                    f"{_num(o.max_rate)} ± {_num(o.uncertainty, 2)}" if o.max_rate > 0 else "none meets the SLOs",
+                    f"{_num(o.bracket[0])} – {_num(o.bracket[1])}",
+                    ", ".join(_num(r, 3) for r in o.seed_max_rates)]
+            row += [_num(op.get(slo.metric)) for slo in inputs.slos]
+            row += [_num(op.get("goodput")), _num(op.get("mean_k"), 3), _num(op.get("mean_batch_size"), 3)]
+            c = costs[name][label]
             if inputs.target_rate is not None:
-                row.append(_money(c.cost_per_m_at_target))
-            row.append(_money(c.cost_per_m_at_max_rate))
-        rows.append(row)
+                row.append("—" if c.replicas is None else str(c.replicas))
+            if inputs.priced:
+                if inputs.target_rate is not None:
+                    row.append(_money(c.cost_per_m_at_target))
+                row.append(_money(c.cost_per_m_at_max_rate))
+            rows.append(row)
+    return rows
+
+
+def comparison_header(inputs: ReportInputs) -> list[str]:
+    target = "—" if inputs.target_rate is None else f"{inputs.target_rate:g} req/s"
+    return ["profile", "GPU", "policy", "max rate per replica (req/s)", f"replicas for {target}", "$ / GPU-hour",
+            "fleet $ / hour", "$ / 1M output tokens at target", "$ / 1M output tokens at max rate"]
+
+
+def comparison_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> list[list[str]]:
+    """Per profile and policy: what the same traffic needs on that GPU and what it costs."""
+    rows = []
+    for name, by_policy in outcomes.items():
+        p = inputs.profiles[name]
+        for label, o in by_policy.items():
+            c = costs[name][label]
+            k = o.config.policy.params.get("k")
+            policy = label + (f" (k={k})" if isinstance(k, int) and ":k=" not in label else "")
+            rows.append([name, p.facts["gpu"], policy, _num(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
+                         "—" if c.replicas is None else str(c.replicas),
+                         "—" if p.price is None else f"${p.price:g}", _money(c.fleet_cost_per_hour),
+                         _money(c.cost_per_m_at_target), _money(c.cost_per_m_at_max_rate)])
     return rows
 
 
@@ -147,13 +221,27 @@ METHOD = (
     "Replicas = ceil(target / max rate), assuming an even split of the traffic. Goodput counts requests "
     "meeting every per-request limit (the tightest limit per latency) per second, as vLLM does.")
 
+COMPARISON = (
+    "Every profile serves the same traffic under the same SLOs. Fleet $ / hour = replicas × GPUs per replica "
+    "× the GPU's price; $ / 1M output tokens at target = fleet $ / hour over the output tokens the target "
+    "traffic generates in an hour; at max rate, one replica run at its max rate (the floor, without rounding "
+    "replicas up). Prices are the user's (no defaults).")
 
-def markdown(inputs: ReportInputs, outcomes: dict[str, PolicyOutcome], costs: dict[str, Costing]) -> str:
-    lines = [f"# Capacity report: {inputs.profile['name']}", "", "## Inputs", "", "| input | value |", "|---|---|"]
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return (["| " + " | ".join(_md(c) for c in header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows])
+
+
+def markdown(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> str:
+    lines = [f"# {inputs.title}", "", "## Inputs", "", "| input | value |", "|---|---|"]
     lines += [f"| {k} | {_md(v)} |" for k, v in input_rows(inputs)]
-    header = result_header(inputs)
-    lines += ["", "## Results", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in result_rows(inputs, outcomes, costs)]
+    lines += ["", "## Profiles", ""] + _md_table(PROFILE_HEADER, profile_rows(inputs))
+    if len(inputs.profiles) > 1:
+        lines += ["", "## Cost by GPU", ""]
+        lines += _md_table(comparison_header(inputs), comparison_rows(inputs, outcomes, costs))
+        lines += ["", COMPARISON, "", f"![cost by gpu]({COMPARISON_FIGURE})", ""]
+    lines += ["", "## Results", ""] + _md_table(result_header(inputs), result_rows(inputs, outcomes, costs))
     lines += ["", f"Latencies in ms. {METHOD}", "", "## Figures", ""]
     lines += [f"![{name[:-4].replace('_', ' ')}]({name})" + "\n" for name in FIGURES]
     lines += [f"Made by specbatch {sim.__version__} (`specbatch capacity`).", ""]
@@ -164,29 +252,35 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-def html_page(inputs: ReportInputs, outcomes: dict[str, PolicyOutcome], costs: dict[str, Costing],
-              figures: dict[str, bytes]) -> str:
+def html_page(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: dict[str, bytes]) -> str:
     e = html.escape
-    title = f"Capacity report: {inputs.profile['name']}"
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{e(title)}</title>",
+
+    def table(header: list[str], rows: list[list[str]]) -> list[str]:
+        return (["<table>", "<tr>" + "".join(f"<th>{e(c)}</th>" for c in header) + "</tr>"]
+                + ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows] + ["</table>"])
+
+    def image(name: str) -> str:
+        data = base64.b64encode(figures[name]).decode("ascii")
+        return f'<img alt="{e(name[:-4].replace("_", " "))}" src="data:image/png;base64,{data}">'
+
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{e(inputs.title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
              "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:4px 8px;"
              "text-align:left;font-size:90%}th{background:#eee}img{max-width:100%;display:block;margin:1em 0}"
-             "</style></head><body>", f"<h1>{e(title)}</h1>", "<h2>Inputs</h2>", "<table>"]
+             "</style></head><body>", f"<h1>{e(inputs.title)}</h1>", "<h2>Inputs</h2>", "<table>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in input_rows(inputs)]
-    parts += ["</table>", "<h2>Results</h2>", "<table>",
-              "<tr>" + "".join(f"<th>{e(c)}</th>" for c in result_header(inputs)) + "</tr>"]
-    parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
-              for row in result_rows(inputs, outcomes, costs)]
-    parts += ["</table>", f"<p>Latencies in ms. {e(METHOD)}</p>", "<h2>Figures</h2>"]
-    for name in FIGURES:
-        data = base64.b64encode(figures[name]).decode("ascii")
-        parts.append(f'<img alt="{e(name[:-4].replace("_", " "))}" src="data:image/png;base64,{data}">')
+    parts += ["</table>", "<h2>Profiles</h2>"] + table(PROFILE_HEADER, profile_rows(inputs))
+    if len(inputs.profiles) > 1:
+        parts += ["<h2>Cost by GPU</h2>"] + table(comparison_header(inputs), comparison_rows(inputs, outcomes, costs))
+        parts += [f"<p>{e(COMPARISON)}</p>", image(COMPARISON_FIGURE)]
+    parts += ["<h2>Results</h2>"] + table(result_header(inputs), result_rows(inputs, outcomes, costs))
+    parts += [f"<p>Latencies in ms. {e(METHOD)}</p>", "<h2>Figures</h2>"]
+    parts += [image(name) for name in FIGURES]
     parts += [f"<p>Made by specbatch {e(sim.__version__)} (<code>specbatch capacity</code>).</p>", "</body></html>", ""]
     return "\n".join(parts)
 
 
-def results_document(inputs: ReportInputs, outcomes: dict[str, PolicyOutcome], costs: dict[str, Costing]) -> dict:
+def results_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> dict:
     s = inputs.settings
 
     def clean(value):
@@ -196,45 +290,53 @@ def results_document(inputs: ReportInputs, outcomes: dict[str, PolicyOutcome], c
             return clean(value.item())
         return value
 
-    policies = {}
-    for label, o in outcomes.items():
-        c = costs[label]
-        policies[label] = {
-            "policy": {"name": o.config.policy.name, **o.config.policy.params},
-            "saturation_probe_req_s": o.saturation, "window_s": o.window_s,
-            "max_rate_req_s": o.max_rate, "uncertainty_req_s": o.uncertainty,
-            "bracket_req_s": [o.bracket[0], o.bracket[1]], "seed_max_rates_req_s": o.seed_max_rates,
-            "operating_point": {k: clean(v) for k, v in (o.operating or {}).items()},
-            "replicas": c.replicas, "cost_per_m_output_tokens_at_target": c.cost_per_m_at_target,
-            "cost_per_m_output_tokens_at_max_rate": c.cost_per_m_at_max_rate,
-            "points": [{"rate_req_s": rate, **{k: clean(v) for k, v in stats.items()}}
-                       for rate, stats in o.points.items()],
-        }
+    profiles = {}
+    for name, by_policy in outcomes.items():
+        policies = {}
+        for label, o in by_policy.items():
+            c = costs[name][label]
+            policies[label] = {
+                "policy": {"name": o.config.policy.name, **o.config.policy.params},
+                "saturation_probe_req_s": o.saturation, "window_s": o.window_s,
+                "max_rate_req_s": o.max_rate, "uncertainty_req_s": o.uncertainty,
+                "bracket_req_s": [o.bracket[0], o.bracket[1]], "seed_max_rates_req_s": o.seed_max_rates,
+                "operating_point": {k: clean(v) for k, v in (o.operating or {}).items()},
+                "replicas": c.replicas, "fleet_cost_per_hour": c.fleet_cost_per_hour,
+                "cost_per_m_output_tokens_at_target": c.cost_per_m_at_target,
+                "cost_per_m_output_tokens_at_max_rate": c.cost_per_m_at_max_rate,
+                "points": [{"rate_req_s": rate, **{k: clean(v) for k, v in stats.items()}}
+                           for rate, stats in o.points.items()],
+            }
+        p = inputs.profiles[name]
+        profiles[name] = {**p.facts, "gpu_hour_price": p.price, "price_key": p.price_key, "policies": policies}
     return {
         "specbatch_version": sim.__version__,
-        "profile": inputs.profile, "workload": inputs.workload,
+        "profiles": profiles, "profile_order": list(inputs.profiles), "workload": inputs.workload,
         "slos": {slo.metric: slo.limit_ms for slo in inputs.slos},
         "search": {"seeds": list(s.seeds), "tolerance": s.tolerance, "requests_at_saturation": s.requests,
                    "min_requests": s.min_requests, "warmup": s.warmup, "curve_points": s.curve_points},
-        "target_rate_req_s": inputs.target_rate, "gpu_hour_price": inputs.price,
-        "gpus_per_replica": inputs.gpus_per_replica, "policies": policies,
+        "target_rate_req_s": inputs.target_rate, "prices": inputs.prices,
+        "gpus_per_replica": inputs.gpus_per_replica,
     }
 
 
 # ---------------------------------------------------------------- figures
 
-def render_figures(inputs: ReportInputs, outcomes: dict[str, PolicyOutcome]) -> dict[str, bytes]:
+def render_figures(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> dict[str, bytes]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {label: COLORS[i % len(COLORS)] for i, label in enumerate(outcomes)}
+    policies = list(dict.fromkeys(label for by_policy in outcomes.values() for label in by_policy))
+    colors = {label: COLORS[i % len(COLORS)] for i, label in enumerate(policies)}  # one color per policy
     out = {}
     with matplotlib.rc_context({"svg.hashsalt": "specbatch", "font.size": 9}):
         out[FIGURES[0]] = _png(plt, _latency_figure(plt, inputs, outcomes, colors))
-        out[FIGURES[1]] = _png(plt, _goodput_figure(plt, inputs, outcomes, colors))
+        out[FIGURES[1]] = _png(plt, _goodput_figure(plt, outcomes, colors))
         out[FIGURES[2]] = _png(plt, _operating_figure(plt, outcomes, colors))
+        if len(inputs.profiles) > 1:
+            out[COMPARISON_FIGURE] = _png(plt, _cost_figure(plt, inputs, outcomes, costs, colors))
     return out
 
 
@@ -246,49 +348,58 @@ def _png(plt, fig) -> bytes:
 
 
 def _latency_figure(plt, inputs, outcomes, colors):
-    n = len(inputs.slos)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n + 0.6, 3.6), squeeze=False)
-    for ax, slo in zip(axes[0], inputs.slos):
-        for label, o in outcomes.items():
-            rates = sorted(o.points)
-            ax.plot(rates, [o.points[r][slo.metric] / 1e3 for r in rates], marker=".", color=colors[label],
-                    label=label)
-            if o.max_rate > 0:
-                ax.axvline(o.max_rate, color=colors[label], ls=":", lw=1)
-        ax.axhline(slo.limit_ms / 1e3, color="dimgrey", ls="--", lw=1.5, label="SLO")
-        ax.set_yscale("log")
-        ax.set_xlabel("request rate (req/s)")
-        ax.set_ylabel(f"{slo.metric[:-3]} (s)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    n, rows = len(inputs.slos), len(outcomes)
+    fig, axes = plt.subplots(rows, n, figsize=(4.2 * n + 0.6, 3.4 * rows + 0.2), squeeze=False)
+    for ax_row, (name, by_policy) in zip(axes, outcomes.items()):
+        for ax, slo in zip(ax_row, inputs.slos):
+            for label, o in by_policy.items():
+                rates = sorted(o.points)
+                ax.plot(rates, [o.points[r][slo.metric] / 1e3 for r in rates], marker=".", color=colors[label],
+                        label=label)
+                if o.max_rate > 0:
+                    ax.axvline(o.max_rate, color=colors[label], ls=":", lw=1)
+            ax.axhline(slo.limit_ms / 1e3, color="dimgrey", ls="--", lw=1.5, label="SLO")
+            ax.set_yscale("log")
+            ax.set_xlabel("request rate (req/s)")
+            ax.set_ylabel(f"{slo.metric[:-3]} (s)")
+            if rows > 1:
+                ax.set_title(name, fontsize=9)
+            ax.grid(alpha=0.3)
+        ax_row[0].legend(fontsize=7)
     fig.suptitle("Latency vs rate (pooled over seeds); dotted: each policy's max rate")
     fig.tight_layout()
     return fig
 
 
-def _goodput_figure(plt, inputs, outcomes, colors):
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    top = 0.0
-    for label, o in outcomes.items():
-        rates = sorted(o.points)
-        ax.plot(rates, [o.points[r]["goodput"] for r in rates], marker=".", color=colors[label], label=label)
-        top = max([top, *rates])
-    ax.plot([0, top], [0, top], color="grey", ls="--", lw=1, label="offered rate")
-    ax.set_xlabel("request rate (req/s)")
-    ax.set_ylabel("goodput (req/s meeting every SLO)")
-    ax.set_title("Goodput vs rate (vLLM's definition, per replica)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+def _goodput_figure(plt, outcomes, colors):
+    n = len(outcomes)
+    fig, axes = plt.subplots(1, n, figsize=(6 if n == 1 else 4.6 * n, 3.8), squeeze=False)
+    for ax, (name, by_policy) in zip(axes[0], outcomes.items()):
+        top = 0.0
+        for label, o in by_policy.items():
+            rates = sorted(o.points)
+            ax.plot(rates, [o.points[r]["goodput"] for r in rates], marker=".", color=colors[label], label=label)
+            top = max([top, *rates])
+        ax.plot([0, top], [0, top], color="grey", ls="--", lw=1, label="offered rate")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("goodput (req/s meeting every SLO)")
+        ax.set_title("Goodput vs rate (vLLM's definition, per replica)" if n == 1 else name, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if n > 1:
+        fig.suptitle("Goodput vs rate (vLLM's definition, per replica)")
     fig.tight_layout()
     return fig
 
 
 def _operating_figure(plt, outcomes, colors):
-    shown = {label: o for label, o in outcomes.items() if o.steps is not None}
+    many = len(outcomes) > 1
+    shown = [(f"{name} / {label}" if many else label, label, o) for name, by_policy in outcomes.items()
+             for label, o in by_policy.items() if o.steps is not None]
     fig, axes = plt.subplots(max(1, len(shown)), 2, figsize=(11, 2.2 * max(1, len(shown)) + 0.6), squeeze=False)
     if not shown:
         axes[0][0].text(0.5, 0.5, "no rate met the SLOs", ha="center", va="center")
-    for row, (label, o) in zip(axes, shown.items()):
+    for row, (title, label, o) in zip(axes, shown):
         steps = o.steps
         decode = steps["phase"] == 1
         minutes = steps["start_s"][decode] / 60.0
@@ -299,7 +410,7 @@ def _operating_figure(plt, outcomes, colors):
                 smooth = np.convolve(values, np.ones(window) / window, mode="valid")
                 ax.plot(minutes[window - 1:], smooth, color=colors[label], lw=1.2)
             ax.set_ylabel(name)
-            ax.set_title(f"{label} at {o.max_rate:.4g} req/s: {name}", fontsize=9)
+            ax.set_title(f"{title} at {o.max_rate:.4g} req/s: {name}", fontsize=9)
             ax.grid(alpha=0.3)
         row[0].set_ylim(-0.3, max(1.0, float(steps["k"].max())) + 0.3)
     for ax in axes[-1]:
@@ -307,3 +418,44 @@ def _operating_figure(plt, outcomes, colors):
     fig.suptitle("At each policy's max rate (first seed): k and batch size, mean over a sliding 1/200 of the decode steps")
     fig.tight_layout()
     return fig
+
+
+def _cost_figure(plt, inputs, outcomes, costs, colors):
+    """Per profile (x) and policy (bars): $ per 1M output tokens, and the replicas the target needs."""
+    names = list(outcomes)
+    policies = list(colors)
+    at_target = inputs.target_rate is not None
+    panels = [("$ per 1M output tokens" + (" at target" if at_target else " at max rate"),
+               lambda c: c.cost_per_m_at_target if at_target else c.cost_per_m_at_max_rate, _money)]
+    if at_target:
+        panels.append((f"replicas for {inputs.target_rate:g} req/s", lambda c: c.replicas, str))
+    else:
+        panels.append(("max rate per replica (req/s)", None, _num))
+    width = 0.8 / len(policies)
+    x = np.arange(len(names))
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(8.0, 2.4 * len(names) * len(panels)), 4.2), squeeze=False)
+    for ax, (title, pick, fmt) in zip(axes[0], panels):
+        for i, label in enumerate(policies):
+            for j, name in enumerate(names):
+                if label not in outcomes[name]:
+                    continue
+                value = (outcomes[name][label].max_rate or None) if pick is None else pick(costs[name][label])
+                pos = x[j] + (i - (len(policies) - 1) / 2) * width
+                if value is None:
+                    ax.text(pos, 0, "none", ha="center", va="bottom", fontsize=7, rotation=90)
+                    continue
+                ax.bar(pos, value, width * 0.9, color=colors[label], label=label if j == 0 else None)
+                ax.text(pos, value, fmt(value), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x, [f"{n}\n{inputs.profiles[n].facts['gpu']}, {_price_tick(inputs.profiles[n])}"
+                          for n in names], fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.margins(y=0.15)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Cost by GPU for the same traffic and SLOs" + (f" ({inputs.target_rate:g} req/s)" if at_target else ""))
+    fig.tight_layout()
+    return fig
+
+
+def _price_tick(p: PricedProfile) -> str:
+    return "no price" if p.price is None else f"${p.price:g}/GPU-h"

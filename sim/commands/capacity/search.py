@@ -221,18 +221,22 @@ class Runner:
 
 
 def search_capacity(configs: dict[str, RunConfig], slos: tuple[SLO, ...], settings: SearchSettings,
-                    jobs: int = os.cpu_count() or 1, progress: Callable[[str], None] | None = None
-                    ) -> dict[str, PolicyOutcome]:
-    """The whole search for every policy (label -> config), in lock-step rounds on one pool."""
+                    jobs: int = os.cpu_count() or 1, progress: Callable[[str], None] | None = None,
+                    curve_groups: dict[str, str] | None = None) -> dict[str, PolicyOutcome]:
+    """The whole search for every policy (label -> config), in lock-step rounds on one pool.
+
+    ``curve_groups`` (label -> group) makes the labels of one group share their curve rates
+    (one profile's policies, say); by default every label is in one group.
+    """
     runner = Runner(jobs, progress)
     try:
-        return _search(runner, configs, slos, settings)
+        return _search(runner, configs, slos, settings, curve_groups or {})
     finally:
         runner.close()
 
 
 def _search(runner: Runner, configs: dict[str, RunConfig], slos: tuple[SLO, ...],
-            s: SearchSettings) -> dict[str, PolicyOutcome]:
+            s: SearchSettings, curve_groups: dict[str, str]) -> dict[str, PolicyOutcome]:
     say = runner.progress
     runner.run((label, cfg, PROBE_RATE, s.seeds[0], s.requests, 0.0, False) for label, cfg in configs.items())
     saturation = {label: runner.get(label, PROBE_RATE, s.seeds[0]).throughput for label in configs}
@@ -274,10 +278,13 @@ def _search(runner: Runner, configs: dict[str, RunConfig], slos: tuple[SLO, ...]
         say(f"round {rounds}: {new} runs ({runner.runs} so far); brackets (req/s) " + ", ".join(
             f"{label} {_bracket_text(search)}" for label, search in pooled.items()))
 
-    top = max(saturation.values())  # the curves share their rates: evenly up to the fastest probe
-    curve = [top * j / s.curve_points for j in range(1, s.curve_points + 1)]
+    # The curves of a group share their rates (so they are comparable): evenly up to its fastest probe.
+    group = {label: curve_groups.get(label, "") for label in configs}
+    top = {g: max(saturation[label] for label in configs if group[label] == g) for g in group.values()}
+    curve = {label: [top[group[label]] * j / s.curve_points for j in range(1, s.curve_points + 1)]
+             for label in configs}
     finals = {label: search.lo for label, search in pooled.items() if search.lo is not None}
-    runner.run([job(label, rate, seed) for label in configs for rate in curve for seed in s.seeds]
+    runner.run([job(label, rate, seed) for label in configs for rate in curve[label] for seed in s.seeds]
                + [job(label, rate, s.seeds[0], True) for label, rate in finals.items()])
 
     outcomes = {}
