@@ -61,6 +61,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("sim.commands.capacity.cli", "highest request rate per replica within SLOs, per policy; replicas and cost"),
     "replay": ("sim.commands.replay_cli", "serve a scenario for real on its profile's device and models (needs torch)"),
     "validate": ("sim.commands.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
+    "compose": ("sim.commands.compose", "compose a GPU profile from published kernel microbenchmarks (gpu-data extra)"),
 }
 
 
