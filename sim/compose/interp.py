@@ -38,7 +38,7 @@ class LogTable:
         keys = mean.index.to_frame(index=False)
         index = tuple(np.searchsorted(g, keys[a].to_numpy(dtype=float)) for g, a in zip(grid, axes))
         values[index] = np.log(mean.to_numpy(dtype=float))
-        return cls(axes, grid, _running_max(values))
+        return cls(axes, grid, running_max(values))
 
     def bounds(self, axis: str) -> tuple[float, float]:
         values = self.grid[self.axes.index(axis)]
@@ -76,7 +76,7 @@ class LogTable:
         return np.where(inside, np.exp(total), np.nan).reshape(shape)
 
 
-def _running_max(values: np.ndarray) -> np.ndarray:
+def running_max(values: np.ndarray) -> np.ndarray:
     """Running maximum along every axis in turn; holes (NaN) stay holes and do not carry values over."""
     holes = np.isnan(values)
     out = np.where(holes, -np.inf, values)
