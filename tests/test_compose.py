@@ -177,14 +177,13 @@ def test_decode_time_never_falls_with_batch_query_tokens_or_context(name, model)
 def test_verifying_up_to_eight_tokens_at_batch_one_costs_about_one(name):
     """The memory-bound regime the papers rest on: at batch 1 the weights dominate, not q.
 
-    Composed today: q = 8 costs 1.11x q = 1 on H100, 1.09x on H200, 1.12x on L40S (the tables'
-    GEMMs at m = 1 are 5-10 % faster than at m = 2..16, where cuBLAS picks other kernels).
+    Composed today: q = 8 costs 1.06x q = 1 on H100, 1.03x on H200, 1.08x on L40S.
     """
     rows = _decode(load_profile(name))
     at = rows[(rows.batch_size == 1) & (rows.context_tokens == rows.context_tokens.min())].set_index(
         "query_tokens").latency_median_s
     for q in range(2, 9):
-        assert at[q] / at[1] <= 1.13, f"q = {q}: {at[q] / at[1]:.3f} x q = 1"
+        assert at[q] / at[1] <= 1.10, f"q = {q}: {at[q] / at[1]:.3f} x q = 1"
 
 
 def test_every_composed_profile_records_where_it_came_from():

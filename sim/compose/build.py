@@ -147,8 +147,8 @@ def price_points(request: Request, pricers: dict[str, PassPricer], capacity: int
 def monotone_envelope(frame: pd.DataFrame, latency: np.ndarray) -> np.ndarray:
     """Per (phase, model), the running maximum along batch, query tokens and context.
 
-    The tables are already monotone (:class:`~sim.compose.interp.LogTable`), but where a
-    pass switches between equivalences (one launch of more sequences or several launches,
+    The tables are already fitted monotone (:class:`~sim.compose.interp.LogTable`), but one
+    axis after another leaves small dips across axes, and where a pass switches between equivalences (one launch of more sequences or several launches,
     at a table's edge) the sum can dip by a few percent; a pass with more work never takes
     less time, so the dip is lifted to its smaller neighbour's time.
     """
@@ -170,8 +170,9 @@ def assumptions(request: Request, tables: KernelTables) -> list[str]:
         "QKV, out, fc1, fc2) + attention + memory-bound small ops, plus the LM head and the embedding",
         "interpolation is log-linear between measured points of each table; a point outside a table's "
         "measured range is not priced (status 'error') and never extrapolated",
-        "more work never takes less time: each table, and then the composed grid, is lifted to its running "
-        "maximum along every size axis (single-kernel measurements vary by 5-10 %)",
+        "more work never takes less time: each table is replaced along each size axis by its least-squares "
+        "non-decreasing fit (isotonic regression in log time; single kernels vary by 5-10 %), then the composed "
+        "grid is lifted to its running maximum along batch, query tokens and context",
         "decode attention work units: b sequences x H_kv KV heads cost what b*H_kv/h0 sequences with h0 KV "
         f"heads and the same query heads per KV head cost (h0 = H_kv where the table has it, else "
         f"{8}: multi-head models)",

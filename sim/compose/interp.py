@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import isotonic_regression
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,11 @@ class LogTable:
         """Duplicated grid points (repeated collection runs) are averaged.
 
         Every axis is a size (rows, columns, sequences, KV length, heads): more work never
-        takes less time, so a measured point below a smaller neighbour is noise (single
-        kernels vary by 5-10 %) and is raised to the running maximum along each axis.
-        Without this the sums of many noisy kernels zig-zag and teach policies wrong steps.
+        takes less time, so each line of the table along each axis is replaced by its
+        least-squares non-decreasing fit (isotonic regression, in log time). Single kernels
+        vary by 5-10 % between neighbouring sizes (cuBLAS picks another kernel at m = 17 than
+        at m = 16); a fit averages such a dip or spike with its neighbours instead of letting
+        one outlier lift everything above it.
         """
         mean = frame.groupby(list(axes), sort=True)[value].mean()
         grid = tuple(np.unique(frame[a].to_numpy(dtype=float)) for a in axes)
@@ -38,7 +41,7 @@ class LogTable:
         keys = mean.index.to_frame(index=False)
         index = tuple(np.searchsorted(g, keys[a].to_numpy(dtype=float)) for g, a in zip(grid, axes))
         values[index] = np.log(mean.to_numpy(dtype=float))
-        return cls(axes, grid, running_max(values))
+        return cls(axes, grid, monotone_fit(values))
 
     def bounds(self, axis: str) -> tuple[float, float]:
         values = self.grid[self.axes.index(axis)]
@@ -83,3 +86,17 @@ def running_max(values: np.ndarray) -> np.ndarray:
     for axis in range(values.ndim):
         out = np.maximum.accumulate(out, axis=axis)
     return np.where(holes, np.nan, out)
+
+
+def monotone_fit(values: np.ndarray) -> np.ndarray:
+    """Isotonic regression along every axis in turn, over each line's measured points (holes stay)."""
+    out = values.copy()
+    for axis in range(values.ndim):
+        moved = np.moveaxis(out, axis, -1)
+        lines = moved.reshape(-1, moved.shape[-1])
+        for line in lines:
+            measured = ~np.isnan(line)
+            if measured.sum() > 1:
+                line[measured] = isotonic_regression(line[measured]).x
+        out = np.moveaxis(lines.reshape(moved.shape), -1, axis)
+    return out
