@@ -144,6 +144,18 @@ def test_parameter_counts_match_the_model_cards(name, published):
     assert param_count(get_config(name)) == pytest.approx(published, rel=0.006)
 
 
+def test_the_composition_core_imports_neither_calibrate_nor_torch():
+    """Layering: commands -> calibrate -> sim core; the core gets plain shapes from the command."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sim.compose, sim.compose.build; "
+            "bad = [m for m in ('calibrate', 'torch', 'aiconfigurator_core') if m in sys.modules]; "
+            "print(', '.join(bad), file=sys.stderr); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 # -- the shipped composed profiles (no extra needed) ---------------------------------------
 
 def _decode(profile, model="target"):

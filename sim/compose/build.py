@@ -94,8 +94,8 @@ def kv_capacity(request: Request, spec: data.GpuSpec) -> dict[str, int]:
 
 def check_priceable(pricers: dict[str, PassPricer], request: Request) -> None:
     """A shape the tables cannot price even with the equivalences is one line, before any work."""
-    context = min(c for phase, _, _, _, c in request.points if phase == "decode")
-    prompt = min(q for phase, _, _, q, _ in request.points if phase == "prefill")
+    context = min((c for phase, _, _, _, c in request.points if phase == "decode"), default=128)
+    prompt = min((q for phase, _, _, q, _ in request.points if phase == "prefill"), default=128)
     for role, pricer in pricers.items():
         shape = pricer.model
         for what, parts in (("decode", pricer.decode_parts(1, 1, context, 1)),
@@ -199,14 +199,14 @@ def assumptions(request: Request, tables: KernelTables) -> list[str]:
 
 def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Path:
     """Compose and write the profile at ``out`` (atomically: a complete folder or nothing)."""
-    tables, root, device_name = load_tables(request)
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and set(p.name for p in out.iterdir()) <= {CSV_NAME, META_NAME}):
+        raise InputError("exists and is not a profile folder; refusing to replace it", source=out, field="out")
+    tables, _, device_name = load_tables(request)
     pricers = {"target": PassPricer(request.target, tables), "draft": PassPricer(request.draft, tables)}
     check_priceable(pricers, request)
     memory = kv_capacity(request, tables.spec)
     capacity = memory.pop("kv_capacity_tokens")
-    out = Path(out)
-    if out.exists() and not (out.is_dir() and set(p.name for p in out.iterdir()) <= {CSV_NAME, META_NAME}):
-        raise InputError("exists and is not a profile folder; refusing to replace it", source=out, field="out")
     points, off_table = price_points(request, pricers, capacity)
     weight = 1 if request.dtype == "fp8" else 2
     meta = {
