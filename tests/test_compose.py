@@ -337,3 +337,31 @@ def test_compose_replaces_a_profile_atomically_and_refuses_other_folders(tiny_da
     assert code == 2 and "refusing to replace it" in err
     assert (other / "keep.txt").read_text() == "mine"
     assert math.isfinite(load_profile(out).points.latency_median_s.sum())
+
+
+def _tiny_pricer(tiny_data, model: str):
+    from calibrate.configs import get_config
+    from sim.compose import ModelShape
+    from sim.compose.build import Request, load_tables
+    from sim.compose.price import PassPricer
+
+    c = get_config(model)
+    shape = ModelShape(c.name, c.arch, c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads,
+                       c.intermediate_size, param_count(c))
+    request = Request("tiny", "vllm", "0.24.0", "bf16", shape, shape, (), {}, {}, kernel_data=str(tiny_data))
+    return PassPricer(shape, load_tables(request)[0])
+
+
+def test_verification_rows_past_the_widest_head_count_split_into_more_sequences(tiny_data):
+    """tiny-llama: 2 KV heads, 2 query heads each. q = 5 makes 2 x 2 x 5 = 20 rows, past the table's
+    16 heads: 2 chunks of 10 rows, priced as one launch over twice the sequences (KV read twice)."""
+    pricer = _tiny_pricer(tiny_data, "tiny-llama")
+    assert float(pricer.decode_attention(3, 4, 100)) == pytest.approx(gen_ms(3, 103, 16) * 1e-3, rel=1e-12)
+    assert float(pricer.decode_attention(3, 5, 100)) == pytest.approx(gen_ms(6, 104, 10) * 1e-3, rel=1e-12)
+
+
+def test_multi_head_attention_is_priced_as_more_sequences_with_the_tables_kv_heads(tiny_data):
+    """tiny-opt: 4 KV heads (MHA) on a table of 2 KV heads: b sequences = 2b sequences of 2 KV heads."""
+    pricer = _tiny_pricer(tiny_data, "tiny-opt")
+    assert float(pricer.decode_attention(3, 1, 100)) == pytest.approx(gen_ms(6, 100, 2) * 1e-3, rel=1e-12)
+    assert float(pricer.context_attention(3, 64)) == pytest.approx(ctx_ms(6, 64, 2) * 1e-3, rel=1e-12)
