@@ -39,7 +39,7 @@ from sim.errors import InputError
 FORMAT_VERSION = 1
 CSV_NAME = "profile.csv"
 META_NAME = "profile.json"
-DEFAULT_PROFILE = "cpu-tinyllama-1.1b-llama-68m"
+DEFAULT_PROFILE = "h100-llama-3.1-8b-llama-3.2-1b"
 
 PHASES = ("prefill", "decode", "verify")
 MODELS = ("target", "draft")

@@ -6,6 +6,13 @@ import pytest
 
 from tests.synthetic import make_profile
 
+# The shipped defaults as they were before the default moved to the H100 profile (issue 18):
+# tests of scheduling logic layer on these, so that what they check keeps its meaning.
+CPU_DEFAULTS = Path(__file__).parent / "baselines" / "scenarios" / "cpu.toml"
+# The same, as `specbatch run` flags, for CLI tests that also pass a --config of their own.
+CPU_DEFAULT_FLAGS = ["--max-batch-size", "32", "--prompt-tokens", "lognormal:128:0.5:512",
+                     "--output-tokens", "lognormal:128:0.5:512"]
+
 
 @pytest.fixture(scope="session")
 def synthetic_profile(tmp_path_factory) -> Path:
@@ -15,13 +22,13 @@ def synthetic_profile(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def run_config(synthetic_profile):
-    """Build a RunConfig from flag-style overrides on top of the shipped defaults."""
+    """Build a RunConfig from flag-style overrides on top of the pre-issue-18 defaults (CPU_DEFAULTS)."""
     from sim.config import load_config
 
     def build(**overrides):
         flags = {"profile": (str(synthetic_profile), "--profile")}
         for key, value in overrides.items():
             flags[key.replace("__", ".")] = (value, f"--{key}")
-        return load_config(None, flags)
+        return load_config(CPU_DEFAULTS, flags)
 
     return build

@@ -19,6 +19,7 @@ from sim.commands.capacity.search import RateSearch, SearchSettings, search_capa
 from sim.commands.cli import main
 from sim.errors import InputError
 from tests.synthetic import make_profile
+from tests.conftest import CPU_DEFAULTS
 
 # ------------------------------------------------------------------ a profile with a known service rate
 
@@ -48,7 +49,7 @@ def constant_config(profile: Path, **extra):
              "workload.burstiness": 1e8,  # gaps with a CV of 1e-4: deterministic arrivals
              "workload.prompt_tokens": "32", "workload.output_tokens": str(OUTPUT_TOKENS),
              "engine.max_batch_size": MAX_BATCH, "workload.num_requests": 10, **extra}
-    return load_config(None, {k: (v, f"--{k}") for k, v in flags.items()})
+    return load_config(CPU_DEFAULTS, {k: (v, f"--{k}") for k, v in flags.items()})
 
 
 def test_search_finds_the_analytic_saturation_rate(constant_profile):
@@ -346,7 +347,7 @@ def _small_outcome(report: Path):
     from sim.config import load_config
 
     stats = {"p99_e2el_ms": 10.0, "goodput": 1.0, "mean_k": 0.0, "mean_batch_size": 1.0}
-    outcome = PolicyOutcome("none", load_config(None), 2.0, 10.0, 1.0, (1.0, 1.1), [1.0], 0.05,
+    outcome = PolicyOutcome("none", load_config(CPU_DEFAULTS), 2.0, 10.0, 1.0, (1.0, 1.1), [1.0], 0.05,
                             points={1.0: stats}, operating=stats,
                             steps={"start_s": np.arange(3.0), "phase": np.ones(3), "running": np.ones(3),
                                    "k": np.zeros(3)})

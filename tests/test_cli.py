@@ -10,8 +10,9 @@ import pytest
 
 from sim.commands.cli import main
 from sim.profile import DEFAULT_PROFILE, shipped_profiles
+from tests.conftest import CPU_DEFAULT_FLAGS
 
-SHORT = ["--duration", "60", "--rate", "2"]
+SHORT = [*CPU_DEFAULT_FLAGS, "--duration", "60", "--rate", "2"]
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

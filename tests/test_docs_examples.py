@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from sim.commands.cli import main
+from tests.conftest import CPU_DEFAULTS
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 
@@ -32,8 +33,8 @@ def test_example_policy_file_imports():
 
 def test_example_policy_runs_through_the_cli(tmp_path, capsys, examples_on_path):
     out = tmp_path / "run"
-    code = main(["run", "--policy", "my_policy:SmallBatchSpec", "--num-requests", "30", "--rate", "1",
-                 "--out", str(out)])
+    code = main(["run", "--config", str(CPU_DEFAULTS), "--policy", "my_policy:SmallBatchSpec",
+                 "--num-requests", "30", "--rate", "1", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     steps = pd.read_csv(out / "steps.csv")
     decode = steps[steps.phase == 1]
@@ -49,7 +50,7 @@ def test_example_policy_learns_alpha(examples_on_path):
     from sim.config import load_config
     from sim.simulate import prepare, execute
 
-    config = load_config(None, {"policy.name": ("my_policy:SmallBatchSpec", "--policy"),
+    config = load_config(CPU_DEFAULTS, {"policy.name": ("my_policy:SmallBatchSpec", "--policy"),
                                 "workload.num_requests": (30, "--num-requests"),
                                 "workload.rate": (1.0, "--rate"), "output.records": ("none", "--records")})
     run = prepare(config)

@@ -12,6 +12,7 @@ from sim.config import load_config
 from sim.engine import DECODE
 from sim.simulate import simulate
 from tests.synthetic import make_profile
+from tests.conftest import CPU_DEFAULTS
 
 
 def knee_at_four(phase: str, model: str, b: int, q: int, c: int) -> float:
@@ -38,7 +39,7 @@ def _simulate(profile, alpha=0.9, **policy):
              "workload.output_tokens": (150, "--output-tokens"), "engine.max_batch_size": (16, "--max-batch-size")}
     for key, value in policy.items():
         flags[f"policy.{key}"] = (value, f"--{key}")
-    result = simulate(load_config(None, flags))
+    result = simulate(load_config(CPU_DEFAULTS, flags))
     return result, result.steps.k[result.steps.phase == DECODE].to_numpy()
 
 

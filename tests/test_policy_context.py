@@ -11,6 +11,7 @@ from policies import BatchView, PolicyError, make_policy
 from policies.context import ContextTable, build_context_table
 from policies.lut import best_k, expected_tokens
 from sim.commands.cli import main
+from tests.conftest import CPU_DEFAULT_FLAGS
 
 
 def magicdec(b: int, k: int, c: float) -> float:
@@ -135,7 +136,7 @@ def test_k_max_beyond_the_profile_and_a_missing_cost_model():
         make_policy("context", {"alpha": 0.7}).bind(7, None)
 
 
-SHORT = ["--num-requests", "30", "--rate", "4", "--records", "none"]
+SHORT = [*CPU_DEFAULT_FLAGS, "--num-requests", "30", "--rate", "4", "--records", "none"]
 
 
 def test_cli_run_with_alpha_and_a_bad_table(capsys, tmp_path, synthetic_profile):

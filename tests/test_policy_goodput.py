@@ -11,6 +11,7 @@ from policies import BatchView, PolicyError, StepFeedback, make_policy
 from policies.goodput import Goodput
 from sim.commands.cli import main
 from sim.simulate import execute, prepare
+from tests.conftest import CPU_DEFAULT_FLAGS
 
 
 class Synthetic:
@@ -154,7 +155,7 @@ def test_alpha_estimate_converges_to_the_true_alpha_in_a_run(run_config):
     assert result.summary["acceptance_rate"] < 0.55
 
 
-SHORT = ["--num-requests", "40", "--rate", "4", "--records", "none"]
+SHORT = [*CPU_DEFAULT_FLAGS, "--num-requests", "40", "--rate", "4", "--records", "none"]
 
 
 def _run(capsys, *argv):

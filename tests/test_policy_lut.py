@@ -11,6 +11,7 @@ import pytest
 from policies import BatchView, PolicyError, make_policy
 from policies.lut import LookupTable, build_lut
 from sim.commands.cli import main
+from tests.conftest import CPU_DEFAULT_FLAGS
 
 
 def flat(b: int, k: int, c: float) -> float:
@@ -141,7 +142,7 @@ def test_k_max_beyond_the_profile_names_the_parameter():
     assert info.value.field == "table"
 
 
-SHORT = ["--num-requests", "40", "--rate", "4", "--records", "none"]
+SHORT = [*CPU_DEFAULT_FLAGS, "--num-requests", "40", "--rate", "4", "--records", "none"]
 
 
 def _run(capsys, *argv):

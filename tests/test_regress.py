@@ -23,6 +23,7 @@ from sim.errors import InputError
 from sim.commands.regress import (DIRECTIONS, Tolerance, assert_no_regression, check_baseline, default_direction, judge,
                          load_baseline)
 from sim.simulate import simulate
+from tests.conftest import CPU_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT_BASELINE = ROOT / "tests" / "baselines" / "specbatch.toml"
@@ -38,6 +39,10 @@ default = { abs = 0.0, rel = 0.0 }   # exact
 [[scenario]]
 name = "small"
 [scenario.overrides]
+profile = "cpu-tinyllama-1.1b-llama-68m"
+engine.max_batch_size = 32
+workload.prompt_tokens = "lognormal:128:0.5:512"
+workload.output_tokens = "lognormal:128:0.5:512"
 workload.num_requests = 20
 workload.rate = 0.15
 """
@@ -46,6 +51,9 @@ TWO = SMALL + """
 [[scenario]]
 name = "static"
 [scenario.overrides]
+profile = "cpu-tinyllama-1.1b-llama-68m"
+workload.prompt_tokens = "lognormal:128:0.5:512"
+workload.output_tokens = "lognormal:128:0.5:512"
 workload.num_requests = 16
 engine.batching = "static"
 engine.max_batch_size = 4
@@ -110,7 +118,7 @@ def test_update_then_check_passes_and_the_values_are_exact(tmp_path, capsys):
     text = path.read_text()
     assert "# a small baseline: comments must survive --update" in text
     assert "default = { abs = 0.0, rel = 0.0 }   # exact" in text
-    summary = simulate(load_config(None, {"workload.num_requests": (20, "t"), "workload.rate": (0.15, "t")})).summary
+    summary = simulate(load_config(CPU_DEFAULTS, {"workload.num_requests": (20, "t"), "workload.rate": (0.15, "t")})).summary
     expected = expected_of(path)
     assert list(expected) == list(summary)  # every scalar metric, in the summary's order
     for metric, value in summary.items():  # stored with full precision: equal, not close

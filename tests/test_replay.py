@@ -17,6 +17,7 @@ from sim.commands.cli import main
 from sim.config import load_config
 from sim.simulate import prepare
 from tests.test_engine import check_invariants
+from tests.conftest import CPU_DEFAULTS
 
 TINY_GRID = ["--device", "cpu", "--batch-sizes", "1,2,4", "--k-max", "4", "--contexts", "16,64",
              "--prompts", "8,32", "--max-prefill-tokens", "128", "--warmup", "1", "--repeats", "3",
@@ -34,7 +35,7 @@ def tiny_profile(tmp_path_factory):
 
 def scenario(profile, **extra):
     values = {**SCENARIO, "profile": str(profile), **extra}
-    return load_config(None, {k: (v, f"--{k}") for k, v in values.items()})
+    return load_config(CPU_DEFAULTS, {k: (v, f"--{k}") for k, v in values.items()})
 
 
 class Alternating(Policy):

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from sim.commands.cli import main
+from tests.conftest import CPU_DEFAULT_FLAGS
 
 REQUIRED = {"X": {"ts", "dur", "pid", "tid", "name"}, "C": {"ts", "pid", "name", "args"},
             "b": {"ts", "pid", "tid", "name", "cat", "id"}, "e": {"ts", "pid", "tid", "name", "cat", "id"},
@@ -105,7 +106,7 @@ def test_an_unwritable_timeline_is_one_line_and_writes_nothing(capsys, tmp_path,
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     out = tmp_path / "run"
-    code = main(["run", "--profile", str(synthetic_profile), "--num-requests", "10",
+    code = main(["run", "--profile", str(synthetic_profile), *CPU_DEFAULT_FLAGS, "--num-requests", "10",
                  "--timeline", str(blocker / "t.json"), "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1

@@ -12,6 +12,7 @@ import pytest
 from sim.commands.cli import main
 from sim.config import load_config
 from sim.errors import InputError
+from tests.conftest import CPU_DEFAULTS
 from workloads import (Requests, TraceError, gamma_arrivals, parse_rate_profile, profile_arrivals, read_trace,
                        write_trace)
 
@@ -151,13 +152,13 @@ def test_rate_profile_table_in_a_file_and_phases_set_the_duration(tmp_path):
     assert cfg.workload.duration_s == 180.0  # the phases' total, not the default 1200
     again = load_config(_file(tmp_path, cfg.to_toml(), "resolved.toml"))
     assert again == cfg and again.to_toml() == cfg.to_toml()
-    assert load_config(None, {"workload.rate_profile": ("phases:1,4:10,10", "--rate-profile"),
+    assert load_config(CPU_DEFAULTS, {"workload.rate_profile": ("phases:1,4:10,10", "--rate-profile"),
                               "workload.duration_s": (50.0, "--duration")}).workload.duration_s == 50.0
 
 
 @pytest.mark.parametrize("flag", ["ramp:1:8", "ramp-exp:1:8:60", "sine:4:3:600", "onoff:8:0.5:30:90"])
 def test_rate_profile_flag_round_trips(tmp_path, flag):
-    cfg = load_config(None, {"workload.rate_profile": (flag, "--rate-profile")})
+    cfg = load_config(CPU_DEFAULTS, {"workload.rate_profile": (flag, "--rate-profile")})
     assert cfg.workload.rate_profile == parse_rate_profile(flag)
     assert load_config(_file(tmp_path, cfg.to_toml())) == cfg
 
@@ -186,7 +187,7 @@ def test_bad_rate_profile_names_field_file_and_line(tmp_path, text, key, line, m
 
 def test_bad_rate_profile_flag_names_the_flag():
     with pytest.raises(InputError) as info:
-        load_config(None, {"workload.rate_profile": ("phases:1,2:10", "--rate-profile")})
+        load_config(CPU_DEFAULTS, {"workload.rate_profile": ("phases:1,2:10", "--rate-profile")})
     assert "--rate-profile" in str(info.value) and "durations_s" in str(info.value)
 
 

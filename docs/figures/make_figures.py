@@ -23,11 +23,16 @@ from sim.acceptance import expected_tokens_per_step  # noqa: E402
 from sim.commands.flags import RUN_FLAGS  # noqa: E402
 from sim.config import load_config  # noqa: E402
 from sim.costmodel import CostModel  # noqa: E402
-from sim.profile import DEFAULT_PROFILE, load_profile  # noqa: E402
+from sim.profile import load_profile  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 SEED = 0
+# These figures, and the pages that quote them, show the CPU profile and the scenario that was
+# the shipped default before the H100 profile became it (docs/gpu-profiles.md).
+DEFAULT_PROFILE = "cpu-tinyllama-1.1b-llama-68m"
+SCENARIO = ROOT / "tests" / "baselines" / "scenarios" / "cpu.toml"
+CPU_DURATION_S = 1200.0  # that scenario's run length (it leaves duration_s to the shipped defaults)
 
 
 def config(**flags):
@@ -38,7 +43,7 @@ def config(**flags):
         overrides[RUN_FLAGS[flag][0]] = (value, flag)
     overrides.setdefault("seed", (SEED, "--seed"))
     overrides.setdefault("output.records", ("none", "--records"))
-    return load_config(None, overrides)
+    return load_config(SCENARIO, overrides)
 
 
 def cost_model_figure(cost: CostModel) -> None:
@@ -230,8 +235,9 @@ def lut_figure(cost: CostModel) -> None:
 def goodput_figure() -> None:
     from sim.simulate import execute, prepare
 
-    run = prepare(load_config(None, {"policy.name": ("goodput", "--policy"), "policy.alpha_init": (0.9, "figure"),
+    run = prepare(load_config(SCENARIO, {"policy.name": ("goodput", "--policy"), "policy.alpha_init": (0.9, "figure"),
                                      "acceptance.alpha": (0.6, "--alpha"), "seed": (SEED, "--seed"),
+                                     "workload.duration_s": (CPU_DURATION_S, "--duration"),
                                      "output.records": ("none", "--records")}))
     policy, history = run.policy, []
     observe = policy.observe
@@ -304,7 +310,7 @@ def context_figure(cost: CostModel) -> None:
 
 
 def adaptive_figure() -> None:
-    result = simulate(config(policy="adaptive"))
+    result = simulate(config(policy="adaptive", duration=CPU_DURATION_S))
     decode = result.steps[result.steps.phase == 1]
     k_max = int(result.config.policy.params["k_max"])
     edges = np.arange(0, decode.end_s.max() + 60, 60)

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("sim.commands.capacity.cli", "highest request rate per replica within SLOs, per policy; replicas and cost"),
     "replay": ("sim.commands.replay_cli", "serve a scenario for real on its profile's device and models (needs torch)"),
     "validate": ("sim.commands.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
+    "compose": ("sim.commands.compose", "compose a GPU profile from published kernel microbenchmarks (gpu-data extra)"),
 }
 
 
@@ -136,15 +137,21 @@ def _profiles(name: str | None) -> int:
     from sim.profile import DEFAULT_PROFILE, load_profile, shipped_profiles
 
     if name is None:
+        print(f"{'profile':<40} {'source':<9} device")
         for shipped in shipped_profiles():
+            meta = load_profile(shipped).meta
             mark = " (default)" if shipped == DEFAULT_PROFILE else ""
-            print(f"{shipped}{mark}")
+            print(f"{shipped + mark:<40} {profile_source(meta):<9} {meta.get('device', {}).get('name', '?')}")
         return 0
     profile = load_profile(name)
     meta = profile.meta
     device = meta.get("device", {})
     models = meta.get("models", {})
     print(f"profile      {profile.name}  ({profile.path})")
+    print(f"source       {profile_source(meta)}" + (
+        f" from {meta['composition']['package']} {meta['composition']['package_version']} "
+        f"({meta['composition']['framework']} {meta['composition']['framework_version']} kernels; "
+        f"assumptions in {profile.path / 'profile.json'})" if "composition" in meta else ""))
     print(f"device       {device.get('name', '?')} [{device.get('type', '?')}], dtype {meta.get('dtype')}")
     print(f"models       target {models.get('target', {}).get('name')}, draft {models.get('draft', {}).get('name')}")
     print(f"timing       {meta.get('timing', {}).get('method')}, created {meta.get('created_utc')}")
@@ -152,7 +159,8 @@ def _profiles(name: str | None) -> int:
     overhead = meta.get("engine_overhead", {})
     if "decode_overhead_s" in overhead:
         print(f"overhead     {1e3 * profile.engine_overhead_s('decode'):.2f} ms per decode step, "
-              f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms per prefill step (measured by a short replay)")
+              f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms per prefill step "
+              f"({'assumed' if profile_source(meta) == 'composed' else 'measured by a short replay'})")
     elif overhead:
         print(f"overhead     none charged ({overhead.get('error', 'not measured')})")
     counts = profile.points.groupby(["phase", "model"]).size()
@@ -164,6 +172,11 @@ def _profiles(name: str | None) -> int:
     if len(profile.skipped):
         print(f"  skipped  {len(profile.skipped)} points (out of memory or failed)")
     return 0
+
+
+def profile_source(meta: dict) -> str:
+    """'measured' (calibrate; also profiles from before the field existed) or 'composed'."""
+    return str(meta.get("source", "measured"))
 
 
 def _lut(args: argparse.Namespace) -> int:

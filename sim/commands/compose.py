@@ -1,0 +1,125 @@
+"""``specbatch compose``: a profile for a GPU you do not have, from published kernel microbenchmarks.
+
+It resolves the model names to published shapes (``calibrate.configs``), builds the same
+grid ``calibrate --device cuda`` would measure (same grid flags), and hands plain shapes
+and points to :mod:`sim.compose`. Everything is checked before any work; the profile is
+written atomically. Imported when the parser is built: top-level imports stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+COMPOSE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # powers of two keep the shipped files small
+DEFAULT_MAX_LEN = 32768  # longest context composed by default (the models may accept more)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", required=True, help="GPU of the kernel data, e.g. h100_sxm, h200_sxm, l40s, a100_sxm")
+    p.add_argument("--target", required=True, help="target model name (calibrate --list-models)")
+    p.add_argument("--draft", required=True, help="draft model name")
+    p.add_argument("--out", required=True, help="output profile folder (replaced atomically)")
+    p.add_argument("--framework", default="vllm", help="framework whose kernels were measured (default: %(default)s)")
+    p.add_argument("--framework-version", default="0.24.0", help="its version in the data (default: %(default)s)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"), help="GEMM weights (default: %(default)s)")
+    p.add_argument("--kernel-data", default=None, metavar="DIR",
+                   help="a folder laid out like aiconfigurator-core's systems/ (default: the installed package)")
+    p.add_argument("--memory-fraction", type=float, default=None,
+                   help="share of GPU memory for weights + KV cache (default 0.9, vLLM's gpu_memory_utilization)")
+    p.add_argument("--engine-overhead-ms", type=float, default=None,
+                   help="per-step engine time outside the passes (default 1 ms, an assumption)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help=f"longest sequence the grid covers (default: the models' limit, at most {DEFAULT_MAX_LEN})")
+    p.add_argument("--name", default=None, help="profile name in the sidecar (default: the folder's name)")
+    g = p.add_argument_group("grid (as calibrate --device cuda; batches default to powers of two up to 256)")
+    g.add_argument("--batch-sizes", type=_int_list, metavar="LIST", help="e.g. 1,2,4,8")
+    q = g.add_mutually_exclusive_group()
+    q.add_argument("--query-tokens", type=_int_list, metavar="LIST", help="target decode q values, e.g. 1,2,3,4")
+    q.add_argument("--k-max", type=int, metavar="K", help="largest speculation length: q = 1..K+1 (default 8)")
+    g.add_argument("--contexts", type=_int_list, metavar="LIST", help="KV-cache lengths for decode points")
+    g.add_argument("--prompts", type=_int_list, metavar="LIST", help="prompt lengths for prefill points")
+    g.add_argument("--max-prefill-tokens", type=int, metavar="N", help="skip prefill points with batch*prompt > N")
+
+
+def build_request(args: argparse.Namespace):
+    """Check every input and assemble the core's request (no kernel data read yet)."""
+    from calibrate.configs import get_config, param_count
+    from calibrate.grid import default_grid
+    from sim.compose import ModelShape, Request, points_of
+    from sim.compose.build import ENGINE_OVERHEAD_S, ENGINE_OVERHEAD_SOURCE, MEMORY_FRACTION
+    from sim.errors import InputError
+
+    configs = {"target": get_config(args.target, "target"), "draft": get_config(args.draft, "draft")}
+    shapes = {role: ModelShape(name=c.name, arch=c.arch, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                               num_layers=c.num_layers, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                               intermediate_size=c.intermediate_size, params=param_count(c))
+              for role, c in configs.items()}
+    if shapes["target"].vocab_size != shapes["draft"].vocab_size:
+        raise InputError(f"the draft's vocabulary ({shapes['draft'].vocab_size}) differs from the target's "
+                         f"({shapes['target'].vocab_size}): speculative decoding needs one", field="draft")
+    limit = min(c.max_position_embeddings for c in configs.values())
+    max_len = min(limit, DEFAULT_MAX_LEN) if args.max_len is None else args.max_len
+    if not 1 <= max_len <= limit:
+        raise InputError(f"must be in 1..{limit} (the models' limit)", field="max-len")
+    fraction = MEMORY_FRACTION if args.memory_fraction is None else args.memory_fraction
+    if not 0 < fraction <= 1:
+        raise InputError("must lie in (0, 1]", field="memory-fraction")
+    overhead_ms = args.engine_overhead_ms
+    if overhead_ms is not None and not overhead_ms >= 0:
+        raise InputError("must be at least 0", field="engine-overhead-ms")
+    if args.k_max is not None and args.k_max < 0:
+        raise InputError("must be at least 0", field="k-max")
+    grid = default_grid("cuda", max_len, batch_sizes=args.batch_sizes or COMPOSE_BATCHES,
+                        query_tokens=args.query_tokens, k_max=args.k_max, contexts=args.contexts,
+                        prompts=args.prompts, max_prefill_tokens=args.max_prefill_tokens)
+    grid_meta = {k: v for k, v in grid.to_dict().items() if k not in ("warmup", "repeats", "budget_s")}
+    return Request(
+        gpu=args.gpu, framework=args.framework, framework_version=args.framework_version, dtype=args.dtype,
+        target=shapes["target"], draft=shapes["draft"], points=points_of(grid.points()),
+        grid={**grid_meta, "max_len": max_len}, model_configs={r: c.to_dict() for r, c in configs.items()},
+        kernel_data=args.kernel_data, memory_fraction=fraction,
+        engine_overhead_s=ENGINE_OVERHEAD_S if overhead_ms is None else overhead_ms * 1e-3,
+        engine_overhead_source=ENGINE_OVERHEAD_SOURCE if overhead_ms is None else
+        f"given on the command line (--engine-overhead-ms {overhead_ms:g})",
+        name=args.name, command=command_line(args))
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The canonical command for these arguments (recorded in the sidecar: how to regenerate it)."""
+    words = ["specbatch", "compose", "--gpu", args.gpu, "--target", args.target, "--draft", args.draft]
+    defaults = {"framework": "vllm", "framework_version": "0.24.0", "dtype": "bf16"}
+    for key in ("framework", "framework_version", "dtype", "kernel_data", "memory_fraction", "engine_overhead_ms",
+                "max_len", "name", "batch_sizes", "query_tokens", "k_max", "contexts", "prompts",
+                "max_prefill_tokens"):
+        value = getattr(args, key)
+        if value is None or defaults.get(key) == value:
+            continue
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        words += [f"--{key.replace('_', '-')}", text]
+    return " ".join(words + ["--out", str(args.out)])
+
+
+def main(args: argparse.Namespace) -> int:
+    from sim.compose import compose
+    from sim.profile import load_profile
+
+    request = build_request(args)
+    out = compose(request, args.out)
+    profile = load_profile(out)
+    statuses = profile.meta["composition"]["statuses"]
+    counts = ", ".join(f"{n} {s}" for s, n in statuses.items())
+    print(f"Composed {profile.name}: {request.target.name} + {request.draft.name} on {args.gpu} "
+          f"({args.framework} {args.framework_version}, {args.dtype}); {counts} points; "
+          f"KV capacity {profile.kv_capacity_tokens:,} tokens")
+    print(f"Wrote {out}/ (profile.csv, profile.json)")
+    return 0

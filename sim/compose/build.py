@@ -1,0 +1,283 @@
+"""Compose a whole profile: every grid point priced, the sidecar with every assumption, written atomically."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from sim.compose import data
+from sim.compose.interp import running_max
+from sim.compose.price import KV_BYTES, KernelTables, PassPricer
+from sim.compose.shapes import ModelShape
+from sim.errors import InputError
+from sim.profile import COLUMNS, CSV_NAME, META_NAME, write_profile
+
+SIGNIFICANT = 4  # digits kept per latency: the kernel tables are not more precise, and the files stay small
+MEMORY_FRACTION = 0.9  # vLLM's default gpu_memory_utilization
+ENGINE_OVERHEAD_S = 1e-3
+ENGINE_OVERHEAD_SOURCE = (
+    "assumed, not measured: vLLM v1's per-step CPU work (scheduling, input preparation, sampling "
+    "bookkeeping) that CUDA graphs and async scheduling do not hide, taken as 1 ms per step; "
+    "replace it with a measurement (--engine-overhead-ms; calibrate measures it with a short real replay)")
+NOT_MODELLED = (
+    "CUDA graphs vs eager launches (the tables time kernels back to back; no per-kernel launch gap is added)",
+    "tensor, pipeline or expert parallelism (one GPU per replica)",
+    "kernel fusion beyond vLLM's fused QKV, gate/up and residual-add + RMSNorm",
+    "fp8 KV cache (the KV cache is bf16)",
+    "prefix caching and chunked-prefill kernels (a prefill chunk is priced as a fresh prompt)",
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to compose: GPU data, two model shapes and the grid points (phase, model, b, q, c)."""
+
+    gpu: str
+    framework: str
+    framework_version: str
+    dtype: str  # "bf16" or "fp8"
+    target: ModelShape
+    draft: ModelShape
+    points: tuple[tuple[str, str, int, int, int], ...]
+    grid: dict[str, Any]
+    model_configs: dict[str, dict[str, Any]]  # the published configs, recorded as they are
+    kernel_data: str | None = None
+    memory_fraction: float = MEMORY_FRACTION
+    engine_overhead_s: float = ENGINE_OVERHEAD_S
+    engine_overhead_source: str = ENGINE_OVERHEAD_SOURCE
+    name: str | None = None
+    command: str = ""  # the command line that regenerates this profile, recorded in the sidecar
+
+
+def load_tables(request: Request) -> tuple[KernelTables, Path, str]:
+    """Read the tables once; unknown GPU / framework / version / dtype is one line listing the data's."""
+    root = data.systems_dir(request.kernel_data)
+    if request.dtype not in data.GEMM_DTYPES:
+        raise InputError(f"'{request.dtype}' is not one of {', '.join(data.GEMM_DTYPES)}", field="dtype")
+    args = (root, request.gpu, request.framework, request.framework_version)
+    gemm = data.read_table(*args, data.GEMM_TABLE)
+    context = data.read_table(*args, data.CONTEXT_TABLE)
+    generation = data.read_table(*args, data.GENERATION_TABLE)
+    gemm_dtype = data.GEMM_DTYPES[request.dtype]
+    dtypes = sorted(set(gemm.gemm_dtype))
+    if gemm_dtype not in dtypes or "bfloat16" not in dtypes:
+        raise InputError(f"no {gemm_dtype} GEMMs for {request.framework} {request.framework_version} on "
+                         f"{request.gpu} (it has: {', '.join(dtypes)})", field="dtype")
+    spec = data.read_gpu_spec(root, request.gpu)
+    device = str(gemm["device"].iloc[0]) if "device" in gemm.columns else request.gpu
+    return KernelTables.from_frames(spec, gemm, context, generation, gemm_dtype), root, device
+
+
+def kv_capacity(request: Request, spec: data.GpuSpec) -> dict[str, int]:
+    """KV tokens that fit beside both models' weights under vLLM's memory utilization."""
+    weight = 1 if request.dtype == "fp8" else 2
+    weights = request.target.weight_bytes(weight) + request.draft.weight_bytes(weight)
+    budget = int(request.memory_fraction * spec.mem_capacity)
+    per_token = request.target.kv_bytes_per_token(KV_BYTES) + request.draft.kv_bytes_per_token(KV_BYTES)
+    free = budget - weights - spec.reserved_bytes
+    if free < per_token:
+        raise InputError(f"{request.target.name} + {request.draft.name} ({weights / 2**30:.1f} GiB of weights) "
+                         f"leave no room for a KV cache in {request.memory_fraction:g} of the {request.gpu}'s "
+                         f"{spec.mem_capacity / 2**30:.0f} GiB", field="target")
+    return {"available_bytes": spec.mem_capacity, "budget_bytes": budget, "fraction": request.memory_fraction,
+            "weight_bytes": weights, "reserved_bytes": spec.reserved_bytes, "kv_bytes_per_token": per_token,
+            "kv_capacity_tokens": free // per_token}
+
+
+def check_priceable(pricers: dict[str, PassPricer], request: Request) -> None:
+    """A shape the tables cannot price even with the equivalences is one line, before any work."""
+    context = min((c for phase, _, _, _, c in request.points if phase == "decode"), default=128)
+    prompt = min((q for phase, _, _, q, _ in request.points if phase == "prefill"), default=128)
+    for role, pricer in pricers.items():
+        shape = pricer.model
+        for what, parts in (("decode", pricer.decode_parts(1, 1, context, 1)),
+                            ("prefill", pricer.prefill_parts(1, prompt))):
+            bad = [name for name, value in parts.items() if not np.isfinite(value).all()]
+            if bad:
+                raise InputError(
+                    f"the {request.gpu} tables cannot price {role} model {shape.name}'s {what} {bad[0]} "
+                    f"(heads {shape.num_heads}, KV heads {shape.num_kv_heads}, head_dim {shape.head_dim}, "
+                    f"hidden {shape.hidden_size}, ffn {shape.intermediate_size}), even with the work-unit "
+                    f"equivalence", field=role)
+
+
+def price_points(request: Request, pricers: dict[str, PassPricer], capacity: int) -> tuple[pd.DataFrame, dict]:
+    """One row per grid point: ``ok``, ``oom`` (past the KV capacity) or ``error`` (off the kernel tables)."""
+    frame = pd.DataFrame(list(request.points), columns=["phase", "model", "batch_size", "query_tokens",
+                                                        "context_tokens"])
+    latency = np.full(len(frame), np.nan)
+    off_table: dict[str, dict[str, int]] = {}
+    for (phase, model), rows in frame.groupby(["phase", "model"], sort=False):
+        pricer = pricers[model]
+        b, q, c = (rows[col].to_numpy(dtype=float) for col in ("batch_size", "query_tokens", "context_tokens"))
+        if phase == "prefill":
+            parts = pricer.prefill_parts(b, q)
+        elif phase == "decode":
+            parts = pricer.decode_parts(b, q, c, None if model == "target" else 1)
+        else:
+            parts = {"verify": pricer.verify(b, q)}
+        latency[rows.index] = sum(parts.values())
+        fits = (b * (q + c) <= capacity) | (phase == "verify")
+        for name, value in parts.items():
+            missing = int((fits & ~np.isfinite(value)).sum())
+            if missing:
+                off_table.setdefault(f"{phase}/{model}", {})[name] = missing
+    latency = monotone_envelope(frame, latency)
+    tokens = frame.batch_size * (frame.query_tokens + frame.context_tokens)
+    tokens = tokens.where(frame.phase != "verify", 0)
+    status = np.where(tokens > capacity, "oom", np.where(np.isfinite(latency), "ok", "error"))
+    rounded = np.array([float(f"{v:.{SIGNIFICANT}g}") if np.isfinite(v) else np.nan for v in latency])
+    ok = status == "ok"
+    frame["status"] = status
+    frame["samples"] = np.where(ok, 1, 0)
+    for col in COLUMNS:
+        if col.startswith("latency_"):
+            frame[col] = np.where(ok, 0.0 if col == "latency_std_s" else rounded, np.nan)
+    return frame[list(COLUMNS)], off_table
+
+
+def monotone_envelope(frame: pd.DataFrame, latency: np.ndarray) -> np.ndarray:
+    """Per (phase, model), the running maximum along batch, query tokens and context.
+
+    The tables are already fitted monotone (:class:`~sim.compose.interp.LogTable`), but one
+    axis after another leaves small dips across axes, and where a pass switches between equivalences (one launch of more sequences or several launches,
+    at a table's edge) the sum can dip by a few percent; a pass with more work never takes
+    less time, so the dip is lifted to its smaller neighbour's time.
+    """
+    out = latency.copy()
+    for _, rows in frame.groupby(["phase", "model"], sort=False):
+        axes = [np.unique(rows[a].to_numpy()) for a in ("batch_size", "query_tokens", "context_tokens")]
+        cube = np.full(tuple(a.size for a in axes), np.nan)
+        index = tuple(np.searchsorted(a, rows[name].to_numpy()) for a, name in
+                      zip(axes, ("batch_size", "query_tokens", "context_tokens")))
+        cube[index] = latency[rows.index]
+        out[rows.index] = running_max(cube)[index]
+    return out
+
+
+def assumptions(request: Request, tables: KernelTables) -> list[str]:
+    spec = tables.spec
+    return [
+        "each pass = per layer its GEMMs at m = batch x query tokens (fused QKV, O, gate/up, down; OPT: "
+        "QKV, out, fc1, fc2) + attention + memory-bound small ops, plus the LM head and the embedding",
+        "interpolation is log-linear between measured points of each table; a point outside a table's "
+        "measured range is not priced (status 'error') and never extrapolated",
+        "more work never takes less time: each table is replaced along each size axis by its least-squares "
+        "non-decreasing fit (isotonic regression in log time; single kernels vary by 5-10 %), then the composed "
+        "grid is lifted to its running maximum along batch, query tokens and context",
+        "decode attention work units: b sequences x H_kv KV heads cost what b*H_kv/h0 sequences with h0 KV "
+        f"heads and the same query heads per KV head cost (h0 = H_kv where the table has it, else "
+        f"{8}: multi-head models)",
+        "verification: q query tokens per sequence over context c are priced as one decode-attention pass "
+        "with q x (query heads per KV head) over KV length c + q (FlashAttention packs them into one tile of "
+        "rows and reads the KV once); beyond the table's largest head count the rows are split into equal "
+        "chunks, each re-reading the KV (an upper bound)",
+        "GEMMs wider than the table's largest n (the LM head) are split into equal column blocks",
+        "LM head: over every query token of a target decode/verify pass, over the last token of a draft "
+        "pass and of a prefill; it stays bf16 with --dtype fp8",
+        "small ops (norms, rotary, activation, residual adds, embedding, KV-cache write) are memory-bound: "
+        f"bytes / ({spec.mem_bw_scaling:g} x {spec.mem_bw / 1e12:g} TB/s, the spec sheet's bandwidth and "
+        "empirical factor), no launch cost (fused or inside CUDA graphs)",
+        "verification kernel (rejection sampling): memory-bound, reads fp32 probabilities of k+1 target and "
+        f"k draft positions over the vocabulary at the same bandwidth, plus {spec.mem_latency_s * 1e6:g} us "
+        "(the sheet's constant latency of a memory-bound kernel)",
+        f"KV capacity: {request.memory_fraction:g} of the GPU's memory (vLLM's gpu_memory_utilization) minus "
+        "both models' weights minus the sheet's reserve for activations and CUDA graphs (other_mem); points "
+        "whose KV (batch x (context + query)) exceeds it are status 'oom'",
+        f"engine overhead: {request.engine_overhead_source}",
+        *(f"not modelled: {what}" for what in NOT_MODELLED),
+    ]
+
+
+def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Path:
+    """Compose and write the profile at ``out`` (atomically: a complete folder or nothing)."""
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and set(p.name for p in out.iterdir()) <= {CSV_NAME, META_NAME}):
+        raise InputError("exists and is not a profile folder; refusing to replace it", source=out, field="out")
+    tables, _, device_name = load_tables(request)
+    pricers = {"target": PassPricer(request.target, tables), "draft": PassPricer(request.draft, tables)}
+    check_priceable(pricers, request)
+    memory = kv_capacity(request, tables.spec)
+    capacity = memory.pop("kv_capacity_tokens")
+    points, off_table = price_points(request, pricers, capacity)
+    weight = 1 if request.dtype == "fp8" else 2
+    meta = {
+        "name": request.name or out.name,
+        "source": "composed",
+        "command": request.command,
+        "device": {"name": device_name, "type": "cuda", "gpu": request.gpu,
+                   "memory_bytes": tables.spec.mem_capacity, "spec": tables.spec.to_dict()},
+        "dtype": {"bf16": "bfloat16", "fp8": "fp8"}[request.dtype],
+        "versions": {"specbatch": _version(), data.PACKAGE: data.package_version() if request.kernel_data is None
+                     else None, "framework": request.framework, "framework_version": request.framework_version},
+        "models": {role: {"name": shape.name, "config": request.model_configs[role], "params": shape.params,
+                          "weight_bytes": shape.weight_bytes(weight),
+                          "kv_bytes_per_token": shape.kv_bytes_per_token(KV_BYTES)}
+                   for role, shape in (("target", request.target), ("draft", request.draft))},
+        "grid": request.grid,
+        "timing": {"method": "composed"},
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kv_capacity_tokens": int(capacity),
+        "memory": memory,
+        "engine_overhead": {"decode_overhead_s": request.engine_overhead_s,
+                            "prefill_overhead_s": request.engine_overhead_s,
+                            "source": request.engine_overhead_source},
+        "composition": {"package": data.PACKAGE, "package_version": data.package_version(),
+                        "kernel_data": "package" if request.kernel_data is None else str(request.kernel_data),
+                        "gpu": request.gpu, "framework": request.framework,
+                        "framework_version": request.framework_version, "dtype": request.dtype,
+                        "kernels": dict(sorted(tables.kernels.items())),
+                        "assumptions": assumptions(request, tables),
+                        "not_priced": off_table,
+                        "statuses": {s: int(n) for s, n in points.status.value_counts().sort_index().items()}},
+        "skipped": [],
+    }
+    return _write_atomically(out, meta, points)
+
+
+def _write_atomically(out: Path, meta: dict, points: pd.DataFrame) -> Path:
+    """Write into a temporary sibling folder, then swap it into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        write_profile(staging, meta, points)
+        os.chmod(staging, 0o777 & ~_umask())
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+            os.replace(out, old / "profile")
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specbatch")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def points_of(grid_points: Iterable) -> tuple[tuple[str, str, int, int, int], ...]:
+    """Grid points as plain tuples (anything with a ``key`` of (phase, model, b, q, c), or tuples)."""
+    return tuple(tuple(getattr(p, "key", p)) for p in grid_points)

@@ -1,0 +1,214 @@
+"""Pricing one forward pass of a model from measured kernels.
+
+A pass over b sequences, q new tokens each, c tokens already cached, costs per layer
+
+    sum of its GEMMs at m = b*q  (gemm table, interpolated in log m, log n, log k)
+  + attention                    (context table for prefill, generation table for decode)
+  + memory-bound small ops       (bytes / the spec sheet's achievable bandwidth)
+
+plus, once per pass, the embedding gather and final norm (bandwidth) and the LM head
+GEMM over the tokens that need logits. Every term is NaN where a table cannot price it;
+nothing is extrapolated past a table's edge.
+
+Equivalences (each stated in the sidecar and tested in tests/test_compose.py):
+
+* Work units. Decode attention reads each sequence's KV once per KV head and is
+  independent across (sequence, KV head) pairs, so b sequences with H_kv KV heads cost
+  what b * H_kv / h0 sequences with h0 KV heads and the same query heads per KV head cost.
+  The generation table covers h0 = 1, 2, 4, 8; models with more KV heads (multi-head
+  attention: OPT, Llama-2, llama-68m) are priced at h0 = 8, and a KV-head count the
+  table lacks at the largest measured h0 below it.
+* Head size. Where a table lacks the model's head size d (A100's tables hold d = 128
+  only), H_kv heads of size d are priced as H_kv * d / d' heads of the next measured
+  size d' that divides evenly, same query heads per KV head: the same KV bytes and FLOPs.
+* Verification (q > 1 query tokens per sequence over c cached ones). FlashAttention packs
+  the q tokens' query heads of one KV head into one tile of rows (pack-GQA), reading the
+  KV once: a q-token pass is priced as a decode pass with q times the query heads per KV
+  head over KV length c + q. Where q x heads exceeds the largest head count the table
+  measured, the rows are split into n equal chunks priced as n times the sequences in
+  one launch, each re-reading the KV (an upper bound: a kernel splits rows across tiles
+  the same way, and its tiles often find that KV in L2).
+* Wide GEMMs. A GEMM wider than the table's largest n (the LM head of a 128k vocabulary)
+  is priced as n_parts GEMMs of n / n_parts columns (same FLOPs, same weight bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from sim.compose.data import GpuSpec, attention_kernel
+from sim.compose.interp import LogTable
+from sim.compose.shapes import ACT_BYTES, ModelShape
+
+KV_BYTES = 2  # bf16 KV cache (vLLM's kv_cache_dtype "auto" for a bf16 or fp8-weight model)
+PROB_BYTES = 4  # the rejection sampler reads fp32 probabilities
+TABLE_KV_HEADS = 8  # the KV-head count MHA models are mapped onto (largest the generation table has)
+
+
+@dataclass
+class KernelTables:
+    """The measured tables of one GPU / framework / version / dtype, ready to interpolate."""
+
+    spec: GpuSpec
+    gemm: LogTable  # axes m, n, k at the requested dtype
+    head_gemm: LogTable  # bf16 (the LM head stays bf16 under fp8 weight quantization)
+    context: pd.DataFrame
+    generation: pd.DataFrame
+    kernels: dict[str, str] = field(default_factory=dict)
+    _cache: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_frames(cls, spec: GpuSpec, gemm: pd.DataFrame, context: pd.DataFrame, generation: pd.DataFrame,
+                    gemm_dtype: str) -> "KernelTables":
+        def gemm_table(dtype: str) -> tuple[LogTable, str]:
+            rows = gemm[gemm.gemm_dtype == dtype]
+            kernel = rows.kernel_source.value_counts().index[0]  # one kernel per dtype in vLLM's tables
+            return LogTable.from_frame(rows[rows.kernel_source == kernel], ("m", "n", "k")), kernel
+
+        main, kernel = gemm_table(gemm_dtype)
+        head, _ = gemm_table("bfloat16")
+        def keep(frame: pd.DataFrame) -> pd.DataFrame:
+            """Full attention (no sliding window), bf16 queries and KV cache (older tables lack some columns)."""
+            wanted = {"window_size": 0, "kv_cache_dtype": "bfloat16", "attn_dtype": "bfloat16", "beam_width": 1}
+            mask = np.ones(len(frame), dtype=bool)
+            for column, value in wanted.items():
+                if column in frame.columns:
+                    mask &= (frame[column] == value).to_numpy()
+            return frame[mask]
+
+        return cls(spec, main, head, keep(context), keep(generation), {"gemm": kernel})
+
+    def attention(self, which: str, kv_heads: int, head_dim: int) -> LogTable | None:
+        """The (batch, length, heads) table for one KV-head count and head size; None if not measured."""
+        key = (which, kv_heads, head_dim)
+        if key not in self._cache:
+            frame = self.context if which == "context" else self.generation
+            kernel = attention_kernel(frame, head_dim, f"{which} attention table")
+            self.kernels[f"{which}_attention"] = kernel
+            rows = frame[(frame.kernel_source == kernel) & (frame.num_key_value_heads == kv_heads)
+                         & (frame.head_dim == head_dim)]
+            length = "isl" if which == "context" else "step"
+            self._cache[key] = LogTable.from_frame(rows, ("batch_size", length, "num_heads")) if len(rows) else None
+        return self._cache[key]
+
+    def head_dims_measured(self, which: str) -> list[int]:
+        frame = self.context if which == "context" else self.generation
+        return sorted(set(frame.head_dim.astype(int)))
+
+    def kv_heads_measured(self, which: str, head_dim: int) -> list[int]:
+        frame = self.context if which == "context" else self.generation
+        return sorted(set(frame.loc[frame.head_dim == head_dim, "num_key_value_heads"].astype(int)))
+
+
+class PassPricer:
+    """Forward-pass times of one model on one GPU (seconds; NaN where the tables cannot price it)."""
+
+    def __init__(self, model: ModelShape, tables: KernelTables) -> None:
+        self.model = model
+        self.tables = tables
+        self.bw = tables.spec.effective_bw
+
+    # -- kernels --------------------------------------------------------------
+    def gemm(self, m, n: int, k: int, table: LogTable | None = None) -> np.ndarray:
+        table = table or self.tables.gemm
+        n_top = table.bounds("n")[1]
+        parts = max(1, math.ceil(n / n_top))
+        return parts * table(m=m, n=n / parts, k=k)
+
+    def layer_gemms(self, tokens) -> np.ndarray:
+        return sum(self.gemm(tokens, n, k) for _, n, k in self.model.layer_gemms())
+
+    def lm_head(self, tokens) -> np.ndarray:
+        return self.gemm(tokens, self.model.vocab_size, self.model.hidden_size, self.tables.head_gemm)
+
+    def small_ops(self, tokens) -> tuple[np.ndarray, np.ndarray]:
+        """Bandwidth-priced ops: (per layer, once per pass) seconds for ``tokens`` tokens."""
+        per_layer, per_pass = self.model.small_op_elements_per_token()
+        kv_write = 2 * self.model.num_kv_heads * self.model.head_dim * KV_BYTES
+        tokens = np.asarray(tokens, dtype=float)
+        return tokens * (per_layer * ACT_BYTES + kv_write) / self.bw, tokens * per_pass * ACT_BYTES / self.bw
+
+    def _units(self, which: str) -> tuple[float, int, LogTable | None]:
+        """(sequence multiplier b'/b, KV heads h0, table) a pass is mapped onto (module docstring)."""
+        m = self.model
+        kv, head_dim = m.num_kv_heads, m.head_dim
+        dims = self.tables.head_dims_measured(which)
+        if head_dim not in dims:  # head-size equivalence: same KV bytes and FLOPs per token
+            wider = [d for d in dims if d > head_dim and (kv * head_dim) % d == 0]
+            if not wider:
+                return 1.0, 0, None
+            kv, head_dim = kv * head_dim // wider[0], wider[0]
+        measured = self.tables.kv_heads_measured(which, head_dim)
+        h0 = kv if kv in measured else max((h for h in measured if h <= min(kv, TABLE_KV_HEADS)), default=0)
+        return (kv / h0 if h0 else 1.0), h0, (self.tables.attention(which, h0, head_dim) if h0 else None)
+
+    def decode_attention(self, b, q, c) -> np.ndarray:
+        """Generation attention: q query tokens per sequence over KV length c + q (one layer)."""
+        scale, h0, table = self._units("generation")
+        if table is None:
+            return np.full(np.broadcast(b, q, c).shape, np.nan)
+        b, q, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (b, q, c)))
+        batch = b * scale
+        rows = h0 * self.model.group * q
+        low, top = table.bounds("num_heads")
+        chunks = np.ceil(rows / top)
+        price = np.full(rows.shape, np.nan)
+        # n chunks of rows/n are n times the sequences in one launch, each re-reading the KV.
+        # Where the table's edge is nearer for wide row counts (it stops at a KV size), more,
+        # narrower chunks are tried: more KV re-reads, so this only ever prices higher.
+        while True:
+            todo = np.isnan(price) & (rows / chunks >= low)
+            if not todo.any():
+                return price
+            step, heads = c + q - 1, rows / chunks
+            price = np.where(todo, table(batch_size=batch * chunks, step=step, num_heads=heads), price)
+            todo &= np.isnan(price)  # the longer launch leaves the table: n launches of the original batch
+            price = np.where(todo, chunks * table(batch_size=batch, step=step, num_heads=heads), price)
+            chunks = chunks + 1
+
+    def context_attention(self, b, p) -> np.ndarray:
+        """Prefill attention of b prompts of p tokens (causal, no cached prefix; one layer)."""
+        scale, h0, table = self._units("context")
+        if table is None:
+            return np.full(np.broadcast(b, p).shape, np.nan)
+        b = np.asarray(b, dtype=float)
+        return table(batch_size=b * scale, isl=p, num_heads=h0 * self.model.group)
+
+    # -- passes ---------------------------------------------------------------
+    def prefill_parts(self, b, p) -> dict[str, np.ndarray]:
+        b, p = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(p, dtype=float))
+        tokens = b * p
+        layer_small, pass_small = self.small_ops(tokens)
+        layers = self.model.num_layers
+        return {"gemm": layers * self.layer_gemms(tokens), "attention": layers * self.context_attention(b, p),
+                "small_ops": layers * layer_small + pass_small, "lm_head": self.lm_head(b)}
+
+    def decode_parts(self, b, q, c, logits_per_sequence=None) -> dict[str, np.ndarray]:
+        """``logits_per_sequence``: None = all q tokens (a verification pass), else that many."""
+        b, q, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (b, q, c)))
+        tokens = b * q
+        layer_small, pass_small = self.small_ops(tokens)
+        layers = self.model.num_layers
+        logits = tokens if logits_per_sequence is None else b * logits_per_sequence
+        return {"gemm": layers * self.layer_gemms(tokens), "attention": layers * self.decode_attention(b, q, c),
+                "small_ops": layers * layer_small + pass_small, "lm_head": self.lm_head(logits)}
+
+    def prefill(self, b, p) -> np.ndarray:
+        return sum(self.prefill_parts(b, p).values())
+
+    def decode(self, b, q, c, logits_per_sequence=None) -> np.ndarray:
+        return sum(self.decode_parts(b, q, c, logits_per_sequence).values())
+
+    def verify(self, b, k) -> np.ndarray:
+        """Rejection sampling over the vocabulary: memory-bound, priced from bandwidth.
+
+        It reads the target's probabilities at k + 1 positions and the draft's at k (fp32),
+        plus one memory-bound kernel's fixed latency; k = 0 is sampling one token.
+        """
+        b, k = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(k, dtype=float))
+        bytes_read = b * (2 * k + 1) * self.model.vocab_size * PROB_BYTES
+        return self.tables.spec.mem_latency_s + bytes_read / self.bw

@@ -1,0 +1,367 @@
+"""Composed GPU profiles (issue 18): arithmetic, equivalences, sanity against physics, bad input.
+
+The arithmetic tests build a tiny kernel table by hand (power laws, which log-space
+interpolation reproduces exactly) and need only pyarrow and pyyaml. Tests that read
+NVIDIA's data skip with one line when aiconfigurator-core is not installed; the tests on
+the shipped profiles need nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate.configs import get_config, param_count
+from sim.commands.cli import main as cli_main
+from sim.profile import load_profile, shipped_profiles
+
+HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
+needs_data = pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
+H100_8B = "h100-llama-3.1-8b-llama-3.2-1b"
+COMPOSED = [name for name in shipped_profiles() if load_profile(name).meta.get("source") == "composed"]
+
+# The tiny GPU: every latency a power law, so log-log interpolation is exact between grid points.
+BW, BW_FACTOR, MEM_LATENCY = 1e12, 0.5, 2e-6
+
+
+def gemm_ms(m, n, k):
+    return 1e-6 * m ** 0.5 * n * k ** 0.25
+
+
+def gen_ms(batch, step, heads):
+    return 1e-3 * batch ** 0.8 * step ** 0.5 * heads ** 0.3
+
+
+def ctx_ms(batch, isl, heads):
+    return 1e-4 * batch * isl ** 1.5 * heads ** 0.7
+
+
+def _attention_rows(fn, length: str, head_dim: int) -> pd.DataFrame:
+    rows = []
+    for batch in (1, 16):
+        for size in ((1, 4095) if length == "step" else (16, 4096)):
+            for heads in (2, 16):
+                rows.append(dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="attention",
+                                 kernel_source="vllm_flash_attn_fa3", batch_size=batch,
+                                 isl=1 if length == "step" else size, num_heads=heads, num_key_value_heads=2,
+                                 head_dim=head_dim, beam_width=1, attn_dtype="bfloat16", kv_cache_dtype="bfloat16",
+                                 step=size if length == "step" else 0, window_size=0, latency=fn(batch, size, heads)))
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """systems/-style folder: tiny.yaml + data/tiny/{gemm,attention}/vllm/0.24.0/*.parquet."""
+    pytest.importorskip("pyarrow", reason="writing Parquet needs pyarrow")
+    pytest.importorskip("yaml", reason="the spec sheet is YAML")
+    root = tmp_path_factory.mktemp("systems")
+    (root / "tiny.yaml").write_text(
+        f"gpu:\n  mem_bw: {BW}\n  mem_bw_empirical_scaling_factor: {BW_FACTOR}\n"
+        f"  mem_empirical_constant_latency: {MEM_LATENCY}\n  mem_capacity: 10000000000\n"
+        "  bfloat16_tc_flops: 100000000000000\nmisc:\n  other_mem: 1000000000\n")
+    gemm_dir = root / "data" / "tiny" / "gemm" / "vllm" / "0.24.0"
+    attn_dir = root / "data" / "tiny" / "attention" / "vllm" / "0.24.0"
+    gemm_dir.mkdir(parents=True)
+    attn_dir.mkdir(parents=True)
+    grid = [(m, n, k) for m in (1, 64, 65536) for n in (16, 1024) for k in (16, 1024)]
+    pd.DataFrame([dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="gemm",
+                       kernel_source="torch.nn.functional.linear", gemm_dtype="bfloat16", m=m, n=n, k=k,
+                       latency=gemm_ms(m, n, k)) for m, n, k in grid]).to_parquet(gemm_dir / "gemm_perf.parquet")
+    _attention_rows(gen_ms, "step", 16).to_parquet(attn_dir / "generation_attention_perf.parquet")
+    _attention_rows(ctx_ms, "isl", 16).to_parquet(attn_dir / "context_attention_perf.parquet")
+    return root
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+TINY = ["--gpu", "tiny", "--target", "tiny-llama", "--draft", "tiny-llama", "--batch-sizes", "1,2",
+        "--k-max", "2", "--contexts", "100", "--prompts", "32"]
+
+
+def test_composition_arithmetic_is_exact_on_a_hand_made_table(tiny_data, tmp_path, capsys):
+    out = tmp_path / "tiny-profile"
+    code, stdout, err = run_cli(capsys, "compose", *TINY, "--kernel-data", str(tiny_data), "--out", str(out))
+    assert code == 0, err
+    points = load_profile(out).points.set_index(["phase", "model", "batch_size", "query_tokens", "context_tokens"])
+    # tiny-llama: hidden 64, 4 heads of 16, 2 KV heads, ffn 128, vocab 512, 2 layers.
+    h, f, hd, heads, kv, vocab, layers = 64, 128, 16, 4, 2, 512, 2
+    gemms = [((heads + 2 * kv) * hd, h), (h, heads * hd), (2 * f, h), (h, f)]
+    bw = BW * BW_FACTOR
+    layer_bytes = 2 * (8 * h + 2 * (heads + kv) * hd + 3 * f) + 2 * kv * hd * 2  # bf16 ops + the KV write
+    pass_bytes = 2 * 6 * h
+
+    def decode(b, q, c):
+        t = b * q
+        per_layer = sum(gemm_ms(t, n, k) for n, k in gemms) + gen_ms(b, c + q - 1, kv * (heads // kv) * q)
+        return (layers * (per_layer * 1e-3 + t * layer_bytes / bw) + t * pass_bytes / bw
+                + gemm_ms(t, vocab, h) * 1e-3)
+
+    def prefill(b, p):
+        t = b * p
+        per_layer = sum(gemm_ms(t, n, k) for n, k in gemms) + ctx_ms(b, p, heads)
+        return layers * (per_layer * 1e-3 + t * layer_bytes / bw) + t * pass_bytes / bw + gemm_ms(b, vocab, h) * 1e-3
+
+    def rounded(x):  # the profile keeps 4 significant digits
+        return float(f"{x:.4g}")
+
+    for b in (1, 2):
+        for q in (1, 2, 3):
+            assert points.loc[("decode", "target", b, q, 100), "latency_median_s"] == rounded(decode(b, q, 100))
+        assert points.loc[("prefill", "target", b, 32, 0), "latency_median_s"] == rounded(prefill(b, 32))
+        for k in (0, 1, 2):
+            expected = MEM_LATENCY + b * (2 * k + 1) * vocab * 4 / bw
+            assert points.loc[("verify", "target", b, k, 0), "latency_median_s"] == rounded(expected)
+    meta = json.loads((out / "profile.json").read_text())
+    assert meta["source"] == "composed" and meta["composition"]["gpu"] == "tiny"
+    assert any("verification" in a for a in meta["composition"]["assumptions"])
+    assert meta["engine_overhead"]["decode_overhead_s"] == 1e-3 and "assumed" in meta["engine_overhead"]["source"]
+
+
+def test_a_draft_pass_takes_logits_for_its_last_token_only(tiny_data, tmp_path, capsys):
+    out = tmp_path / "p"
+    assert run_cli(capsys, "compose", *TINY, "--kernel-data", str(tiny_data), "--out", str(out))[0] == 0
+    pts = load_profile(out).points.set_index(["phase", "model", "batch_size", "query_tokens", "context_tokens"])
+    # Same model in both roles: the difference at q = 3 is the LM head over 2 more rows per sequence.
+    diff = pts.loc[("decode", "target", 2, 3, 100), "latency_median_s"] - pts.loc[
+        ("decode", "draft", 2, 3, 100), "latency_median_s"]
+    assert diff == pytest.approx((gemm_ms(6, 512, 64) - gemm_ms(2, 512, 64)) * 1e-3, rel=1e-3, abs=1e-9)
+
+
+@pytest.mark.parametrize("name, published", [
+    ("llama-3.1-8b", 8.03e9), ("llama-3.2-1b", 1.24e9), ("llama-2-7b", 6.74e9), ("opt-6.7b", 6.66e9),
+    ("opt-125m", 125e6), ("llama-68m", 68e6), ("opt-1.3b", 1.316e9), ("opt-13b", 12.85e9)])
+def test_parameter_counts_match_the_model_cards(name, published):
+    assert param_count(get_config(name)) == pytest.approx(published, rel=0.006)
+
+
+def test_the_composition_core_imports_neither_calibrate_nor_torch():
+    """Layering: commands -> calibrate -> sim core; the core gets plain shapes from the command."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sim.compose, sim.compose.build; "
+            "bad = [m for m in ('calibrate', 'torch', 'aiconfigurator_core') if m in sys.modules]; "
+            "print(', '.join(bad), file=sys.stderr); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+# -- the shipped composed profiles (no extra needed) ---------------------------------------
+
+def _decode(profile, model="target"):
+    return profile.phase("decode", model)
+
+
+@pytest.mark.parametrize("name", COMPOSED)
+def test_batch_one_decode_sits_above_the_bandwidth_bound_and_within_twice_it(name):
+    profile = load_profile(name)
+    meta = profile.meta
+    rows = _decode(profile)
+    one = rows[(rows.batch_size == 1) & (rows.query_tokens == 1)]
+    t = float(one.sort_values("context_tokens").latency_median_s.iloc[0])
+    bound = meta["models"]["target"]["weight_bytes"] / meta["device"]["spec"]["mem_bw"]
+    assert bound <= t <= 2 * bound, f"{name}: {t * 1e3:.2f} ms vs weights/bandwidth {bound * 1e3:.2f} ms"
+
+
+@pytest.mark.parametrize("name", COMPOSED)
+@pytest.mark.parametrize("model", ["target", "draft"])
+def test_decode_time_never_falls_with_batch_query_tokens_or_context(name, model):
+    rows = _decode(load_profile(name), model)
+    axes = ("batch_size", "query_tokens", "context_tokens")
+    for axis in axes:
+        others = [a for a in axes if a != axis]
+        for _, group in rows.groupby(others):
+            values = group.sort_values(axis).latency_median_s.to_numpy()
+            assert (np.diff(values) >= 0).all(), f"{name} {model} falls along {axis} at {_}"
+
+
+@pytest.mark.parametrize("name", [n for n in COMPOSED if "llama-3.1-8b" in n])
+def test_verifying_up_to_eight_tokens_at_batch_one_costs_about_one(name):
+    """The memory-bound regime the papers rest on: at batch 1 the weights dominate, not q.
+
+    Composed today: q = 8 costs 1.06x q = 1 on H100, 1.03x on H200, 1.08x on L40S.
+    """
+    rows = _decode(load_profile(name))
+    at = rows[(rows.batch_size == 1) & (rows.context_tokens == rows.context_tokens.min())].set_index(
+        "query_tokens").latency_median_s
+    for q in range(2, 9):
+        assert at[q] / at[1] <= 1.10, f"q = {q}: {at[q] / at[1]:.3f} x q = 1"
+
+
+def test_every_composed_profile_records_where_it_came_from():
+    for name in COMPOSED:
+        meta = load_profile(name).meta
+        comp = meta["composition"]
+        assert comp["package"] == "aiconfigurator-core" and comp["package_version"] == "0.12.0"
+        assert comp["framework"] == "vllm" and comp["dtype"] == "bf16" and comp["assumptions"]
+        assert meta["command"].startswith("specbatch compose ") and f"--out sim/profiles/{name}" in meta["command"]
+        assert meta["kv_capacity_tokens"] > 0
+
+
+def test_profiles_lists_measured_and_composed(capsys):
+    code, out, _ = run_cli(capsys, "profiles")
+    assert code == 0
+    assert f"{H100_8B} (default)" in out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "composed" in lines[H100_8B] and "measured" in lines["cpu-tinyllama-1.1b-llama-68m"]
+
+
+@pytest.mark.parametrize("name", COMPOSED)
+def test_a_composed_profile_runs_the_simulator(name, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "run", "--profile", name, "--num-requests", "30", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    assert "Request throughput" in out
+
+
+# -- NVIDIA's data (skips without the extra) ----------------------------------------------
+
+@needs_data
+def test_the_shipped_h100_profile_is_what_the_data_composes_today(tmp_path, capsys):
+    """Staleness: regenerating from the pinned package gives the shipped file, point for point."""
+    shipped = Path(load_profile(H100_8B).path)
+    meta = json.loads((shipped / "profile.json").read_text())
+    argv = meta["command"].split()[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / H100_8B)
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    assert (tmp_path / H100_8B / "profile.csv").read_text() == (shipped / "profile.csv").read_text()
+    fresh = json.loads((tmp_path / H100_8B / "profile.json").read_text())
+    for volatile in ("created_utc", "versions"):
+        fresh.pop(volatile), meta.pop(volatile)
+    assert fresh.pop("command").replace(str(tmp_path), "sim/profiles") == meta.pop("command")
+    assert fresh == meta
+
+
+@needs_data
+def test_mha_work_units_checked_against_the_context_attention_table():
+    """b sequences x 32 KV heads vs 4b sequences x 8 KV heads (same heads per KV head), both measured.
+
+    The mapped pass costs 1.0-1.45x the measured one (median ~1.2x): the equivalence prices
+    multi-head attention on the conservative side.
+    """
+    from sim.compose import data
+    from sim.compose.price import KernelTables
+
+    root = data.systems_dir(None)
+    args = (root, "h100_sxm", "vllm", "0.24.0")
+    tables = KernelTables.from_frames(data.read_gpu_spec(root, "h100_sxm"), data.read_table(*args, data.GEMM_TABLE),
+                                      data.read_table(*args, data.CONTEXT_TABLE),
+                                      data.read_table(*args, data.GENERATION_TABLE), "bfloat16")
+    mha, mapped = tables.attention("context", 32, 128), tables.attention("context", 8, 128)
+    ratios = []
+    for b in (1, 2, 4, 8, 16, 32):
+        for p in (128, 512, 1024, 2048, 4096):
+            a, e = mha(batch_size=b, isl=p, num_heads=32), mapped(batch_size=4 * b, isl=p, num_heads=8)
+            if np.isfinite(a) and np.isfinite(e):
+                ratios.append(float(e / a))
+    assert len(ratios) >= 20
+    assert 0.95 <= min(ratios) and max(ratios) <= 1.45 and 1.0 <= float(np.median(ratios)) <= 1.3
+    # Decode (memory-bound), GQA where both sides are measured: 8 KV heads x b = 4 KV heads x 2b.
+    g8, g4 = tables.attention("generation", 8, 128), tables.attention("generation", 4, 128)
+    for b, step in ((1, 1023), (8, 4095), (32, 2047), (1, 16383)):
+        assert float(g4(batch_size=2 * b, step=step, num_heads=16)) == pytest.approx(
+            float(g8(batch_size=b, step=step, num_heads=32)), rel=0.15)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+def test_an_unknown_gpu_lists_what_the_data_has(tiny_data, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "compose", *(a if a != "tiny" else "b300" for a in TINY),
+                           "--kernel-data", str(tiny_data), "--out", str(tmp_path / "x"))
+    assert code == 2 and err.count("\n") == 1
+    assert "no kernel data for GPU 'b300' (the data has: tiny)" in err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--framework", "sglang", "no gemm data for framework 'sglang' on tiny (it has: vllm)"),
+    ("--framework-version", "0.1.0", "no gemm data for vllm 0.1.0 on tiny (it has: 0.24.0)"),
+    ("--dtype", "fp8", "no fp8 GEMMs for vllm 0.24.0 on tiny (it has: bfloat16)")])
+def test_an_unknown_framework_version_or_dtype_lists_what_the_data_has(tiny_data, tmp_path, capsys, flag, value,
+                                                                        says):
+    code, _, err = run_cli(capsys, "compose", *TINY, flag, value, "--kernel-data", str(tiny_data),
+                           "--out", str(tmp_path / "x"))
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_shape_the_tables_cannot_price_is_one_line(tiny_data, tmp_path, capsys):
+    """Decode attention measured for head size 48 only: tiny-llama's 2 KV heads of 16 (32 values per
+    token) map onto no whole number of 48-wide heads, so no equivalence prices it."""
+    import shutil
+
+    root = tmp_path / "systems"
+    shutil.copytree(tiny_data, root)
+    table = root / "data" / "tiny" / "attention" / "vllm" / "0.24.0" / "generation_attention_perf.parquet"
+    pd.read_parquet(table).assign(head_dim=48).to_parquet(table)
+    code, _, err = run_cli(capsys, "compose", *TINY, "--kernel-data", str(root), "--out", str(tmp_path / "x"))
+    assert code == 2 and err.count("\n") == 1
+    assert "cannot price target model tiny-llama's decode attention" in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_missing_extra_is_one_line_with_the_install_command(tmp_path, capsys, monkeypatch):
+    import sim.compose.data as data
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(data.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "aiconfigurator_core" else real(name, *a))
+    code, _, err = run_cli(capsys, "compose", "--gpu", "h100_sxm", "--target", "llama-3.1-8b", "--draft",
+                           "llama-3.2-1b", "--out", str(tmp_path / "x"))
+    assert code == 2 and err.count("\n") == 1
+    assert 'pip install -e ".[gpu-data]"' in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_compose_replaces_a_profile_atomically_and_refuses_other_folders(tiny_data, tmp_path, capsys):
+    out = tmp_path / "p"
+    assert run_cli(capsys, "compose", *TINY, "--kernel-data", str(tiny_data), "--out", str(out))[0] == 0
+    first = (out / "profile.csv").read_text()
+    assert run_cli(capsys, "compose", *TINY, "--kernel-data", str(tiny_data), "--out", str(out))[0] == 0
+    assert (out / "profile.csv").read_text() == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # no staging folders left behind
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    code, _, err = run_cli(capsys, "compose", *TINY, "--kernel-data", str(tiny_data), "--out", str(other))
+    assert code == 2 and "refusing to replace it" in err
+    assert (other / "keep.txt").read_text() == "mine"
+    assert math.isfinite(load_profile(out).points.latency_median_s.sum())
+
+
+def _tiny_pricer(tiny_data, model: str):
+    from calibrate.configs import get_config
+    from sim.compose import ModelShape
+    from sim.compose.build import Request, load_tables
+    from sim.compose.price import PassPricer
+
+    c = get_config(model)
+    shape = ModelShape(c.name, c.arch, c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads,
+                       c.intermediate_size, param_count(c))
+    request = Request("tiny", "vllm", "0.24.0", "bf16", shape, shape, (), {}, {}, kernel_data=str(tiny_data))
+    return PassPricer(shape, load_tables(request)[0])
+
+
+def test_verification_rows_past_the_widest_head_count_split_into_more_sequences(tiny_data):
+    """tiny-llama: 2 KV heads, 2 query heads each. q = 5 makes 2 x 2 x 5 = 20 rows, past the table's
+    16 heads: 2 chunks of 10 rows, priced as one launch over twice the sequences (KV read twice)."""
+    pricer = _tiny_pricer(tiny_data, "tiny-llama")
+    assert float(pricer.decode_attention(3, 4, 100)) == pytest.approx(gen_ms(3, 103, 16) * 1e-3, rel=1e-12)
+    assert float(pricer.decode_attention(3, 5, 100)) == pytest.approx(gen_ms(6, 104, 10) * 1e-3, rel=1e-12)
+
+
+def test_multi_head_attention_is_priced_as_more_sequences_with_the_tables_kv_heads(tiny_data):
+    """tiny-opt: 4 KV heads (MHA) on a table of 2 KV heads: b sequences = 2b sequences of 2 KV heads."""
+    pricer = _tiny_pricer(tiny_data, "tiny-opt")
+    assert float(pricer.decode_attention(3, 1, 100)) == pytest.approx(gen_ms(6, 100, 2) * 1e-3, rel=1e-12)
+    assert float(pricer.context_attention(3, 64)) == pytest.approx(ctx_ms(6, 64, 2) * 1e-3, rel=1e-12)
