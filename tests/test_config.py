@@ -351,8 +351,14 @@ def test_key_for_maps_flag_and_keyword_names(name, key):
 
 def test_to_toml_is_byte_identical_to_the_format_before_the_key_table(tmp_path):
     """The resolved config.toml names run folders (its digest): the table must write it as before."""
-    cfg = load_config(None, {"workload.cv": 2.0, "workload.arrival": "gamma", "cluster.replicas": 2,
-                             "output.timeline": "t.json", "output.timeline_window": "1:2.5"})
+    from tests.conftest import CPU_DEFAULTS  # the scenario the expected bytes were recorded on
+
+    scenario = tmp_path / "cpu.toml"  # less its burstiness line: this config sets cv instead
+    scenario.write_text("".join(line for line in CPU_DEFAULTS.read_text().splitlines(keepends=True)
+                                if not line.startswith("burstiness")))
+    cfg = load_config(scenario, {"workload.cv": 2.0, "workload.arrival": "gamma", "cluster.replicas": 2,
+                                     "workload.duration_s": 1200.0, "output.timeline": "t.json",
+                                     "output.timeline_window": "1:2.5"})
     assert cfg.to_toml() == (
         'seed = 0\nprofile = "cpu-tinyllama-1.1b-llama-68m"\n\n[workload]\narrival = "gamma"\nrate = 0.1\ncv = 2.0\n'
         'duration_s = 1200.0\n\n[workload.prompt_tokens]\ndist = "lognormal"\nmean = 128.0\nsigma = 0.5\nmax = 512\n\n'

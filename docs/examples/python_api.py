@@ -3,9 +3,9 @@ exactly what this prints."""
 
 import specbatch
 
-# One run on the shipped CPU profile: plain keyword values, named like the run flags.
-result = specbatch.run(profile="cpu-tinyllama-1.1b-llama-68m", policy="goodput", rate=0.1,
-                       num_requests=40, seed=1)
+# One run on the shipped H100 profile: plain keyword values, named like the run flags.
+result = specbatch.run(profile="h100-llama-3.1-8b-llama-3.2-1b", policy="goodput", rate=18,
+                       num_requests=400, seed=1)
 print(f"completed {result.summary['completed']} requests, "
       f"p99 TTFT {result.summary['p99_ttft_ms']:.0f} ms, mean k {result.summary['mean_k']:.2f}")
 print(result.requests[["arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "e2el_s"]].head(3).round(2))
@@ -13,9 +13,9 @@ decode = result.steps[result.steps.phase == 1]
 print(decode.groupby("batch_size").k.mean().round(2).head(4))
 
 # A sweep, written as a sweep file would be: the table comes back as a DataFrame.
-table = specbatch.sweep({"scenario": {"profile": "cpu-tinyllama-1.1b-llama-68m",
-                                      "workload": {"num_requests": 40}},
-                         "axes": {"rate": [0.05, 0.1], "policy": ["none", "goodput"]}}, executor="serial")
+table = specbatch.sweep({"scenario": {"profile": "h100-llama-3.1-8b-llama-3.2-1b",
+                                      "workload": {"num_requests": 400}},
+                         "axes": {"rate": [5, 20], "policy": ["none", "goodput"]}}, executor="serial")
 print(table[["workload.rate", "policy", "mean_e2el_ms", "output_throughput"]].round({"mean_e2el_ms": 0, "output_throughput": 2})
       .to_string(index=False))
 
