@@ -42,12 +42,12 @@ import pandas as pd
 import torch
 
 from calibrate.configs import get_config
-from calibrate.model import Transformer
-from calibrate.runner import TORCH_DTYPES
+from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.verify import sample, verify_logits
 from policies.base import BatchView, Policy, StepFeedback
 from sim.acceptance import acceptance_scale
-from sim.engine import DECODE, PREFILL, ReplicaRecords, checked_k, step_columns
+from sim.serving.loop import checked_k
+from sim.serving.records import DECODE, PREFILL, ReplicaRecords, step_columns
 from sim.metrics import by_label, summarize
 from sim.config import RunConfig
 from sim.errors import InputError
