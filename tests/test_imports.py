@@ -170,3 +170,9 @@ def test_the_checks_catch_what_they_are_for():
     assert layer("sim.simulate") == "core" and layer("calibrate.replay") == "calibrate"
     tree = ast.parse("from sim.config import _flatten\nimport torch\n")
     assert ("sim.config", "_flatten") in imports("policies.x", tree) and ("torch", None) in imports("policies.x", tree)
+
+
+def test_simpy_is_used_in_one_place():
+    users = sorted({name for name, tree in MODULES.items() for target, _ in imports(name, tree)
+                    if target.split(".")[0] == "simpy"})
+    assert users == ["sim.serving.clock"]

@@ -90,15 +90,19 @@ def router_process(env: simpy.Environment, dispatcher: Dispatcher):
 
 
 def exact_delay(now: float, at: float) -> float:
-    """The smallest delay d with now + d >= at in floating point (now + d == at wherever one exists).
+    """A delay d >= 0 with now + d == at in floating point (where no float d gives ``at`` exactly,
+    one landing just after it).
 
     SimPy schedules by delay, and now + (at - now) can miss ``at`` by an ulp.
     """
     d = max(at - now, 0.0)
+    for _ in range(4):
+        got = now + d
+        if got == at:
+            return d
+        d = max(d + (at - got), 0.0)  # at - got is exact: the two are within an ulp or two
     while now + d < at:
-        d = math.nextafter(d, math.inf)
-    while d > 0.0 and now + math.nextafter(d, -math.inf) >= at:
-        d = math.nextafter(d, -math.inf)
+        d += math.ulp(at)
     return d
 
 
