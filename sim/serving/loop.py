@@ -115,6 +115,9 @@ class ServingLoop:
         # Fill in feedback only for policies that listen (fixed and none do not).
         self._observes = type(policy).observe is not Policy.observe
         self._tracks_lag = policy.max_k > 0  # a run with a draft pays its catch-up
+        # The lag after a speculative step at k, indexed by the row's accepted count: 2 where
+        # every draft was kept (the last one was never fed to the draft), else 1.
+        self._lag_after = [np.array([1] * k + [2], dtype=np.int64) for k in range(k_max + 1)]
         self._follows = backend.follows_rows
 
     # ------------------------------------------------------------ schedule
@@ -223,9 +226,8 @@ class ServingLoop:
         self.total_remaining -= emitted_total
         if self._tracks_lag:
             lag = self.row_lag[:b]
-            if k:  # 1, or 2 where every draft was kept: the last one was never fed to the draft
-                np.equal(accepted, k, out=lag)
-                lag += 1
+            if k:
+                np.take(self._lag_after[k], accepted, out=lag)
             else:  # the target's token is news to the draft
                 lag += 1
         self.decode_count += 1

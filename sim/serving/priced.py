@@ -50,8 +50,7 @@ class PricedBackend:
         charged, context = view.batch_size, view.mean_context_tokens
         if not k:
             return self.table.decode_time(charged, 0, context), None
-        worst = int(np.maximum.reduce(lag)) if lag is not None else 1
-        dt = decode_price(self.table, charged, k, context, worst)
+        dt = decode_price(self.table, charged, k, context, np.maximum.reduce(lag) if lag is not None else 1)
         return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
 
     def commit(self) -> None:
