@@ -54,7 +54,6 @@ from sim.errors import InputError
 from sim.metrics import by_label, summarize
 from sim.serving.clock import serve_wall_clock
 from sim.serving.loop import ServingLoop
-from sim.serving.priced import decode_price
 from sim.serving.queues import ArrivalQueue
 from sim.serving.records import DECODE, PREFILL
 from sim.simulate import PreparedRun, RunResult, make_sampler, prepare, request_table, scheduler_for
@@ -196,7 +195,7 @@ class TorchBackend:
         remaining[live] = view.remaining_tokens
         self._passes = 0.0
         worst = int(np.maximum.reduce(lag)) if k and lag is not None else 1
-        self.predicted_s.append(decode_price(self.table, view.batch_size, k, view.mean_context_tokens, worst)
+        self.predicted_s.append(self.table.decode_time_at_lag(view.batch_size, k, view.mean_context_tokens, worst)
                                 - self.overheads[1])
         if k:
             accepted, final = self._speculate(b, k, live, ragged_rows, lag_rows, scale, ragged)

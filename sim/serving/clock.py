@@ -24,12 +24,14 @@ from sim.serving.loop import IDLE, ServingLoop
 from sim.serving.queues import ArrivalQueue, Dispatcher
 
 
-def _steps(env: simpy.Environment, loop: ServingLoop):
-    """The steps of ``loop`` while it has work; returns when it is idle."""
+def _process(env: simpy.Environment, loop: ServingLoop, idle):
+    """Run ``loop``'s steps; when it has nothing to do, ``yield from idle(env)`` (which returns
+    False once no request will ever come)."""
     timeout, release = env.timeout, loop.queue.release
+    release(env.now)
     # Steps are split into a start (schedule, execute) and a finish (apply) around one
-    # timeout, rather than sub-generators, to keep SimPy's per-step overhead minimal.
-    # The queue is released (routed to, or read up to the clock) before a step is applied.
+    # timeout, in one flat generator, to keep SimPy's per-step overhead minimal. The queue
+    # is released (routed to, or read up to the clock) before a step is applied.
     while True:
         now = env.now
         n = loop.schedule()
@@ -42,40 +44,34 @@ def _steps(env: simpy.Environment, loop: ServingLoop):
             release(env.now)
             loop.finish_decode(now, env.now)
         else:
-            return
+            more = yield from idle(env, loop)
+            if not more:
+                return
+            release(env.now)
 
 
-def replica_process(env: simpy.Environment, loop: ServingLoop):
-    """One replica fed by an :class:`ArrivalQueue`, until every request has finished."""
-    queue: ArrivalQueue = loop.queue
-    queue.release(env.now)
-    while True:
-        yield from _steps(env, loop)
-        at = queue.next_arrival_s()
-        if at is None:
-            return
-        yield env.timeout(at - env.now)
-        queue.release(env.now)
+def _until_arrival(env: simpy.Environment, loop: ServingLoop):
+    """Idle on an arrival array: sleep until the next request arrives."""
+    at = loop.queue.next_arrival_s()
+    if at is None:
+        return False
+    yield env.timeout(at - env.now)
+    return True
 
 
-def routed_process(env: simpy.Environment, loop: ServingLoop):
-    """One replica of a cluster, fed by the dispatcher through its :class:`RoutedQueue`."""
-    queue = loop.queue
-    queue.release(env.now)
-    while True:
-        yield from _steps(env, loop)
-        idle_since, wake = env.now, env.event()
-        routed_at = []
-        queue.waiter = lambda arrival_s: (routed_at.append(arrival_s), wake.succeed())
-        yield wake  # resumed at the instant the request was routed here
-        # Wake where a single replica idle since idle_since lands when it times out to this
-        # arrival: now + (arrival - now), repeated while that falls short.
-        t, arrival = idle_since, routed_at[0]
-        while t < arrival:
-            t = t + (arrival - t)
-        if t > env.now:
-            yield env.timeout(exact_delay(env.now, t))
-        queue.release(env.now)
+def _until_routed(env: simpy.Environment, loop: ServingLoop):
+    """Idle in a cluster: sleep until the dispatcher hands this replica a request."""
+    idle_since, wake, routed_at = env.now, env.event(), []
+    loop.queue.waiter = lambda arrival_s: (routed_at.append(arrival_s), wake.succeed())
+    yield wake  # resumed at the instant the request was routed here
+    # Wake where a single replica idle since idle_since lands when it times out to this
+    # arrival: now + (arrival - now), repeated while that falls short.
+    t, arrival = idle_since, routed_at[0]
+    while t < arrival:
+        t = t + (arrival - t)
+    if t > env.now:
+        yield env.timeout(exact_delay(env.now, t))
+    return True
 
 
 def router_process(env: simpy.Environment, dispatcher: Dispatcher):
@@ -109,7 +105,7 @@ def exact_delay(now: float, at: float) -> float:
 def simulate_replica(loop: ServingLoop) -> None:
     """Run one replica on an arrival array in simulated time."""
     env = simpy.Environment()
-    env.process(replica_process(env, loop))
+    env.process(_process(env, loop, _until_arrival))
     env.run()
 
 
@@ -118,7 +114,7 @@ def simulate_cluster(dispatcher: Dispatcher, loops: list[ServingLoop]) -> None:
     env = simpy.Environment()
     env.process(router_process(env, dispatcher))
     for loop in loops:
-        env.process(routed_process(env, loop))
+        env.process(_process(env, loop, _until_routed))
     env.run()
 
 

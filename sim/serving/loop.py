@@ -24,7 +24,7 @@ target); after a speculative step it is 1, or 2 when every draft token was accep
 (the last draft token was sampled by the draft but never fed back, and the bonus
 token is new); a k = 0 step adds 1. The draft's first pass of the next speculative
 step feeds all of them (its *catch-up*); a lag L > 1 costs t_draft(b, L, c) -
-t_draft(b, 1, c) on top of the step (:func:`sim.serving.priced.decode_price`).
+t_draft(b, 1, c) on top of the step (:meth:`sim.costmodel.StepTable.decode_time_at_lag`).
 
 **Ragged k.** Sequence i keeps min(G_i, k_i) draft tokens and emits that + 1;
 drafted tokens are sum k_i (per request and per step); the step record's ``k`` is
@@ -119,15 +119,16 @@ class ServingLoop:
         # every draft was kept (the last one was never fed to the draft), else 1.
         self._lag_after = [np.array([1] * k + [2], dtype=np.int64) for k in range(k_max + 1)]
         self._follows = backend.follows_rows
+        self._cap, self._admit = scheduler.max_batch_size, scheduler.admit
 
     # ------------------------------------------------------------ schedule
     def schedule(self) -> int:
         """The next step: n > 0 admits and prefills n requests, 0 decodes, IDLE waits for arrivals."""
         queue = self.queue
-        waiting = queue.arrived - queue.head
-        if waiting and self.running < self.scheduler.max_batch_size:
-            head = queue.head
-            n = self.scheduler.admit(self.running, self.kv_used, queue.kv_reserve[head:head + waiting])
+        head = queue.head
+        waiting = queue.arrived - head
+        if waiting and self.running < self._cap:
+            n = self._admit(self.running, self.kv_used, queue.kv_reserve[head:head + waiting])
             if n:
                 return n
         if self.running:
@@ -227,7 +228,7 @@ class ServingLoop:
         if self._tracks_lag:
             lag = self.row_lag[:b]
             if k:
-                np.take(self._lag_after[k], accepted, out=lag)
+                self._lag_after[k].take(accepted, out=lag)
             else:  # the target's token is news to the draft
                 lag += 1
         self.decode_count += 1

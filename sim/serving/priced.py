@@ -2,7 +2,14 @@
 
 Nothing runs: a step's duration is looked up (pre-tabulated curves, O(1) per step) and
 the accepted draft tokens are drawn from the acceptance model, so the clock simply
-waits the duration out.
+waits the duration out. A step is priced at the largest lag of its rows
+(:meth:`sim.costmodel.StepTable.decode_time_at_lag`).
+
+A ragged step is priced at its largest k: exactly ``decode_time(b, K, c)``, the price
+of a uniform step at K. The draft passes could in principle shrink to the sequences
+still drafting, but batched drafting keeps the batch's shape and a draft pass at small
+batch is weight-bound; padding also keeps a ragged step priced by the same table a
+policy predicts with.
 """
 
 from __future__ import annotations
@@ -12,22 +19,6 @@ import numpy as np
 from policies.base import BatchView
 from sim.acceptance import AcceptanceSampler
 from sim.costmodel import StepTable
-
-
-def decode_price(table: StepTable, charged: int, k: int, mean_context: float, lag: int) -> float:
-    """A decode step at k over a batch whose draft lags at most ``lag`` tokens (1 normally).
-
-    Ragged steps are priced at their largest k: exactly ``decode_time(b, K, c)``, the price
-    of a uniform step at K. The draft passes could in principle shrink to the sequences
-    still drafting, but batched drafting keeps the batch's shape and a draft pass at small
-    batch is weight-bound; padding also keeps a ragged step priced by the same table a
-    policy predicts with.
-    """
-    if lag <= 1:
-        return table.decode_time(charged, k, mean_context)
-    if lag == 2:  # the usual catch-up, after a fully accepted step: one look-up
-        return table.decode_time_lag2(charged, k, mean_context)
-    return table.decode_time(charged, k, mean_context) + table.catch_up_time(charged, lag, mean_context)
 
 
 class PricedBackend:
@@ -50,7 +41,7 @@ class PricedBackend:
         charged, context = view.batch_size, view.mean_context_tokens
         if not k:
             return self.table.decode_time(charged, 0, context), None
-        dt = decode_price(self.table, charged, k, context, np.maximum.reduce(lag) if lag is not None else 1)
+        dt = self.table.decode_time_at_lag(charged, k, context, np.maximum.reduce(lag) if lag is not None else 1)
         return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
 
     def commit(self) -> None:
