@@ -13,6 +13,7 @@ requests it may see now. Two sources:
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 
 import numpy as np
@@ -75,7 +76,9 @@ class RoutedQueue:
         self.waiter = None  # set by an idle replica's clock: called once when a request is pushed
 
     def release(self, now: float) -> None:
-        self.dispatcher.advance(now)  # route every arrival up to now, before this replica moves on
+        dispatcher = self.dispatcher
+        if dispatcher.next_at <= now:  # route every arrival up to now, before this replica moves on
+            dispatcher.advance(now)
         self.arrived = self.count
 
     def push(self, request: int, arrival_s: float) -> None:
@@ -113,6 +116,7 @@ class Dispatcher:
         self.count = len(self.arrival_s)
         self.router = router
         self.routed = 0
+        self.next_at = self.arrival_s[0] if self.count else math.inf  # the next arrival not yet routed
         self.queues: list[RoutedQueue] = []
         self.loads: list = []  # what the router reads: one per queue, with outstanding_requests/_tokens
 
@@ -124,6 +128,7 @@ class Dispatcher:
         arrivals, i = self.arrival_s, self.routed
         while i < self.count and arrivals[i] <= now:
             self.routed = i + 1
+            self.next_at = arrivals[i + 1] if i + 1 < self.count else math.inf
             self.queues[self.router.choose(self.loads)].push(i, arrivals[i])
             i += 1
 
