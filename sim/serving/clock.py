@@ -2,7 +2,7 @@
 
 This is the only module that uses SimPy, and only through its public API
 (``Environment``, ``timeout``, ``event``, ``Event.succeed``, ``process``, ``run``);
-``tests/test_serving_clock.py`` pins the SimPy versions this was checked against.
+``tests/test_serving_loop.py`` pins the SimPy versions this was checked against.
 
 Simulated time: each replica is one SimPy process, one event per step: a step's start
 (schedule + execute) prices it, the process waits the price out, then the step is
