@@ -20,7 +20,7 @@ from typing import Callable
 
 import simpy
 
-from sim.serving.loop import IDLE, ServingLoop
+from sim.serving.loop import ServingLoop
 from sim.serving.queues import ArrivalQueue, Dispatcher
 
 
