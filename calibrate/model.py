@@ -21,6 +21,7 @@ from calibrate.configs import OPT_POSITION_OFFSET, ModelConfig
 from calibrate.kvcache import KVCache
 
 INIT_STD = 0.02
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class Init:

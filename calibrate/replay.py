@@ -21,12 +21,16 @@ and takes the time it takes:
   logits for its cost (vLLM's synthetic rejection sampler does the same); ``real``
   keeps what rejection sampling decides.
 
-Running sequences occupy the first rows of preallocated caches; a finished row's
-slot is refilled by moving the last row into it (a copy of that sequence's entries,
-as cheap as a paged engine's bookkeeping is not, but small next to a step). Static
-batching keeps finished rows in the batch as padding, as the simulator charges it.
+The loop is the simulator's own (:class:`sim.serving.loop.ServingLoop`: the same
+scheduling, policy calls, acceptance bookkeeping and records), driven by the wall
+clock (:func:`sim.serving.clock.serve_wall_clock`); this module supplies only its step
+backend, :class:`TorchBackend`. The loop's running rows are the backend's live cache
+rows, in order: a finished row leaves and the rows after it move up (a copy of those
+sequences' entries, as cheap as a paged engine's bookkeeping is not, but small next
+to a step). Static batching keeps finished rows in the batch as padding, as the
+simulator charges it; those rows are not the loop's any more.
 
-Records are the simulator's (``sim.engine.STEP_FIELDS``, the request table of
+Records are the simulator's (:mod:`sim.serving.records`, the request table of
 ``sim.simulate``), so ``sim.metrics`` summarises both alike. Ctrl-C stops the replay
 between steps and what it measured so far is returned, marked partial.
 """
@@ -34,7 +38,6 @@ between steps and what it measured so far is returned, marked partial.
 from __future__ import annotations
 
 import time
-from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -42,15 +45,17 @@ import pandas as pd
 import torch
 
 from calibrate.configs import get_config
-from calibrate.model import Transformer
-from calibrate.runner import TORCH_DTYPES
+from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.verify import sample, verify_logits
-from policies.base import BatchView, Policy, StepFeedback
+from policies.base import BatchView
 from sim.acceptance import acceptance_scale
-from sim.engine import DECODE, PREFILL, ReplicaRecords, checked_k, step_columns
-from sim.metrics import by_label, summarize
 from sim.config import RunConfig
 from sim.errors import InputError
+from sim.metrics import by_label, summarize
+from sim.serving.clock import serve_wall_clock
+from sim.serving.loop import ServingLoop
+from sim.serving.queues import ArrivalQueue
+from sim.serving.records import DECODE, PREFILL
 from sim.simulate import PreparedRun, RunResult, make_sampler, prepare, request_table, scheduler_for
 
 ACCEPTANCE_MODES = ("synthetic", "real")
@@ -71,15 +76,22 @@ class ReplayResult:
     by_label: dict | None = None
 
 
-class ReplayEngine:
-    """One replica serving ``run``'s requests with ``target`` (and ``draft``) on their device."""
+class TorchBackend:
+    """Runs each step of ``run``'s serving loop with ``target`` (and ``draft``) on their device.
+
+    Follows the loop's rows (:class:`sim.serving.loop.StepBackend` with ``follows_rows``):
+    physical rows ``0..used-1`` of the caches are in the batch; ``live`` marks the loop's
+    running rows among them, in the loop's order.
+    """
+
+    follows_rows = True
 
     def __init__(self, run: PreparedRun, target: Transformer, draft: Transformer | None, *,
-                 acceptance: str = "synthetic", seed: int = 0) -> None:
+                 acceptance: str = "synthetic", seed: int = 0, static: bool = False) -> None:
         if acceptance not in ACCEPTANCE_MODES:
             raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_MODES)}")
         config, requests = run.config, run.requests
-        self.run, self.policy, self.acceptance = run, run.policy, acceptance
+        self.run, self.acceptance, self.static = run, acceptance, static
         self.speculates = run.policy.max_k > 0
         if self.speculates and draft is None:
             raise ValueError("the policy speculates (max_k > 0) but no draft model was given")
@@ -89,19 +101,14 @@ class ReplayEngine:
         self.target, self.draft = target, draft if self.speculates else None
         self.device = target.device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        n = len(requests)
-        self.arrivals = requests.arrival_s.tolist()
-        self.prompt = requests.prompt_tokens.astype(np.int64)
-        self.output = requests.output_tokens.astype(np.int64)
-        self.scale = acceptance_scale(run.alphas)
-        self.kv_reserve = self.prompt + self.output + run.policy.max_k
-        self.scheduler = scheduler_for(run)
-        self.sampler = make_sampler(config, run.alphas)
+        self.sampler = make_sampler(config, run.alphas)  # synthetic acceptance: the simulator's draws
+        self.table = run.table
         self.k_max = run.table.k_max
         slots = config.engine.max_batch_size
+        prompt, output = requests.prompt_tokens.astype(np.int64), requests.output_tokens.astype(np.int64)
         # A padding row of a static batch keeps its length; a live one grows to prompt + output,
         # plus one step's k + 1 appended before the rollback and the draft's catch-up.
-        self.max_len = int((self.prompt + self.output).max()) + 2 * (self.k_max + 2)
+        self.max_len = int((prompt + output).max()) + 2 * (self.k_max + 2)
         for model in (target, self.draft):
             limit = model.cfg.max_position_embeddings if model is not None else None
             if limit is not None and self.max_len > limit:
@@ -113,68 +120,13 @@ class ReplayEngine:
         self.t_frozen = torch.zeros(slots, dtype=torch.long, device=self.device)  # padding rows' cache lengths
         self.d_frozen = torch.zeros(slots, dtype=torch.long, device=self.device)
         vocab = target.cfg.vocab_size
-        self.prompt_tokens = np.random.default_rng(seed).integers(0, vocab, size=int(self.prompt.max()))
-        # Per-row host state (rows 0..used-1 are in the batch; `live` marks unfinished ones).
-        self.row_req = np.zeros(slots, np.int64)
+        self.prompt_tokens = np.random.default_rng(seed).integers(0, vocab, size=int(prompt.max()))
         self.row_len = np.zeros(slots, np.int64)  # prompt + emitted tokens
-        self.row_remaining = np.zeros(slots, np.int64)
-        self.row_lag = np.zeros(slots, np.int64)  # emitted tokens the draft has not seen yet
-        self.row_last = np.zeros(slots)  # time of the row's latest token
         self.row_live = np.zeros(slots, bool)
         self.used = 0
-        # Per-request records.
-        self.scheduled_s = np.full(n, np.nan)
-        self.first_token_s = np.full(n, np.nan)
-        self.finish_s = np.full(n, np.nan)
-        self.decode_steps = np.zeros(n, np.int64)
-        self.drafted = np.zeros(n, np.int64)
-        self.accepted = np.zeros(n, np.int64)
-        self.step_rows: list[tuple] = []
         self.passes_s: list[float] = []  # per step: time inside the passes calibration times
         self.predicted_s: list[float] = []  # ... and what the profile says they take
         self.overheads = (run.profile.engine_overhead_s("prefill"), run.profile.engine_overhead_s("decode"))
-        self.itl: list[np.ndarray] = []
-        self.view = BatchView(self.k_max)
-        self.feedback = StepFeedback()
-        self._observes = type(self.policy).observe is not Policy.observe
-        self.kv_used = 0
-        self.queue_head = 0
-
-    @property
-    def running(self) -> int:
-        return int(self.row_live[:self.used].sum())
-
-    # The loop mirrors sim.engine.Replica._run: admit at step boundaries, else decode, else wait.
-    def serve(self) -> ReplayResult:
-        started = time.perf_counter()
-        self.t0 = started
-        arrived, total, partial = 0, len(self.arrivals), False
-        cap = self.scheduler.max_batch_size
-        try:
-            while True:
-                now = self.clock()
-                arrived = bisect_right(self.arrivals, now, arrived)
-                waiting = arrived - self.queue_head
-                running = self.running
-                if running == 0 and waiting == 0:
-                    if arrived == total:
-                        break
-                    time.sleep(max(0.0, self.arrivals[arrived] - now))
-                    continue
-                n = self.scheduler.admit(running, self.kv_used, self.kv_reserve[self.queue_head:arrived]) \
-                    if waiting and running < cap else 0
-                if n:
-                    self.prefill_step(n, now)
-                elif running:
-                    self.decode_step(now)
-                else:
-                    raise RuntimeError("a waiting request can never be admitted (checked before the run)")
-        except KeyboardInterrupt:
-            partial = True
-        return self.result(partial, time.perf_counter() - started)
-
-    def clock(self) -> float:
-        return time.perf_counter() - self.t0
 
     def _sync(self) -> None:
         if self.device.type == "cuda":  # a step ends when its kernels have, not when they are queued
@@ -193,14 +145,11 @@ class ReplayEngine:
         self._sync()
 
     # ---------------------------------------------------------------- prefill
-    def prefill_step(self, n: int, start: float) -> None:
-        head = self.queue_head
-        req = np.arange(head, head + n)
-        if self.scheduler.name == "static":  # a new static batch: the previous one has ended
+    def prefill(self, queue, head: int, n: int, mean_prompt: float) -> None:
+        if self.static:  # a new static batch: the previous one has ended
             self.used = 0
         lo, hi = self.used, self.used + n
-        rows = np.arange(lo, hi)
-        lengths = self.prompt[req]
+        lengths = queue.prompt_tokens[head:head + n].astype(np.int64)
         longest = int(lengths.max())
         tokens = np.zeros((n, longest), np.int64)
         for i, p in enumerate(lengths.tolist()):
@@ -208,7 +157,7 @@ class ReplayEngine:
         tokens_t = torch.from_numpy(tokens).to(self.device)
         last = torch.from_numpy(lengths - 1).to(self.device)
         self._passes = 0.0
-        self.predicted_s.append(self.run.table.prefill_time(n, float(longest)) - self.overheads[0])
+        self.predicted_s.append(self.table.prefill_time(n, float(longest)) - self.overheads[0])
         logits = self._timed(self._prefill, self.target, self.t_cache, tokens_t, last, lo, hi, lengths)
         if self.draft is not None:
             self._timed(self._prefill, self.draft, self.d_cache, tokens_t, last, lo, hi, lengths)
@@ -216,21 +165,10 @@ class ReplayEngine:
         self.history[lo:hi, :longest] = tokens_t
         self.history[torch.arange(lo, hi, device=self.device), torch.from_numpy(lengths).to(self.device)] = first
         self._sync()
-        self.queue_head += n
-        self.kv_used += int(self.kv_reserve[req].sum())
-        end = self.clock()
-        self.scheduled_s[req] = start
-        self.first_token_s[req] = end
-        self.row_req[rows], self.row_len[rows] = req, lengths + 1
-        self.row_remaining[rows] = self.output[req] - 1
-        self.row_lag[rows], self.row_last[rows], self.row_live[rows] = 1, end, True
+        self.row_len[lo:hi], self.row_live[lo:hi] = lengths + 1, True
         self.used = hi
-        one_token = rows[self.row_remaining[rows] == 0]
-        if one_token.size:  # requests of one output token end with their prefill
-            self._finish(one_token, end)
-        self.scheduler.on_admit(n, self.running)
-        self.step_rows.append((start, end, PREFILL, n, self.running, 0, float(lengths.mean()), 0, 0, n))
         self.passes_s.append(self._passes)
+        return None
 
     def _prefill(self, model: Transformer, cache, tokens: torch.Tensor, last: torch.Tensor, lo: int, hi: int,
                  lengths: np.ndarray) -> torch.Tensor:
@@ -241,39 +179,31 @@ class ReplayEngine:
         return logits
 
     # ----------------------------------------------------------------- decode
-    def decode_step(self, start: float) -> None:
+    def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
+               lag: np.ndarray | None) -> tuple[None, np.ndarray | None]:
         b = self.used  # rows in the batch: live ones, plus a static batch's finished padding
-        live = self.row_live[:b]
-        running = int(live.sum())
-        charged = self.scheduler.charged_batch_size(running)
-        remaining = self.row_remaining[:b]
-        view = self.view
-        view.now_s, view.step, view.batch_size, view.running = start, len(self.step_rows), charged, running
-        view.mean_context_tokens = float((self.row_len[:b][live] - 1).mean())
-        view.remaining_tokens = remaining[live]
-        view.final_context_tokens = (self.row_len[:b] - 1 + remaining)[live]
-        k = self.policy.choose_k(view)
-        ragged = None
-        if k.__class__ is not int or not 0 <= k <= self.k_max:
-            k = checked_k(k, self.k_max, self.policy, running)
-            if k.__class__ is not int:
-                ragged = np.zeros(b, np.int64)
-                ragged[live] = k
-                k = int(k.max())
+        live = self.row_live[:b].copy()
+        # The loop's per-row values, spread over the batch's rows (padding rows: k 0, lag 1, nothing left).
+        ragged_rows = None
+        if ragged is not None:
+            ragged_rows = np.zeros(b, np.int64)
+            ragged_rows[live] = ragged
+        lag_rows = np.ones(b, np.int64)
+        if lag is not None:
+            lag_rows[live] = lag
+        remaining = np.zeros(b, np.int64)
+        remaining[live] = view.remaining_tokens
         self._passes = 0.0
-        context = view.mean_context_tokens
-        predicted = self.run.table.decode_time(charged, k, context) - self.overheads[1]
-        lag = int(self.row_lag[:b][live].max()) if k and self.draft is not None else 1
-        if lag > 1:
-            predicted += self.run.table.catch_up_time(charged, lag, context)
-        self.predicted_s.append(predicted)
+        worst = int(np.maximum.reduce(lag)) if k and lag is not None else 1
+        self.predicted_s.append(self.table.decode_time_at_lag(view.batch_size, k, view.mean_context_tokens, worst)
+                                - self.overheads[1])
         if k:
-            accepted, final = self._speculate(b, k, live, ragged)
+            accepted, final = self._speculate(b, k, live, ragged_rows, lag_rows, scale, ragged)
         else:
             accepted, final = None, self._plain(b)
         self._sync()
-        end = self.clock()
-        self._emit(b, k, live, ragged, accepted, final, start, end, charged, running)
+        self._step = (b, k, live, accepted, final, remaining)
+        return None, (accepted[live] if k else None)
 
     def _plain(self, b: int) -> torch.Tensor:
         """k = 0: one target pass over each sequence's newest token, then sampling (verify at k = 0)."""
@@ -285,13 +215,13 @@ class ReplayEngine:
                              self.generator)
         return result.tokens[:, 0]
 
-    def _speculate(self, b: int, k: int, live: np.ndarray, ragged):
+    def _speculate(self, b: int, k: int, live: np.ndarray, ragged: np.ndarray | None, lag: np.ndarray,
+                   scale: np.ndarray, loop_ragged: np.ndarray | None):
         dev = self.device
         row_len = self.row_len[:b]
         # Draft: its first pass feeds each row the `lag` tokens it has not seen, right-padded to
         # the batch's largest lag (`catch_up`); the padding is rolled back and each row's next
         # token is read at its own last real position, so every row ends the pass at row_len.
-        lag = np.where(live, self.row_lag[:b], 1)  # static padding rows: see _freeze_padding
         catch_up = int(lag.max())
         d_len = row_len - lag
         positions = np.minimum(d_len[:, None] + np.arange(catch_up), row_len[:, None] - 1)
@@ -319,8 +249,7 @@ class ReplayEngine:
         result = self._timed(verify_logits, logits, torch.stack(draft_probs, 1), drafts, self.generator)
         if self.acceptance == "synthetic":  # drawn for the live rows, as the simulator draws
             accepted = np.zeros(b, np.int64)
-            accepted[live] = self.sampler.accepted(self.scale[self.row_req[:b][live]],
-                                                   k if ragged is None else ragged[live])
+            accepted[live] = self.sampler.accepted(scale, k if loop_ragged is None else loop_ragged)
         else:
             accepted = result.accepted.cpu().numpy()
             if ragged is not None:
@@ -360,9 +289,11 @@ class ReplayEngine:
         self._passes += time.perf_counter() - started
         return out
 
-    def _emit(self, b, k, live, ragged, accepted, final, start, end, charged, running) -> None:
+    def commit(self) -> None:
+        """Write the step's tokens and roll both caches back to what each row kept."""
+        b, k, live, accepted, final, remaining = self._step
         dev = self.device
-        row_len, remaining = self.row_len[:b], self.row_remaining[:b]
+        row_len = self.row_len[:b]
         if k:
             a = np.where(live, accepted, -1)  # padding rows keep nothing
             emitted = np.where(live, np.minimum(a + 1, remaining), 0)
@@ -378,43 +309,14 @@ class ReplayEngine:
         t_pad = np.zeros(self.t_cache.batch, np.int64)
         t_pad[:b] = np.where(live, width - (a + 1), 0)
         self.t_cache.rollback(torch.from_numpy(t_pad).to(dev))
-        if self.d_cache is not None:
-            if k:  # the draft holds row_len - lag' + k - 1 tokens; keep min(a, k - 1) drafts
-                d_pad = np.zeros(self.d_cache.batch, np.int64)
-                d_pad[:b] = np.where(live, (k - 1) - np.minimum(a, k - 1), 0)
-                self.d_cache.rollback(torch.from_numpy(d_pad).to(dev))
-                lag = np.where(a == k, 2, 1)
-                self.row_lag[:b] = np.where(live, lag, 1)
-            else:
-                self.row_lag[:b] += live
+        if self.d_cache is not None and k:  # the draft holds row_len - lag + k - 1 tokens; keep min(a, k - 1) drafts
+            d_pad = np.zeros(self.d_cache.batch, np.int64)
+            d_pad[:b] = np.where(live, (k - 1) - np.minimum(a, k - 1), 0)
+            self.d_cache.rollback(torch.from_numpy(d_pad).to(dev))
         self.row_len[:b] += emitted
-        drafted_rows = (ragged if ragged is not None else np.full(b, k)) * live
-        req = self.row_req[:b][live]
-        self.decode_steps[req] += 1
-        self.drafted[req] += drafted_rows[live]
-        if k:
-            self.accepted[req] += accepted[live]
-        gaps = end - self.row_last[:b][live]
-        self.itl.append(gaps)
-        self.row_last[:b][live] = end
-        remaining -= emitted
-        accepted_total = int(accepted[live].sum()) if k else 0
-        ended = np.flatnonzero(live & (remaining == 0))
-        if self._observes:
-            fb = self.feedback
-            fb.now_s, fb.step, fb.batch_size, fb.k, fb.step_time_s = end, len(self.step_rows), charged, k, end - start
-            fb.drafted_tokens, fb.accepted_tokens = int(drafted_rows.sum()), accepted_total
-            fb.accepted_per_sequence = accepted[live] if k else None
-            fb.k_per_sequence = ragged[live] if ragged is not None else None
-            self.policy.observe(fb)
-        context = float((row_len[live] - 1).mean())
-        self.step_rows.append((start, end, DECODE, charged, running, k, context, int(drafted_rows.sum()),
-                               accepted_total, int(emitted.sum())))
         self.passes_s.append(self._passes)
         if not live.all():
             self._freeze_padding(b, live)
-        if ended.size:
-            self._finish(ended, end)
 
     def _freeze_padding(self, b: int, live: np.ndarray) -> None:
         """A static batch's finished rows ride along as padding; their caches keep their final lengths."""
@@ -423,25 +325,23 @@ class ReplayEngine:
         if self.d_cache is not None:
             self.d_cache.lengths[pad] = self.d_frozen[pad]
 
-    def _finish(self, rows: np.ndarray, end: float) -> None:
-        req = self.row_req[rows]
-        if self.scheduler.name == "static":
+    def retire(self, done: np.ndarray) -> None:
+        """The loop's rows flagged in ``done`` have finished: padding (static) or gone (continuous)."""
+        rows = np.flatnonzero(self.row_live[:self.used])[done]
+        self.row_live[rows] = False
+        if self.static:
             index = torch.from_numpy(rows).to(self.device)
             self.t_frozen[index] = self.t_cache.lengths[index]
             if self.d_cache is not None:
                 self.d_frozen[index] = self.d_cache.lengths[index]
-        self.finish_s[req] = end
-        self.kv_used -= int(self.kv_reserve[req].sum())
-        self.row_live[rows] = False
-        if self.scheduler.name == "static":
             if not self.row_live[:self.used].any():
                 self.used = 0
             return
-        for row in sorted(rows.tolist(), reverse=True):  # fill each hole with the last row
-            last = self.used - 1
-            if row != last:
-                self._move(last, row)
-            self.used -= 1
+        keep = np.flatnonzero(self.row_live[:self.used])
+        for dst, src in enumerate(keep.tolist()):  # the rows after a hole move up, keeping their order
+            if src != dst:
+                self._move(src, dst)
+        self.used = keep.shape[0]
 
     def _move(self, src: int, dst: int) -> None:
         length = int(self.row_len[src]) + 1
@@ -449,25 +349,7 @@ class ReplayEngine:
         if self.d_cache is not None:
             self.d_cache.move(src, dst, length)
         self.history[dst, :length] = self.history[src, :length]
-        for arr in (self.row_req, self.row_len, self.row_remaining, self.row_lag, self.row_last, self.row_live):
-            arr[dst] = arr[src]
-        self.row_live[src] = False
-
-    # ---------------------------------------------------------------- records
-    def records(self) -> ReplicaRecords:
-        steps = step_columns(self.step_rows)
-        itl = np.concatenate(self.itl) if self.itl else np.zeros(0)
-        return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps, self.drafted,
-                              self.accepted, steps, itl, np.ones(itl.shape, np.int64))
-
-    def result(self, partial: bool, wall_s: float) -> ReplayResult:
-        r = self.run.requests
-        rec = self.records()
-        summary = summarize(r.arrival_s, r.prompt_tokens, r.output_tokens, rec.first_token_s, rec.finish_s,
-                            rec.itl_values, rec.itl_weights, rec.steps)
-        table = request_table(r, self.run.alphas, rec)
-        return ReplayResult(table, pd.DataFrame(rec.steps), summary, self.acceptance, partial, wall_s,
-                            np.asarray(self.passes_s), np.asarray(self.predicted_s), by_label(table))
+        self.row_len[dst], self.row_live[dst], self.row_live[src] = self.row_len[src], True, False
 
 
 def step_overheads(measured: ReplayResult) -> dict[str, float]:
@@ -492,11 +374,30 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
 
     ``on_start`` is called once every input has been checked, just before the real clock starts.
     """
-    engine = ReplayEngine(run, target, draft, acceptance=acceptance, seed=seed)
+    requests = run.requests
+    scheduler = scheduler_for(run)
+    backend = TorchBackend(run, target, draft, acceptance=acceptance, seed=seed, static=scheduler.name == "static")
+    queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
+                         acceptance_scale(run.alphas), run.policy.max_k)
+    loop = ServingLoop(queue, scheduler=scheduler, policy=run.policy, backend=backend, k_max=run.table.k_max)
     if on_start is not None:
         on_start()
-    engine.warm_up()
-    return engine.serve()
+    backend.warm_up()
+    started = time.perf_counter()
+    partial = False
+    try:
+        serve_wall_clock(loop, lambda: time.perf_counter() - started)
+    except KeyboardInterrupt:
+        partial = True
+    wall_s = time.perf_counter() - started
+    rec = loop.records()
+    summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, rec.first_token_s,
+                        rec.finish_s, rec.itl_values, rec.itl_weights, rec.steps)
+    table = request_table(requests, run.alphas, rec)
+    steps = len(loop.step_rows)  # an interrupted step has no record: drop its timings too
+    return ReplayResult(table, pd.DataFrame(rec.steps), summary, acceptance, partial, wall_s,
+                        np.asarray(backend.passes_s[:steps]), np.asarray(backend.predicted_s[:steps]),
+                        by_label(table))
 
 
 def replay_config(config: RunConfig, *, acceptance: str = "synthetic",

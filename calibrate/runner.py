@@ -23,14 +23,12 @@ from calibrate import memory
 from calibrate.configs import ModelConfig, get_config, kv_bytes_per_token, param_count, weight_bytes
 from calibrate.environment import device_info, versions
 from calibrate.grid import Grid, Point
-from calibrate.model import Transformer
+from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.overhead import measure_overhead
 from calibrate.partial import PartialRun
 from calibrate.passes import GRAPHABLE, build_pass
 from calibrate.timing import Measurement, TimerConfig, time_cpu, time_cuda
 from sim.profile import COLUMNS, INT_COLUMNS, KEY_COLUMNS, LATENCY_COLUMNS, write_profile
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ class Policy:
 
     def choose_k(self, view: BatchView) -> int | np.ndarray:
         """k for the whole batch, or an integer array with one k per running sequence (a ragged
-        step, charged padded to the largest k: see ``sim.engine``)."""
+        step, charged padded to the largest k: see ``sim.serving.loop``)."""
         raise NotImplementedError
 
     def observe(self, feedback: StepFeedback) -> None:

@@ -36,7 +36,7 @@ from bisect import bisect_right
 from typing import Any, Sequence
 
 from policies.base import BatchView, PolicyError
-from policies.lut import TablePolicy, _check_alpha, build_lut
+from policies.lut import TablePolicy, check_alpha, build_lut
 
 DEFAULT_CONTEXT_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -92,7 +92,7 @@ def build_context_table(step_time, alpha: float, k_max: int, max_batch: int,
 
     Rows ``[min_bs, max_bs, min_ctx, max_ctx, k]``; neighbouring buckets with equal ``lut``s merged.
     """
-    _check_alpha(alpha)
+    check_alpha(alpha)
     edges = _check_buckets(context_buckets)
     bands: list[list] = []  # [min_ctx, max_ctx, lut]
     lo = 0

@@ -36,7 +36,7 @@ sequence can use k* tokens) and then gives each sequence
 remaining_i being the tokens sequence i still has to emit: a step emits at most
 k_i + 1 of them, so k_i = remaining_i - 1 can finish the request and no more is ever
 useful. The answer is an int64 array (one k per running sequence), which the engine
-runs as a ragged step (see ``sim.engine``: padded to max k_i, each sequence keeping
+runs as a ragged step (see ``sim.serving.loop``: padded to max k_i, each sequence keeping
 at most its own k_i); when every k_i equals k* it returns the int k* instead.
 observe() then counts, per sequence that drafted, a rejection where it kept fewer
 than its own k_i.

@@ -54,7 +54,7 @@ def build_lut(step_time: Callable[[int, int, float], float], alpha: float, k_max
     ``step_time(batch_size, k, context_tokens)`` is the predicted decode step time (a
     cost model's or a step table's); the k chosen per batch size is :func:`best_k`'s.
     """
-    _check_alpha(alpha)
+    check_alpha(alpha)
     check_k_max(k_max)
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise PolicyError(f"max_batch must be a whole number >= 1, got {max_batch!r}", field="max_batch")
@@ -95,7 +95,7 @@ def check_table(table: Any) -> list[list[int]]:
     return [row for _, row in rows]
 
 
-def _check_alpha(alpha: Any) -> None:
+def check_alpha(alpha: Any) -> None:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha < 1.0:
         raise PolicyError(f"alpha must be a number inside (0, 1), got {alpha!r}", field="alpha")
 
@@ -128,7 +128,7 @@ class TablePolicy(Policy):
             self.max_k_param = "table"
             self._set_lookup(self.table)
             return True
-        _check_alpha(alpha)
+        check_alpha(alpha)
         self.k_max = check_k_max(DEFAULT_K_MAX if k_max is None else k_max)
         self.max_k_param = "k_max"
         self.table = None  # built at bind()

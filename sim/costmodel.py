@@ -169,6 +169,15 @@ class StepTable:
         """A step after one that accepted every draft of some sequence (the draft lags 2 tokens)."""
         return _blend(self.decode_lag2[batch_size][k], mean_context / self.context_step)
 
+    def decode_time_at_lag(self, batch_size: int, k: int, mean_context: float, lag: int) -> float:
+        """A decode step whose draft lags at most ``lag`` tokens it has not seen: 1 normally (the
+        newest token), 2 after a fully accepted step (one look-up), more after k = 0 steps."""
+        if lag <= 1:
+            return _blend(self.decode[batch_size][k], mean_context / self.context_step)
+        if lag == 2:
+            return _blend(self.decode_lag2[batch_size][k], mean_context / self.context_step)
+        return self.decode_time(batch_size, k, mean_context) + self.catch_up_time(batch_size, lag, mean_context)
+
     def catch_up_time(self, batch_size: int, lag: int, mean_context: float) -> float:
         """Beyond the tabulated lags (a long run of k = 0 steps) the cost grows linearly in lag."""
         row = self.catch_up[batch_size]

@@ -21,6 +21,12 @@ BATCHING = ("continuous", "static")
 PREFILL = ("packed", "padded")  # admitted prompts cost as their mean length (varlen) or their longest
 
 
+def kv_reserve(prompt_tokens: np.ndarray, output_tokens: np.ndarray, max_k: int) -> np.ndarray:
+    """KV-cache tokens each request reserves on admission: its prompt, its whole output and
+    the speculative slots of the largest step its policy can take."""
+    return prompt_tokens + output_tokens + max_k
+
+
 @dataclass
 class ContinuousBatching:
     """vLLM-style: admit waiting requests FCFS whenever a slot and KV budget allow."""

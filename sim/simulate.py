@@ -1,4 +1,4 @@
-"""One simulated run: resolve inputs, check them all, then run the SimPy replica (or cluster).
+"""One simulated run: resolve inputs, check them all, then run the serving loop (one replica or a cluster).
 
 A run is a pure function of (config, seed). Random streams are spawned from the
 seed in a fixed order (workload, per-request alpha, acceptance draws), so adding
@@ -15,18 +15,21 @@ from functools import lru_cache
 
 import numpy as np
 import pandas as pd
-import simpy
 
 from policies import Policy, PolicyError, make_policy
 from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
-from sim.engine import Replica, ReplicaRecords
 from sim.errors import InputError
 from sim.metrics import by_label, replica_breakdown, summarize
 from sim.profile import CSV_NAME, META_NAME, Profile, load_profile, resolve_profile_path
-from sim.scheduler import make_scheduler
+from sim.scheduler import kv_reserve, make_scheduler
+from sim.serving.clock import simulate_replica
+from sim.serving.loop import ServingLoop
+from sim.serving.priced import PricedBackend
+from sim.serving.queues import ArrivalQueue
+from sim.serving.records import ReplicaRecords
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace
 
 
@@ -101,7 +104,7 @@ def prepare(config: RunConfig) -> PreparedRun:
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     if requests.alpha is not None:  # a trace's per-request acceptance overrides the distribution
         alphas = np.where(np.isnan(requests.alpha), alphas, requests.alpha)
-    reserve = requests.prompt_tokens + requests.output_tokens + policy.max_k
+    reserve = kv_reserve(requests.prompt_tokens, requests.output_tokens, policy.max_k)
     budget = config.engine.kv_cache_tokens
     if budget is None:
         budget = profile.kv_capacity_tokens
@@ -185,25 +188,23 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
     config, requests = run.config, run.requests
     count = config.cluster.replicas
     scale = acceptance_scale(run.alphas)
-    reserve = requests.prompt_tokens + requests.output_tokens + run.policy.max_k
     if not (count > 1 if routed is None else routed):
-        env = simpy.Environment()
-        replica = Replica(
-            env, arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
-            output_tokens=requests.output_tokens, acceptance_scale=scale, kv_reserve=reserve, table=run.table,
-            scheduler=scheduler_for(run),
-            policy=run.policy, sampler=make_sampler(config, run.alphas))
+        scheduler = scheduler_for(run)
+        queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale,
+                             run.policy.max_k)
+        loop = ServingLoop(queue, scheduler=scheduler, policy=run.policy, k_max=run.table.k_max,
+                           backend=PricedBackend(run.table, make_sampler(config, run.alphas), scheduler.prefill))
         engine_started = time.perf_counter()
-        env.run()
+        simulate_replica(loop)
         engine_wall = time.perf_counter() - engine_started
-        records, cluster = replica.records(), None
+        records, cluster = loop.records(), None
     else:
         parts = [ReplicaParts(scheduler_for(run),
                               run.policy if index == 0 else _fresh_policy(run), make_sampler(config, run.alphas, rng))
                  for index, rng in enumerate(replica_streams(config, count))]
         engine_started = time.perf_counter()
         cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
-                              output_tokens=requests.output_tokens, acceptance_scale=scale, kv_reserve=reserve,
+                              output_tokens=requests.output_tokens, acceptance_scale=scale, max_k=run.policy.max_k,
                               table=run.table, parts=parts, router=config.cluster.router)
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged

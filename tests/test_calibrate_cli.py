@@ -153,7 +153,7 @@ def test_calibration_needs_only_torch_numpy_pandas(tmp_path, monkeypatch, capsys
     # still measured and the profile written, and the overhead is skipped with a warning.
     import sys
 
-    for name in ("simpy", "tomli_w", "calibrate.replay", "sim.config", "sim.simulate", "sim.engine"):
+    for name in ("simpy", "tomli_w", "calibrate.replay", "sim.config", "sim.simulate", "sim.serving.loop"):
         monkeypatch.setitem(sys.modules, name, None)
     out = tmp_path / "prof"
     assert main([*TINY[:-1], "--out", str(out), "--quiet"]) == 0

@@ -9,7 +9,7 @@ from policies import BatchView, PolicyError, StepFeedback, make_policy
 from policies.adaptive import Adaptive
 from sim.commands.cli import main
 from sim.config import load_config
-from sim.engine import DECODE
+from sim.serving.records import DECODE
 from sim.simulate import simulate
 from tests.synthetic import make_profile
 from tests.conftest import CPU_DEFAULTS

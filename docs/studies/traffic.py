@@ -58,7 +58,7 @@ def policies_for(profile: str) -> list[tuple[str, str, dict]]:
 def simulate_traffic(profile: str, saturation: float, phases=PHASES, requests_per_run: int = REQUESTS_PER_RUN,
                      seeds=SEEDS) -> tuple[pd.DataFrame, pd.DataFrame, float]:
     """Every policy and seed on the same phased rate profile: (requests, decode steps, phase length in s)."""
-    from sim.engine import DECODE
+    from sim.serving.records import DECODE
     from sim.simulate import simulate
 
     rates = [f * saturation for f in phases]

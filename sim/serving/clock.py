@@ -1,0 +1,139 @@
+"""What keeps a serving loop's time: SimPy (simulated time) or the wall clock (a real replay).
+
+This is the only module that uses SimPy, and only through its public API
+(``Environment``, ``timeout``, ``event``, ``Event.succeed``, ``process``, ``run``);
+``tests/test_serving_loop.py`` pins the SimPy versions this was checked against.
+
+Simulated time: each replica is one SimPy process, one event per step: a step's start
+(schedule + execute) prices it, the process waits the price out, then the step is
+applied. An idle replica sleeps until its next arrival (one replica) or until the
+dispatcher hands it a request (a cluster); a routed replica then wakes at the float
+time a single replica's own clock arithmetic would reach, so a one-replica cluster
+reproduces the single replica to the bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import simpy
+
+from sim.serving.loop import ServingLoop
+from sim.serving.queues import ArrivalQueue, Dispatcher
+
+
+def _process(env: simpy.Environment, loop: ServingLoop, idle):
+    """Run ``loop``'s steps; when it has nothing to do, ``yield from idle(env)`` (which returns
+    False once no request will ever come)."""
+    timeout, release = env.timeout, loop.queue.release
+    release(env.now)
+    # Steps are split into a start (schedule, execute) and a finish (apply) around one
+    # timeout, in one flat generator, to keep SimPy's per-step overhead minimal. The queue
+    # is released (routed to, or read up to the clock) before a step is applied.
+    while True:
+        now = env.now
+        n = loop.schedule()
+        if n > 0:
+            yield timeout(loop.start_prefill(n, now))
+            release(env.now)
+            loop.finish_prefill(n, now, env.now)
+        elif n == 0:
+            yield timeout(loop.start_decode(now))
+            release(env.now)
+            loop.finish_decode(now, env.now)
+        else:
+            more = yield from idle(env, loop)
+            if not more:
+                return
+            release(env.now)
+
+
+def _until_arrival(env: simpy.Environment, loop: ServingLoop):
+    """Idle on an arrival array: sleep until the next request arrives."""
+    at = loop.queue.next_arrival_s()
+    if at is None:
+        return False
+    yield env.timeout(at - env.now)
+    return True
+
+
+def _until_routed(env: simpy.Environment, loop: ServingLoop):
+    """Idle in a cluster: sleep until the dispatcher hands this replica a request."""
+    idle_since, wake, routed_at = env.now, env.event(), []
+    loop.queue.waiter = lambda arrival_s: (routed_at.append(arrival_s), wake.succeed())
+    yield wake  # resumed at the instant the request was routed here
+    # Wake where a single replica idle since idle_since lands when it times out to this
+    # arrival: now + (arrival - now), repeated while that falls short.
+    t, arrival = idle_since, routed_at[0]
+    while t < arrival:
+        t = t + (arrival - t)
+    if t > env.now:
+        yield env.timeout(exact_delay(env.now, t))
+    return True
+
+
+def router_process(env: simpy.Environment, dispatcher: Dispatcher):
+    """Wake at every arrival's time so that it is routed even while every replica is idle."""
+    while True:
+        at = dispatcher.next_arrival_s()
+        if at is None:
+            return
+        if at > env.now:
+            yield env.timeout(exact_delay(env.now, at))
+        dispatcher.advance(env.now)
+
+
+def exact_delay(now: float, at: float) -> float:
+    """A delay d >= 0 with now + d == at in floating point (where no float d gives ``at`` exactly,
+    one landing just after it).
+
+    SimPy schedules by delay, and now + (at - now) can miss ``at`` by an ulp.
+    """
+    d = max(at - now, 0.0)
+    for _ in range(4):
+        got = now + d
+        if got == at:
+            return d
+        d = max(d + (at - got), 0.0)  # at - got is exact: the two are within an ulp or two
+    while now + d < at:
+        d += math.ulp(at)
+    return d
+
+
+def simulate_replica(loop: ServingLoop) -> None:
+    """Run one replica on an arrival array in simulated time."""
+    env = simpy.Environment()
+    env.process(_process(env, loop, _until_arrival))
+    env.run()
+
+
+def simulate_cluster(dispatcher: Dispatcher, loops: list[ServingLoop]) -> None:
+    """Run routed replicas and their dispatcher in one simulated time."""
+    env = simpy.Environment()
+    env.process(router_process(env, dispatcher))
+    for loop in loops:
+        env.process(_process(env, loop, _until_routed))
+    env.run()
+
+
+def serve_wall_clock(loop: ServingLoop, clock: Callable[[], float], sleep: Callable[[float], None] = time.sleep
+                     ) -> None:
+    """Run one replica on an arrival array in real time: the backend runs each step; the clock measures it."""
+    queue: ArrivalQueue = loop.queue
+    while True:
+        now = clock()
+        queue.release(now)
+        n = loop.schedule()
+        if n > 0:
+            loop.start_prefill(n, now)
+            loop.finish_prefill(n, now, clock())
+        elif n == 0:
+            loop.start_decode(now)
+            loop.finish_decode(now, clock())
+        else:
+            at = queue.next_arrival_s()
+            if at is None:
+                return
+            sleep(max(0.0, at - now))

@@ -1,0 +1,327 @@
+"""One replica's serving loop: schedule -> execute -> apply, the same for every backend and clock.
+
+Running requests are rows of numpy arrays, not processes. A clock driver
+(:mod:`sim.serving.clock`) calls, per step:
+
+* :meth:`ServingLoop.schedule`: the scheduler admits a block of the queue head
+  (a prefill step), else the running rows decode, else the replica is idle;
+* ``start_prefill`` / ``start_decode`` (*execute*): for a decode step the policy
+  picks k (an int, or one k per row: a *ragged* step, run padded to the largest,
+  as vLLM and TensorRT-LLM run it), then the :class:`StepBackend` prices the step
+  (the simulator: its duration is returned and the clock waits it out) or runs it
+  (the real replay: the clock measures it), and decides how many draft tokens each
+  row keeps;
+* ``finish_prefill`` / ``finish_decode`` (*apply*): tokens are emitted (a request
+  never emits more than its output length; surplus tokens are wasted), finished rows
+  retire, the policy observes the step, and the step is recorded.
+
+Per step the work is a handful of vectorised numpy operations over the batch,
+whatever its size; request-level sums are kept as Python ints.
+
+**Draft lag.** ``row_lag`` counts a row's emitted tokens that the draft model has not
+yet seen (fed as input). After a prefill it is 1 (the first token came from the
+target); after a speculative step it is 1, or 2 when every draft token was accepted
+(the last draft token was sampled by the draft but never fed back, and the bonus
+token is new); a k = 0 step adds 1. The draft's first pass of the next speculative
+step feeds all of them (its *catch-up*); a lag L > 1 costs t_draft(b, L, c) -
+t_draft(b, 1, c) on top of the step (:meth:`sim.costmodel.StepTable.decode_time_at_lag`).
+
+**Ragged k.** Sequence i keeps min(G_i, k_i) draft tokens and emits that + 1;
+drafted tokens are sum k_i (per request and per step); the step record's ``k`` is
+K = max k_i and the step is charged as a uniform step at K. An array whose k_i are
+all equal runs exactly as the int k.
+
+**Inter-token latencies** are kept compactly: every row that was in the previous
+decode step has the same gap (this step's end minus that step's end), so a step
+stores one (gap, count) pair plus one gap per request on its first decode step.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from policies.base import BatchView, Policy, StepFeedback
+from sim.errors import InputError
+from sim.serving.records import DECODE, PREFILL, ReplicaRecords, step_columns
+
+IDLE = -1  # schedule(): nothing to run until a request arrives
+
+
+class StepBackend(Protocol):
+    """What executes a step: prices it (simulated time) or runs it (measured time).
+
+    ``prefill`` and ``decode`` return the step's duration in seconds, or None when the
+    step really ran and the clock measures it. ``decode`` also returns the accepted
+    draft tokens per running row (None at k = 0). Backends that keep per-row state of
+    their own (KV caches) set ``follows_rows`` and are told what the loop applied.
+    """
+
+    follows_rows: bool
+
+    def prefill(self, queue, head: int, n: int, mean_prompt: float) -> float | None: ...
+
+    def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
+               lag: np.ndarray | None) -> tuple[float | None, np.ndarray | None]: ...
+
+    def commit(self) -> None:
+        """The decode step's outcome is final: write its tokens (follows_rows only)."""
+
+    def retire(self, done: np.ndarray) -> None:
+        """Rows flagged in ``done`` (over the rows before, in order) have left (follows_rows only)."""
+
+
+class ServingLoop:
+    """One replica: a queue (:mod:`sim.serving.queues`), a scheduler, a policy and a step backend."""
+
+    def __init__(self, queue, *, scheduler, policy: Policy, backend: StepBackend, k_max: int) -> None:
+        self.queue = queue
+        self.scheduler = scheduler
+        self.policy = policy
+        self.backend = backend
+        self.k_max = k_max
+        n = queue.capacity
+        self.scheduled_s = np.full(n, np.nan)
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.decode_steps = np.zeros(n, dtype=np.int64)
+        self.drafted = np.zeros(n, dtype=np.int64)
+        self.accepted = np.zeros(n, dtype=np.int64)
+        cap = scheduler.max_batch_size
+        # Row state lives in two field-major blocks so that retiring rows compacts every
+        # field with one fancy-indexed copy per block; the names below are views into them.
+        self._int_rows = np.zeros((7, cap), dtype=np.int64)
+        self._float_rows = np.zeros((2, cap))
+        (self.row_req, self.row_remaining, self.row_final_context, self.row_accepted,
+         self.row_joined_step,  # decode steps run before the row joined
+         self.row_joined_k,  # sum of k over those steps
+         self.row_lag) = self._int_rows  # emitted tokens the draft has not seen (module docstring)
+        self.row_scale, self.row_first_token_s = self._float_rows
+        self.running = 0
+        self.kv_used = 0
+        self.fresh = 0  # rows admitted since the last decode step (at the end of the arrays)
+        self.total_remaining = 0  # Python-int sums over the running rows, kept in step
+        self.total_final_context = 0
+        self.decode_count = 0
+        self.k_sum = 0
+        self.last_decode_end = 0.0
+        self.step_rows: list[tuple] = []  # in sim.serving.records.STEP_DTYPE order
+        self.itl_values: list[float] = []
+        self.itl_weights: list[int] = []
+        self.view = BatchView(k_max)
+        self.feedback = StepFeedback()
+        self._ragged = None  # this step's per-sequence k, when the policy returned an array
+        # Fill in feedback only for policies that listen (fixed and none do not).
+        self._observes = type(policy).observe is not Policy.observe
+        self._tracks_lag = policy.max_k > 0  # a run with a draft pays its catch-up
+        # The lag after a speculative step at k, indexed by the row's accepted count: 2 where
+        # every draft was kept (the last one was never fed to the draft), else 1.
+        self._lag_after = [np.array([1] * k + [2], dtype=np.int64) for k in range(k_max + 1)]
+        self._follows = backend.follows_rows
+        self._cap, self._admit = scheduler.max_batch_size, scheduler.admit
+
+    # ------------------------------------------------------------ schedule
+    def schedule(self) -> int:
+        """The next step: n > 0 admits and prefills n requests, 0 decodes, IDLE waits for arrivals."""
+        queue = self.queue
+        head = queue.head
+        waiting = queue.arrived - head
+        if waiting and self.running < self._cap:
+            n = self._admit(self.running, self.kv_used, queue.kv_reserve[head:head + waiting])
+            if n:
+                return n
+        if self.running:
+            return 0
+        if waiting:
+            raise RuntimeError("a waiting request can never be admitted (checked before the run)")
+        return IDLE
+
+    # ------------------------------------------------------------- prefill
+    def start_prefill(self, n: int, now: float) -> float | None:
+        queue = self.queue
+        head, cum = queue.head, queue.prefix
+        self._mean_prompt = (cum["prompt"][head + n] - cum["prompt"][head]) / n
+        self.kv_used += cum["reserve"][head + n] - cum["reserve"][head]
+        return self.backend.prefill(queue, head, n, self._mean_prompt)
+
+    def finish_prefill(self, n: int, start: float, end: float) -> None:
+        queue = self.queue
+        head, cum = queue.head, queue.prefix
+        idx = slice(head, head + n)
+        queue.head += n
+        self.scheduled_s[idx] = start
+        self.first_token_s[idx] = end
+        joining = cum["multi"][head + n] - cum["multi"][head]
+        if joining == n:  # the common case: every request continues, a contiguous block
+            req = idx
+            self.total_remaining += cum["remaining"][head + n] - cum["remaining"][head]
+            self.total_final_context += cum["final"][head + n] - cum["final"][head]
+        else:  # one-token requests end with their prefill
+            more = queue.output_tokens[idx] > 1
+            done = np.flatnonzero(~more) + head
+            self.finish_s[done] = end
+            self.kv_used -= int(np.add.reduce(queue.kv_reserve[done]))
+            req = np.flatnonzero(more) + head
+            self.total_remaining += int(np.add.reduce(queue.output_tokens[req] - 1))
+            self.total_final_context += int(np.add.reduce(queue.final_context[req]))
+            if self._follows:
+                self.backend.retire(np.concatenate((np.zeros(self.running, bool), ~more)))
+        if joining:
+            lo, hi = self.running, self.running + joining
+            self._int_rows[:4, lo:hi] = queue.joining_ints[:, req]
+            self.row_joined_step[lo:hi] = self.decode_count
+            self.row_joined_k[lo:hi] = self.k_sum
+            self.row_lag[lo:hi] = 1
+            self.row_scale[lo:hi] = queue.acceptance_scale[req]
+            self.row_first_token_s[lo:hi] = end
+            self.running = hi
+            self.fresh += joining
+        self.scheduler.on_admit(n, self.running)
+        self.step_rows.append((start, end, PREFILL, n, self.running, 0, self._mean_prompt, 0, 0, n))
+
+    # -------------------------------------------------------------- decode
+    def start_decode(self, now: float) -> float | None:
+        b = self.running
+        charged = self._charged = self.scheduler.charged_batch_size(b)
+        mean_context = self._mean_context = (self.total_final_context - self.total_remaining) / b
+        view = self.view
+        view.now_s, view.step, view.batch_size, view.running = now, len(self.step_rows), charged, b
+        view.mean_context_tokens, view.remaining_tokens = mean_context, self.row_remaining[:b]
+        view.final_context_tokens = self.row_final_context[:b]
+        k = self.policy.choose_k(view)
+        ragged = None
+        if k.__class__ is not int or not 0 <= k <= self.k_max:
+            k = checked_k(k, self.k_max, self.policy, b)
+            if k.__class__ is not int:  # ragged: one k per sequence, charged padded to the largest
+                ragged = k
+                k = int(np.maximum.reduce(k))
+        self._k, self._ragged = k, ragged
+        dt, self._step_accepted = self.backend.decode(view, k, ragged, self.row_scale[:b],
+                                                      self.row_lag[:b] if self._tracks_lag else None)
+        self._dt = dt
+        return dt
+
+    def finish_decode(self, start: float, end: float) -> None:
+        if self._follows:
+            self.backend.commit()
+        b, k, ragged, accepted = self.running, self._k, self._ragged, self._step_accepted
+        remaining = self.row_remaining[:b]
+        drafted = k * b
+        if k:
+            if ragged is not None:  # each sequence kept at most its own k_i; per-row drafted gets sum of k_i
+                drafted = int(np.add.reduce(ragged))
+                self.row_joined_k[:b] += k - ragged  # drafted per row = k_sum - joined_k
+            self.row_accepted[:b] += accepted
+            accepted_total = int(np.add.reduce(accepted))
+            remaining -= accepted + 1  # goes negative where a request ends mid-step
+            emitted_total = accepted_total + b
+        else:
+            accepted_total, emitted_total = 0, b
+            remaining -= 1
+        finishing = np.minimum.reduce(remaining) <= 0
+        if finishing:  # surplus tokens past a request's end are wasted, not emitted
+            surplus = remaining[remaining < 0]
+            emitted_total += int(np.add.reduce(surplus))
+            np.maximum(remaining, 0, out=remaining)
+        self.total_remaining -= emitted_total
+        if self._tracks_lag:
+            lag = self.row_lag[:b]
+            if k:
+                self._lag_after[k].take(accepted, out=lag)
+            else:  # the target's token is news to the draft
+                lag += 1
+        self.decode_count += 1
+        self.k_sum += k
+        steady = b - self.fresh
+        if steady:
+            self.itl_values.append(end - self.last_decode_end)
+            self.itl_weights.append(steady)
+        if self.fresh:
+            self.itl_values.extend((end - self.row_first_token_s[steady:b]).tolist())
+            self.itl_weights.extend([1] * self.fresh)
+            self.fresh = 0
+        self.last_decode_end = end
+        if finishing:
+            self._retire(b, end)
+        charged = self._charged
+        if self._observes:
+            fb = self.feedback
+            fb.now_s, fb.step, fb.batch_size, fb.k = end, len(self.step_rows), charged, k
+            fb.step_time_s = self._dt if self._dt is not None else end - start
+            fb.drafted_tokens, fb.accepted_tokens, fb.accepted_per_sequence = drafted, accepted_total, accepted
+            fb.k_per_sequence = ragged
+            self.policy.observe(fb)
+        self.step_rows.append((start, end, DECODE, charged, b, k, self._mean_context, drafted, accepted_total,
+                               emitted_total))
+
+    def _retire(self, b: int, now: float) -> None:
+        """Record finished rows and compact the survivors to the front, keeping their order."""
+        done = self.row_remaining[:b] == 0
+        rows = np.flatnonzero(done)
+        req = self.row_req[rows]
+        self.finish_s[req] = now
+        self.decode_steps[req] = self.decode_count - self.row_joined_step[rows]
+        self.drafted[req] = self.k_sum - self.row_joined_k[rows]
+        self.accepted[req] = self.row_accepted[rows]
+        self.kv_used -= int(np.add.reduce(self.queue.kv_reserve[req]))
+        self.total_final_context -= int(np.add.reduce(self.row_final_context[rows]))
+        keep = np.flatnonzero(~done)
+        survivors = keep.shape[0]
+        self._int_rows[:, :survivors] = self._int_rows[:, keep]
+        self._float_rows[:, :survivors] = self._float_rows[:, keep]
+        self.running = survivors
+        if self._follows:
+            self.backend.retire(done)
+
+    # ------------------------------------------------------------- results
+    def outstanding_requests(self) -> int:
+        """Given to this replica and not finished: waiting (or being prefilled) plus running."""
+        return self.queue.count - self.queue.head + self.running
+
+    def outstanding_tokens(self) -> int:
+        """Prompt tokens not yet prefilled plus output tokens not yet emitted, over unfinished requests."""
+        queue = self.queue
+        cum, head, end = queue.prefix, queue.head, queue.count
+        waiting_prompt = cum["prompt"][end] - cum["prompt"][head]
+        waiting_output = cum["remaining"][end] - cum["remaining"][head] + (end - head)
+        return waiting_prompt + waiting_output + self.total_remaining
+
+    def records(self) -> ReplicaRecords:
+        return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps,
+                              self.drafted, self.accepted, step_columns(self.step_rows),
+                              np.asarray(self.itl_values, dtype=np.float64),
+                              np.asarray(self.itl_weights, dtype=np.int64))
+
+
+def checked_k(k, k_max: int, policy: Policy, running: int):
+    """A policy's bad answer ends the run with one line naming it (and nothing written).
+
+    Returns an int k, or for a per-sequence answer an int64 array of ``running`` values
+    (collapsed to an int when they are all equal, which runs exactly as that int).
+    """
+    if isinstance(k, np.ndarray):
+        return checked_ks(k, k_max, policy, running)
+    if isinstance(k, (bool, float)) or not isinstance(k, (int, np.integer)):
+        raise InputError(f"policy '{policy.name}' returned k = {k!r}; it must return an int", field="policy.name")
+    if not 0 <= int(k) <= k_max:
+        raise InputError(f"policy '{policy.name}' returned k = {int(k)}, outside 0..{k_max} "
+                         "(its max_k, within what the profile measured)", field="policy.name")
+    return int(k)
+
+
+def checked_ks(ks: np.ndarray, k_max: int, policy: Policy, running: int):
+    """:func:`checked_k` for a per-sequence answer."""
+    where = f"policy '{policy.name}' returned per-sequence k"
+    if ks.dtype.kind not in "iu":
+        raise InputError(f"{where} of dtype {ks.dtype}; it must be an integer array", field="policy.name")
+    if ks.shape != (running,):
+        raise InputError(f"{where} of shape {ks.shape}; it must have one k per running sequence, "
+                         f"shape ({running},)", field="policy.name")
+    lo, hi = int(np.minimum.reduce(ks)), int(np.maximum.reduce(ks))
+    if lo < 0 or hi > k_max:
+        raise InputError(f"{where} in {lo}..{hi}, outside 0..{k_max} "
+                         "(its max_k, within what the profile measured)", field="policy.name")
+    if lo == hi:
+        return hi
+    return ks.astype(np.int64)  # a copy: the policy may reuse its array

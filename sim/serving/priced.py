@@ -1,0 +1,51 @@
+"""The simulator's step backend: a step costs what the step table says; acceptance is drawn.
+
+Nothing runs: a step's duration is looked up (pre-tabulated curves, O(1) per step) and
+the accepted draft tokens are drawn from the acceptance model, so the clock simply
+waits the duration out. A step is priced at the largest lag of its rows
+(:meth:`sim.costmodel.StepTable.decode_time_at_lag`).
+
+A ragged step is priced at its largest k: exactly ``decode_time(b, K, c)``, the price
+of a uniform step at K. The draft passes could in principle shrink to the sequences
+still drafting, but batched drafting keeps the batch's shape and a draft pass at small
+batch is weight-bound; padding also keeps a ragged step priced by the same table a
+policy predicts with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.base import BatchView
+from sim.acceptance import AcceptanceSampler
+from sim.costmodel import StepTable
+
+
+class PricedBackend:
+    """Prices steps with ``table`` and draws acceptance with ``sampler`` (one per replica)."""
+
+    follows_rows = False
+
+    def __init__(self, table: StepTable, sampler: AcceptanceSampler, prefill: str = "packed") -> None:
+        self.table = table
+        self.sampler = sampler
+        self._pads_prefill = prefill == "padded"
+
+    def prefill(self, queue, head: int, n: int, mean_prompt: float) -> float:
+        if self._pads_prefill and n > 1:  # a right-padded batch costs as n prompts of the longest
+            return self.table.prefill_time(n, float(np.maximum.reduce(queue.prompt_tokens[head:head + n])))
+        return self.table.prefill_time(n, mean_prompt)
+
+    def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
+               lag: np.ndarray | None) -> tuple[float, np.ndarray | None]:
+        charged, context = view.batch_size, view.mean_context_tokens
+        if not k:
+            return self.table.decode_time(charged, 0, context), None
+        dt = self.table.decode_time_at_lag(charged, k, context, np.maximum.reduce(lag) if lag is not None else 1)
+        return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
+
+    def commit(self) -> None:
+        """Nothing to write: the step was only priced."""
+
+    def retire(self, done: np.ndarray) -> None:
+        """No per-row state of its own."""

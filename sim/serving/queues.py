@@ -1,0 +1,136 @@
+"""A replica's waiting queue: the requests it was given, in the order it serves them.
+
+The loop reads a queue's per-position arrays and prefix sums directly (admitting a
+block of the queue head costs O(1) arithmetic), advances ``head`` as it admits, and
+calls :meth:`release` whenever its clock moves, so that ``arrived`` counts the
+requests it may see now. Two sources:
+
+* :class:`ArrivalQueue`: one replica, every request's arrival time known up front; a
+  request is there once the clock has passed its arrival.
+* :class:`RoutedQueue`: a replica of a cluster; a :class:`Dispatcher` pushes each
+  request at its arrival time, to the replica its router picks.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+
+import numpy as np
+
+from sim.scheduler import kv_reserve
+
+PREFIX_FIELDS = ("prompt", "reserve", "multi", "remaining", "final")
+
+
+class ArrivalQueue:
+    """Requests with known arrival times (sorted), each in the queue once the clock passes it."""
+
+    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 acceptance_scale: np.ndarray, max_k: int) -> None:
+        self.arrival_s = arrival_s.tolist()  # bisect on a list is the cheapest clock check
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        # A sequence's context is final_context - remaining, so only `remaining` moves per step.
+        self.final_context = prompt_tokens + output_tokens - 1
+        self.acceptance_scale = acceptance_scale
+        self.kv_reserve = kv_reserve(prompt_tokens, output_tokens, max_k)
+        self.capacity = self.count = prompt_tokens.shape[0]
+        # What a request brings to its row when it joins (request, remaining, final context, accepted).
+        self.joining_ints = np.stack([np.arange(self.count), output_tokens - 1, self.final_context,
+                                      np.zeros(self.count, np.int64)])
+        self.prefix = {name: np.concatenate(([0], np.cumsum(values))).tolist() for name, values in zip(
+            PREFIX_FIELDS, (prompt_tokens, self.kv_reserve, output_tokens > 1, output_tokens - 1, self.final_context))}
+        self.head = 0  # requests admitted so far
+        self.arrived = 0
+
+    def release(self, now: float) -> None:
+        self.arrived = bisect_right(self.arrival_s, now, self.arrived)
+
+    def next_arrival_s(self) -> float | None:
+        """When the next request arrives; None once every one has."""
+        return self.arrival_s[self.arrived] if self.arrived < self.count else None
+
+
+class RoutedQueue:
+    """A cluster replica's queue: grown one request at a time by the dispatcher, in routing order.
+
+    ``request_ids`` maps a queue position back to the cluster's request id. Arrays are
+    sized for every request of the run (a replica may be given all of them).
+    """
+
+    def __init__(self, dispatcher: "Dispatcher") -> None:
+        capacity = dispatcher.count
+        self.dispatcher = dispatcher
+        self.capacity, self.count = capacity, 0
+        ints = np.zeros(capacity, dtype=np.int64)
+        self.request_ids = ints.copy()
+        self.prompt_tokens, self.output_tokens, self.final_context, self.kv_reserve = (
+            ints.copy(), ints.copy(), ints.copy(), ints.copy())
+        self.acceptance_scale = np.zeros(capacity)
+        self.joining_ints = np.zeros((4, capacity), dtype=np.int64)
+        self.joining_ints[0] = np.arange(capacity)
+        self.prefix = {name: [0] for name in PREFIX_FIELDS}
+        self.head = 0
+        self.arrived = 0
+        self.waiter = None  # set by an idle replica's clock: called once when a request is pushed
+
+    def release(self, now: float) -> None:
+        dispatcher = self.dispatcher
+        if dispatcher.next_at <= now:  # route every arrival up to now, before this replica moves on
+            dispatcher.advance(now)
+        self.arrived = self.count
+
+    def push(self, request: int, arrival_s: float) -> None:
+        """Append a request (arriving now, at ``arrival_s``) to this queue."""
+        d, j = self.dispatcher, self.count
+        prompt, output, reserve = d.prompt_tokens[request], d.output_tokens[request], d.kv_reserve[request]
+        final = prompt + output - 1
+        self.request_ids[j] = request
+        self.prompt_tokens[j], self.output_tokens[j], self.final_context[j] = prompt, output, final
+        self.acceptance_scale[j], self.kv_reserve[j] = d.acceptance_scale[request], reserve
+        self.joining_ints[1, j], self.joining_ints[2, j] = output - 1, final
+        for name, value in zip(PREFIX_FIELDS, (prompt, reserve, int(output > 1), output - 1, final)):
+            cum = self.prefix[name]
+            cum.append(cum[-1] + value)
+        self.count = j + 1
+        if self.waiter is not None:
+            waiter, self.waiter = self.waiter, None
+            waiter(arrival_s)
+
+
+class Dispatcher:
+    """Routes each request, at its arrival time, to one replica's :class:`RoutedQueue`.
+
+    Routing is lazy and exact: whichever comes first at or after an arrival's time (the
+    clock's router wake-up or a replica's step ending) routes it, before any replica
+    applies a step ending at that instant, with the replicas' state at that moment.
+    """
+
+    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 acceptance_scale: np.ndarray, max_k: int, router) -> None:
+        self.arrival_s = arrival_s.tolist()
+        self.prompt_tokens, self.output_tokens = prompt_tokens.tolist(), output_tokens.tolist()
+        self.acceptance_scale = acceptance_scale.tolist()
+        self.kv_reserve = kv_reserve(prompt_tokens, output_tokens, max_k).tolist()
+        self.count = len(self.arrival_s)
+        self.router = router
+        self.routed = 0
+        self.next_at = self.arrival_s[0] if self.count else math.inf  # the next arrival not yet routed
+        self.queues: list[RoutedQueue] = []
+        self.loads: list = []  # what the router reads: one per queue, with outstanding_requests/_tokens
+
+    def add(self, queue: RoutedQueue, load) -> None:
+        self.queues.append(queue)
+        self.loads.append(load)
+
+    def advance(self, now: float) -> None:
+        arrivals, i = self.arrival_s, self.routed
+        while i < self.count and arrivals[i] <= now:
+            self.routed = i + 1
+            self.next_at = arrivals[i + 1] if i + 1 < self.count else math.inf
+            self.queues[self.router.choose(self.loads)].push(i, arrivals[i])
+            i += 1
+
+    def next_arrival_s(self) -> float | None:
+        return self.arrival_s[self.routed] if self.routed < self.count else None

@@ -1,0 +1,154 @@
+"""The one serving loop: its clocks, its step-backend protocol, and SimPy used through its public API only."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.acceptance import acceptance_scale
+from sim.serving.clock import exact_delay, serve_wall_clock, simulate_replica
+from sim.serving.loop import ServingLoop
+from sim.serving.priced import PricedBackend
+from sim.serving.queues import ArrivalQueue
+from sim.serving.records import STEP_FIELDS
+from sim.simulate import make_sampler, prepare, scheduler_for
+
+CLOCK = Path(__file__).resolve().parent.parent / "sim" / "serving" / "clock.py"
+
+# SimPy releases sim/serving/clock.py was checked against: Environment, Environment.timeout,
+# Environment.event, Event.succeed, Environment.process (a generator using ``yield from``),
+# Environment.run, and the (time, priority, insertion) order of events. A new release: read its
+# changelog for these, run this file, and add it here.
+CHECKED_SIMPY = ("4.1.1", "4.1.2")
+
+
+def test_simpy_is_a_version_the_clock_was_checked_against():
+    assert simpy.__version__ in CHECKED_SIMPY, (
+        f"SimPy {simpy.__version__} is not one sim/serving/clock.py was checked against {CHECKED_SIMPY}")
+
+
+def test_the_public_simpy_calls_the_clock_relies_on():
+    env = simpy.Environment()
+    seen = []
+
+    def sleeper(name, delay):
+        yield env.timeout(delay)
+        seen.append((name, env.now))
+
+    def waiter():
+        wake = env.event()
+        env.process(waker(wake))
+        yield wake  # succeed() wakes it at the waker's instant, after events already due then
+        seen.append(("woken", env.now))
+        yield from sub()
+
+    def waker(wake):
+        yield env.timeout(2.0)
+        wake.succeed()
+
+    def sub():
+        yield env.timeout(0.5)
+        seen.append(("sub", env.now))
+
+    env.process(sleeper("a", 2.0))
+    env.process(waiter())
+    env.process(sleeper("b", 1.0))
+    env.run()
+    assert seen == [("b", 1.0), ("a", 2.0), ("woken", 2.0), ("sub", 2.5)]
+
+
+def test_the_clock_touches_no_private_simpy_attribute():
+    tree = ast.parse(CLOCK.read_text())
+    private = [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+               and node.attr.startswith("_") and not node.attr.startswith("__")]
+    assert private == []
+
+
+@given(st.floats(0.0, 1e6), st.floats(0.0, 1e6))
+def test_exact_delay_lands_on_the_time_asked_for(now, later):
+    at = now + later
+    d = exact_delay(now, at)
+    assert d >= 0.0 and now + d >= at
+    assert now + d <= math.nextafter(at, math.inf)
+    assert now + d == at or not any(now + x == at for x in (d, math.nextafter(d, 0.0), math.nextafter(d, math.inf)))
+
+
+class VirtualWallClock:
+    """A wall clock that a step moves forward by its priced duration: the wall driver then
+    sees exactly the times SimPy would."""
+
+    follows_rows = False
+
+    def __init__(self, priced: PricedBackend) -> None:
+        self.priced, self.t = priced, 0.0
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t = self.t + seconds
+
+    def prefill(self, queue, head, n, mean_prompt):
+        self.t = self.t + self.priced.prefill(queue, head, n, mean_prompt)
+
+    def decode(self, view, k, ragged, scale, lag):
+        dt, accepted = self.priced.decode(view, k, ragged, scale, lag)
+        self.t = self.t + dt
+        return None, accepted
+
+    def commit(self):
+        pass
+
+    def retire(self, done):
+        pass
+
+
+def _loop(run, backend_of) -> ServingLoop:
+    r = run.requests
+    queue = ArrivalQueue(r.arrival_s, r.prompt_tokens, r.output_tokens, acceptance_scale(run.alphas), run.policy.max_k)
+    scheduler = scheduler_for(run)
+    backend = backend_of(PricedBackend(run.table, make_sampler(run.config, run.alphas), scheduler.prefill))
+    return ServingLoop(queue, scheduler=scheduler, policy=run.policy, backend=backend, k_max=run.table.k_max)
+
+
+@pytest.mark.parametrize("batching,policy", [("continuous", "goodput"), ("static", "fixed"), ("continuous", "none")])
+def test_one_loop_two_clocks_same_records(run_config, batching, policy):
+    """The same loop under SimPy and under the wall-clock driver (whose clock a step moves by
+    its price) records the same steps and requests, to the bit."""
+    config = run_config(workload__num_requests=120, workload__rate=3.0, engine__batching=batching,
+                        engine__max_batch_size=8, policy__name=policy, workload__output_tokens="uniform:1:40")
+    simulated = _loop(prepare(config), lambda priced: priced)
+    simulate_replica(simulated)
+    wall = []
+    walled = _loop(prepare(config), lambda priced: wall.append(VirtualWallClock(priced)) or wall[0])
+    serve_wall_clock(walled, wall[0].clock, wall[0].sleep)
+    a, b = simulated.records(), walled.records()
+    assert set(a.steps) == set(STEP_FIELDS) and a.steps["start_s"].shape[0] > 100
+    for name in STEP_FIELDS:
+        assert np.array_equal(a.steps[name], b.steps[name]), name
+    for name in ("scheduled_s", "first_token_s", "finish_s", "decode_steps", "drafted_tokens", "accepted_tokens",
+                 "itl_values", "itl_weights"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert not np.isnan(a.finish_s).any()
+
+
+def test_draft_lag_counts_unseen_tokens(run_config):
+    """After a prefill the draft has not seen 1 token; after a step that kept every draft, 2."""
+    run = prepare(run_config(workload__num_requests=1, policy__name="fixed", policy__k=2, acceptance__alpha=0.99,
+                             workload__output_tokens=50))
+    loop = _loop(run, lambda priced: priced)
+    loop.queue.release(0.0)
+    assert loop.schedule() == 1
+    loop.finish_prefill(1, 0.0, loop.start_prefill(1, 0.0))
+    assert loop.row_lag[0] == 1
+    loop.start_decode(1.0)
+    kept = int(loop._step_accepted[0])
+    loop.finish_decode(1.0, 2.0)
+    assert loop.row_lag[0] == (2 if kept == 2 else 1)
