@@ -22,16 +22,9 @@ PACKAGES = ("sim", "calibrate", "policies", "workloads")
 LAYERS = {"commands": 3, "calibrate": 2, "core": 1, "policies": 0, "workloads": 0}
 TORCH_FREE = ("core", "policies", "workloads")
 
-# Private names imported across modules that are known and being removed on other branches
-# (the config rework replaces these helpers). Each entry: (importing module, imported module, name).
-# Empty this list once they are gone; a new entry needs a reason, not a habit.
-KNOWN_PRIVATE_IMPORTS = {
-    ("sim.commands.sweep.spec", "sim.config", "_flatten"),
-    ("sim.commands.sweep.spec", "sim.config", "_locate"),
-    ("sim.commands.sweep.store", "policies.registry", "_resolve"),
-    ("sim.commands.validation", "sim.commands.cli", "_typed"),
-    ("sim.commands.capacity.cli", "sim.commands.cli", "_typed"),
-}
+# Private names imported across modules: none. A new entry needs a reason, not a habit.
+# Each entry: (importing module, imported module, name).
+KNOWN_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
 
 
 def _module_name(path: Path) -> str:
