@@ -352,12 +352,25 @@ def _tiny_pricer(tiny_data, model: str):
     return PassPricer(shape, load_tables(request)[0])
 
 
-def test_verification_rows_past_the_widest_head_count_split_into_more_sequences(tiny_data):
-    """tiny-llama: 2 KV heads, 2 query heads each. q = 5 makes 2 x 2 x 5 = 20 rows, past the table's
-    16 heads: 2 chunks of 10 rows, priced as one launch over twice the sequences (KV read twice)."""
+def test_verification_rows_within_a_tile_read_the_kv_once(tiny_data):
+    """tiny-llama: 2 KV heads, 2 query heads each. q = 5 makes 2 x 5 = 10 rows per KV head, one tile
+    (64 rows): the KV is read once, and 2 x 10 = 20 heads, past the table's 16, are priced at 16."""
     pricer = _tiny_pricer(tiny_data, "tiny-llama")
     assert float(pricer.decode_attention(3, 4, 100)) == pytest.approx(gen_ms(3, 103, 16) * 1e-3, rel=1e-12)
-    assert float(pricer.decode_attention(3, 5, 100)) == pytest.approx(gen_ms(6, 104, 10) * 1e-3, rel=1e-12)
+    assert float(pricer.decode_attention(3, 5, 100)) == pytest.approx(gen_ms(3, 104, 16) * 1e-3, rel=1e-12)
+
+
+def test_verification_rows_past_a_tile_reread_the_kv_as_more_sequences(tiny_data):
+    """q = 40: 80 rows per KV head are two tiles of 40, each reading the KV: 2 x 3 = 6 sequences."""
+    pricer = _tiny_pricer(tiny_data, "tiny-llama")
+    assert float(pricer.decode_attention(3, 40, 100)) == pytest.approx(gen_ms(6, 139, 16) * 1e-3, rel=1e-12)
+
+
+def test_a_batch_past_the_tables_edge_is_priced_as_several_launches(tiny_data):
+    """The tiny table stops at batch 16: 20 sequences are 2 launches of 10 (each reads its own KV)."""
+    pricer = _tiny_pricer(tiny_data, "tiny-llama")
+    assert float(pricer.decode_attention(20, 1, 100)) == pytest.approx(2 * gen_ms(10, 100, 4) * 1e-3, rel=1e-12)
+    assert float(pricer.decode_attention(16, 1, 100)) == pytest.approx(gen_ms(16, 100, 4) * 1e-3, rel=1e-12)
 
 
 def test_multi_head_attention_is_priced_as_more_sequences_with_the_tables_kv_heads(tiny_data):

@@ -24,10 +24,17 @@ Equivalences (each stated in the sidecar and tested in tests/test_compose.py):
 * Verification (q > 1 query tokens per sequence over c cached ones). FlashAttention packs
   the q tokens' query heads of one KV head into one tile of rows (pack-GQA), reading the
   KV once: a q-token pass is priced as a decode pass with q times the query heads per KV
-  head over KV length c + q. Where q x heads exceeds the largest head count the table
-  measured, the rows are split into n equal chunks priced as n times the sequences in
-  one launch, each re-reading the KV (an upper bound: a kernel splits rows across tiles
-  the same way, and its tiles often find that KV in L2).
+  head over KV length c + q. A tile holds ``TILE_ROWS`` (64) rows per KV head; each
+  further tile re-reads the KV and is priced as that many more sequences. Within a tile,
+  where q x heads exceeds the widest head count the table measured, the pass is priced at
+  that widest count: at a given KV size the tables are flat in head count (8 to 64 query
+  heads over 8 KV heads within about 10% on H100), because the KV read is the cost.
+* Batch splits. The generation tables stop at a total KV size (batch x KV length, about
+  256k-512k tokens); past it, b sequences are priced as n launches of b / n (sequences are
+  independent and each launch reads only its own KV: the tables are linear in batch there).
+  Where a single sequence already leaves the table at the pass's head count (the widest
+  head counts were measured to shorter KV lengths), it is priced at the widest narrower
+  head count the table has there, by the same flatness in head count.
 * Wide GEMMs. A GEMM wider than the table's largest n (the LM head of a 128k vocabulary)
   is priced as n_parts GEMMs of n / n_parts columns (same FLOPs, same weight bytes).
 """
@@ -47,6 +54,7 @@ from sim.compose.shapes import ACT_BYTES, ModelShape
 KV_BYTES = 2  # bf16 KV cache (vLLM's kv_cache_dtype "auto" for a bf16 or fp8-weight model)
 PROB_BYTES = 4  # the rejection sampler reads fp32 probabilities
 TABLE_KV_HEADS = 8  # the KV-head count MHA models are mapped onto (largest the generation table has)
+TILE_ROWS = 64  # query rows per KV head one FlashAttention tile holds (pack-GQA): each tile reads the KV once
 
 
 @dataclass
@@ -152,23 +160,22 @@ class PassPricer:
         if table is None:
             return np.full(np.broadcast(b, q, c).shape, np.nan)
         b, q, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (b, q, c)))
-        batch = b * scale
-        rows = h0 * self.model.group * q
+        rows = self.model.group * q  # query rows per KV head
+        tiles = np.ceil(rows / TILE_ROWS)  # each tile reads the KV once: priced as more sequences
         low, top = table.bounds("num_heads")
-        chunks = np.ceil(rows / top)
+        heads = np.clip(h0 * rows / tiles, low, top)  # the table's head count over h0 KV heads
+        sequences, step = b * scale * tiles, c + q - 1
         price = np.full(rows.shape, np.nan)
-        # n chunks of rows/n are n times the sequences in one launch, each re-reading the KV.
-        # Where the table's edge is nearer for wide row counts (it stops at a KV size), more,
-        # narrower chunks are tried: more KV re-reads, so this only ever prices higher.
-        while True:
-            todo = np.isnan(price) & (rows / chunks >= low)
-            if not todo.any():
-                return price
-            step, heads = c + q - 1, rows / chunks
-            price = np.where(todo, table(batch_size=batch * chunks, step=step, num_heads=heads), price)
-            todo &= np.isnan(price)  # the longer launch leaves the table: n launches of the original batch
-            price = np.where(todo, chunks * table(batch_size=batch, step=step, num_heads=heads), price)
-            chunks = chunks + 1
+        narrowing = 1.0  # where even one launch leaves the table, a narrower head count it measured (flat in heads)
+        while np.isnan(price).any() and (heads / narrowing >= low).any():
+            launches = 1.0  # past the table's KV-size edge: n launches of sequences / n (module docstring)
+            while np.isnan(price).any() and launches <= sequences.max():
+                todo = np.isnan(price) & (sequences / launches >= 1) & (heads / narrowing >= low)
+                price = np.where(todo, launches * table(batch_size=sequences / launches, step=step,
+                                                        num_heads=heads / narrowing), price)
+                launches *= 2
+            narrowing *= 2
+        return price
 
     def context_attention(self, b, p) -> np.ndarray:
         """Prefill attention of b prompts of p tokens (causal, no cached prefix; one layer)."""
