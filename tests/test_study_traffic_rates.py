@@ -4,6 +4,7 @@ issue's property: `goodput` is never much worse than the better of `none` and th
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ GOODPUT_MARGIN = 0.05
 
 
 def _load(name: str):
+    if str(STUDIES) not in sys.path:  # the studies import their shared module, as run_all.py lets them
+        sys.path.insert(0, str(STUDIES))
     spec = importlib.util.spec_from_file_location(f"study_{name}", STUDIES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

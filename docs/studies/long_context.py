@@ -13,15 +13,22 @@ tokens); batch sizes are powers of two up to 4x the profile's largest measured b
 Everything beyond the measured grid is the cost model's fitted roofline extrapolation
 and is marked so (dashed lines, shaded band, ``extrapolated`` column).
 
-Trend: speedup at the largest evaluated batch over speedup at a quarter of the
-largest measured batch. MagicDec's inflection is where this ratio crosses 1 (falls at
-short context, grows at long context); S_inflection is that context, interpolated
-in log2(context) between the two evaluated contexts around the crossing.
+Trend: speedup at the largest measured batch over speedup at a quarter of it. MagicDec's
+inflection is where this ratio crosses 1 (falls at short context, grows at long
+context); S_inflection is that context, interpolated in log2(context) between the two
+evaluated contexts around the crossing.
+
+Two drafts are priced. The profile's own (its KV grows with the context, as the shipped
+model pairs run in specbatch's engine), and MagicDec's ingredient: a draft whose KV is a
+fixed StreamingLLM window of ``DRAFT_WINDOW`` tokens, so its passes cost what they cost
+at that context whatever the sequence length (the draft priced at min(c, window)).
+Points whose KV does not fit the profile's KV capacity are flagged (``fits_kv``): they
+are what the cost model says a pass would cost if it fitted (more GPUs, a smaller KV).
 
 Then a short simulation: ``none`` vs ``lut`` vs ``context`` (both built at alpha 0.8; static
 batching, so TPOT is decode alone) at one short and one long prompt length, a burst of requests.
 
-Writes long_context.png, long_context.csv and long_context_sim.csv.
+Writes long_context.png, long_context_window.png, long_context.csv and long_context_sim.csv.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 ALPHA = 0.8
 FIXED_K = 3
+DRAFT_WINDOW = 512       # MagicDec's StreamingLLM draft: a fixed KV budget (tokens)
 MIN_TOP_CONTEXT = 32768  # extrapolate contexts by doublings to at least this
 EXTRAPOLATE = 4          # batch sizes to this multiple of the grid's largest batch
 SIM_OUTPUT_TOKENS = 64
@@ -60,8 +68,19 @@ def grid(cost_model) -> dict:
             "k_max": int(cost_model.k_max)}
 
 
-def analyse(cost_model, alpha: float = ALPHA, fixed_k: int = FIXED_K, contexts=None, batches=None) -> dict:
-    """The core computation: speedup curves, trends and S_inflection."""
+def step_times(cost_model, b, ks, c, draft_window: int | None = None) -> np.ndarray:
+    """Decode step times [batch, k, context]; with ``draft_window`` the draft's KV is capped at that many tokens."""
+    if draft_window is None:
+        return cost_model.step_times(b, ks, c)
+    b, ks, c = np.broadcast_arrays(b, ks, c)
+    draft = cost_model.draft_times(b, 1, np.minimum(c, draft_window))
+    target = cost_model.decode_target(batch_size=b, query_tokens=ks + 1, context_tokens=c)
+    return ks * draft + target + cost_model.verify(batch_size=b, query_tokens=ks) + cost_model.decode_overhead
+
+
+def analyse(cost_model, alpha: float = ALPHA, fixed_k: int = FIXED_K, contexts=None, batches=None,
+            draft_window: int | None = None) -> dict:
+    """The core computation: speedup curves, trends and S_inflection (for one kind of draft)."""
     from policies.lut import best_k, expected_tokens
 
     g = grid(cost_model)
@@ -72,7 +91,8 @@ def analyse(cost_model, alpha: float = ALPHA, fixed_k: int = FIXED_K, contexts=N
     b = np.asarray(batches, dtype=float)[:, None, None]
     ks = np.arange(k_max + 1, dtype=float)[None, :, None]
     c = np.asarray(contexts, dtype=float)[None, None, :]
-    step = cost_model.step_times(b, ks, c)  # [batch, k, context], vectorised once
+    step = step_times(cost_model, b, ks, c, draft_window)  # [batch, k, context], vectorised once
+    capacity = cost_model.profile.kv_capacity_tokens
     rows = []
     for ci, ctx in enumerate(contexts):
         for bi, bs in enumerate(batches):
@@ -81,11 +101,11 @@ def analyse(cost_model, alpha: float = ALPHA, fixed_k: int = FIXED_K, contexts=N
             rows.append({"context_tokens": ctx, "batch_size": bs, "best_k": k, "step_k0_s": t0,
                          "speedup_best_k": t0 / per_token,
                          f"speedup_k{fixed_k}": t0 / (float(step[bi, fixed_k, ci]) / expected_tokens(alpha, fixed_k)),
-                         "extrapolated": bool(ctx > g["grid_max_context"] or bs > g["grid_max_batch"])})
+                         "extrapolated": bool(ctx > g["grid_max_context"] or bs > g["grid_max_batch"]),
+                         "fits_kv": capacity is None or bs * (ctx + k_max + 1) <= capacity})
     df = pd.DataFrame(rows)
-    b_lo = max(1, g["grid_max_batch"] // 4)
-    b_lo = max(x for x in batches if x <= b_lo)
-    b_hi = max(batches)
+    b_hi = max(x for x in batches if x <= g["grid_max_batch"])
+    b_lo = max(x for x in batches if x <= max(1, b_hi // 4))
     trends = []
     for ctx, sub in df.groupby("context_tokens"):
         s = sub.set_index("batch_size")
@@ -93,6 +113,7 @@ def analyse(cost_model, alpha: float = ALPHA, fixed_k: int = FIXED_K, contexts=N
                        "trend_fixed_k": s.at[b_hi, f"speedup_k{fixed_k}"] / s.at[b_lo, f"speedup_k{fixed_k}"]})
     trends = pd.DataFrame(trends)
     return {"frame": df, "trends": trends, "alpha": alpha, "fixed_k": fixed_k, "b_lo": b_lo, "b_hi": b_hi,
+            "draft_window": draft_window,
             "s_inflection": inflection(trends, "trend_best_k"),
             "s_inflection_fixed_k": inflection(trends, "trend_fixed_k"), **g}
 
@@ -195,31 +216,43 @@ def run(profile: str, out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prof = load_profile(profile)
-    result = analyse(CostModel(prof))
-    result["frame"].to_csv(out_dir / "long_context.csv", index=False, float_format="%.6g")
-    plot(result, out_dir / "long_context.png", f"profile {prof.name}")
+    cost_model = CostModel(prof)
+    result = analyse(cost_model)
+    windowed = analyse(cost_model, draft_window=DRAFT_WINDOW)
+    frames = [result["frame"].assign(draft="full KV"), windowed["frame"].assign(draft=f"window {DRAFT_WINDOW}")]
+    pd.concat(frames).to_csv(out_dir / "long_context.csv", index=False, float_format="%.6g")
+    plot(result, out_dir / "long_context.png", f"profile {prof.name}, draft with its full KV")
+    plot(windowed, out_dir / "long_context_window.png",
+         f"profile {prof.name}, draft with a {DRAFT_WINDOW}-token KV window (MagicDec)")
     sim = simulate_check(profile, result, prof.kv_capacity_tokens)
     sim.to_csv(out_dir / "long_context_sim.csv", index=False, float_format="%.6g")
-    t = result["trends"].set_index("context_tokens")
-    df = result["frame"]
     c_lo, c_hi_meas = min(result["contexts"]), result["grid_max_context"]
-    b_top = result["grid_max_batch"]
-
-    def sp(c, b):
-        return round(float(df[(df.context_tokens == c) & (df.batch_size == b)].speedup_best_k.iloc[0]), 3)
-
     c_top = max(result["contexts"])
+
+    def headlines(res: dict) -> dict:
+        df, t = res["frame"], res["trends"].set_index("context_tokens")
+
+        def sp(c, b):
+            return round(float(df[(df.context_tokens == c) & (df.batch_size == b)].speedup_best_k.iloc[0]), 3)
+
+        s_inf = res["s_inflection"]
+        return {
+            "trend_best_k": {int(c): round(float(v), 3) for c, v in t.trend_best_k.items()},
+            "s_inflection_tokens": None if s_inf is None else round(s_inf),
+            "s_inflection_fixed_k_tokens": (None if res["s_inflection_fixed_k"] is None
+                                            else round(res["s_inflection_fixed_k"])),
+            "s_inflection_measured": s_inf is not None and s_inf <= c_hi_meas,
+            f"speedup_ctx{c_lo}": {f"b{b}": sp(c_lo, b) for b in (res["b_lo"], res["b_hi"])},
+            f"speedup_ctx{c_top}": {f"b{b}": sp(c_top, b) for b in (res["b_lo"], res["b_hi"])},
+        }
+
     return {
         "profile": prof.name, "alpha": result["alpha"], "fixed_k": result["fixed_k"],
-        "measured_contexts_to": c_hi_meas, "measured_batch_to": b_top,
+        "measured_contexts_to": c_hi_meas, "measured_batch_to": result["grid_max_batch"],
+        "kv_capacity_tokens": prof.kv_capacity_tokens,
         "trend_batches": [result["b_lo"], result["b_hi"]],
-        "trend_best_k": {int(c): round(float(v), 3) for c, v in t.trend_best_k.items()},
-        "s_inflection_tokens": None if result["s_inflection"] is None else round(result["s_inflection"]),
-        "s_inflection_fixed_k_tokens": (None if result["s_inflection_fixed_k"] is None
-                                        else round(result["s_inflection_fixed_k"])),
-        "s_inflection_measured": (result["s_inflection"] is not None and result["s_inflection"] <= c_hi_meas),
-        f"speedup_ctx{c_lo}": {f"b{b}": sp(c_lo, b) for b in (result["b_lo"], b_top, result["b_hi"])},
-        f"speedup_ctx{c_top}": {f"b{b}": sp(c_top, b) for b in (result["b_lo"], b_top, result["b_hi"])},
+        **headlines(result),
+        "draft_window": {"tokens": DRAFT_WINDOW, **headlines(windowed)},
         "sim": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                  if k in ("prompt_tokens", "policy", "mean_tpot_s", "throughput_tok_s", "mean_k")}
                 for r in sim.to_dict("records")],

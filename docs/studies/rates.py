@@ -32,7 +32,10 @@ def config_for(profile: str, policy: str, *, rate: float | None = None, seed: in
                alpha: float | None = None, extra: dict | None = None):
     from sim.config import load_config
 
-    flags = {"profile": (profile, "--profile"), "policy.name": (policy, "--policy"), "seed": (seed, "--seed")}
+    from serving import max_batch_for
+
+    flags = {"profile": (profile, "--profile"), "policy.name": (policy, "--policy"), "seed": (seed, "--seed"),
+             "engine.max_batch_size": (max_batch_for(profile), "--max-batch-size")}
     if rate_profile is not None:
         flags["workload.rate_profile"] = (rate_profile, "--rate-profile")
         flags["workload.duration_s"] = (duration_s, "--duration")
