@@ -2,6 +2,7 @@
 
     python benchmarks/engine_speed.py                    # 10,000 requests, shipped default profile
     python benchmarks/engine_speed.py --requests 100000 --policy none
+    python benchmarks/engine_speed.py --config tests/baselines/scenarios/cpu.toml   # the pre-H100 default scenario
 
 A continuous-batching run at a rate that keeps the batch busy. Prints the best of
 --repeats runs (the machine's noise only ever slows a run down). The figure the
@@ -28,7 +29,9 @@ def main() -> int:
                         help="request rate (default: enough to keep a batch of ~16 busy on the profile)")
     parser.add_argument("--policy", default="fixed")
     parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--profile", default=None, help="default: the shipped default profile")
+    parser.add_argument("--profile", default=None, help="default: the scenario's profile")
+    parser.add_argument("--config", default=None,
+                        help="scenario TOML under the flags (default: the shipped default scenario)")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=1,
@@ -44,13 +47,13 @@ def main() -> int:
         flags["profile"] = (args.profile, "--profile")
     if args.rate is not None:
         flags["workload.rate"] = (args.rate, "--rate")
-    config = load_config(None, flags)
+    config = load_config(args.config, flags)
     if args.rate is None:  # pick a rate that loads the server: a few requests per mean service time
-        probe = execute(prepare(load_config(None, {**flags, "workload.num_requests": (200, "--requests"),
+        probe = execute(prepare(load_config(args.config, {**flags, "workload.num_requests": (200, "--requests"),
                                                    "workload.rate": (1e6, "--rate"),
                                                    "cluster.replicas": (1, "--replicas")})))
         rate = 0.8 * probe.summary["request_throughput"] * args.replicas
-        config = load_config(None, {**flags, "workload.rate": (rate, "--rate")})
+        config = load_config(args.config, {**flags, "workload.rate": (rate, "--rate")})
     best = None
     for _ in range(args.repeats):
         result = execute(prepare(config))

@@ -2,7 +2,7 @@
 
 A real engine spends time per step outside its model passes: the scheduler and the
 policy, assembling inputs, sampling bookkeeping, rolling back and moving KV-cache
-entries. The cost model adds it per step (DESIGN.md's t_overhead). It is measured
+entries. The cost model adds it per step (docs/cost-model.md's t_overhead). It is measured
 here the only honest way, with the engine itself: a short real replay
 (:mod:`calibrate.replay`) of a small workload inside the grid, timing every step and
 every calibrated pass in it; the median per-step remainder, per phase, is stored in

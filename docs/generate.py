@@ -170,9 +170,20 @@ def policy_table(block: Block) -> str:
     return "\n".join(rows) + "\n"
 
 
+def gpu_figures(block: Block) -> str:
+    """The composed profiles' sanity figures (docs/figures/gpu_profile_table.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_profile_table", ROOT / "docs" / "figures" / "gpu_profile_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.figures().rstrip("\n") + "\n"
+
+
 GENERATORS: dict[str, Callable[[Block], str]] = {
     "console": console,
     "policy-table": policy_table,
+    "gpu-figures": gpu_figures,
 }
 
 

@@ -1,6 +1,7 @@
-"""Regenerate the composed-profile figures in docs/gpu-profiles.md (between its markers).
+"""The composed-profile figures of docs/gpu-profiles.md and the README.
 
-    python docs/figures/gpu_profile_table.py
+    python docs/generate.py      # rewrites every generated block, this table's among them
+    python docs/figures/gpu_profile_table.py   # prints the table
 
 Reads only the shipped profiles (no kernel data needed): for each composed profile, batch-1
 decode against the bandwidth bound (weight bytes / HBM bandwidth), what verifying q tokens
@@ -9,14 +10,10 @@ costs relative to one at batch 1 and 64, and prefill throughput against peak bf1
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 
 from calibrate.configs import get_config
 from sim.profile import load_profile, shipped_profiles
 
-PAGE = Path(__file__).resolve().parents[1] / "gpu-profiles.md"
-START, END = "<!-- composed-figures:start -->", "<!-- composed-figures:end -->"
 
 
 def _decode(profile, b, q, context):
@@ -56,10 +53,7 @@ def figures() -> str:
 
 
 def main() -> None:
-    text = PAGE.read_text()
-    block = f"{START}\n{figures()}\n{END}"
-    PAGE.write_text(re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
-    print(f"updated {PAGE}")
+    print(figures())
 
 
 if __name__ == "__main__":
