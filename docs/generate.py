@@ -190,6 +190,19 @@ GENERATORS: dict[str, Callable[[Block], str]] = {
 # --- driver ---------------------------------------------------------------------------------
 
 
+def study_generators() -> dict[str, Callable[[Block], str]]:
+    """The study pages' tables, read from their committed results (docs/studies/tables.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("study_tables", ROOT / "docs" / "studies" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {name: (lambda block, table=table: table()) for name, table in module.TABLES.items()}
+
+
+GENERATORS.update(study_generators())
+
+
 def doc_files(only: list[str] | None = None) -> list[Path]:
     if only:
         return [(ROOT / name).resolve() for name in only]

@@ -1,0 +1,150 @@
+"""The studies' result tables as their pages show them, read from the result files.
+
+``docs/generate.py`` calls these for the pages' ``<!-- generated: study-... -->`` blocks, so
+a page always shows what the committed results in ``figures/`` (the H100 profile) and
+``figures/cpu/`` (the CPU profile) hold: rerun a study, then ``python docs/generate.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+FIGURES = Path(__file__).resolve().parent / "figures"
+
+
+def _md(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(frame.columns) + " |"
+    rule = "|" + "|".join("---:" for _ in frame.columns) + "|"
+    rows = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *rows]) + "\n"
+
+
+def headlines(folder: Path = FIGURES) -> dict:
+    return json.loads((folder / "headlines.json").read_text())
+
+
+def optimal_k_lut(folder: Path = FIGURES) -> str:
+    """The batch size -> k table per alpha, as vLLM writes it: [start_bs, end_bs, k]."""
+    lut = pd.read_csv(folder / "optimal_k_lut.csv")
+    rows = []
+    for alpha, sub in lut.groupby("alpha"):
+        ranges = ", ".join(f"[{r.start_bs}, {r.end_bs}, {r.k}]" + ("*" if r.extrapolated else "")
+                           for r in sub.itertuples())
+        rows.append({"α": f"{alpha:g}", "table `[start_bs, end_bs, k]` (* extrapolated batch sizes)": ranges})
+    return _md(pd.DataFrame(rows))
+
+
+def optimal_k_headlines(folder: Path = FIGURES) -> str:
+    h = headlines(folder)["optimal_k"]
+    top = h["grid_max_batch"]
+    rows = []
+    for key in sorted(k for k in h if k.startswith("alpha_")):
+        a = h[key]
+        rows.append({"α": key.split("_")[1], "best k at b = 1": a["best_k_b1"], f"best k at b = {top}": a[f"best_k_b{top}"],
+                     "speedup at b = 1": f"{a['speedup_b1']:.2f}", f"speedup at b = {top}": f"{a[f'speedup_b{top}']:.2f}",
+                     "k = 0 best from batch": a["k0_best_from_batch"]})
+    return _md(pd.DataFrame(rows))
+
+
+def optimal_k_sim(folder: Path = FIGURES) -> str:
+    sim = pd.read_csv(folder / "optimal_k_sim.csv")
+    frame = pd.DataFrame({"batch": sim.batch_size, "simulated best k": sim.sim_best_k,
+                          "analytic best k": sim.analytic_best_k,
+                          "simulated TPOT at that k (ms)": (sim.sim_best_tpot_s * 1e3).map("{:.2f}".format),
+                          "analytic time/token (ms)": (sim.analytic_time_per_token_s * 1e3).map("{:.2f}".format),
+                          "TPOT at k = 0 (ms)": (sim.tpot_k0_s * 1e3).map("{:.2f}".format)})
+    return _md(frame)
+
+
+def rates_e2el(folder: Path = FIGURES) -> str:
+    """Mean E2EL (s) per rate and policy, mean over seeds; goodput's mean k."""
+    rates = pd.read_csv(folder / "rates.csv")
+    wide = rates.pivot(index="fraction", columns="policy", values="mean_e2el_s")
+    order = ["none"] + sorted(c for c in wide.columns if c.startswith("k=")) + ["goodput"]
+    best = wide[order].idxmin(axis=1)
+    rows = []
+    for fraction, row in wide[order].iterrows():
+        cells = {"rate / saturation": f"{fraction:.2f}"}
+        for policy in order:
+            text = f"{row[policy]:.2f}"
+            cells[policy] = f"**{text}**" if best[fraction] == policy else text
+        goodput = rates[(rates.fraction == fraction) & (rates.policy == "goodput")].iloc[0]
+        cells["goodput's mean k"] = f"{goodput.mean_k:.2f}"
+        cells["goodput's mean batch"] = f"{goodput.mean_batch:.0f}"
+        rows.append(cells)
+    return _md(pd.DataFrame(rows))
+
+
+def rates_property(folder: Path = FIGURES) -> str:
+    h = headlines(folder)["rates"]
+    return (f"worst relative excess of one run: **{h['goodput_worst_excess_per_run']:+.1%}**; of the mean over "
+            f"seeds: {h['goodput_worst_excess_seed_mean']:+.1%} (the margin the test allows: +5%).\n")
+
+
+def traffic_phases(folder: Path = FIGURES) -> str:
+    """Per phase: mean E2EL (s) and mean k of each policy."""
+    t = pd.read_csv(folder / "traffic.csv")
+    rows = []
+    for (phase, load), sub in t.groupby(["phase", "load"], sort=True):
+        cells = {"phase": phase, "load": f"{load:g}", "mean batch (none)": f"{sub[sub.policy == 'none'].mean_batch.iloc[0]:.0f}"}
+        for r in sub.itertuples():
+            cells[f"{r.policy}: E2EL s / k"] = f"{r.mean_e2el_s:.2f} / {r.mean_k:.2f}"
+        rows.append(cells)
+    return _md(pd.DataFrame(rows))
+
+
+def long_context_trend(folder: Path = FIGURES) -> str:
+    """Speedup of the best k at the two trend batches, per context, for both drafts."""
+    lc = pd.read_csv(folder / "long_context.csv")
+    h = headlines(folder)["long_context"]
+    lo, hi = h["trend_batches"]
+    capacity = h.get("kv_capacity_tokens")
+    rows = []
+    for ctx, sub in lc.groupby("context_tokens"):
+        cells = {"context (tokens)": f"{ctx:,}" + ("*" if sub.extrapolated.any() and ctx > h["measured_contexts_to"] else "")}
+        for draft, d in sub.groupby("draft", sort=False):
+            s = d.set_index("batch_size").speedup_best_k
+            cells[f"{draft}: speedup b={lo} / b={hi}"] = f"{s[lo]:.2f} / {s[hi]:.2f}"
+            cells[f"{draft}: trend"] = f"{s[hi] / s[lo]:.2f}"
+        if capacity:
+            cells[f"b={hi} fits the KV"] = "yes" if hi * ctx <= capacity else "no"
+        rows.append(cells)
+    return _md(pd.DataFrame(rows))
+
+
+def long_context_headline(folder: Path = FIGURES) -> str:
+    h = headlines(folder)["long_context"]
+
+    def tokens(v):
+        return "none (the trend never stays above 1)" if v is None else f"{v:,} tokens"
+
+    w = h["draft_window"]
+    return (f"S_inflection, full-KV draft: best k {tokens(h['s_inflection_tokens'])}, fixed k = {h['fixed_k']} "
+            f"{tokens(h['s_inflection_fixed_k_tokens'])}. Window-{w['tokens']} draft: best k "
+            f"{tokens(w['s_inflection_tokens'])}, fixed k = {h['fixed_k']} {tokens(w['s_inflection_fixed_k_tokens'])}.\n")
+
+
+def long_context_sim(folder: Path = FIGURES) -> str:
+    sim = pd.read_csv(folder / "long_context_sim.csv")
+    frame = pd.DataFrame({"prompt (tokens)": sim.prompt_tokens, "policy": sim.policy,
+                          "mean TPOT (ms)": (sim.mean_tpot_s * 1e3).map("{:.1f}".format),
+                          "throughput (tok/s)": sim.throughput_tok_s.map("{:,.0f}".format),
+                          "mean k": sim.mean_k.map("{:.2f}".format)})
+    return _md(frame)
+
+
+TABLES = {
+    "study-optimal-k-lut": optimal_k_lut,
+    "study-optimal-k-headlines": optimal_k_headlines,
+    "study-optimal-k-sim": optimal_k_sim,
+    "study-optimal-k-headlines-cpu": lambda: optimal_k_headlines(FIGURES / "cpu"),
+    "study-rates-e2el": rates_e2el,
+    "study-rates-property": rates_property,
+    "study-traffic-phases": traffic_phases,
+    "study-long-context-trend": long_context_trend,
+    "study-long-context-headline": long_context_headline,
+    "study-long-context-sim": long_context_sim,
+}
