@@ -178,8 +178,11 @@ def assumptions(request: Request, tables: KernelTables) -> list[str]:
         f"{8}: multi-head models)",
         "verification: q query tokens per sequence over context c are priced as one decode-attention pass "
         "with q x (query heads per KV head) over KV length c + q (FlashAttention packs them into one tile of "
-        "rows and reads the KV once); beyond the table's largest head count the rows are split into equal "
-        "chunks, each re-reading the KV (an upper bound)",
+        "rows and reads the KV once); a tile holds 64 rows per KV head, each further tile re-reads the KV "
+        "(priced as more sequences); within a tile, past the table's widest head count, the pass is priced at "
+        "that count (the tables are flat in head count at a given KV size)",
+        "decode attention past the generation table's KV-size edge (batch x KV length): b sequences are priced "
+        "as n launches of b / n sequences (each reads only its own KV; the tables are linear in batch there)",
         "GEMMs wider than the table's largest n (the LM head) are split into equal column blocks",
         "LM head: over every query token of a target decode/verify pass, over the last token of a draft "
         "pass and of a prefill; it stays bf16 with --dtype fp8",
