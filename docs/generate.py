@@ -64,6 +64,7 @@ BLOCK = re.compile(r"(?P<open><!-- generated: (?P<name>[\w-]+)(?P<options>(?: [\
 VOLATILE = (
     re.compile(r"in [\d.,]+ s wall \([\d,]+ steps/s, [\d,]+ requests/s\)"),
     re.compile(r"took [\d.,]+ s"),
+    re.compile(r"(?m)^\[\d+/\d+\] [\w.-]+: [\d.]+ s$"),  # specbatch regress: one line per scenario
 )
 
 
@@ -137,23 +138,24 @@ def on_sys_path(folders: list[str]):
                 del sys.modules[name]
 
 
-def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | None) -> tuple[int, str]:
+def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | None,
+                status: int = 0) -> tuple[int, str]:
     """One simple command (no operators): its exit code and what it printed (stdout then stderr)."""
     import subprocess
 
     if argv[0] == "specbatch":
         from sim.commands.cli import main
 
-        out, err = io.StringIO(), io.StringIO()
+        out = io.StringIO()  # stdout and stderr interleaved, as a terminal shows them
         paths = [os.path.join(where, p) for p in env["PYTHONPATH"].split(os.pathsep)] if env.get("PYTHONPATH") else []
-        with on_sys_path(paths), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with on_sys_path(paths), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             try:
                 code = main(argv[1:])
             except SystemExit as exc:  # argparse
                 code = exc.code
-        return (0 if code is None else int(code)), out.getvalue() + err.getvalue()
-    if argv[0] == "echo":
-        return 0, " ".join(argv[1:]) + "\n"
+        return (0 if code is None else int(code)), out.getvalue()
+    if argv[0] == "echo":  # $? is the exit code of the command before
+        return 0, " ".join(str(status) if a == "$?" else a for a in argv[1:]) + "\n"
     if argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     elif argv[0] not in SHELL_TOOLS:
@@ -166,12 +168,18 @@ def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | N
     return done.returncode, done.stdout + done.stderr
 
 
-def run_line(command: str, where: str) -> str:
+def run_line(command: str, where: str, status: int = 0) -> str:
+    """What one ``$`` line prints (see ``run_status``)."""
+    return run_status(command, where, status)[1]
+
+
+def run_status(command: str, where: str, status: int = 0) -> tuple[int, str]:
     """One ``$`` line of a console block: ``[NAME=value ...] tool args [| tool args] [&& ...]``.
 
     specbatch runs in-process; the plain tools in ``SHELL_TOOLS`` as processes with no shell.
     ``|`` feeds one command's output to the next, ``&&`` stops the line at the first failure.
-    What the line printed is returned (a failing specbatch is fine: the docs show errors too).
+    Returns the line's exit code and what it printed (a failing specbatch is fine: the docs
+    show errors too); STATUS is the previous line's code, which ``echo $?`` prints.
     """
     lexer = shlex.shlex(command.split(" #")[0], posix=True, punctuation_chars=";&|<>")
     lexer.whitespace_split, lexer.commenters = True, ""
@@ -194,16 +202,16 @@ def run_line(command: str, where: str) -> str:
             pieces[-1][1].append(token)
     if any(not argv for _, argv in pieces):
         raise ValueError(f"an empty command: {command!r}")
-    printed, pending, code = "", None, 0
+    printed, pending, code = "", None, status
     for op, argv in pieces:
         if op == "|":
-            code, pending = run_command(argv, env, where, pending)
+            code, pending = run_command(argv, env, where, pending, code)
             continue
         if op == "&&" and code != 0:
             break
         printed += pending or ""
-        code, pending = run_command(argv, env, where, None)
-    return printed + (pending or "")
+        code, pending = run_command(argv, env, where, None, code)
+    return code, printed + (pending or "")
 
 
 def scratch_files(block: Block) -> list[str]:
@@ -254,9 +262,10 @@ def console(block: Block) -> str:
                 shutil.copyfile(source, target)
         os.chdir(scratch)
         try:
+            status = 0
             for command in commands:
                 try:
-                    printed = run_line(command.replace("\\\n", " "), scratch)
+                    status, printed = run_status(command.replace("\\\n", " "), scratch, status)
                 except ValueError as exc:
                     raise ValueError(f"{block.path}:{block.line}: {exc}") from None
                 parts.append(f"$ {command}")

@@ -133,3 +133,15 @@ def test_checkout_paths_are_shown_relative(generate, tmp_path):
     block = _block(generate, tmp_path, "<!-- generated: console -->", "$ specbatch profiles cpu-tinyllama-1.1b-llama-68m\n")
     fresh = generate.console(block)
     assert "(sim/profiles/cpu-tinyllama-1.1b-llama-68m)" in fresh and str(ROOT) not in fresh
+
+
+def test_echo_status_prints_the_previous_exit_code(generate, tmp_path):
+    block = _block(generate, tmp_path, "<!-- generated: console -->",
+                   "$ specbatch run --rate 0\n$ echo $?\n$ echo $?\n")
+    fresh = generate.console(block)
+    assert fresh.endswith("$ echo $?\n2\n$ echo $?\n0\n```\n")
+
+
+def test_regress_timings_are_not_compared(generate):
+    a = "[1/10] continuous-fixed: 0.26 s\nPASS"
+    assert generate.masked(a) == generate.masked(a.replace("0.26", "1.5"))
