@@ -1,0 +1,12 @@
+"""One line per run folder named on the command line (docs/policies.md).
+
+    python docs/examples/compare.py none fixed3 mine tuned
+"""
+
+import json
+import sys
+
+for out in sys.argv[1:]:
+    m = json.load(open(f"{out}/summary.json"))["metrics"]
+    print(f"{out:7} mean TPOT {m['mean_tpot_ms']:4.0f} ms  p99 TTFT {m['p99_ttft_ms'] / 1000:4.1f} s  "
+          f"mean E2EL {m['mean_e2el_ms'] / 1000:5.1f} s  mean k {m['mean_k']:.2f}  mean batch {m['mean_batch_size']:4.1f}")
