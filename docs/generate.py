@@ -18,7 +18,8 @@ tool owns is fenced by two HTML comments that markdown does not render:
 other name is a generator function registered below, which returns the block's text. A
 ``$`` line is ``specbatch ...`` (run in-process), ``echo``, ``python SCRIPT`` or one of a
 few plain file tools (``SHELL_TOOLS``), run with no shell; it may start with
-``PYTHONPATH=folder``, chain commands with ``|`` and ``&&``, and continue on the next line
+``PYTHONPATH=folder``, chain commands with ``|`` and ``&&``, end a command with
+``2>/dev/null`` to drop its stderr, and continue on the next line
 after a trailing backslash. Paths under the checkout are shown relative to it.
 
 A page that shows a file and runs it names the file in the marker, and the block copies
@@ -140,15 +141,22 @@ def on_sys_path(folders: list[str]):
 
 def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | None,
                 status: int = 0) -> tuple[int, str]:
-    """One simple command (no operators): its exit code and what it printed (stdout then stderr)."""
+    """One simple command (no operators): its exit code and what it printed (stdout then stderr).
+
+    A command ending in ``2>/dev/null`` drops its stderr.
+    """
     import subprocess
 
+    quiet = argv[-3:] == ["2", ">", "/dev/null"]
+    if quiet:
+        argv = argv[:-3]
     if argv[0] == "specbatch":
         from sim.commands.cli import main
 
         out = io.StringIO()  # stdout and stderr interleaved, as a terminal shows them
+        err = io.StringIO() if quiet else out
         paths = [os.path.join(where, p) for p in env["PYTHONPATH"].split(os.pathsep)] if env.get("PYTHONPATH") else []
-        with on_sys_path(paths), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        with on_sys_path(paths), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(argv[1:])
             except SystemExit as exc:  # argparse
@@ -165,7 +173,7 @@ def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | N
         full_env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(os.path.join(where, p))
                                                  for p in env["PYTHONPATH"].split(os.pathsep))
     done = subprocess.run(argv, capture_output=True, text=True, cwd=where, input=stdin, env=full_env)
-    return done.returncode, done.stdout + done.stderr
+    return done.returncode, done.stdout + ("" if quiet else done.stderr)
 
 
 def run_line(command: str, where: str, status: int = 0) -> str:
@@ -190,7 +198,10 @@ def run_status(command: str, where: str, status: int = 0) -> tuple[int, str]:
         if name not in ENVIRONMENT:
             raise ValueError(f"only {', '.join(ENVIRONMENT)} may be set on a line: {command!r}")
         env[name] = value
-    for token in tokens:
+    for i, token in enumerate(tokens):
+        if token == ">" and tokens[i - 1:i + 2] == ["2", ">", "/dev/null"] and (
+                i + 2 == len(tokens) or tokens[i + 2] in OPERATORS):
+            continue  # 2>/dev/null, the one redirection allowed: drop that command's stderr
         if token not in OPERATORS and (set(token) <= set(";&|<>") or token.startswith(("$(", "`"))):
             raise ValueError(f"only '|' and '&&' join commands here: {command!r}")
     # Split into (operator, argv) pairs; the first operator is None.

@@ -145,3 +145,12 @@ def test_echo_status_prints_the_previous_exit_code(generate, tmp_path):
 def test_regress_timings_are_not_compared(generate):
     a = "[1/10] continuous-fixed: 0.26 s\nPASS"
     assert generate.masked(a) == generate.masked(a.replace("0.26", "1.5"))
+
+
+def test_stderr_can_be_dropped_and_nothing_else_redirected(generate, tmp_path):
+    assert generate.run_line("specbatch run --rate 0 2>/dev/null", str(tmp_path)) == ""
+    assert "must be greater than 0" in generate.run_line("specbatch run --rate 0", str(tmp_path))
+    assert generate.run_line("cat nope 2>/dev/null && echo no", str(tmp_path)) == ""
+    for line in ("cat a 2>b", "cat a 1>/dev/null", "cat a 2>/dev/null x"):
+        with pytest.raises(ValueError):
+            generate.run_line(line, str(tmp_path))
