@@ -115,7 +115,7 @@ def run_cli(argv: list[str], check: bool = True) -> str:
 
 # Plain tools a console block may use to show (or prepare) the files a run wrote. They run as
 # processes with no shell, in the scratch folder; ``echo`` and ``specbatch`` run in-process.
-SHELL_TOOLS = ("head", "tail", "cut", "cmp", "cat", "wc", "ls", "sed", "grep", "mkdir", "touch", "sort")
+SHELL_TOOLS = ("head", "tail", "cut", "cmp", "cat", "wc", "ls", "sed", "grep", "mkdir", "touch", "sort", "cp")
 # What a ``$`` line may chain: ``a | b`` feeds a's output to b, ``a && b`` runs b if a exited 0.
 OPERATORS = ("|", "&&")
 # ``NAME=value`` prefixes a line may set (paths are relative to the scratch folder).
