@@ -140,10 +140,13 @@ def on_sys_path(folders: list[str]):
 
 
 def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | None,
-                status: int = 0) -> tuple[int, str]:
-    """One simple command (no operators): its exit code and what it printed (stdout then stderr).
+                status: int = 0, piped: bool = False) -> tuple[int, str, str]:
+    """One simple command (no operators): its exit code, what it printed, and its stderr apart.
 
-    A command ending in ``2>/dev/null`` drops its stderr.
+    Unless PIPED, stderr is part of what it printed (interleaved with stdout for specbatch,
+    as a terminal shows it) and the third item is empty; when the command's stdout feeds a
+    pipe, its stderr is returned apart, since a shell shows it rather than piping it. A
+    command ending in ``2>/dev/null`` drops its stderr.
     """
     import subprocess
 
@@ -154,16 +157,17 @@ def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | N
         from sim.commands.cli import main
 
         out = io.StringIO()  # stdout and stderr interleaved, as a terminal shows them
-        err = io.StringIO() if quiet else out
+        err = io.StringIO() if quiet or piped else out
         paths = [os.path.join(where, p) for p in env["PYTHONPATH"].split(os.pathsep)] if env.get("PYTHONPATH") else []
         with on_sys_path(paths), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(argv[1:])
             except SystemExit as exc:  # argparse
                 code = exc.code
-        return (0 if code is None else int(code)), out.getvalue()
+        apart = err.getvalue() if piped and not quiet else ""
+        return (0 if code is None else int(code)), out.getvalue(), apart
     if argv[0] == "echo":  # $? is the exit code of the command before
-        return 0, " ".join(str(status) if a == "$?" else a for a in argv[1:]) + "\n"
+        return 0, " ".join(str(status) if a == "$?" else a for a in argv[1:]) + "\n", ""
     if argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     elif argv[0] not in SHELL_TOOLS:
@@ -173,7 +177,9 @@ def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | N
         full_env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(os.path.join(where, p))
                                                  for p in env["PYTHONPATH"].split(os.pathsep))
     done = subprocess.run(argv, capture_output=True, text=True, cwd=where, input=stdin, env=full_env)
-    return done.returncode, done.stdout + ("" if quiet else done.stderr)
+    if quiet:
+        return done.returncode, done.stdout, ""
+    return (done.returncode, done.stdout, done.stderr) if piped else (done.returncode, done.stdout + done.stderr, "")
 
 
 def run_line(command: str, where: str, status: int = 0) -> str:
@@ -214,14 +220,17 @@ def run_status(command: str, where: str, status: int = 0) -> tuple[int, str]:
     if any(not argv for _, argv in pieces):
         raise ValueError(f"an empty command: {command!r}")
     printed, pending, code = "", None, status
-    for op, argv in pieces:
+    for n, (op, argv) in enumerate(pieces):
+        piped = n + 1 < len(pieces) and pieces[n + 1][0] == "|"
         if op == "|":
-            code, pending = run_command(argv, env, where, pending, code)
+            code, pending, apart = run_command(argv, env, where, pending, code, piped)
+            printed += apart
             continue
         if op == "&&" and code != 0:
             break
         printed += pending or ""
-        code, pending = run_command(argv, env, where, None, code)
+        code, pending, apart = run_command(argv, env, where, None, code, piped)
+        printed += apart
     return code, printed + (pending or "")
 
 

@@ -154,3 +154,11 @@ def test_stderr_can_be_dropped_and_nothing_else_redirected(generate, tmp_path):
     for line in ("cat a 2>b", "cat a 1>/dev/null", "cat a 2>/dev/null x"):
         with pytest.raises(ValueError):
             generate.run_line(line, str(tmp_path))
+
+
+def test_stderr_is_not_piped(generate, tmp_path):
+    """As in a shell: `cmd | grep x` filters cmd's stdout; its stderr (warnings, errors) still shows."""
+    printed = generate.run_line("specbatch run --rate 0 | grep nothing-matches", str(tmp_path))
+    assert printed.startswith("error: --rate: workload.rate: must be greater than 0")
+    (tmp_path / "f").write_text("a\nb\n")
+    assert generate.run_line("cat f missing | tail -1", str(tmp_path)).startswith("cat: missing")
