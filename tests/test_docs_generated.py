@@ -130,7 +130,8 @@ def test_a_backslash_continues_a_command(generate, tmp_path):
 
 
 def test_checkout_paths_are_shown_relative(generate, tmp_path):
-    block = _block(generate, tmp_path, "<!-- generated: console -->", "$ specbatch profiles cpu-tinyllama-1.1b-llama-68m\n")
+    block = _block(generate, tmp_path, "<!-- generated: console -->",
+                   "$ specbatch profiles cpu-tinyllama-1.1b-llama-68m\n")
     fresh = generate.console(block)
     assert "(sim/profiles/cpu-tinyllama-1.1b-llama-68m)" in fresh and str(ROOT) not in fresh
 
