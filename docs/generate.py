@@ -14,9 +14,25 @@ tool owns is fenced by two HTML comments that markdown does not render:
     | policy | mean TPOT (ms) | ... |
     <!-- end generated -->
 
-``console`` blocks rerun each ``$ specbatch ...`` line (in-process, in a scratch folder)
-and keep its output; any other name is a generator function registered below, which
-returns the block's text. Simulation is deterministic, so a fresh block must match what
+``console`` blocks rerun each ``$`` line (in a scratch folder) and keep its output; any
+other name is a generator function registered below, which returns the block's text. A
+``$`` line is ``specbatch ...`` (run in-process), ``echo``, ``python SCRIPT`` or one of a
+few plain file tools (``SHELL_TOOLS``), run with no shell; it may start with
+``PYTHONPATH=folder``, chain commands with ``|`` and ``&&``, end a command with
+``2>/dev/null`` to drop its stderr, and continue on the next line
+after a trailing backslash. Paths under the checkout are shown relative to it.
+
+A page that shows a file and runs it names the file in the marker, and the block copies
+it (repo-relative paths, files or folders, comma-separated) into the scratch folder at
+the same relative path before running, so the page, the run and a reader at the repo
+root all use the one file:
+
+    <!-- generated: console files=docs/examples/scenario.toml -->
+    ```console
+    $ cat docs/examples/scenario.toml
+    $ specbatch run --config docs/examples/scenario.toml --quiet
+    ```
+    <!-- end generated --> Simulation is deterministic, so a fresh block must match what
 is in the file byte for byte, apart from wall-clock figures (``VOLATILE``), which are
 masked when comparing and rewritten when regenerating.
 
@@ -38,17 +54,18 @@ import re
 import shlex
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCK = re.compile(r"(?P<open><!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(?P<close><!-- end generated -->)",
-                   re.S)
+BLOCK = re.compile(r"(?P<open><!-- generated: (?P<name>[\w-]+)(?P<options>(?: [\w-]+=[^\s>]+)*) -->\n)"
+                   r"(?P<body>.*?)(?P<close><!-- end generated -->)", re.S)
 # Figures that depend on the machine's speed, not on the simulation: masked when comparing.
 VOLATILE = (
     re.compile(r"in [\d.,]+ s wall \([\d,]+ steps/s, [\d,]+ requests/s\)"),
     re.compile(r"took [\d.,]+ s"),
+    re.compile(r"(?m)^\[\d+/\d+\] [\w.-]+: [\d.]+ s$"),  # specbatch regress: one line per scenario
 )
 
 
@@ -62,11 +79,13 @@ class Block:
     start: int  # offsets of the body in the file's text
     end: int
     body: str
+    options: dict[str, str] = field(default_factory=dict)  # name=value pairs after the generator's name
 
 
 def find_blocks(path: Path) -> list[Block]:
     text = path.read_text()
-    return [Block(path, m["name"], text.count("\n", 0, m.start()) + 1, m.start("body"), m.end("body"), m["body"])
+    return [Block(path, m["name"], text.count("\n", 0, m.start()) + 1, m.start("body"), m.end("body"), m["body"],
+                  dict(option.split("=", 1) for option in m["options"].split()))
             for m in BLOCK.finditer(text)]
 
 
@@ -94,41 +113,185 @@ def run_cli(argv: list[str], check: bool = True) -> str:
     return out.getvalue() + err.getvalue()
 
 
-# Plain tools a console block may use to show the files a run wrote.
-SHELL_TOOLS = ("head", "tail", "cut", "cmp", "cat", "wc", "ls")
+# Plain tools a console block may use to show (or prepare) the files a run wrote. They run as
+# processes with no shell, in the scratch folder; ``echo`` and ``specbatch`` run in-process.
+SHELL_TOOLS = ("head", "tail", "cut", "cmp", "cat", "wc", "ls", "sed", "grep", "mkdir", "touch", "sort", "cp")
+# What a ``$`` line may chain: ``a | b`` feeds a's output to b, ``a && b`` runs b if a exited 0.
+OPERATORS = ("|", "&&")
+# ``NAME=value`` prefixes a line may set (paths are relative to the scratch folder).
+ENVIRONMENT = ("PYTHONPATH",)
 
 
-def run_line(command: str, where: str) -> str:
-    """One ``$`` line of a console block: specbatch in-process, or a plain file tool."""
+@contextlib.contextmanager
+def on_sys_path(folders: list[str]):
+    """Import from FOLDERS for a moment, as ``PYTHONPATH=...`` would; forget what was imported from them."""
+    before = set(sys.modules)
+    saved = list(sys.path)
+    sys.path[:0] = [os.path.abspath(f) for f in folders]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+        roots = tuple(os.path.abspath(f) + os.sep for f in folders)
+        for name in set(sys.modules) - before:
+            where = getattr(sys.modules[name], "__file__", None) or ""
+            if where.startswith(roots):
+                del sys.modules[name]
+
+
+def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | None,
+                status: int = 0, piped: bool = False) -> tuple[int, str, str]:
+    """One simple command (no operators): its exit code, what it printed, and its stderr apart.
+
+    Unless PIPED, stderr is part of what it printed (interleaved with stdout for specbatch,
+    as a terminal shows it) and the third item is empty; when the command's stdout feeds a
+    pipe, its stderr is returned apart, since a shell shows it rather than piping it. A
+    command ending in ``2>/dev/null`` drops its stderr.
+    """
     import subprocess
 
-    argv = shlex.split(command.split(" #")[0])
+    quiet = argv[-3:] == ["2", ">", "/dev/null"]
+    if quiet:
+        argv = argv[:-3]
     if argv[0] == "specbatch":
-        return run_cli(argv[1:], check=False)
-    if argv[0] not in SHELL_TOOLS or any(part in ("|", ";", "&&", ">") for part in argv):
-        raise ValueError(f"only specbatch and {', '.join(SHELL_TOOLS)} run here: {command!r}")
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=where)
-    return done.stdout + done.stderr
+        from sim.commands.cli import main
+
+        out = io.StringIO()  # stdout and stderr interleaved, as a terminal shows them
+        err = io.StringIO() if quiet or piped else out
+        paths = [os.path.join(where, p) for p in env["PYTHONPATH"].split(os.pathsep)] if env.get("PYTHONPATH") else []
+        with on_sys_path(paths), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv[1:])
+            except SystemExit as exc:  # argparse
+                code = exc.code
+        apart = err.getvalue() if piped and not quiet else ""
+        return (0 if code is None else int(code)), out.getvalue(), apart
+    if argv[0] == "echo":  # $? is the exit code of the command before
+        return 0, " ".join(str(status) if a == "$?" else a for a in argv[1:]) + "\n", ""
+    if argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    elif argv[0] not in SHELL_TOOLS:
+        raise ValueError(f"only specbatch, echo, python and {', '.join(SHELL_TOOLS)} run here: {argv[0]!r}")
+    full_env = dict(os.environ)
+    if "PYTHONPATH" in env:
+        full_env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(os.path.join(where, p))
+                                                 for p in env["PYTHONPATH"].split(os.pathsep))
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=where, input=stdin, env=full_env)
+    if quiet:
+        return done.returncode, done.stdout, ""
+    return (done.returncode, done.stdout, done.stderr) if piped else (done.returncode, done.stdout + done.stderr, "")
+
+
+def run_line(command: str, where: str, status: int = 0) -> str:
+    """What one ``$`` line prints (see ``run_status``)."""
+    return run_status(command, where, status)[1]
+
+
+def run_status(command: str, where: str, status: int = 0) -> tuple[int, str]:
+    """One ``$`` line of a console block: ``[NAME=value ...] tool args [| tool args] [&& ...]``.
+
+    specbatch runs in-process; the plain tools in ``SHELL_TOOLS`` as processes with no shell.
+    ``|`` feeds one command's output to the next, ``&&`` stops the line at the first failure.
+    Returns the line's exit code and what it printed (a failing specbatch is fine: the docs
+    show errors too); STATUS is the previous line's code, which ``echo $?`` prints.
+    """
+    lexer = shlex.shlex(command.split(" #")[0], posix=True, punctuation_chars=";&|<>")
+    lexer.whitespace_split, lexer.commenters = True, ""
+    tokens = list(lexer)  # an unquoted ; & | < > is a token of its own, as a shell would read it
+    env: dict[str, str] = {}
+    while tokens and re.fullmatch(r"[A-Za-z_]\w*=.*", tokens[0]):
+        name, value = tokens.pop(0).split("=", 1)
+        if name not in ENVIRONMENT:
+            raise ValueError(f"only {', '.join(ENVIRONMENT)} may be set on a line: {command!r}")
+        env[name] = value
+    for i, token in enumerate(tokens):
+        if token == ">" and tokens[i - 1:i + 2] == ["2", ">", "/dev/null"] and (
+                i + 2 == len(tokens) or tokens[i + 2] in OPERATORS):
+            continue  # 2>/dev/null, the one redirection allowed: drop that command's stderr
+        if token not in OPERATORS and (set(token) <= set(";&|<>") or token.startswith(("$(", "`"))):
+            raise ValueError(f"only '|' and '&&' join commands here: {command!r}")
+    # Split into (operator, argv) pairs; the first operator is None.
+    pieces: list[tuple[str | None, list[str]]] = [(None, [])]
+    for token in tokens:
+        if token in OPERATORS:
+            pieces.append((token, []))
+        else:
+            pieces[-1][1].append(token)
+    if any(not argv for _, argv in pieces):
+        raise ValueError(f"an empty command: {command!r}")
+    printed, pending, code = "", None, status
+    for n, (op, argv) in enumerate(pieces):
+        piped = n + 1 < len(pieces) and pieces[n + 1][0] == "|"
+        if op == "|":
+            code, pending, apart = run_command(argv, env, where, pending, code, piped)
+            printed += apart
+            continue
+        if op == "&&" and code != 0:
+            break
+        printed += pending or ""
+        code, pending, apart = run_command(argv, env, where, None, code, piped)
+        printed += apart
+    return code, printed + (pending or "")
+
+
+def scratch_files(block: Block) -> list[str]:
+    """The repo files and folders a block's ``files=a,b`` asks for, checked to be inside the repo."""
+    names = [n for n in block.options.get("files", "").split(",") if n]
+    for name in names:
+        path = (ROOT / name).resolve()
+        if Path(name).is_absolute() or not path.is_relative_to(ROOT) or not path.exists():
+            raise ValueError(f"{block.path}:{block.line}: files={name}: not a file or folder in the repository")
+    return names
+
+
+def dollar_lines(body: str) -> list[str]:
+    """The ``$`` commands of a console block, a line ending in `` \\`` joined to the next."""
+    commands, lines = [], body.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("$ "):
+            command = lines[i][2:]
+            while command.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                command += "\n" + lines[i]
+            commands.append(command)
+        i += 1
+    return commands
 
 
 def console(block: Block) -> str:
-    """Rerun each ``$`` line of a console block, in order, in one scratch folder."""
-    lines = [line[2:] for line in block.body.splitlines() if line.startswith("$ ")]
-    if not lines:
+    """Rerun each ``$`` line of a console block, in order, in one scratch folder.
+
+    ``files=a,b`` (in the marker) copies those repository files or folders into the scratch
+    folder first, at the same relative paths, so a page can show a file and run it.
+    """
+    import shutil
+
+    commands = dollar_lines(block.body)
+    if not commands:
         raise ValueError(f"{block.path}:{block.line}: a console block needs at least one '$ specbatch ...' line")
     parts = [block.body.splitlines()[0]]  # the fence
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as scratch:
+        for name in scratch_files(block):
+            source, target = ROOT / name, Path(scratch, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copyfile(source, target)
         os.chdir(scratch)
         try:
-            for command in lines:
+            status = 0
+            for command in commands:
                 try:
-                    printed = run_line(command, scratch)
+                    status, printed = run_status(command.replace("\\\n", " "), scratch, status)
                 except ValueError as exc:
                     raise ValueError(f"{block.path}:{block.line}: {exc}") from None
                 parts.append(f"$ {command}")
                 if printed.strip():
-                    parts.append(printed.rstrip("\n").replace(scratch + os.sep, ""))
+                    shown = printed.rstrip("\n").replace(os.path.realpath(scratch) + os.sep, "")
+                    parts.append(shown.replace(scratch + os.sep, "").replace(str(ROOT) + os.sep, ""))
         finally:
             os.chdir(cwd)
     return "\n".join(parts) + "\n```\n"

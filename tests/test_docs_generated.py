@@ -59,3 +59,107 @@ def test_unknown_generator_names_file_and_line(generate, tmp_path):
     doc.write_text("\n\n<!-- generated: nope -->\nx\n<!-- end generated -->\n")
     with pytest.raises(ValueError, match=r"page.md:3: unknown generator 'nope'"):
         generate.stale_blocks([doc])
+
+
+def _block(generate, tmp_path, marker: str, body: str):
+    doc = tmp_path / "page.md"
+    doc.write_text(f"{marker}\n```console\n{body}```\n<!-- end generated -->\n")
+    [block] = generate.find_blocks(doc)
+    return block
+
+
+def test_marker_options_are_parsed(generate, tmp_path):
+    block = _block(generate, tmp_path, "<!-- generated: console files=docs/examples/my_policy.py,tests/baselines -->",
+                   "$ echo hi\n")
+    assert block.name == "console"
+    assert block.options == {"files": "docs/examples/my_policy.py,tests/baselines"}
+    assert generate.find_blocks(tmp_path / "page.md")[0].body.startswith("```console\n")
+
+
+def test_files_are_copied_at_their_repo_paths(generate, tmp_path):
+    block = _block(generate, tmp_path, "<!-- generated: console files=docs/examples/my_policy_baseline.toml -->",
+                   "$ head -2 docs/examples/my_policy_baseline.toml\n")
+    fresh = generate.console(block)
+    expected = "".join((ROOT / "docs/examples/my_policy_baseline.toml").read_text().splitlines(True)[:2])
+    assert fresh == "```console\n$ head -2 docs/examples/my_policy_baseline.toml\n" + expected + "```\n"
+
+
+@pytest.mark.parametrize("files", ["../outside.toml", "/etc/passwd", "docs/examples/no-such-file.toml"])
+def test_files_outside_the_repo_or_missing_are_refused(generate, tmp_path, files):
+    block = _block(generate, tmp_path, f"<!-- generated: console files={files} -->", "$ echo hi\n")
+    with pytest.raises(ValueError, match=r"page.md:1: files=.*not a file or folder in the repository"):
+        generate.console(block)
+
+
+def test_and_runs_the_next_command_only_after_success(generate, tmp_path):
+    (tmp_path / "a").write_text("x\n")
+    (tmp_path / "b").write_text("x\n")
+    (tmp_path / "c").write_text("y\n")
+    assert generate.run_line("cmp a b && echo same", str(tmp_path)) == "same\n"
+    printed = generate.run_line("cmp a c && echo same", str(tmp_path))
+    assert "differ" in printed and "same" not in printed
+
+
+def test_a_pipe_feeds_the_next_command(generate, tmp_path):
+    (tmp_path / "f").write_text("1\n2\n3\n4\n")
+    assert generate.run_line("cat f | tail -2", str(tmp_path)) == "3\n4\n"
+    assert generate.run_line("specbatch profiles | head -1", str(tmp_path)).startswith("profile ")
+
+
+@pytest.mark.parametrize("line", ["cat a; rm -rf b", "cat a > b", "rm a", "cat a || echo no", "FOO=1 cat a",
+                                  "cat $(ls)", "bash -c ls"])
+def test_lines_outside_the_small_language_are_refused(generate, tmp_path, line):
+    with pytest.raises(ValueError):
+        generate.run_line(line, str(tmp_path))
+
+
+def test_pythonpath_reaches_specbatch_in_process_and_is_undone(generate, tmp_path):
+    (tmp_path / "pe").mkdir()
+    (tmp_path / "pe" / "docgen_probe.py").write_text("raise ImportError('probe imported')\n")
+    saved = list(sys.path)
+    printed = generate.run_line("PYTHONPATH=pe specbatch run --policy docgen_probe:X --num-requests 2", str(tmp_path))
+    assert "probe imported" in printed
+    assert sys.path == saved and "docgen_probe" not in sys.modules
+    printed = generate.run_line("specbatch run --policy docgen_probe:X --num-requests 2", str(tmp_path))
+    assert "No module named 'docgen_probe'" in printed
+
+
+def test_a_backslash_continues_a_command(generate, tmp_path):
+    block = _block(generate, tmp_path, "<!-- generated: console -->", "$ echo one \\\n    two\nold\n")
+    assert generate.console(block) == "```console\n$ echo one \\\n    two\none two\n```\n"
+
+
+def test_checkout_paths_are_shown_relative(generate, tmp_path):
+    block = _block(generate, tmp_path, "<!-- generated: console -->",
+                   "$ specbatch profiles cpu-tinyllama-1.1b-llama-68m\n")
+    fresh = generate.console(block)
+    assert "(sim/profiles/cpu-tinyllama-1.1b-llama-68m)" in fresh and str(ROOT) not in fresh
+
+
+def test_echo_status_prints_the_previous_exit_code(generate, tmp_path):
+    block = _block(generate, tmp_path, "<!-- generated: console -->",
+                   "$ specbatch run --rate 0\n$ echo $?\n$ echo $?\n")
+    fresh = generate.console(block)
+    assert fresh.endswith("$ echo $?\n2\n$ echo $?\n0\n```\n")
+
+
+def test_regress_timings_are_not_compared(generate):
+    a = "[1/10] continuous-fixed: 0.26 s\nPASS"
+    assert generate.masked(a) == generate.masked(a.replace("0.26", "1.5"))
+
+
+def test_stderr_can_be_dropped_and_nothing_else_redirected(generate, tmp_path):
+    assert generate.run_line("specbatch run --rate 0 2>/dev/null", str(tmp_path)) == ""
+    assert "must be greater than 0" in generate.run_line("specbatch run --rate 0", str(tmp_path))
+    assert generate.run_line("cat nope 2>/dev/null && echo no", str(tmp_path)) == ""
+    for line in ("cat a 2>b", "cat a 1>/dev/null", "cat a 2>/dev/null x"):
+        with pytest.raises(ValueError):
+            generate.run_line(line, str(tmp_path))
+
+
+def test_stderr_is_not_piped(generate, tmp_path):
+    """As in a shell: `cmd | grep x` filters cmd's stdout; its stderr (warnings, errors) still shows."""
+    printed = generate.run_line("specbatch run --rate 0 | grep nothing-matches", str(tmp_path))
+    assert printed.startswith("error: --rate: workload.rate: must be greater than 0")
+    (tmp_path / "f").write_text("a\nb\n")
+    assert generate.run_line("cat f missing | tail -1", str(tmp_path)).startswith("cat: missing")

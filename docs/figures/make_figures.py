@@ -192,7 +192,7 @@ def traffic_figure() -> None:
     twin.plot(req.arrival_s, req.ttft_s, ".", ms=3, color="C1", label="TTFT of each request (s), by arrival")
     twin.set_ylabel("TTFT (s)")
     s = result.summary
-    ax_b.set_title(f"(b) default CPU scenario with phases:0.05,0.1,0.2:600,600,600: {s['completed']} requests, "
+    ax_b.set_title(f"(b) CPU scenario with phases:0.05,0.1,0.2:600,600,600: {s['completed']} requests, "
                    f"mean TTFT {s['mean_ttft_ms'] / 1000:.1f} s", fontsize=10)
     ax_b.legend(loc="upper left", fontsize=8)
     twin.legend(loc="upper center", fontsize=8)
@@ -267,7 +267,7 @@ def goodput_figure() -> None:
     ax_b.legend(loc="upper right", fontsize=8)
     ax_b.grid(alpha=0.3)
     s = result.summary
-    fig.suptitle(f"goodput (alpha_init 0.9) in the default scenario with true alpha 0.6: {s['completed']} requests, "
+    fig.suptitle(f"goodput (alpha_init 0.9) in the CPU scenario with true alpha 0.6: {s['completed']} requests, "
                  f"mean k {s['mean_k']:.2f}", fontsize=10)
     fig.tight_layout()
     fig.savefig(OUT / "policy_goodput.png", dpi=110)
@@ -327,7 +327,7 @@ def adaptive_figure() -> None:
     ax.set_xlabel("simulated time (s), 60 s windows")
     ax.set_ylabel("share of decode steps")
     s = result.summary
-    ax.set_title(f"adaptive (defaults) in the default scenario: {s['completed']} requests, "
+    ax.set_title(f"adaptive (defaults) in the CPU scenario: {s['completed']} requests, "
                  f"{s['num_decode_steps']} decode steps, mean k {s['mean_k']:.2f}", fontsize=10)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.tight_layout()

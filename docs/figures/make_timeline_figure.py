@@ -28,6 +28,8 @@ from sim.config import load_config  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 from sim.commands.timeline import write_timeline  # noqa: E402
 
+# The CPU scenario that was the shipped default before the H100 profile: these rates are its.
+SCENARIO = ROOT / "tests" / "baselines" / "scenarios" / "cpu.toml"
 OUT = Path(__file__).resolve().parent / "timeline.png"
 WINDOW = (300.0, 360.0)
 PHASE_COLOURS = {"queued": "0.75", "prefill": "C1", "decode": "C0"}
@@ -36,7 +38,7 @@ PHASE_COLOURS = {"queued": "0.75", "prefill": "C1", "decode": "C0"}
 def trace() -> dict:
     flags = {"workload.num_requests": 200, "workload.rate": 0.25, "cluster.replicas": 2,
              "cluster.router": "least-tokens", "workload.output_tokens": "lognormal:64:0.5", "seed": 0}
-    result = simulate(load_config(None, {key: (value, "figure") for key, value in flags.items()}))
+    result = simulate(load_config(SCENARIO, {key: (value, "figure") for key, value in flags.items()}))
     with tempfile.TemporaryDirectory() as folder:
         path = write_timeline(result, Path(folder) / "timeline.json", WINDOW)
         text = path.read_text()
