@@ -28,7 +28,8 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """A comma-separated list of integers (a grid axis), for argparse."""
     try:
         values = [int(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
@@ -36,6 +37,16 @@ def _int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
     return values
+
+
+def add_grid_axes(group) -> None:
+    """The grid's axes, named alike wherever a grid is chosen (calibrate, compose)."""
+    group.add_argument("--batch-sizes", type=int_list, metavar="LIST", help="e.g. 1,2,4,8")
+    q = group.add_mutually_exclusive_group()
+    q.add_argument("--query-tokens", type=int_list, metavar="LIST", help="target decode q values, e.g. 1,2,3,4")
+    q.add_argument("--k-max", type=int, metavar="K", help="largest speculation length: q = 1..K+1")
+    group.add_argument("--contexts", type=int_list, metavar="LIST", help="KV-cache lengths for decode points")
+    group.add_argument("--prompts", type=int_list, metavar="LIST", help="prompt lengths for prefill points")
 
 
 def build_parser(prog: str = "python -m calibrate") -> argparse.ArgumentParser:
@@ -49,12 +60,7 @@ def build_parser(prog: str = "python -m calibrate") -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_BYTES),
                    help="auto: bfloat16 (or float16) on CUDA, float32 on CPU")
     g = p.add_argument_group("grid (defaults depend on the device)")
-    g.add_argument("--batch-sizes", type=_int_list, metavar="LIST", help="e.g. 1,2,4,8")
-    q = g.add_mutually_exclusive_group()
-    q.add_argument("--query-tokens", type=_int_list, metavar="LIST", help="target decode q values, e.g. 1,2,3,4")
-    q.add_argument("--k-max", type=int, metavar="K", help="largest speculation length: q = 1..K+1")
-    g.add_argument("--contexts", type=_int_list, metavar="LIST", help="KV-cache lengths for decode points")
-    g.add_argument("--prompts", type=_int_list, metavar="LIST", help="prompt lengths for prefill points")
+    add_grid_axes(g)
     g.add_argument("--max-prefill-tokens", type=int, metavar="N", help="skip prefill points with batch*prompt > N")
     g.add_argument("--warmup", type=int, metavar="N", help="untimed passes per point")
     g.add_argument("--repeats", type=int, metavar="N", help="timed passes per point (at most)")

@@ -14,16 +14,6 @@ COMPOSE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # powers of two keep the s
 DEFAULT_MAX_LEN = 32768  # longest context composed by default (the models may accept more)
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True, help="GPU of the kernel data, e.g. h100_sxm, h200_sxm, l40s, a100_sxm")
     p.add_argument("--target", required=True, help="target model name (calibrate --list-models)")
@@ -41,13 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len", type=int, default=None,
                    help=f"longest sequence the grid covers (default: the models' limit, at most {DEFAULT_MAX_LEN})")
     p.add_argument("--name", default=None, help="profile name in the sidecar (default: the folder's name)")
-    g = p.add_argument_group("grid (as calibrate --device cuda; batches default to powers of two up to 256)")
-    g.add_argument("--batch-sizes", type=_int_list, metavar="LIST", help="e.g. 1,2,4,8")
-    q = g.add_mutually_exclusive_group()
-    q.add_argument("--query-tokens", type=_int_list, metavar="LIST", help="target decode q values, e.g. 1,2,3,4")
-    q.add_argument("--k-max", type=int, metavar="K", help="largest speculation length: q = 1..K+1 (default 8)")
-    g.add_argument("--contexts", type=_int_list, metavar="LIST", help="KV-cache lengths for decode points")
-    g.add_argument("--prompts", type=_int_list, metavar="LIST", help="prompt lengths for prefill points")
+    from calibrate.cli import add_grid_axes
+
+    g = p.add_argument_group("grid (as calibrate --device cuda; batches: powers of two up to 256, k_max 8)")
+    add_grid_axes(g)
     g.add_argument("--max-prefill-tokens", type=int, metavar="N", help="skip prefill points with batch*prompt > N")
 
 
