@@ -391,13 +391,13 @@ def stale_blocks(paths: list[Path]) -> list[tuple[Block, str]]:
 
 
 def rewrite(path: Path, fresh_by_start: dict[int, str]) -> None:
+    from sim.atomic_write import write_file
+
     text = path.read_text()
     for block in sorted(find_blocks(path), key=lambda b: -b.start):
         if block.start in fresh_by_start:
             text = text[:block.start] + fresh_by_start[block.start] + text[block.end:]
-    tmp = path.with_name(path.name + ".partial")  # LEAD: switch to the one atomic-write helper after merge
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_file(path, text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +11,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from sim.atomic_write import staged_dir
 from sim.compose import data
 from sim.compose.interp import running_max
 from sim.compose.price import KV_BYTES, KernelTables, PassPricer
@@ -247,29 +246,10 @@ def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Pat
 
 
 def _write_atomically(out: Path, meta: dict, points: pd.DataFrame) -> Path:
-    """Write into a temporary sibling folder, then swap it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
+    """The whole profile folder appears at once, or the old one stays (nothing partial written)."""
+    with staged_dir(out) as staging:
         write_profile(staging, meta, points)
-        os.chmod(staging, 0o777 & ~_umask())
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
-            os.replace(out, old / "profile")
-            os.replace(staging, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _version() -> str:
