@@ -346,8 +346,7 @@ def _tiny_pricer(tiny_data, model: str):
     from sim.compose.price import PassPricer
 
     c = get_config(model)
-    shape = ModelShape(c.name, c.arch, c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads,
-                       c.intermediate_size, param_count(c))
+    shape = ModelShape.of(c, param_count(c))
     request = Request("tiny", "vllm", "0.24.0", "bf16", shape, shape, (), {}, {}, kernel_data=str(tiny_data))
     return PassPricer(shape, load_tables(request)[0])
 

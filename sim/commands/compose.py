@@ -47,10 +47,7 @@ def build_request(args: argparse.Namespace):
     from sim.errors import InputError
 
     configs = {"target": get_config(args.target, "target"), "draft": get_config(args.draft, "draft")}
-    shapes = {role: ModelShape(name=c.name, arch=c.arch, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-                               num_layers=c.num_layers, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-                               intermediate_size=c.intermediate_size, params=param_count(c))
-              for role, c in configs.items()}
+    shapes = {role: ModelShape.of(c, param_count(c)) for role, c in configs.items()}
     if shapes["target"].vocab_size != shapes["draft"].vocab_size:
         raise InputError(f"the draft's vocabulary ({shapes['draft'].vocab_size}) differs from the target's "
                          f"({shapes['target'].vocab_size}): speculative decoding needs one", field="draft")

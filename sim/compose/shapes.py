@@ -9,7 +9,8 @@ and learned positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 ACT_BYTES = 2  # activations stay bf16 in both bf16 and fp8 (weight-only fp8 GEMM inputs are cast inside)
 
@@ -67,6 +68,11 @@ class ModelShape:
         if self.arch == "opt":
             return 2 * 2 * h + 2 * 3 * h + 2 * f, 2 * h + 5 * h + 2 * h
         return 2 * 4 * h + 2 * (self.num_heads + self.num_kv_heads) * hd + 3 * f, 2 * h + 4 * h
+
+    @classmethod
+    def of(cls, config: Any, params: int) -> "ModelShape":
+        """The shape of a published config (any object with these fields, e.g. calibrate's ModelConfig)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls) if f.name != "params"}, params=params)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
