@@ -333,20 +333,40 @@ def policy_table(block: Block) -> str:
     return "\n".join(rows) + "\n"
 
 
-def gpu_figures(block: Block) -> str:
-    """The composed profiles' sanity figures (docs/figures/gpu_profile_table.py)."""
+def _load_doc_module(relative: str):
+    """A helper script under docs/ (not a package), loaded by its path."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_profile_table", ROOT / "docs" / "figures" / "gpu_profile_table.py")
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, ROOT / relative)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.figures().rstrip("\n") + "\n"
+    return module
+
+
+def gpu_figures(block: Block) -> str:
+    """The composed profiles' sanity figures (docs/figures/gpu_profile_table.py)."""
+    return _load_doc_module("docs/figures/gpu_profile_table.py").figures().rstrip("\n") + "\n"
+
+
+def capacity_gpus(block: Block) -> str:
+    """docs/capacity.md's cross-GPU cost table, from the example report's capacity.json."""
+    import json
+
+    doc = json.loads((ROOT / "docs" / "capacity-gpus-example" / "capacity.json").read_text())
+    rows = ["| profile | policy | max rate per replica (req/s) | replicas for the target | fleet $ / hour "
+            "| $ / 1M output tokens at the target |", "|---:|---:|---:|---:|---:|---:|"]
+    for name in doc["profile_order"]:
+        for label, p in doc["profiles"][name]["policies"].items():
+            rows.append(f"| {name} | {label} | {p['max_rate_req_s']:.4g} | {p['replicas']} | "
+                        f"{p['fleet_cost_per_hour']:.2f} | {p['cost_per_m_output_tokens_at_target']:.2f} |")
+    return "\n".join(rows) + "\n"
 
 
 GENERATORS: dict[str, Callable[[Block], str]] = {
     "console": console,
     "policy-table": policy_table,
     "gpu-figures": gpu_figures,
+    "capacity-gpus": capacity_gpus,
 }
 
 
@@ -355,12 +375,8 @@ GENERATORS: dict[str, Callable[[Block], str]] = {
 
 def study_generators() -> dict[str, Callable[[Block], str]]:
     """The study pages' tables, read from their committed results (docs/studies/tables.py)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("study_tables", ROOT / "docs" / "studies" / "tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return {name: (lambda block, table=table: table()) for name, table in module.TABLES.items()}
+    tables = _load_doc_module("docs/studies/tables.py").TABLES
+    return {name: (lambda block, table=table: table()) for name, table in tables.items()}
 
 
 GENERATORS.update(study_generators())

@@ -136,23 +136,7 @@ def long_context_sim(folder: Path = FIGURES) -> str:
     return _md(frame)
 
 
-def capacity_gpus(folder: Path = FIGURES.parents[1] / "capacity-gpus-example") -> str:
-    """The cross-GPU capacity example's cost comparison (docs/capacity.md), from its capacity.json."""
-    doc = json.loads((folder / "capacity.json").read_text())
-    rows = []
-    for name in doc["profile_order"]:
-        entry = doc["profiles"][name]
-        for label, policy in entry["policies"].items():
-            rows.append({"profile": name, "policy": label,
-                         "max rate per replica (req/s)": f"{policy['max_rate_req_s']:.4g}",
-                         "replicas for the target": policy["replicas"],
-                         "fleet $ / hour": f"{policy['fleet_cost_per_hour']:.2f}",
-                         "$ / 1M output tokens at the target": f"{policy['cost_per_m_output_tokens_at_target']:.2f}"})
-    return _md(pd.DataFrame(rows))
-
-
 TABLES = {
-    "capacity-gpus": capacity_gpus,
     "study-optimal-k-lut": optimal_k_lut,
     "study-optimal-k-headlines": optimal_k_headlines,
     "study-optimal-k-sim": optimal_k_sim,
