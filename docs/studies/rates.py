@@ -30,25 +30,18 @@ SATURATION_REQUESTS = 300   # the overloaded probe
 def config_for(profile: str, policy: str, *, rate: float | None = None, seed: int = 0, num_requests: int = NUM_REQUESTS,
                k: int | None = None, rate_profile: str | None = None, duration_s: float | None = None,
                alpha: float | None = None, extra: dict | None = None):
-    from sim.config import load_config
+    from serving import study_config
 
-    from serving import max_batch_for
-
-    flags = {"profile": (profile, "--profile"), "policy.name": (policy, "--policy"), "seed": (seed, "--seed"),
-             "engine.max_batch_size": (max_batch_for(profile), "--max-batch-size")}
+    settings = {}
     if rate_profile is not None:
-        flags["workload.rate_profile"] = (rate_profile, "--rate-profile")
-        flags["workload.duration_s"] = (duration_s, "--duration")
+        settings.update({"workload.rate_profile": rate_profile, "workload.duration_s": duration_s})
     else:
-        flags["workload.rate"] = (rate, "--rate")
-        flags["workload.num_requests"] = (num_requests, "--num-requests")
+        settings.update({"workload.rate": rate, "workload.num_requests": num_requests})
     if k is not None:
-        flags["policy.k"] = (k, "--k")
+        settings["policy.k"] = k
     if alpha is not None:
-        flags["policy.alpha"] = (alpha, "--alpha")
-    for key, value in (extra or {}).items():  # e.g. shorter outputs for a quick test
-        flags[key] = (value, "--" + key.split(".")[-1].replace("_", "-"))
-    return load_config(None, flags)
+        settings["policy.alpha"] = alpha
+    return study_config(profile, policy, seed, {**settings, **(extra or {})})  # extra: e.g. shorter outputs
 
 
 def saturation_rate(profile: str, num_requests: int = SATURATION_REQUESTS, extra: dict | None = None) -> float:

@@ -15,3 +15,15 @@ def max_batch_for(profile: str) -> int:
     from sim.profile import load_profile
 
     return int(load_profile(profile).phase("decode", "target").batch_size.max())
+
+
+def study_config(profile: str, policy: str, seed: int, settings: dict | None = None):
+    """A study run's config: the default scenario, this profile, policy and seed, the profile's
+    batch limit, then ``settings`` (config keys, e.g. ``{"workload.rate": 2.0}``), each named in
+    errors by the flag that sets it."""
+    from sim.config import load_config
+
+    values = {"profile": profile, "policy.name": policy, "seed": seed,
+              "engine.max_batch_size": max_batch_for(profile), **(settings or {})}
+    return load_config(None, {key: (value, "--" + key.split(".")[-1].replace("_", "-"))
+                              for key, value in values.items()})

@@ -29,15 +29,10 @@ FIXED_K = 3
 SATURATION_REQUESTS = 300
 
 
-def _config(profile: str, policy: str, seed: int, **flags):
-    from sim.config import load_config
+def _config(profile: str, policy: str, seed: int, **settings):
+    from serving import study_config
 
-    from serving import max_batch_for
-
-    overrides = {"profile": (profile, "--profile"), "policy.name": (policy, "--policy"), "seed": (seed, "--seed"),
-                 "engine.max_batch_size": (max_batch_for(profile), "--max-batch-size")}
-    overrides.update({key: (value, "--" + key.split(".")[-1].replace("_", "-")) for key, value in flags.items()})
-    return load_config(None, overrides)
+    return study_config(profile, policy, seed, settings)
 
 
 def saturation_rate(profile: str, num_requests: int = SATURATION_REQUESTS) -> float:
