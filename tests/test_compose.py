@@ -283,6 +283,19 @@ def test_an_unknown_gpu_lists_what_the_data_has(tiny_data, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_gpu_whose_data_folder_is_empty_is_not_offered(tiny_data, tmp_path, capsys):
+    """aiconfigurator-core ships empty data folders (with a spec sheet) for some GPUs."""
+    import shutil
+
+    root = tmp_path / "systems"
+    shutil.copytree(tiny_data, root)
+    (root / "data" / "empty").mkdir()
+    shutil.copy(root / "tiny.yaml", root / "empty.yaml")
+    code, _, err = run_cli(capsys, "compose", *(a if a != "tiny" else "empty" for a in TINY),
+                           "--kernel-data", str(root), "--out", str(tmp_path / "x"))
+    assert code == 2 and "no kernel data for GPU 'empty' (the data has: tiny)" in err
+
+
 @pytest.mark.parametrize("flag, value, says", [
     ("--framework", "sglang", "no gemm data for framework 'sglang' on tiny (it has: vllm)"),
     ("--framework-version", "0.1.0", "no gemm data for vllm 0.1.0 on tiny (it has: 0.24.0)"),

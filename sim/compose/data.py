@@ -92,7 +92,8 @@ def _choices(path: Path) -> list[str]:
 
 def table_dir(root: Path, gpu: str, op: str, framework: str, version: str) -> Path:
     """The folder of one op's tables; an unknown GPU, framework or version lists what the data has."""
-    gpus = [g for g in _choices(root / "data") if (root / f"{g}.yaml").is_file()]
+    gpus = [g for g in _choices(root / "data")  # the package ships empty folders for some GPUs: not data
+            if (root / f"{g}.yaml").is_file() and _choices(root / "data" / g / op)]
     if gpu not in gpus:
         raise InputError(f"no kernel data for GPU '{gpu}' (the data has: {', '.join(gpus)})", field="gpu")
     frameworks = _choices(root / "data" / gpu / op)
