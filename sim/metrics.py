@@ -19,7 +19,6 @@ second of one engine's busy time); :func:`replica_breakdown` gives each replica'
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 PERCENTILES = (90, 99)
 
@@ -112,7 +111,7 @@ def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
     }
 
 
-def by_label(table: pd.DataFrame) -> dict | None:
+def by_label(table) -> dict | None:
     """Per-label completed, mean/p99 E2EL, mean TTFT and mean acceptance length (requests.csv's label).
 
     Acceptance length here is per decode step, 1 + accepted / decode steps, which is vLLM's
@@ -120,6 +119,9 @@ def by_label(table: pd.DataFrame) -> dict | None:
     """
     if "label" not in table:
         return None
+    import pandas as pd  # only a labelled trace needs the group-by
+
+    table = pd.DataFrame(table, copy=False) if not isinstance(table, pd.DataFrame) else table
     out = {}
     for label, rows in table.groupby("label", sort=True):
         done = rows[rows.finish_s.notna()]

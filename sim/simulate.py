@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
-import pandas as pd
 
 from policies import Policy, PolicyError, make_policy
 from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
@@ -32,6 +32,10 @@ from sim.serving.queues import ArrivalQueue
 from sim.serving.records import ReplicaRecords
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+Columns = Mapping[str, np.ndarray]  # a table as named columns: a dict of arrays (or a DataFrame)
 
 WORKLOAD, REQUEST_ALPHA, ACCEPTANCE = range(3)  # the run's random streams, in spawn order
 
@@ -71,10 +75,16 @@ class PreparedRun:
 
 @dataclass
 class RunResult:
+    """A run's records as typed columns (written as they are) and its summary.
+
+    ``requests`` and ``steps`` are DataFrames built on first use from the columns, without
+    copying them: the command line writes the columns and never needs pandas.
+    """
+
     config: RunConfig
     profile: Profile
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    request_columns: Columns  # one entry per requests.csv column
+    step_columns: Columns     # one entry per steps.csv column
     summary: dict
     warnings: list[str]
     wall_s: float
@@ -82,6 +92,23 @@ class RunResult:
     by_label: dict | None = None  # per-label metrics when a trace labels its requests
     replicas: list[dict] | None = None  # per-replica metrics of a cluster of more than one replica
     extra: dict | None = None  # further top-level sections of summary.json (a real replay says so there)
+
+    @cached_property
+    def requests(self) -> "pd.DataFrame":
+        return as_frame(self.request_columns)
+
+    @cached_property
+    def steps(self) -> "pd.DataFrame":
+        return as_frame(self.step_columns)
+
+
+def as_frame(columns: Columns) -> "pd.DataFrame":
+    """A DataFrame over the columns, sharing their memory (a DataFrame is returned as is)."""
+    import pandas as pd
+
+    if isinstance(columns, pd.DataFrame):
+        return columns
+    return pd.DataFrame(dict(columns), copy=False)
 
 
 def prepare(config: RunConfig) -> PreparedRun:
@@ -210,8 +237,8 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         records = cluster.merged
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
                         records.finish_s, records.itl_values, records.itl_weights, records.steps)
-    table = request_table(requests, run.alphas, records)
-    steps = pd.DataFrame(records.steps)
+    table = request_columns(requests, run.alphas, records)
+    steps = dict(records.steps)
     breakdown = None
     if count > 1:  # a one-replica run's files stay exactly the single replica's
         table["replica"] = cluster.replica_of
@@ -233,13 +260,19 @@ def simulate(config: RunConfig) -> RunResult:
     return execute(prepare(config))
 
 
-def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -> pd.DataFrame:
+def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -> "pd.DataFrame":
+    """:func:`request_columns` as a DataFrame."""
+    return as_frame(request_columns(requests, alphas, rec))
+
+
+def request_columns(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -> dict[str, np.ndarray]:
+    """requests.csv's columns, in its order."""
     ttft = rec.first_token_s - requests.arrival_s
     e2el = rec.finish_s - requests.arrival_s
     out = requests.output_tokens
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2el - ttft) / (out - 1), np.nan)
-    return pd.DataFrame({
+    return {
         "request_id": np.arange(len(requests)),
         "arrival_s": requests.arrival_s,
         "prompt_tokens": requests.prompt_tokens,
@@ -256,5 +289,5 @@ def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -
         "drafted_tokens": rec.drafted_tokens,
         "accepted_tokens": rec.accepted_tokens,
         **({"label": requests.label} if requests.label is not None else {}),
-    })
+    }
 

@@ -3,6 +3,13 @@
 Files are written into a staging folder beside the target and renamed into place,
 so a folder is either a complete run or absent. Nothing in them depends on the
 wall clock, so the same config and seed give the same bytes.
+
+The record tables (requests, steps) are written by pyarrow straight from the run's
+typed columns (:mod:`sim.serving.records`): no DataFrame, no per-row Python. A new
+column is one more entry in those columns; the writer takes them all, in order.
+CSV floats carry 9 significant digits (the precision of the old ``%.9g`` files;
+pyarrow prints the shortest decimal that reads back as the rounded value) and NaN
+is an empty cell.
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ import math
 import os
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
 
 import sim
 from sim.atomic_write import staged_dir
 from sim.errors import InputError
-from sim.simulate import RunResult
+from sim.simulate import Columns, RunResult
+
+CSV_SIGNIFICANT_DIGITS = 9
 
 MARKER = "summary.json"
 
@@ -56,22 +65,75 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
         records = result.config.output.records
         (staging / "config.toml").write_text(result.config.to_toml())
         if records != "none":
-            _write_table(result.requests, staging / f"requests.{records}", records)
-            _write_table(result.steps, staging / f"steps.{records}", records)
+            write_table(result.request_columns, staging / f"requests.{records}", records)
+            write_table(result.step_columns, staging / f"steps.{records}", records)
         (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
     return out_dir
 
 
-def _write_table(frame: pd.DataFrame, path: Path, fmt: str) -> None:
+def write_table(columns: Columns, path: Path, fmt: str) -> None:
+    """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order."""
+    import pyarrow as pa
+
+    names = list(columns)
+    arrays = [_arrow_column(np.asarray(columns[name]), fmt) for name in names]
+    table = pa.table(arrays, names=names)
     if fmt == "csv":
-        frame.to_csv(path, index=False, float_format="%.9g", lineterminator="\n")
+        _write_csv(table, path)
     else:
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            raise InputError("parquet output needs pyarrow: pip install 'specbatch[parquet]'",
-                             field="output.records") from None
-        frame.to_parquet(path, index=False)
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+
+
+def _arrow_column(values: np.ndarray, fmt: str):
+    import pyarrow as pa
+
+    if values.dtype.kind == "f":
+        if fmt == "csv":
+            values = round_significant(values, CSV_SIGNIFICANT_DIGITS)
+        return pa.array(values, from_pandas=fmt == "csv")  # a CSV's NaN is an empty cell
+    if values.dtype.kind == "O":
+        return pa.array(values, type=pa.string())
+    return pa.array(values)
+
+
+def _write_csv(table, path: Path) -> None:
+    """A header line of bare names (they are identifiers) and the rows, quoting labels only if one needs it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    structural = any(pc.any(pc.match_substring_regex(table[name], '[,"\r\n]')).as_py()
+                     for name in table.column_names if pa.types.is_string(table.schema.field(name).type))
+    options = pacsv.WriteOptions(include_header=False, quoting_style="needed" if structural else "none")
+    with pa.OSFile(str(path), "wb") as sink:
+        sink.write((",".join(table.column_names) + "\n").encode())
+        pacsv.write_csv(table, sink, options)
+
+
+def round_significant(values: np.ndarray, digits: int) -> np.ndarray:
+    """``values`` rounded to ``digits`` significant decimal digits, exactly as ``%.{digits}g`` rounds.
+
+    The scaled value's integer part is exact and the power of ten is exact (<= 1e22), so the
+    division lands on the double nearest the rounded decimal, whose shortest repr (what
+    pyarrow prints) has at most ``digits`` digits. A scaled value at exactly .5 may be a tie
+    only after the scaling's own rounding: those few go through printf, which rounds the
+    exact binary value.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    out = values.copy()
+    live = np.flatnonzero(np.isfinite(values) & (values != 0))
+    x = values[live]
+    shift = (digits - 1 - np.floor(np.log10(np.abs(x)))).astype(np.int64)
+    up = shift >= 0
+    scale = 10.0 ** np.abs(shift)
+    scaled = np.where(up, x * scale, x / scale)
+    whole = np.rint(scaled)
+    out[live] = np.where(up, whole / scale, whole * scale)
+    for i in live[(np.abs(scaled - whole) == 0.5) | (np.abs(shift) > 22)]:
+        out[i] = float(f"{values[i]:.{digits}g}")
+    return out
 
 
 def _json_number(value):

@@ -44,7 +44,7 @@ import numpy as np
 
 from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
-from sim.serving.records import DECODE, PREFILL, ReplicaRecords, step_columns
+from sim.serving.records import DECODE, PREFILL, ReplicaRecords, buffer_array, step_buffer, step_columns, value_buffer
 
 IDLE = -1  # schedule(): nothing to run until a request arrives
 
@@ -106,9 +106,9 @@ class ServingLoop:
         self.decode_count = 0
         self.k_sum = 0
         self.last_decode_end = 0.0
-        self.step_rows: list[tuple] = []  # in sim.serving.records.STEP_DTYPE order
-        self.itl_values: list[float] = []
-        self.itl_weights: list[int] = []
+        self.step_rows = step_buffer()  # append((...)) in sim.serving.records.STEP_DTYPE order
+        self.itl_values = value_buffer(np.float64)  # append(x) / extend(xs), like lists
+        self.itl_weights = value_buffer(np.int64)
         self.view = BatchView(k_max)
         self.feedback = StepFeedback()
         self._ragged = None  # this step's per-sequence k, when the policy returned an array
@@ -290,8 +290,7 @@ class ServingLoop:
     def records(self) -> ReplicaRecords:
         return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps,
                               self.drafted, self.accepted, step_columns(self.step_rows),
-                              np.asarray(self.itl_values, dtype=np.float64),
-                              np.asarray(self.itl_weights, dtype=np.int64))
+                              buffer_array(self.itl_values), buffer_array(self.itl_weights))
 
 
 def checked_k(k, k_max: int, policy: Policy, running: int):
