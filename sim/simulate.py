@@ -12,18 +12,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from policies import Policy, PolicyError, make_policy
 from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
+from sim.cache import fitted_profile, profile_digest, step_table
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
 from sim.errors import InputError
 from sim.metrics import by_label, replica_breakdown, summarize
-from sim.profile import CSV_NAME, META_NAME, Profile, load_profile, resolve_profile_path
+from sim.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
 from sim.scheduler import kv_reserve, make_scheduler
 from sim.serving.clock import simulate_replica
 from sim.serving.loop import ServingLoop
@@ -114,7 +116,7 @@ def as_frame(columns: Columns) -> "pd.DataFrame":
 def prepare(config: RunConfig) -> PreparedRun:
     """Everything that can be wrong with the inputs fails here, before the run."""
     try:
-        profile, cost_model = _profile_and_costs(config.profile)
+        profile, cost_model, digest = _profile_and_costs(config.profile)
     except InputError as exc:
         if exc.source is None:  # the name itself was bad: point at where it was given
             raise config.error("profile", exc.message) from None
@@ -144,7 +146,7 @@ def prepare(config: RunConfig) -> PreparedRun:
                                 f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens else
                                                                  " (the profile's measured capacity)"))
     reach = _table_reach(config, policy, requests)
-    table = cost_model.tabulate(**reach)
+    table = step_table(cost_model, reach, digest)
     try:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
@@ -154,19 +156,18 @@ def prepare(config: RunConfig) -> PreparedRun:
     return prepared
 
 
-def _profile_and_costs(name: str) -> tuple[Profile, CostModel]:
-    """Load and fit a profile once per process: sweeps and capacity searches run hundreds of
-    scenarios on one profile, and fitting its curves costs far more than a small run."""
-    directory = resolve_profile_path(name)
-    stamp = tuple((f.stat().st_mtime_ns, f.stat().st_size) for f in (directory / CSV_NAME, directory / META_NAME)
-                  if f.is_file())
-    return _fitted(str(directory.resolve()), stamp)
+def _profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
+    """Load and fit a profile once per process, and once per machine through the disk cache
+    (:mod:`sim.cache`): sweeps and capacity searches run hundreds of scenarios on one profile,
+    and fitting its curves costs far more than a small run."""
+    directory = resolve_profile_path(name).resolve()
+    digest = profile_digest([directory / CSV_NAME, directory / META_NAME])
+    return (*_fitted(str(directory), digest), digest)
 
 
 @lru_cache(maxsize=8)
-def _fitted(directory: str, stamp: tuple) -> tuple[Profile, CostModel]:
-    profile = load_profile(directory)
-    return profile, CostModel(profile)
+def _fitted(directory: str, digest: str) -> tuple[Profile, CostModel]:
+    return fitted_profile(Path(directory), digest)
 
 
 def scheduler_for(run: PreparedRun):

@@ -87,15 +87,20 @@ def write_table(columns: Columns, path: Path, fmt: str) -> None:
 
 
 def _arrow_column(values: np.ndarray, fmt: str):
+    """One column as an Arrow array sharing the numpy buffer (``pa.array`` would import pandas,
+    ~0.4 s, to look for pandas types); a CSV's NaN is a null, written as an empty cell."""
     import pyarrow as pa
 
-    if values.dtype.kind == "f":
-        if fmt == "csv":
-            values = round_significant(values, CSV_SIGNIFICANT_DIGITS)
-        return pa.array(values, from_pandas=fmt == "csv")  # a CSV's NaN is an empty cell
-    if values.dtype.kind == "O":
-        return pa.array(values, type=pa.string())
-    return pa.array(values)
+    if values.dtype.kind not in "iuf":  # labels: strings (a labelled run has imported pandas anyway)
+        return pa.array(values, type=pa.string() if values.dtype.kind == "O" else None)
+    values = np.ascontiguousarray(values)
+    validity = None
+    if values.dtype.kind == "f" and fmt == "csv":
+        values = round_significant(values, CSV_SIGNIFICANT_DIGITS)
+        nan = np.isnan(values)
+        if nan.any():
+            validity = pa.py_buffer(np.packbits(~nan, bitorder="little"))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [validity, pa.py_buffer(values)])
 
 
 def _write_csv(table, path: Path) -> None:
@@ -127,11 +132,13 @@ def round_significant(values: np.ndarray, digits: int) -> np.ndarray:
     x = values[live]
     shift = (digits - 1 - np.floor(np.log10(np.abs(x)))).astype(np.int64)
     up = shift >= 0
-    scale = 10.0 ** np.abs(shift)
-    scaled = np.where(up, x * scale, x / scale)
-    whole = np.rint(scaled)
-    out[live] = np.where(up, whole / scale, whole * scale)
-    for i in live[(np.abs(scaled - whole) == 0.5) | (np.abs(shift) > 22)]:
+    with np.errstate(over="ignore", invalid="ignore"):  # |shift| > 22 is redone by printf below
+        scale = 10.0 ** np.abs(shift)
+        scaled = np.where(up, x * scale, x / scale)
+        whole = np.rint(scaled)
+        out[live] = np.where(up, whole / scale, whole * scale)
+        redo = (np.abs(scaled - whole) == 0.5) | (np.abs(shift) > 22)
+    for i in live[redo]:
         out[i] = float(f"{values[i]:.{digits}g}")
     return out
 

@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import pandas as pd
 
 import sim
 from sim.atomic_write import commit, new_staging_file
 from sim.errors import InputError
+from sim.lazy import lazy_module
+
+pd = lazy_module("pandas")  # only when the command runs: building the CLI's parser imports this module
 
 US = 1e6  # trace timestamps are microseconds
 STEP_ARGS = ("batch_size", "running", "k", "drafted_tokens", "accepted_tokens", "emitted_tokens")

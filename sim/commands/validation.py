@@ -23,11 +23,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from sim.atomic_write import staged_dir
 from sim.errors import InputError
+from sim.lazy import lazy_module
 from sim.profile import write_scaled_profile
+
+pd = lazy_module("pandas")  # only when the command runs: building the CLI's parser imports this module
 
 LATENCIES = (("e2el", "E2EL"), ("ttft", "TTFT"), ("tpot", "TPOT"))
 STATS = (("mean", "mean"), ("median", "p50"), ("p99", "p99"))

@@ -1,0 +1,152 @@
+"""The fitted-profile cache (sim/cache.py) and the column records (sim/serving/records.py, outputs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import cache
+from sim.commands.outputs import round_significant, write_run, write_table
+from sim.serving.records import CHUNK, STEP_DTYPE, ColumnBuffer, value_buffer, buffer_array
+from sim.simulate import _fitted, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_bytes(config, out: Path) -> dict[str, bytes]:
+    _fitted.cache_clear()  # the in-process cache would hide the disk cache
+    write_run(simulate(config), out)
+    return {name: (out / name).read_bytes() for name in ("requests.csv", "steps.csv", "summary.json")}
+
+
+def test_results_are_byte_identical_cold_warm_and_uncached(tmp_path, monkeypatch, run_config):
+    config = run_config(workload__num_requests=150, workload__rate=5.0)
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    cold = _run_bytes(config, tmp_path / "cold")
+    entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(entries) == 2  # the fitted model and one step table
+    warm = _run_bytes(config, tmp_path / "warm")
+    monkeypatch.setenv(cache.ENV, "")
+    off = _run_bytes(config, tmp_path / "off")
+    assert cold == warm == off
+
+
+def test_a_corrupt_or_foreign_entry_is_ignored_and_rewritten(tmp_path, monkeypatch, run_config):
+    config = run_config(workload__num_requests=60, workload__rate=5.0)
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(cache.ENV, str(folder))
+    good = _run_bytes(config, tmp_path / "a")
+    for i, entry in enumerate(sorted(folder.iterdir())):
+        entry.write_bytes(b"not a zip file" if i == 0 else entry.read_bytes()[:100])  # corrupt, truncated
+    assert _run_bytes(config, tmp_path / "b") == good
+    assert all(cache.load(p.stem) is not None for p in folder.iterdir())  # rewritten whole
+    np.savez(folder / sorted(folder.iterdir())[0].name, unrelated=np.arange(3))  # readable, wrong content
+    assert _run_bytes(config, tmp_path / "c") == good
+
+
+def test_an_unwritable_cache_folder_leaves_the_run_uncached(tmp_path, monkeypatch, run_config):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would be")
+    monkeypatch.setenv(cache.ENV, str(blocker / "cache"))
+    config = run_config(workload__num_requests=40, workload__rate=5.0)
+    monkeypatch.setenv(cache.ENV, "")
+    expected = _run_bytes(config, tmp_path / "a")
+    monkeypatch.setenv(cache.ENV, str(blocker / "cache"))
+    assert _run_bytes(config, tmp_path / "b") == expected
+
+
+def test_the_key_follows_the_profile_content(tmp_path, synthetic_profile):
+    import shutil
+
+    copy = tmp_path / "p"
+    shutil.copytree(synthetic_profile, copy)
+    files = lambda d: [d / "profile.csv", d / "profile.json"]  # noqa: E731
+    assert cache.profile_digest(files(copy)) == cache.profile_digest(files(synthetic_profile))
+    with (copy / "profile.csv").open("a") as handle:
+        handle.write("\n")
+    assert cache.profile_digest(files(copy)) != cache.profile_digest(files(synthetic_profile))
+
+
+def test_a_warm_run_imports_neither_pandas_nor_scipy(tmp_path):
+    """Start-up: a run whose profile is cached pays for no fit, no scipy and no pandas."""
+    env = {"SPECBATCH_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    script = ("import sys; from sim.commands.cli import main; "
+              f"main(['run', '--num-requests', '30', '--out', sys.argv[1], '--quiet']); "
+              "loaded = [m for m in ('pandas', 'scipy') if m in sys.modules "
+              "and type(sys.modules[m]).__name__ != '_LazyModule']; print(loaded)")
+    first = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, check=True)
+    assert "scipy" in first.stdout  # the cold run fitted the curves
+    second = subprocess.run([sys.executable, "-c", script, str(tmp_path / "b")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, check=True)
+    assert second.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / "a" / "requests.csv").read_bytes() == (tmp_path / "b" / "requests.csv").read_bytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(allow_nan=False, width=64), st.floats(allow_nan=False), st.integers(0, 1),
+                          st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, 127),
+                          st.floats(0, 1e6), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1),
+                          st.integers(0, 2**31 - 1)), max_size=3 * CHUNK // 1000),
+       st.integers(1, 3))
+def test_column_buffer_holds_exactly_the_rows_appended(rows, repeat):
+    rows = rows * repeat * 700  # cross chunk and doubling boundaries
+    buffer = ColumnBuffer(STEP_DTYPE, capacity=8)
+    for row in rows:
+        buffer.append(row)
+    assert len(buffer) == len(rows)
+    expected = np.array(rows, dtype=STEP_DTYPE) if rows else np.zeros(0, STEP_DTYPE)
+    columns = buffer.columns()
+    for name in STEP_DTYPE.names:
+        assert columns[name].dtype == STEP_DTYPE[name]
+        assert np.array_equal(columns[name], expected[name])
+
+
+def test_value_buffer_appends_and_extends():
+    buffer = value_buffer(np.float64)
+    buffer.append(1.5)
+    buffer.extend([2.5] * (2 * CHUNK))
+    buffer.extend(np.arange(3.0))
+    values = buffer_array(buffer)
+    assert values.shape == (2 * CHUNK + 4,) and values[0] == 1.5 and values[-1] == 2.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_round_significant_rounds_as_printf(x):
+    assert round_significant(np.array([x]), 9)[0] == float(f"{x:.9g}")
+
+
+def test_round_significant_on_ties_and_specials():
+    values = np.array([0.01063953125, 2.5, 1e-300, -7.5e22, np.nan, np.inf, 0.0, 329.352779])
+    out = round_significant(values, 9)
+    for x, y in zip(values, out):
+        assert (np.isnan(x) and np.isnan(y)) or y == float(f"{x:.9g}")
+
+
+def test_csv_cells_nulls_and_labels(tmp_path):
+    columns = {"request_id": np.arange(3), "tpot_s": np.array([0.123456789123, np.nan, 2.0]),
+               "label": np.array(["chat", "a,b", 'say "hi"'], dtype=object)}
+    write_table(columns, tmp_path / "t.csv", "csv")
+    assert (tmp_path / "t.csv").read_text() == 'request_id,tpot_s,label\n0,0.123456789,"chat"\n1,,"a,b"\n' \
+                                               '2,2,"say ""hi"""\n'
+    plain = {"x": np.array([1.0, 0.5]), "label": np.array(["chat", "code"], dtype=object)}
+    write_table(plain, tmp_path / "p.csv", "csv")
+    assert (tmp_path / "p.csv").read_text() == "x,label\n1,chat\n0.5,code\n"
+
+
+def test_parquet_keeps_full_precision(tmp_path):
+    import pyarrow.parquet as pq
+
+    columns = {"x": np.array([0.1 + 0.2, np.nan]), "k": np.array([1, 2], dtype=np.int8)}
+    write_table(columns, tmp_path / "t.parquet", "parquet")
+    table = pq.read_table(tmp_path / "t.parquet")
+    assert table.column("x").to_pylist()[0] == 0.1 + 0.2 and np.isnan(table.column("x").to_pylist()[1])
+    assert str(table.schema.field("k").type) == "int8"
