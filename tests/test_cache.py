@@ -150,3 +150,36 @@ def test_parquet_keeps_full_precision(tmp_path):
     table = pq.read_table(tmp_path / "t.parquet")
     assert table.column("x").to_pylist()[0] == 0.1 + 0.2 and np.isnan(table.column("x").to_pylist()[1])
     assert str(table.schema.field("k").type) == "int8"
+
+
+def test_trace_fast_reader_agrees_with_the_line_reader(tmp_path, monkeypatch):
+    """pyarrow's reader (workloads.trace.read_trace_columns) gives what the line-by-line reader gives."""
+    import workloads.trace as trace
+
+    rng = np.random.default_rng(3)
+    n = 500
+    alpha = np.where(rng.random(n) < 0.3, np.nan, rng.uniform(0.05, 0.95, n))
+    requests = trace.Requests(np.sort(rng.uniform(0, 100, n)), rng.integers(1, 999, n), rng.integers(1, 999, n),
+                              alpha=alpha, label=rng.choice(["chat", "code", "long, quoted"], n))
+    path = tmp_path / "t.csv"
+    trace.write_trace(path, requests)
+    text = path.read_text().splitlines()
+    path.write_text("\n".join([text[0], *text[1:][::-1]]) + "\n")  # unsorted: ties keep file order
+    fast = trace.read_trace(path)
+    monkeypatch.setattr(trace, "read_trace_columns", lambda p: None)
+    slow = trace.read_trace(path)
+    for field in ("arrival_s", "prompt_tokens", "output_tokens", "alpha", "label"):
+        a, b = getattr(fast, field), getattr(slow, field)
+        assert a.dtype == b.dtype and (np.array_equal(a, b, equal_nan=True) if a.dtype != object else list(a) == list(b))
+
+
+@pytest.mark.parametrize("body", ["1,2,x\n", "1,2\n", "NA,2,3\n", "-1,2,3\n", "1,0,3\n", "nan,2,3\n", "1,2.5,3\n"])
+def test_trace_fast_reader_leaves_bad_lines_to_the_line_reader(tmp_path, body):
+    import workloads.trace as trace
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,5,5\n" + body)
+    assert trace.read_trace_columns(path) is None
+    with pytest.raises(trace.TraceError) as info:
+        trace.read_trace(path)
+    assert info.value.line == 3
