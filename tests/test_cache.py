@@ -183,3 +183,19 @@ def test_trace_fast_reader_leaves_bad_lines_to_the_line_reader(tmp_path, body):
     with pytest.raises(trace.TraceError) as info:
         trace.read_trace(path)
     assert info.value.line == 3
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_tables_written_in_slices_read_back_whole(tmp_path, monkeypatch, fmt):
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    import sim.commands.outputs as outputs
+
+    columns = {"i": np.arange(1000), "x": np.linspace(0, 1, 1000)}
+    monkeypatch.setattr(outputs, "SLICE_ROWS", 64)
+    write_table(columns, tmp_path / f"t.{fmt}", fmt)
+    table = pq.read_table(tmp_path / "t.parquet") if fmt == "parquet" else pacsv.read_csv(tmp_path / "t.csv")
+    assert table.num_rows == 1000 and table.column("i").to_pylist() == list(range(1000))
+    expected = columns["x"] if fmt == "parquet" else round_significant(columns["x"], 9)
+    assert np.array_equal(table.column("x").to_numpy(), expected)

@@ -27,6 +27,7 @@ from sim.errors import InputError
 from sim.simulate import Columns, RunResult
 
 CSV_SIGNIFICANT_DIGITS = 9
+SLICE_ROWS = 1 << 20  # rows converted and written at a time
 
 MARKER = "summary.json"
 
@@ -72,18 +73,44 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
 
 
 def write_table(columns: Columns, path: Path, fmt: str) -> None:
-    """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order."""
+    """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order.
+
+    Rows go out in slices of :data:`SLICE_ROWS`, so the writer's own memory (the rounded
+    floats, the formatted text) stays a slice's, whatever the run's length.
+    """
     import pyarrow as pa
 
     names = list(columns)
-    arrays = [_arrow_column(np.asarray(columns[name]), fmt) for name in names]
-    table = pa.table(arrays, names=names)
-    if fmt == "csv":
-        _write_csv(table, path)
-    else:
-        import pyarrow.parquet as pq
+    arrays = {name: np.asarray(columns[name]) for name in names}
+    rows = len(next(iter(arrays.values()))) if arrays else 0
 
-        pq.write_table(table, path)
+    def table(lo: int, hi: int):
+        return pa.table([_arrow_column(arrays[name][lo:hi], fmt) for name in names], names=names)
+
+    first = table(0, min(rows, SLICE_ROWS))
+    with pa.OSFile(str(path), "wb") as sink:
+        if fmt == "csv":
+            import pyarrow.csv as pacsv
+
+            sink.write((",".join(names) + "\n").encode())  # bare names: they are identifiers
+            writer = pacsv.CSVWriter(sink, first.schema, write_options=_csv_options(arrays))
+        else:
+            import pyarrow.parquet as pq
+
+            writer = pq.ParquetWriter(sink, first.schema)
+        with writer:
+            writer.write_table(first)
+            for lo in range(SLICE_ROWS, rows, SLICE_ROWS):
+                writer.write_table(table(lo, min(rows, lo + SLICE_ROWS)))
+
+
+def _csv_options(arrays: dict[str, np.ndarray]):
+    """No quotes, unless a label holds a comma, quote or line break (then Arrow quotes every label)."""
+    import pyarrow.csv as pacsv
+
+    structural = any(np.char.find(values.astype(str), c).max(initial=-1) >= 0
+                     for values in arrays.values() if values.dtype.kind == "O" for c in ',"\r\n')
+    return pacsv.WriteOptions(include_header=False, quoting_style="needed" if structural else "none")
 
 
 def _arrow_column(values: np.ndarray, fmt: str):
@@ -101,20 +128,6 @@ def _arrow_column(values: np.ndarray, fmt: str):
         if nan.any():
             validity = pa.py_buffer(np.packbits(~nan, bitorder="little"))
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [validity, pa.py_buffer(values)])
-
-
-def _write_csv(table, path: Path) -> None:
-    """A header line of bare names (they are identifiers) and the rows, quoting labels only if one needs it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.csv as pacsv
-
-    structural = any(pc.any(pc.match_substring_regex(table[name], '[,"\r\n]')).as_py()
-                     for name in table.column_names if pa.types.is_string(table.schema.field(name).type))
-    options = pacsv.WriteOptions(include_header=False, quoting_style="needed" if structural else "none")
-    with pa.OSFile(str(path), "wb") as sink:
-        sink.write((",".join(table.column_names) + "\n").encode())
-        pacsv.write_csv(table, sink, options)
 
 
 def round_significant(values: np.ndarray, digits: int) -> np.ndarray:
