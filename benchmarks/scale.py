@@ -54,6 +54,13 @@ def child(case: str, size: int, trace: str | None) -> dict:
     from sim.config import load_config
     from sim.simulate import execute, prepare
 
+    def peak_mb() -> float:
+        """This process's peak RSS: VmHWM (ru_maxrss would count the forking parent's RSS too)."""
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     imported = time.perf_counter()
     overrides = {key: (value, "scale.py") for key, value in CASES[case][1].items()}
     if trace:
@@ -62,18 +69,21 @@ def child(case: str, size: int, trace: str | None) -> dict:
         overrides["workload.num_requests"] = (size, "scale.py")
     run = prepare(load_config(None, overrides))
     prepared = time.perf_counter()
+    peaks = {"startup": peak_mb()}
     result = execute(run)
     executed = time.perf_counter()
+    peaks["engine_and_metrics"] = peak_mb()
     with tempfile.TemporaryDirectory() as scratch:
         write_run(result, Path(scratch) / "run")
         written = time.perf_counter()
+    peaks["writing"] = peak_mb()
     engine = result.engine_wall_s
     steps = int(result.summary["num_steps"])
     return {"case": case, "requests": len(run.requests), "steps": steps,
             "import_s": imported - STARTED, "startup_s": prepared - STARTED, "engine_s": engine,
             "metrics_s": executed - prepared - engine, "write_s": written - executed,
             "total_s": written - STARTED, "steps_per_s": steps / engine,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_mb(), "peak_rss_mb_after": peaks}
 
 
 def measure(case: str, size: int, trace: str | None = None, cache: str | None = None) -> dict:
@@ -152,8 +162,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS.relative_to(ROOT)})")
     args = parser.parse_args()
     rows = []
+    doc = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(),
+           "load_average_at_start": os.getloadavg()[0], "rows": rows}
     with tempfile.TemporaryDirectory() as scratch:
         cold = measure("fixed", min(args.sizes), cache="")
+        doc.update(cold_start=cold, warm_start_s=None, warm_import_s=None)
         print(f"cold start (no fit cache): start-up {cold['startup_s']:.2f} s, imports {cold['import_s']:.2f} s",
               flush=True)
         for case in args.cases:
@@ -165,17 +178,16 @@ def main() -> int:
                     write_default_trace(size, Path(trace))
                 warm(case, size, trace)
                 row = measure(case, size, trace)
+                row["load_average"] = os.getloadavg()[0]  # other work on the machine slows every figure
                 rows.append(row)
+                if case == "fixed" and size == min(args.sizes):
+                    doc.update(warm_start_s=row["startup_s"], warm_import_s=row["import_s"])
                 print(f"{case:>8} {row['requests']:>9,} requests {row['steps']:>10,} steps: start-up "
                       f"{row['startup_s']:.2f} s, engine {row['engine_s']:.1f} s, metrics {row['metrics_s']:.2f} s, "
                       f"writing {row['write_s']:.2f} s, whole {row['total_s']:.1f} s; {row['steps_per_s']:,.0f} "
                       f"steps/s; peak RSS {row['peak_rss_mb']:,.0f} MB", flush=True)
-    smallest = [r for r in rows if r["case"] == "fixed" and r["requests"] == min(args.sizes)]
-    doc = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(), "cold_start": cold,
-           "warm_start_s": smallest[0]["startup_s"] if smallest else None,
-           "warm_import_s": smallest[0]["import_s"] if smallest else None, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(doc, indent=2) + "\n")  # after each row: a long run keeps what it has
     print(f"wrote {args.out}")
     return 0
 
