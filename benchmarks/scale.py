@@ -141,13 +141,18 @@ def table(doc: dict) -> str:
                     f"| {r['engine_s']:.1f} s | {r['metrics_s']:.2f} s | {r['write_s']:.2f} s "
                     f"| **{r['total_s']:.1f} s** | {r['steps_per_s']:,.0f} | {r['peak_rss_mb']:,.0f} MB |")
     cold = doc.get("cold_start")
+    loads = [r["load_average"] for r in doc["rows"] if "load_average" in r]
+    rows.append("")
     if cold:
-        rows.append("")
         rows.append(f"Start-up without the fit cache (a profile's first run on a machine): {cold['startup_s']:.2f} s "
                     f"(imports {cold['import_s']:.2f} s); with it: {doc['warm_start_s']:.2f} s "
-                    f"(imports {doc['warm_import_s']:.2f} s). Measured {doc['date']} on {doc['machine']['cpu']} "
-                    f"({doc['machine']['cores']} cores), Python {doc['machine']['python']}, "
-                    f"`python benchmarks/scale.py`.")
+                    f"(imports {doc['warm_import_s']:.2f} s).")
+    machine = doc["machine"]
+    rows.append(f"Measured {doc['date']} with `python benchmarks/scale.py` on {machine['cpu']} ({machine['cores']} "
+                f"cores), Python {machine['python']}, numpy {machine['numpy']}, pyarrow {machine['pyarrow']}"
+                + (f"; the machine was shared, with a 1-minute load average of {min(loads):.0f}–{max(loads):.0f} "
+                   f"during the runs, so times are upper bounds (peak RSS does not depend on load)" if loads else "")
+                + ".")
     return "\n".join(rows) + "\n"
 
 
@@ -160,13 +165,21 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS.relative_to(ROOT)})")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the rows of --out that this invocation does not measure again (and its cold start)")
     args = parser.parse_args()
-    rows = []
+    kept = json.loads(args.out.read_text()) if args.keep and args.out.is_file() else {"rows": []}
+    rows = [r for r in kept["rows"] if r["case"] not in args.cases or
+            (r["requests"] not in args.sizes and r["case"] != "trace")]
     doc = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(),
            "load_average_at_start": os.getloadavg()[0], "rows": rows}
     with tempfile.TemporaryDirectory() as scratch:
-        cold = measure("fixed", min(args.sizes), cache="")
-        doc.update(cold_start=cold, warm_start_s=None, warm_import_s=None)
+        if args.keep and "cold_start" in kept:
+            cold = kept["cold_start"]
+            doc.update({key: kept.get(key) for key in ("cold_start", "warm_start_s", "warm_import_s")})
+        else:
+            cold = measure("fixed", min(args.sizes), cache="")
+            doc.update(cold_start=cold, warm_start_s=None, warm_import_s=None)
         print(f"cold start (no fit cache): start-up {cold['startup_s']:.2f} s, imports {cold['import_s']:.2f} s",
               flush=True)
         for case in args.cases:

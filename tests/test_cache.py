@@ -199,3 +199,12 @@ def test_tables_written_in_slices_read_back_whole(tmp_path, monkeypatch, fmt):
     assert table.num_rows == 1000 and table.column("i").to_pylist() == list(range(1000))
     expected = columns["x"] if fmt == "parquet" else round_significant(columns["x"], 9)
     assert np.array_equal(table.column("x").to_numpy(), expected)
+
+
+def test_the_documented_record_widths_hold():
+    """docs/performance.md states these bytes per step and per ITL entry."""
+    from sim.serving.loop import ServingLoop  # noqa: F401  (the loop's buffers are built from these)
+
+    assert STEP_DTYPE.itemsize == 46
+    assert value_buffer(np.float64).dtype.itemsize + value_buffer(np.int64).dtype.itemsize == 16
+    assert "| 46 |" in (ROOT / "docs" / "performance.md").read_text()
