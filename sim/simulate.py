@@ -95,6 +95,10 @@ class RunResult:
     replicas: list[dict] | None = None  # per-replica metrics of a cluster of more than one replica
     extra: dict | None = None  # further top-level sections of summary.json (a real replay says so there)
 
+    @property
+    def request_count(self) -> int:
+        return len(self.request_columns["request_id"])
+
     @cached_property
     def requests(self) -> "pd.DataFrame":
         return as_frame(self.request_columns)

@@ -78,7 +78,7 @@ def test_a_warm_run_imports_neither_pandas_nor_scipy(tmp_path):
     """Start-up: a run whose profile is cached pays for no fit, no scipy and no pandas."""
     env = {"SPECBATCH_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
     script = ("import sys; from sim.commands.cli import main; "
-              f"main(['run', '--num-requests', '30', '--out', sys.argv[1], '--quiet']); "
+              f"main(['run', '--num-requests', '30', '--out', sys.argv[1]]); "
               "loaded = [m for m in ('pandas', 'scipy') if m in sys.modules "
               "and type(sys.modules[m]).__name__ != '_LazyModule']; print(loaded)")
     first = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a")], cwd=ROOT, env=env,

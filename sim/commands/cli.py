@@ -122,9 +122,9 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(format_summary(result))
     steps = result.summary["num_steps"]
-    print(f"Simulated {len(result.requests)} requests, {steps} engine steps in {result.wall_s:.2f} s wall "
+    print(f"Simulated {result.request_count} requests, {steps} engine steps in {result.wall_s:.2f} s wall "
           f"({steps / max(result.wall_s, 1e-9):,.0f} steps/s, "
-          f"{len(result.requests) / max(result.wall_s, 1e-9):,.0f} requests/s).")
+          f"{result.request_count / max(result.wall_s, 1e-9):,.0f} requests/s).")
     print(f"Wrote {out}/ (summary.json, config.toml"
           + ("" if config.output.records == "none" else f", requests.{config.output.records}, "
              f"steps.{config.output.records}") + ")")
