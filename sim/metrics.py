@@ -45,7 +45,9 @@ def distribution_stats(prefix: str, values_s: np.ndarray, weights: np.ndarray | 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, percents) -> np.ndarray:
     """Equals ``np.percentile(np.repeat(values, weights), percents)`` without building the repeat."""
     order = np.argsort(values, kind="stable")
-    sorted_values, cum = values[order], np.cumsum(weights[order])
+    cum = np.cumsum(weights[order])
+    sorted_values = values[order]
+    del order  # a million-request run has millions of gaps: hold as few copies as possible
     total = int(cum[-1])
     out = []
     for p in percents:

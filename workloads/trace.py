@@ -108,9 +108,12 @@ def read_trace_columns(path: Path) -> Requests | None:
     if "label" in wanted:
         label = pc.utf8_trim_whitespace(table["label"]).to_numpy(zero_copy_only=False)
     order = np.argsort(arrival, kind="stable")
-    return Requests(arrival[order], prompt[order], output[order],
-                    alpha=alpha[order] if alpha is not None else None,
-                    label=label[order] if label is not None else None)
+    requests = Requests(arrival[order], prompt[order], output[order],
+                        alpha=alpha[order] if alpha is not None else None,
+                        label=label[order] if label is not None else None)
+    del table, arrival, prompt, output
+    pa.default_memory_pool().release_unused()  # hand the parser's buffers back: the run needs the memory
+    return requests
 
 
 def write_trace(path: str | os.PathLike[str], requests: Requests) -> None:
