@@ -136,7 +136,7 @@ def table(doc: dict) -> str:
     """The README's table (docs/generate.py's ``scale`` block)."""
     rows = ["| case | requests | engine steps | start-up | engine | metrics | writing | whole run "
             "| engine steps/s | peak RSS |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in doc["rows"]:
+    for r in sorted(doc["rows"], key=lambda r: (list(CASES).index(r["case"]), r["requests"])):
         rows.append(f"| {CASES[r['case']][0]} | {r['requests']:,} | {r['steps']:,} | {r['startup_s']:.2f} s "
                     f"| {r['engine_s']:.1f} s | {r['metrics_s']:.2f} s | {r['write_s']:.2f} s "
                     f"| **{r['total_s']:.1f} s** | {r['steps_per_s']:,.0f} | {r['peak_rss_mb']:,.0f} MB |")
