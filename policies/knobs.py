@@ -4,11 +4,13 @@ The engine policies (``vllm-dynamic``, ``sglang-adaptive``, ``trtllm-schedule``)
 knob a user already has: vLLM's ``--speculative-config`` is JSON text, SGLang's
 ``--speculative-adaptive-config`` names a JSON file, TensorRT-LLM's ``draft_len_schedule``
 is a Python dict. So a string that starts with ``{`` or ``[`` is read as JSON and any other
-string as the path of a JSON file; a mapping or list is taken as it is.
+string as the path of a JSON file (a Python dict literal such as ``{4: 4, 8: 2}`` is read
+too); a mapping or list is taken as it is.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 from pathlib import Path
@@ -33,13 +35,24 @@ def load_knob(value: Any, param: str, kinds: tuple[type, ...] = (dict,)) -> Any:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise PolicyError(f"{param}: {where} is not valid JSON ({exc.msg} at line {exc.lineno}, "
-                              f"column {exc.colno})", field=param) from None
+            value = _literal(text)  # TensorRT-LLM's Python dict, {4: 4, 8: 2}, is not JSON
+            if value is None:
+                raise PolicyError(f"{param}: {where} is not valid JSON ({exc.msg} at line {exc.lineno}, "
+                                  f"column {exc.colno})", field=param) from None
     if not isinstance(value, kinds):
         names = " or ".join("a JSON object" if k is dict else "a JSON list" for k in kinds)
         raise PolicyError(f"{param} must be {names} (or JSON text, or a JSON file's path), got {value!r}",
                           field=param)
     return value
+
+
+def _literal(text: str) -> Any:
+    """A Python literal dict or list (numbers and strings only), else None."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, (dict, list)) else None
 
 
 def whole(value: Any, what: str, param: str, lo: int = 0) -> int:

@@ -76,6 +76,19 @@ class Ladder:
         self.index = i
 
 
+def engine_config(table: list[list[int]]) -> tuple[dict[str, Any], list[list[int]]]:
+    """A ``lut`` table [[start, end, k], ...] as SGLang's per-batch-size config: one slot per range,
+    keyed by its start, with the single step k (so the slot never moves). SGLang drafts at least
+    one step, so a range with k = 0 gets steps [1]; those ranges are returned too."""
+    config: dict[str, Any] = {}
+    raised = []
+    for start, end, k in table:
+        config[str(start)] = {"steps": [max(k, 1)]}
+        if k == 0:
+            raised.append([start, end, k])
+    return config, raised
+
+
 def _steps(value: Any, what: str) -> list[int]:
     if not isinstance(value, (list, tuple)) or not value:
         raise PolicyError(f"{PARAM}: {what} must be a non-empty list of draft steps, got {value!r}", field=PARAM)

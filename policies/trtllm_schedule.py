@@ -41,6 +41,17 @@ def check_schedule(schedule: Any, max_draft_len: int | None) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
+def engine_config(table: list[list[int]]) -> dict[int, int]:
+    """A ``lut`` table [[start, end, k], ...] as draft_len_schedule: each range's end -> its k (a
+    batch takes the smallest key >= it; above the last end, which is the table's max batch, none)."""
+    return {end: k for _, end, k in table}
+
+
+def format_schedule(schedule: dict[int, int]) -> str:
+    """As TensorRT-LLM's Python API and its YAML options both read it: {4: 4, 8: 2, 32: 1}."""
+    return "{" + ", ".join(f"{bs}: {k}" for bs, k in schedule.items()) + "}"
+
+
 class TrtllmSchedule(Policy):
     name = "trtllm-schedule"
     max_k_param = PARAM

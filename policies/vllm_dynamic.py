@@ -108,6 +108,12 @@ class VllmDynamic(Policy):
         return {PARAM: config}
 
 
+def engine_config(table: list[list[int]]) -> dict[str, Any]:
+    """A ``lut`` table [[start, end, k], ...] (from batch size 1, as build_lut makes it) as vLLM's
+    speculative_config keys (add ``method`` and ``model``). vLLM needs num_speculative_tokens >= 1."""
+    return {MAX_K: max(1, max(row[2] for row in table)), SCHEDULE: [list(row) for row in table]}
+
+
 def _rule(row: list[int], batch_size: int, k: int, cap: int) -> str:
     start, end, given = row
     text = f"[{start}, {end}, {given}]" + ("" if batch_size <= end else f" (batch {batch_size} in the gap after it)")

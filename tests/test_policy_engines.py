@@ -234,3 +234,38 @@ def test_engine_policies_run_from_toml_flags_and_python(name, tmp_path, syntheti
     for key in ("mean_e2el_ms", "mean_k", "num_decode_steps"):
         assert from_toml["metrics"][key] == from_flag["metrics"][key] == result.summary[key]
     assert from_toml["metrics"]["mean_k"] > 0
+
+
+# ------------------------------------------------- specbatch lut --format
+@pytest.mark.parametrize("fmt, name, param", [("vllm", "vllm-dynamic", "speculative_config"),
+                                              ("sglang", "sglang-adaptive", "adaptive_config"),
+                                              ("trtllm", "trtllm-schedule", "draft_len_schedule")])
+def test_lut_format_prints_a_config_that_the_matching_policy_reads_back_as_the_lut(
+        fmt, name, param, synthetic_profile, tmp_path, capsys):
+    from policies.lut import LookupTable
+    from sim.costmodel import CostModel
+    from sim.profile import load_profile
+
+    args = ["lut", "--profile", str(synthetic_profile), "--alpha", "0.6", "--k-max", "5", "--max-batch", "64"]
+    assert main([*args, "--format", fmt, "--out", str(tmp_path / "engine.txt")]) == 0
+    printed, err = capsys.readouterr()
+    text = printed.strip()
+    assert (tmp_path / "engine.txt").read_text().strip() == text
+    lut = LookupTable(alpha=0.6, k_max=5)
+    lut.bind(7, type("Costs", (), {"step_time": CostModel(load_profile(str(synthetic_profile))).step_time,
+                                   "max_batch": 64})())
+    assert len({lut.k_for(b) for b in range(1, 65)}) >= 2  # the table has more than one row
+    engine = make_policy(name, {param: text})
+    for b in range(1, 65):
+        want = max(lut.k_for(b), 1) if fmt == "sglang" else lut.k_for(b)  # SGLang drafts at least 1
+        assert engine.choose_k(_view(b)) == want, (fmt, b)
+    if fmt == "sglang" and 0 in {lut.k_for(b) for b in range(1, 65)}:
+        assert "at least one step" in err
+    if fmt == "trtllm":
+        assert text.startswith("{") and ": " in text and '"' not in text  # {4: 4, ...}: Python and YAML
+
+
+def test_lut_format_rejects_unknown_formats(capsys, synthetic_profile):
+    with pytest.raises(SystemExit):
+        main(["lut", "--profile", str(synthetic_profile), "--alpha", "0.6", "--format", "tgi"])
+    assert "invalid choice" in capsys.readouterr().err
