@@ -11,6 +11,7 @@ too); a mapping or list is taken as it is.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -44,6 +45,15 @@ def load_knob(value: Any, param: str, kinds: tuple[type, ...] = (dict,)) -> Any:
         raise PolicyError(f"{param} must be {names} (or JSON text, or a JSON file's path), got {value!r}",
                           field=param)
     return value
+
+
+@contextlib.contextmanager
+def named(policy: str):
+    """Errors raised inside name the policy first: "vllm-dynamic: speculative_config ..."."""
+    try:
+        yield
+    except PolicyError as exc:
+        raise PolicyError(f"{policy}: {exc.message}", field=exc.field) from None
 
 
 def _literal(text: str) -> Any:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from policies.base import BatchView, Policy, PolicyError, StepFeedback
-from policies.knobs import batch_key, load_knob, number, whole
+from policies.knobs import named, batch_key, load_knob, number, whole
 
 PARAM = "adaptive_config"
 GLOBAL_KEYS = ("ema_alpha", "update_interval", "warmup_batches", "candidate_steps", "down_hysteresis",
@@ -100,6 +100,10 @@ class SglangAdaptive(Policy):
     max_k_param = PARAM
 
     def __init__(self, adaptive_config: Any = None, initial_steps: int | None = None) -> None:
+        with named(self.name):
+            self._setup(adaptive_config, initial_steps)
+
+    def _setup(self, adaptive_config: Any = None, initial_steps: int | None = None) -> None:
         config = {} if adaptive_config is None else load_knob(adaptive_config, PARAM)
         self.config = dict(config)
         self.initial_steps = None if initial_steps is None else whole(initial_steps, "initial_steps",

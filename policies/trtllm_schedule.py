@@ -18,7 +18,7 @@ from bisect import bisect_left
 from typing import Any
 
 from policies.base import BatchView, Policy, PolicyError
-from policies.knobs import batch_key, load_knob, whole
+from policies.knobs import named, batch_key, load_knob, whole
 
 PARAM = "draft_len_schedule"
 
@@ -57,6 +57,10 @@ class TrtllmSchedule(Policy):
     max_k_param = PARAM
 
     def __init__(self, draft_len_schedule: Any = None, max_draft_len: int | None = None) -> None:
+        with named(self.name):
+            self._setup(draft_len_schedule, max_draft_len)
+
+    def _setup(self, draft_len_schedule: Any = None, max_draft_len: int | None = None) -> None:
         if draft_len_schedule is None:
             raise PolicyError(f"give {PARAM}, TensorRT-LLM's dict batch size -> draft length, e.g. "
                               "{4: 4, 8: 2, 32: 1}", field=PARAM)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from policies.base import BatchView, Policy, PolicyError
-from policies.knobs import load_knob, whole
+from policies.knobs import named, load_knob, whole
 
 PARAM = "speculative_config"
 SCHEDULE = "num_speculative_tokens_per_batch_size"
@@ -59,6 +59,10 @@ class VllmDynamic(Policy):
     max_k_param = PARAM
 
     def __init__(self, speculative_config: Any = None) -> None:
+        with named(self.name):
+            self._setup(speculative_config)
+
+    def _setup(self, speculative_config: Any = None) -> None:
         if speculative_config is None:
             raise PolicyError(f"give {PARAM}: vLLM's JSON, e.g. {{\"{MAX_K}\": 4, \"{SCHEDULE}\": "
                               "[[1, 8, 4], [9, 32, 2], [33, 256, 0]]}", field=PARAM)
