@@ -20,6 +20,7 @@ See docs/policy-engines.md.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any
 
 from policies.base import BatchView, Policy, PolicyError
@@ -85,14 +86,7 @@ class VllmDynamic(Policy):
 
     def row_for(self, batch_size: int) -> int:
         """Index of the range whose K applies: the last one starting at or below the batch size."""
-        lo, hi = 0, len(self._starts)
-        while hi - lo > 1:  # bisect without the import's call overhead on tiny lists
-            mid = (lo + hi) // 2
-            if self._starts[mid] <= batch_size:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return max(bisect_right(self._starts, batch_size) - 1, 0)
 
     def k_for(self, batch_size: int) -> int:
         """vLLM's K at this batch size (0 for an empty batch, as vLLM's lookup[0])."""
@@ -101,8 +95,8 @@ class VllmDynamic(Policy):
     def choose_k(self, view: BatchView) -> int:
         i = self.row_for(view.batch_size)
         if view.explain is not None:
-            row = self._rows[i]
-            view.explain.update(rule=_rule(row, view.batch_size, self._ks[i], self.num_speculative_tokens))
+            view.explain["rule"] = (f"static {MAX_K} = {self.num_speculative_tokens}" if self.schedule is None else
+                                    _rule(self._rows[i], view.batch_size, self._ks[i], self.num_speculative_tokens))
         return self._ks[i]
 
     def params(self) -> dict[str, Any]:
