@@ -13,9 +13,13 @@ from policies.fixed import FixedK
 from policies.goodput import Goodput
 from policies.lut import LookupTable
 from policies.none import NoSpeculation
+from policies.sglang_adaptive import SglangAdaptive
+from policies.trtllm_schedule import TrtllmSchedule
+from policies.vllm_dynamic import VllmDynamic
 
 BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (NoSpeculation, FixedK, LookupTable, Goodput,
-                                                                  ContextTable, Adaptive)}
+                                                                  ContextTable, Adaptive, VllmDynamic,
+                                                                  SglangAdaptive, TrtllmSchedule)}
 
 
 def available_policies() -> list[str]:

@@ -199,6 +199,13 @@ KEYS: tuple[Key, ...] = (
         "KV-cache budget in tokens (default: the profile's)", "--kv-cache-tokens"),
     Key("policy.name", text(), "speculation-length policy: none, fixed, lut, goodput, or module:Class", "--policy"),
     Key("policy.k", None, "speculation length for --policy fixed", "--k", flag_type=int),
+    # The engine policies' knobs, under the engines' own flag names (docs/policy-engines.md).
+    Key("policy.speculative_config", None, "vLLM's speculative_config JSON, for --policy vllm-dynamic",
+        "--speculative-config", flag_type=str),
+    Key("policy.adaptive_config", None, "SGLang's adaptive config (JSON text or file), for --policy "
+        "sglang-adaptive", "--speculative-adaptive-config", flag_type=str),
+    Key("policy.draft_len_schedule", None, "TensorRT-LLM's draft_len_schedule, e.g. '{4: 4, 8: 2}', for "
+        "--policy trtllm-schedule", "--draft-len-schedule", flag_type=str),
     Key("acceptance.alpha", number(inside=(0.0, 1.0)), "per-token acceptance rate in (0, 1)", "--alpha"),
     Key("acceptance.distribution", choice(DISTRIBUTIONS), "fixed, or beta for per-request alpha",
         "--alpha-distribution"),

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from policies import Policy, PolicyError, make_policy
+from policies.explain import Explaining
 from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
@@ -82,6 +83,7 @@ class RunResult:
     by_label: dict | None = None  # per-label metrics when a trace labels its requests
     replicas: list[dict] | None = None  # per-replica metrics of a cluster of more than one replica
     extra: dict | None = None  # further top-level sections of summary.json (a real replay says so there)
+    reasons: list[dict] | None = None  # per replica: decode step index -> why k (only when a timeline is asked)
 
 
 def prepare(config: RunConfig) -> PreparedRun:
@@ -187,12 +189,15 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
     started = time.perf_counter()
     config, requests = run.config, run.requests
     count = config.cluster.replicas
+    explain = config.output.timeline is not None  # the timeline shows why each k was chosen
+    wrap = Explaining if explain else (lambda policy: policy)
     scale = acceptance_scale(run.alphas)
     if not (count > 1 if routed is None else routed):
         scheduler = scheduler_for(run)
         queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale,
                              run.policy.max_k)
-        loop = ServingLoop(queue, scheduler=scheduler, policy=run.policy, k_max=run.table.k_max,
+        policies = [wrap(run.policy)]
+        loop = ServingLoop(queue, scheduler=scheduler, policy=policies[0], k_max=run.table.k_max,
                            backend=PricedBackend(run.table, make_sampler(config, run.alphas), scheduler.prefill))
         engine_started = time.perf_counter()
         simulate_replica(loop)
@@ -200,8 +205,10 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         records, cluster = loop.records(), None
     else:
         parts = [ReplicaParts(scheduler_for(run),
-                              run.policy if index == 0 else _fresh_policy(run), make_sampler(config, run.alphas, rng))
+                              wrap(run.policy if index == 0 else _fresh_policy(run)),
+                              make_sampler(config, run.alphas, rng))
                  for index, rng in enumerate(replica_streams(config, count))]
+        policies = [part.policy for part in parts]
         engine_started = time.perf_counter()
         cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
                               output_tokens=requests.output_tokens, acceptance_scale=scale, max_k=run.policy.max_k,
@@ -219,7 +226,8 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         breakdown = replica_breakdown(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
                                       cluster.request_ids, cluster.per_replica, summary["duration_s"])
     return RunResult(config, run.profile, table, steps, summary, list(run.warnings),
-                     time.perf_counter() - started, engine_wall, by_label(table), breakdown)
+                     time.perf_counter() - started, engine_wall, by_label(table), breakdown,
+                     reasons=[policy.reasons for policy in policies] if explain else None)
 
 
 def _fresh_policy(run: PreparedRun) -> Policy:

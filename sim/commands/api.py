@@ -136,6 +136,9 @@ def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict
             if not isinstance(params.get("name"), str):
                 raise InputError(f"a policy table needs a name, got {value!r}", source=flag)
             overrides.update({f"policy.{k}": (v, flag) for k, v in params.items()})
+        elif key == "policy.name" and isinstance(value, str):
+            from sim.commands.flags import policy_overrides
+            overrides.update(policy_overrides(value, flag))  # "lut:alpha=0.7", as the CLI takes it
         else:
             overrides[key] = (value, flag)
     return overrides

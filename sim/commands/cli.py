@@ -61,7 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="reference context length in tokens at which steps are priced (default 512)")
     lut.add_argument("--max-batch", type=typed("--max-batch", int), default=None,
                      help="tabulate batch sizes 1..N (default: the default scenario's engine.max_batch_size)")
-    lut.add_argument("--out", default=None, help="also write the table as a TOML [policy] snippet here")
+    lut.add_argument("--out", default=None, help="also write the table as a TOML [policy] snippet here "
+                     "(with --format: the engine config)")
+    lut.add_argument("--format", choices=("vllm", "sglang", "trtllm"), default=None,
+                     help="print the table as a ready-to-paste engine config instead: vLLM's speculative_config "
+                          "JSON, SGLang's adaptive config JSON, or TensorRT-LLM's draft_len_schedule")
     for name, (module, text) in COMMANDS.items():
         importlib.import_module(module).add_arguments(sub.add_parser(name, help=text))
     return parser
@@ -206,6 +210,8 @@ def _lut(args: argparse.Namespace) -> int:
     step_time = CostModel(profile).step_time
     table = build_lut(step_time, alpha, k_max, max_batch, context)
     out = Path(args.out) if args.out else None
+    if args.format:
+        return _lut_engine_config(args.format, table, out)
     if out is not None:  # written first, so that a path that cannot be written leaves one error line
         rows = ", ".join(f"[{s}, {e}, {k}]" for s, e, k in table)
         ctx = int(context) if context.is_integer() else context
@@ -219,6 +225,34 @@ def _lut(args: argparse.Namespace) -> int:
     print("\n".join(_lut_lines(profile.name, step_time, table, alpha, k_max, context, max_batch)))
     if out is not None:
         print(f"Wrote {out}")
+    return 0
+
+
+def _lut_engine_config(fmt: str, table: list, out) -> int:
+    """The table as the engine takes it (docs/policy-engines.md); the matching policy reads it back."""
+    import json
+
+    from sim.atomic_write import write_file
+
+    if fmt == "vllm":
+        from policies.vllm_dynamic import engine_config
+        text = json.dumps(engine_config(table))
+    elif fmt == "sglang":
+        from policies.sglang_adaptive import engine_config
+        config, raised = engine_config(table)
+        text = json.dumps(config)
+        for start, end, _ in raised:
+            print(f"note: SGLang drafts at least one step: batch {start}-{end} (k = 0 in the table) gets steps [1]",
+                  file=sys.stderr)
+    else:
+        from policies.trtllm_schedule import engine_config, format_schedule
+        text = format_schedule(engine_config(table))
+    if out is not None:
+        try:
+            write_file(out, text + "\n")
+        except OSError as exc:
+            raise InputError(f"cannot write the config: {exc.strerror or exc}", source=out) from None
+    print(text)
     return 0
 
 

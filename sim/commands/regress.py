@@ -362,6 +362,9 @@ def scenario_config(base: Baseline, scenario: Scenario, overrides: dict[str, tup
 
     where = ("scenario", scenario.index, "overrides")
     inline = {key: (value, _where(base, where + tuple(key.split(".", 1)))) for key, value in scenario.overrides.items()}
+    if isinstance(inline.get("policy.name", (None,))[0], str):  # policy.name = "lut:alpha=0.7", as --policy
+        from sim.commands.flags import policy_overrides
+        inline.update(policy_overrides(*inline["policy.name"]))
     caller = {k: v for k, v in overrides.items() if v[0] is not None}
     if "policy.name" in caller and inline.get("policy.name", (None,))[0] != caller["policy.name"][0]:
         inline = {k: v for k, v in inline.items() if not k.startswith("policy.")}  # another policy's parameters
@@ -430,7 +433,8 @@ def check_baseline(baseline: str | os.PathLike[str], *, policy: str | type | Non
     chosen = _choose(base, scenarios)
     flags = {key: (value, "overrides") for key, value in (overrides or {}).items()}
     if policy is not None:
-        flags["policy.name"] = (policy_name(policy), policy_source)
+        from sim.commands.flags import policy_overrides
+        flags.update(policy_overrides(policy_name(policy), policy_source))  # "lut:alpha=0.7" too
     if not update:
         for scenario in chosen:
             if not scenario.expected:

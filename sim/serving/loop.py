@@ -189,6 +189,7 @@ class ServingLoop:
         view.now_s, view.step, view.batch_size, view.running = now, len(self.step_rows), charged, b
         view.mean_context_tokens, view.remaining_tokens = mean_context, self.row_remaining[:b]
         view.final_context_tokens = self.row_final_context[:b]
+        view.lag_tokens = self.row_lag[:b]
         k = self.policy.choose_k(view)
         ragged = None
         if k.__class__ is not int or not 0 <= k <= self.k_max:

@@ -177,8 +177,13 @@ def _axis(name: str, values: Any, dotted: str, where: _Where) -> Axis:
 
 
 def _policy_point(value: Any, fail) -> dict[str, Any]:
-    if isinstance(value, str):
-        value = {"name": value}
+    if isinstance(value, str):  # "lut:alpha=0.7", as --policy takes it
+        from sim.commands.flags import policy_spec
+        try:
+            name, params = policy_spec(value, "policy")
+        except InputError as exc:
+            raise fail(exc.message) from None
+        value = {"name": name, **params}
     if not isinstance(value, dict):
         raise fail(f"each policy is a name or a table like {{name = \"fixed\", k = 2}}, got {value!r}")
     if not isinstance(value.get("name"), str) or not value["name"]:
