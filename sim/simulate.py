@@ -104,6 +104,7 @@ class RunResult:
     extra: dict | None = None  # further top-level sections of summary.json (a real replay says so there)
     spec_decode: dict | None = None  # vLLM's speculation counters (summary.json's speculative_decoding)
     spec_decode_requests: list[dict] | None = None  # per request, when asked (spec_decode.jsonl)
+    itl: tuple[np.ndarray, np.ndarray] | None = None  # the ITLs as (gap, count) pairs, for distribution tests
 
 
 def prepare(config: RunConfig) -> PreparedRun:
@@ -276,7 +277,8 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
                                       cluster.request_ids, cluster.per_replica, summary["duration_s"])
     return RunResult(config, run.profile, table, steps, summary, list(run.warnings),
                      time.perf_counter() - started, engine_wall, by_label(table), breakdown,
-                     spec_decode=spec_decode, spec_decode_requests=per_request)
+                     spec_decode=spec_decode, spec_decode_requests=per_request,
+                     itl=(records.itl_values, records.itl_weights))
 
 
 def _fresh_policy(run: PreparedRun) -> Policy:
