@@ -37,31 +37,40 @@ def summary_document(result: RunResult) -> dict:
         "policy": {"name": cfg.policy.name, **cfg.policy.params},
         "batching": cfg.engine.batching,
         "seed": cfg.seed,
-        "metrics": {**{k: _json_number(v) for k, v in result.summary.items()}, **bench_serve_names(result)},
+        "metrics": {k: _json_number(v) for k, v in result.summary.items()},
         "warnings": result.warnings,
         **({"by_label": {label: {k: _json_number(v) for k, v in m.items()} for label, m in result.by_label.items()}}
            if result.by_label else {}),
         **({"cluster": {"replicas": cfg.cluster.replicas, "router": cfg.cluster.router},
             "replicas": [{k: _json_number(v) for k, v in m.items()} for m in result.replicas]}
            if result.replicas else {}),
+        **bench_serve_names(result),
         **({"speculative_decoding": {k: _json_value(v) for k, v in result.spec_decode.items()}}
            if result.spec_decode else {}),
         **(result.extra or {}),
     }
 
 
+# What `vllm bench serve --save-result` writes at its top level, beside its settings.
+BENCH_SERVE_METRICS = ("completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                       "output_throughput", "total_token_throughput") + tuple(
+    f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "std", "p99"))
+
+
 def bench_serve_names(result: RunResult) -> dict:
-    """The names ``vllm bench serve --save-result`` writes that summary.json's metrics lack otherwise:
-    its settings and ``duration``, and ``request_goodput`` (null without --goodput, as vLLM writes it)."""
+    """summary.json's top level also reads as a ``vllm bench serve --save-result`` file: its settings
+    (``num_prompts``, ``request_rate`` ("inf" as vLLM writes it), ``burstiness``, ``max_concurrency``),
+    ``duration``, ``request_goodput`` (null without --goodput, as vLLM writes it) and its metrics' names."""
     w, s = result.config.workload, result.summary
     rate = w.rate if w.trace is None and w.trace_vllm is None and w.rate_profile is None else None
     return {
-        "duration": _json_number(s["duration_s"]),
         "num_prompts": int(result.requests.shape[0]),
         "request_rate": "inf" if rate == math.inf else rate,
         "burstiness": w.burstiness if w.arrival == "gamma" else 1.0,
         "max_concurrency": w.max_concurrency,
+        "duration": _json_number(s["duration_s"]),
         "request_goodput": _json_number(s["request_goodput"]) if "request_goodput" in s else None,
+        **{key: _json_number(s[key]) for key in BENCH_SERVE_METRICS},
     }
 
 
