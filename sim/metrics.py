@@ -202,10 +202,9 @@ def replica_breakdown(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_t
 
 
 def spec_decode_section(summary: dict, accepted_per_pos: np.ndarray) -> dict:
-    """vLLM's speculation counters and derived rates (its Prometheus names, without ``vllm:``/``_total``).
-
-    Per-position acceptance rate = accepted at position j / drafts, as vLLM's logger prints it.
-    """
+    """vLLM's speculation counters (its Prometheus names, without ``vllm:``/``_total``) and the
+    per-position acceptance rate = accepted at position j / drafts, as vLLM's logger prints it.
+    Its mean acceptance length and acceptance rate are the summary's own."""
     drafts = int(summary["num_drafts"])
     per_pos = [int(x) for x in accepted_per_pos]
     nan = float("nan")
@@ -214,8 +213,6 @@ def spec_decode_section(summary: dict, accepted_per_pos: np.ndarray) -> dict:
         "spec_decode_num_draft_tokens": int(summary["num_draft_tokens"]),
         "spec_decode_num_accepted_tokens": int(summary["num_accepted_tokens"]),
         "spec_decode_num_accepted_tokens_per_pos": per_pos,
-        "mean_acceptance_length": summary["mean_acceptance_length"],
-        "draft_acceptance_rate": summary["acceptance_rate"],
         "acceptance_rate_per_pos": [x / drafts if drafts else nan for x in per_pos],
     }
 

@@ -51,16 +51,12 @@ def summary_document(result: RunResult) -> dict:
     }
 
 
-# What `vllm bench serve --save-result` writes at its top level, beside its settings.
-BENCH_SERVE_METRICS = ("completed", "total_input_tokens", "total_output_tokens", "request_throughput",
-                       "output_throughput", "total_token_throughput") + tuple(
-    f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "std", "p99"))
-
-
 def bench_serve_names(result: RunResult) -> dict:
-    """summary.json's top level also reads as a ``vllm bench serve --save-result`` file: its settings
-    (``num_prompts``, ``request_rate`` ("inf" as vLLM writes it), ``burstiness``, ``max_concurrency``),
-    ``duration``, ``request_goodput`` (null without --goodput, as vLLM writes it) and its metrics' names."""
+    """The names of ``vllm bench serve --save-result`` that summary.json's ``metrics`` lacks, at its
+    top level beside ``seed`` and ``batching``: the client's settings (``num_prompts``,
+    ``request_rate`` ("inf" as vLLM writes it), ``burstiness``, ``max_concurrency``), ``duration``
+    and ``request_goodput`` (null without --goodput, as vLLM writes it). vLLM's metric names
+    (``completed``, ``mean_ttft_ms`` ...) are those of ``metrics``."""
     w, s = result.config.workload, result.summary
     rate = w.rate if w.trace is None and w.trace_vllm is None and w.rate_profile is None else None
     return {
@@ -70,7 +66,6 @@ def bench_serve_names(result: RunResult) -> dict:
         "max_concurrency": w.max_concurrency,
         "duration": _json_number(s["duration_s"]),
         "request_goodput": _json_number(s["request_goodput"]) if "request_goodput" in s else None,
-        **{key: _json_number(s[key]) for key in BENCH_SERVE_METRICS},
     }
 
 
