@@ -229,3 +229,33 @@ def test_compare_applies_the_files_concurrency_limit(tmp_path):
     assert _max_outstanding(c.result.requests) <= 3
     with pytest.raises(InputError, match="unknown keyword"):
         specbatch.compare(path, rate=2)
+
+
+# ------------------------------------------------------------------------------- TOML errors
+
+
+@pytest.mark.parametrize("section,line,message", [
+    ("[acceptance]", "per_position = [0.5, 0.7]", "must not increase"),
+    ("[acceptance]", 'model = "histogram"', "is not one of"),
+    ("[output]", "goodput = { ttft = -5 }", ">= 0"),
+    ("[workload]", "max_concurrency = 0", "at least 1"),
+])
+def test_a_bad_new_key_in_a_file_names_the_file_and_line(tmp_path, section, line, message):
+    path = tmp_path / "s.toml"
+    path.write_text(f"seed = 1\n\n{section}\n{line}\n")
+    with pytest.raises(InputError, match=message) as info:
+        specbatch.run(path, num_requests=5)
+    assert info.value.line == 4 and str(path) in str(info.value)
+
+
+def test_new_keys_round_trip_through_config_toml(tmp_path):
+    run = specbatch.run(num_requests=30, rate=math.inf, max_concurrency=4, goodput="ttft:100", k=4,
+                        acceptance_model="per-position", acceptance_per_position="0.8,0.5",
+                        per_request_spec_decode_metrics="summary", out=str(tmp_path / "a"))
+    again = specbatch.run(tmp_path / "a" / "config.toml", out=str(tmp_path / "b"))
+    assert again.config.to_dict() == {**run.config.to_dict(), "output": again.config.to_dict()["output"]}
+    for name in ("summary.json", "requests.csv", "spec_decode.jsonl"):
+        a, b = (tmp_path / "a" / name).read_text(), (tmp_path / "b" / name).read_text()
+        assert a.replace(str(tmp_path / "a"), "") == b.replace(str(tmp_path / "b"), "") or name == "summary.json"
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["metrics"] == \
+        json.loads((tmp_path / "b" / "summary.json").read_text())["metrics"]
