@@ -320,8 +320,9 @@ class RunConfig:
         data = self.to_dict()
         data.pop("output", None)
         payload = tomli_w.dumps(data).encode()
-        if self.workload.trace is not None and Path(self.workload.trace).is_file():
-            payload += hashlib.sha256(Path(self.workload.trace).read_bytes()).digest()
+        for traced in (self.workload.trace, self.workload.trace_vllm, self.acceptance.trace):
+            if traced is not None and Path(traced).is_file():
+                payload += hashlib.sha256(Path(traced).read_bytes()).digest()
         return hashlib.sha256(payload).hexdigest()[:10]
 
 

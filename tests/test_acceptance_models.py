@@ -206,3 +206,12 @@ def test_per_request_steps_group_rows_by_request_in_step_order():
     assert steps.offset.tolist() == [0, 2, 2, 3]
     assert steps.drafted.tolist() == [2, 1, 2]
     assert accepted_per_position([sampler], 2).shape == (2,)
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_asking_for_per_request_metrics_changes_no_result(replicas):
+    settings_ = dict(RUN, k=3, alpha_distribution="beta", replicas=replicas)
+    plain = specbatch.run(**settings_)
+    detailed = specbatch.run(**settings_, per_request_spec_decode_metrics="detailed")
+    assert plain.summary == detailed.summary
+    assert plain.requests.equals(detailed.requests)

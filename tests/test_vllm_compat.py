@@ -259,3 +259,17 @@ def test_new_keys_round_trip_through_config_toml(tmp_path):
         assert a.replace(str(tmp_path / "a"), "") == b.replace(str(tmp_path / "b"), "") or name == "summary.json"
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["metrics"] == \
         json.loads((tmp_path / "b" / "summary.json").read_text())["metrics"]
+
+
+def test_an_edited_vllm_result_or_acceptance_trace_is_a_new_run(tmp_path):
+    from sim.config import load_config
+
+    result, trace = tmp_path / "r.json", tmp_path / "t.jsonl"
+    result.write_text(EXAMPLE.read_text())
+    trace.write_text('{"per_step_accepted": [1], "per_step_drafted": [2]}\n')
+    flags = {"workload.trace_vllm": str(result), "acceptance.model": "trace", "acceptance.trace": str(trace)}
+    before = load_config(None, flags).digest()
+    trace.write_text('{"per_step_accepted": [2], "per_step_drafted": [2]}\n')
+    after_trace = load_config(None, flags).digest()
+    result.write_text(EXAMPLE.read_text().replace('"burstiness": 1.0', '"burstiness": 2.0'))
+    assert len({before, after_trace, load_config(None, flags).digest()}) == 3
