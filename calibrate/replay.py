@@ -101,7 +101,8 @@ class TorchBackend:
         self.target, self.draft = target, draft if self.speculates else None
         self.device = target.device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.sampler = make_sampler(config, run.alphas, k_max=run.table.k_max)  # synthetic acceptance: the simulator's draws
+        # synthetic acceptance: the simulator's draws
+        self.sampler = make_sampler(config, run.alphas, k_max=run.table.k_max)
         self.table = run.table
         self.k_max = run.table.k_max
         slots = config.engine.max_batch_size

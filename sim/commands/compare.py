@@ -112,7 +112,8 @@ def real_metrics(real) -> dict[str, float]:
     if duration:
         for key, total in (("request_throughput", "completed"), ("output_throughput", "total_output_tokens")):
             computed[key] = computed[total] / duration
-        computed["total_token_throughput"] = (computed["total_input_tokens"] + computed["total_output_tokens"]) / duration
+        tokens = computed["total_input_tokens"] + computed["total_output_tokens"]
+        computed["total_token_throughput"] = tokens / duration
     out = {}
     for _, key in ROWS:
         if key is None:
