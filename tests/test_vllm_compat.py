@@ -280,3 +280,25 @@ def test_the_real_replay_refuses_a_concurrency_limit_before_any_work(command, ca
     assert main([command, "--num-requests", "3", "--max-concurrency", "2", "--out", str(tmp_path / "r")]) == 2
     assert "workload.max_concurrency: the real replay does not apply" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_simulation_compared_with_itself_has_no_error(tmp_path):
+    """A vLLM-format file written from a simulated run (no metrics of its own: they are computed
+    from its lists) compares at zero error: the two sides use one set of definitions."""
+    sim = specbatch.run(rate=8, num_requests=80, seed=3, k=3)
+    t = sim.requests
+    data = {"request_rate": 8.0, "burstiness": 1.0, "max_concurrency": None, "duration": sim.summary["duration_s"],
+            "input_lens": t.prompt_tokens.tolist(), "output_lens": t.output_tokens.tolist(),
+            "start_times": t.arrival_s.tolist(), "ttfts": t.ttft_s.tolist(), "latencies": t.e2el_s.tolist(),
+            "errors": [""] * len(t)}
+    path = tmp_path / "self.json"
+    path.write_text(json.dumps(data))
+    c = specbatch.compare(path, seed=3, k=3)
+    rows = c.table.set_index("metric")
+    for key in ("completed", "duration", "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms",
+                "median_tpot_ms", "mean_e2el_ms", "p99_e2el_ms"):
+        assert abs(rows.loc[key, "rel_error"]) < 1e-6, key
+    ks = c.ks.set_index("metric")
+    for name in ("ttft", "tpot", "e2el"):
+        assert ks.loc[name, "statistic"] < 1e-9 and ks.loc[name, "pvalue"] == pytest.approx(1.0)
+    assert ks.loc["itl", "n_real"] == 0  # the file has no ITLs: no test, shown as n/a
