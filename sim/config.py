@@ -22,8 +22,9 @@ from typing import Any, Callable
 
 import tomli_w
 
-from sim.acceptance import DISTRIBUTIONS, AcceptanceSpec
+from sim.acceptance import DISTRIBUTIONS, MODELS, AcceptanceSpec, parse_rates
 from sim.errors import InputError
+from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import ROUTERS
 from sim.scheduler import BATCHING, PREFILL
 from sim.tomlsource import KeyLines, parse_toml
@@ -69,12 +70,14 @@ class Value:
 
 
 def number(*, positive: bool = False, inside: tuple[float, float] | None = None,
-           optional: bool = False) -> Value:
+           optional: bool = False, infinite: bool = False) -> Value:
     def parse(raw: Any) -> float:
         try:
             value = float(raw) if not isinstance(raw, bool) else math.nan
         except (TypeError, ValueError):
             raise ValueError(f"'{raw}' is not a number") from None
+        if infinite and value == math.inf:
+            return value
         if not math.isfinite(value):
             raise ValueError(f"'{raw}' is not a finite number")
         if positive and value <= 0:
@@ -173,7 +176,8 @@ KEYS: tuple[Key, ...] = (
     Key("seed", integer(minimum=0), "random seed; same config and seed give the same bytes", "--seed"),
     Key("profile", text(), "profile directory or shipped profile name", "--profile"),
     Key("workload.arrival", choice(ARRIVALS), "arrival process: poisson or gamma", "--arrival"),
-    Key("workload.rate", number(positive=True), "mean request rate (req/s)", "--rate"),
+    Key("workload.rate", number(positive=True, infinite=True), "mean request rate (req/s); inf: every request "
+        "at t = 0, as vllm bench serve --request-rate inf", "--rate"),
     Key("workload.rate_profile", Value(RateProfile, parse_rate_profile, optional=True),
         "time-varying rate, replacing --rate: phases:1,4,8:60,60,60, ramp:1:8[:S], ramp-exp:1:8[:S], "
         "sine:MEAN:AMP:PERIOD[:PHASE] or onoff:ON:OFF:ON_S:OFF_S", "--rate-profile", write=_as_dict),
@@ -219,6 +223,25 @@ KEYS: tuple[Key, ...] = (
         "START:END seconds of simulated time", "--timeline-window", write=_window_text),
     Key("cluster.replicas", integer(minimum=1), "identical replicas behind one router (default 1)", "--replicas"),
     Key("cluster.router", choice(ROUTERS), "round-robin, least-requests or least-tokens", "--router"),
+    # vLLM compatibility: acceptance models, vllm bench serve's inputs and options, vLLM's speculation
+    # metrics. Each is left out of config.toml at its default, so earlier runs keep their digests.
+    Key("acceptance.model", choice(MODELS), "geometric (alpha), per-position (vLLM's per-position rates) or "
+        "trace (vLLM's per-request per_step_accepted/per_step_drafted, JSONL)", "--acceptance-model",
+        write=lambda value, section: None if value == "geometric" else value),
+    Key("acceptance.per_position", Value(tuple, parse_rates, optional=True),
+        "per-position acceptance rates P(a >= j), j = 1, 2, ...: e.g. 0.8,0.6,0.45", "--acceptance-per-position",
+        write=lambda value, section: None if value is None else list(value)),
+    Key("acceptance.trace", text(optional=True), "JSONL of per-request per_step_accepted/per_step_drafted "
+        "(vLLM's --per-request-spec-decode-metrics detailed)", "--acceptance-trace"),
+    Key("workload.trace_vllm", text(optional=True), "replay the requests of a `vllm bench serve --save-result "
+        "--save-detailed` JSON file (lengths, and start times where present)", "--trace-vllm"),
+    Key("workload.max_concurrency", integer(minimum=1, optional=True), "the client keeps at most N requests "
+        "outstanding (vllm bench serve --max-concurrency)", "--max-concurrency"),
+    Key("output.goodput", Value(dict, parse_goodput, optional=True), "request goodput SLOs in ms, as vllm bench "
+        "serve --goodput: ttft:MS tpot:MS e2el:MS", "--goodput"),
+    Key("output.per_request_spec_decode_metrics", choice(SPEC_DECODE_DETAIL), "none, summary or detailed: "
+        "per-request speculation metrics in spec_decode.jsonl (vLLM's --per-request-spec-decode-metrics)",
+        "--per-request-spec-decode-metrics", write=lambda value, section: None if value == "none" else value),
 )
 
 KNOWN = frozenset(key.name for key in KEYS if key.value is not None)  # policy.* is open: the policy checks it
@@ -304,8 +327,9 @@ class RunConfig:
         data = self.to_dict()
         data.pop("output", None)
         payload = tomli_w.dumps(data).encode()
-        if self.workload.trace is not None and Path(self.workload.trace).is_file():
-            payload += hashlib.sha256(Path(self.workload.trace).read_bytes()).digest()
+        for traced in (self.workload.trace, self.workload.trace_vllm, self.acceptance.trace):
+            if traced is not None and Path(traced).is_file():
+                payload += hashlib.sha256(Path(traced).read_bytes()).digest()
         return hashlib.sha256(payload).hexdigest()[:10]
 
 
@@ -417,6 +441,7 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
             except ValueError as exc:
                 raise error_at(sources, key.name, str(exc)) from None
     _settle_workload(read, sources)
+    _settle_vllm_options(read, sources)
     if read["output.timeline_window"] is not None and read["output.timeline"] is None:
         raise error_at(sources, "output.timeline_window", "applies only to a timeline: give "
                        "--timeline FILE (or timeline in [output]) too")
@@ -425,6 +450,25 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
     params = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("policy.") and k != "policy.name"}
     return RunConfig(seed=read["seed"], profile=read["profile"], policy=PolicyConfig(read["policy.name"], params),
                      sources=dict(sources), **sections)
+
+
+def _settle_vllm_options(read: dict[str, Any], sources: dict[str, Source]) -> None:
+    """The rules between the vLLM-compatibility keys and the rest."""
+    model = read["acceptance.model"]
+    if model == "per-position" and read["acceptance.per_position"] is None:
+        raise error_at(sources, "acceptance.model", "the per-position model needs its rates: "
+                       "--acceptance-per-position 0.8,0.6,0.45 (per_position in [acceptance])")
+    if model == "trace" and read["acceptance.trace"] is None:
+        raise error_at(sources, "acceptance.model", "the trace model needs a trace: --acceptance-trace FILE.jsonl "
+                       "(trace in [acceptance])")
+    for key, needs in (("acceptance.per_position", "per-position"), ("acceptance.trace", "trace")):
+        if read[key] is not None and model != needs:
+            raise error_at(sources, key, f"applies only to --acceptance-model {needs} (the model is {model})")
+    if read["workload.trace_vllm"] is not None and read["workload.trace"] is not None:
+        raise error_at(sources, "workload.trace_vllm", "give either trace or trace_vllm, not both")
+    if read["workload.max_concurrency"] is not None and read["cluster.replicas"] > 1:
+        raise error_at(sources, "workload.max_concurrency", "a concurrency limit is simulated for one replica "
+                       "only (cluster.replicas is 1)")
 
 
 def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:
@@ -445,5 +489,9 @@ def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:
     if profile is not None and duration is None and profile.shape == "ramp" and profile.duration_s is None:
         raise error_at(sources, "workload.rate_profile", "a ramp with num_requests needs its own duration "
                        "(duration_s in the table, or ramp:START:END:SECONDS)")
-    if read["workload.trace"] is None and duration is None and read["workload.num_requests"] is None:
+    traced = read["workload.trace"] is not None or read["workload.trace_vllm"] is not None
+    if not traced and duration is None and read["workload.num_requests"] is None:
         raise error_at(sources, "workload.duration_s", "give duration_s or num_requests (or a trace)")
+    if read["workload.rate"] == math.inf and not traced and read["workload.num_requests"] is None:
+        raise error_at(sources, "workload.rate", "rate inf sends every request at t = 0: give num_requests "
+                       "(--num-requests N), not a duration")

@@ -18,20 +18,22 @@ import pandas as pd
 
 from policies import Policy, PolicyError, make_policy
 from policies.explain import Explaining
-from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
+from sim.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, SharedAlphaSampler, TraceSampler,
+                            acceptance_scale, accepted_per_position, per_request_steps, position_rates,
+                            read_acceptance_trace)
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
 from sim.errors import InputError
-from sim.metrics import by_label, replica_breakdown, summarize
+from sim.metrics import by_label, per_request_spec_decode, replica_breakdown, spec_decode_section, summarize
 from sim.profile import CSV_NAME, META_NAME, Profile, load_profile, resolve_profile_path
 from sim.scheduler import kv_reserve, make_scheduler
 from sim.serving.clock import simulate_replica
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
-from sim.serving.queues import ArrivalQueue
+from sim.serving.queues import ArrivalQueue, ConcurrencyLimitedQueue
 from sim.serving.records import ReplicaRecords
-from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace
+from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
 
 
 WORKLOAD, REQUEST_ALPHA, ACCEPTANCE = range(3)  # the run's random streams, in spawn order
@@ -49,12 +51,30 @@ def replica_streams(config: RunConfig, replicas: int) -> list[np.random.Generato
     return [np.random.default_rng(child) for child in parent.spawn(replicas)]
 
 
-def make_sampler(config: RunConfig, alphas: np.ndarray, rng: np.random.Generator | None = None
-                 ) -> AcceptanceSampler:
+def make_sampler(config: RunConfig, alphas: np.ndarray, rng: np.random.Generator | None = None,
+                 k_max: int = 0) -> RecordingSampler:
+    """The run's acceptance model (``k_max``: the longest draft a step may ask, for the per-position
+    table), wrapped to record what it draws for vLLM's speculation metrics."""
     rng = _stream(config, ACCEPTANCE) if rng is None else rng
-    if config.acceptance.distribution == "fixed" and np.all(alphas == config.acceptance.alpha):
-        return SharedAlphaSampler(rng, float(acceptance_scale(np.asarray([config.acceptance.alpha]))[0]))
-    return AcceptanceSampler(rng)
+    spec = config.acceptance
+    if spec.model == "per-position":
+        inner: AcceptanceSampler = PositionSampler(rng, position_rates(spec.per_position, k_max))
+    elif spec.model == "trace":
+        inner = TraceSampler(rng, read_acceptance_trace(spec.trace), alphas.shape[0])
+    elif spec.distribution == "fixed" and np.all(alphas == spec.alpha):
+        inner = SharedAlphaSampler(rng, float(acceptance_scale(np.asarray([spec.alpha]))[0]))
+    else:
+        inner = AcceptanceSampler(rng)
+    per_request = config.output.per_request_spec_decode_metrics != "none"
+    return RecordingSampler(inner, acceptance_scale(alphas), per_request)
+
+
+def acceptance_values(config: RunConfig, alphas: np.ndarray) -> np.ndarray:
+    """What each request's row carries for the sampler: its request id when the sampler is keyed
+    (a trace, or per-request metrics), else its alpha's scale."""
+    if config.acceptance.model == "trace" or config.output.per_request_spec_decode_metrics != "none":
+        return np.arange(alphas.shape[0], dtype=np.float64)
+    return acceptance_scale(alphas)
 
 
 @dataclass
@@ -84,6 +104,9 @@ class RunResult:
     replicas: list[dict] | None = None  # per-replica metrics of a cluster of more than one replica
     extra: dict | None = None  # further top-level sections of summary.json (a real replay says so there)
     reasons: list[dict] | None = None  # per replica: decode step index -> why k (only when a timeline is asked)
+    spec_decode: dict | None = None  # vLLM's speculation counters (summary.json's speculative_decoding)
+    spec_decode_requests: list[dict] | None = None  # per request, when asked (spec_decode.jsonl)
+    itl: tuple[np.ndarray, np.ndarray] | None = None  # the ITLs as (gap, count) pairs, for distribution tests
 
 
 def prepare(config: RunConfig) -> PreparedRun:
@@ -103,6 +126,13 @@ def prepare(config: RunConfig) -> PreparedRun:
     # Record the parameters the policy runs with, defaults included, in the resolved config.
     config = replace(config, policy=PolicyConfig(config.policy.name, {**policy.params(), **config.policy.params}))
     requests = make_requests(config, _stream(config, WORKLOAD))
+    if config.acceptance.model == "trace":
+        try:
+            read_acceptance_trace(config.acceptance.trace)
+        except InputError as exc:
+            if exc.line is None:
+                raise config.error("acceptance.trace", exc.message) from None
+            raise
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     if requests.alpha is not None:  # a trace's per-request acceptance overrides the distribution
         alphas = np.where(np.isnan(requests.alpha), alphas, requests.alpha)
@@ -162,6 +192,8 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
             return read_trace(w.trace)
         except TraceError as exc:
             raise InputError(exc.message, source=exc.path, line=exc.line, field=exc.field) from None
+    if w.trace_vllm is not None:
+        return vllm_requests(w.trace_vllm, rng)
     burstiness = 1.0 if w.arrival == "poisson" else w.burstiness
     duration_s = None if w.num_requests else w.duration_s
     if w.rate_profile is not None:
@@ -174,6 +206,21 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
         arrivals = gamma_arrivals(rng, w.rate, burstiness, duration_s=duration_s, num_requests=w.num_requests)
     n = arrivals.size  # at least one: the first request arrives at t = 0
     return Requests(arrivals, w.prompt_tokens.sample(rng, n), w.output_tokens.sample(rng, n))
+
+
+def vllm_requests(path: str, rng: np.random.Generator) -> Requests:
+    """The completed requests of a vLLM benchmark result: sent at its start times where saved,
+    else at arrivals drawn from its request rate and burstiness (inf: all at t = 0)."""
+    try:
+        result = read_vllm_result(path)
+    except TraceError as exc:
+        raise InputError(exc.message, source=exc.path, line=exc.line, field=exc.field) from None
+    n = result.prompt_tokens.shape[0]
+    if result.start_s is not None:
+        order = np.argsort(result.start_s, kind="stable")
+        return Requests(result.start_s[order], result.prompt_tokens[order], result.output_tokens[order])
+    arrivals = gamma_arrivals(rng, result.request_rate, result.burstiness, num_requests=n)
+    return Requests(arrivals, result.prompt_tokens, result.output_tokens)
 
 
 def _table_reach(config: RunConfig, policy: Policy, r: Requests) -> dict:
@@ -191,24 +238,29 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
     count = config.cluster.replicas
     explain = config.output.timeline is not None  # the timeline shows why each k was chosen
     wrap = Explaining if explain else (lambda policy: policy)
-    scale = acceptance_scale(run.alphas)
+    scale = acceptance_values(config, run.alphas)
+    limit = config.workload.max_concurrency
     if not (count > 1 if routed is None else routed):
         scheduler = scheduler_for(run)
-        queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale,
-                             run.policy.max_k)
+        queue_args = (requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale, run.policy.max_k)
+        queue = ArrivalQueue(*queue_args) if limit is None else ConcurrencyLimitedQueue(*queue_args, limit)
+        samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max)]
         policies = [wrap(run.policy)]
         loop = ServingLoop(queue, scheduler=scheduler, policy=policies[0], k_max=run.table.k_max,
-                           backend=PricedBackend(run.table, make_sampler(config, run.alphas), scheduler.prefill))
+                           backend=PricedBackend(run.table, samplers[0], scheduler.prefill))
         engine_started = time.perf_counter()
         simulate_replica(loop)
         engine_wall = time.perf_counter() - engine_started
         records, cluster = loop.records(), None
+        if limit is not None:  # latencies run from when the client sent each request, as vLLM measures them
+            requests = replace(requests, arrival_s=queue.sent_s)
     else:
         parts = [ReplicaParts(scheduler_for(run),
                               wrap(run.policy if index == 0 else _fresh_policy(run)),
-                              make_sampler(config, run.alphas, rng))
+                              make_sampler(config, run.alphas, rng, run.table.k_max))
                  for index, rng in enumerate(replica_streams(config, count))]
         policies = [part.policy for part in parts]
+        samplers = [p.sampler for p in parts]
         engine_started = time.perf_counter()
         cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
                               output_tokens=requests.output_tokens, acceptance_scale=scale, max_k=run.policy.max_k,
@@ -216,7 +268,12 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
-                        records.finish_s, records.itl_values, records.itl_weights, records.steps)
+                        records.finish_s, records.itl_values, records.itl_weights, records.steps,
+                        config.output.goodput)
+    spec_decode = spec_decode_section(summary, accepted_per_position(samplers, run.table.k_max))
+    detail = config.output.per_request_spec_decode_metrics
+    per_request = None if detail == "none" else per_request_spec_decode(
+        per_request_steps(samplers, len(requests)), run.policy.max_k, detail == "detailed")
     table = request_table(requests, run.alphas, records)
     steps = pd.DataFrame(records.steps)
     breakdown = None
@@ -227,6 +284,8 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
                                       cluster.request_ids, cluster.per_replica, summary["duration_s"])
     return RunResult(config, run.profile, table, steps, summary, list(run.warnings),
                      time.perf_counter() - started, engine_wall, by_label(table), breakdown,
+                     spec_decode=spec_decode, spec_decode_requests=per_request,
+                     itl=(records.itl_values, records.itl_weights),
                      reasons=[policy.reasons for policy in policies] if explain else None)
 
 

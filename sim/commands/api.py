@@ -30,7 +30,7 @@ import pandas as pd
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
-__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity"]
+__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare"]
 
 # The summary table's rows: (label, summary key, scale, format).
 _SUMMARY_ROWS = (
@@ -303,3 +303,21 @@ def capacity_table(result: Any) -> pd.DataFrame:
                 row["cost_per_m_at_max_rate"] = costs.cost_per_m_at_max_rate
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+
+
+def compare(result: str | os.PathLike[str], config: str | os.PathLike[str] | None = None, *,
+            overrides: dict[str, Any] | None = None, **settings: Any):
+    """A real ``vllm bench serve --save-result --save-detailed`` file against the simulation of its
+    requests, as ``specbatch compare RESULT.json``: ``specbatch.compare("result.json", k=3)``.
+
+    Keywords are the run flags that do not define the workload (the file does); returns a
+    :class:`sim.commands.compare.Comparison` (``.table``: metric, real, sim, rel_error; ``.ks``:
+    Kolmogorov-Smirnov tests; ``print()`` it for vLLM's layout).
+    """
+    from sim.commands.compare import COMPARE_FLAGS, compare_file
+
+    return compare_file(str(result), config, {**(overrides or {}), **_keywords(settings, allowed=set(COMPARE_FLAGS))})

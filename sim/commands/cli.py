@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("sim.commands.replay_cli", "serve a scenario for real on its profile's device and models (needs torch)"),
     "validate": ("sim.commands.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
     "compose": ("sim.commands.compose", "compose a GPU profile from published kernel microbenchmarks (gpu-data extra)"),
+    "compare": ("sim.commands.compare", "a real `vllm bench serve` result against the simulation of its requests"),
 }
 
 

@@ -20,6 +20,8 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     for key in KEYS if key.flag is not None
 }
 
+SEVERAL_WORDS = frozenset({"--goodput"})  # as vllm bench serve takes it: --goodput ttft:500 tpot:50
+
 
 def typed(flag: str, kind: type):
     """An argparse ``type`` converting a flag's text with ``kind`` (int, float, str); a bad text is
@@ -38,7 +40,9 @@ def add_run_flags(parser: argparse.ArgumentParser, flags: list[str] | None = Non
     """Add run flags (all, or those named) whose values land in ``args`` under their config keys."""
     for flag in flags or list(RUN_FLAGS):
         key, kind, text = RUN_FLAGS[flag]
-        parser.add_argument(flag, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text))
+        words = {"nargs": "+"} if flag in SEVERAL_WORDS else {}
+        parser.add_argument(flag, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text),
+                            **words)
 
 
 def run_overrides(args: argparse.Namespace, flags: list[str] | None = None) -> dict[str, tuple]:

@@ -119,6 +119,7 @@ class ServingLoop:
         # every draft was kept (the last one was never fed to the draft), else 1.
         self._lag_after = [np.array([1] * k + [2], dtype=np.int64) for k in range(k_max + 1)]
         self._follows = backend.follows_rows
+        self._on_finish = getattr(queue, "finished", None)  # a client with a concurrency limit listens
         self._cap, self._admit = scheduler.max_batch_size, scheduler.admit
 
     # ------------------------------------------------------------ schedule
@@ -162,6 +163,8 @@ class ServingLoop:
             done = np.flatnonzero(~more) + head
             self.finish_s[done] = end
             self.kv_used -= int(np.add.reduce(queue.kv_reserve[done]))
+            if self._on_finish is not None:
+                self._on_finish(done.shape[0], end)
             req = np.flatnonzero(more) + head
             self.total_remaining += int(np.add.reduce(queue.output_tokens[req] - 1))
             self.total_final_context += int(np.add.reduce(queue.final_context[req]))
@@ -274,6 +277,8 @@ class ServingLoop:
         self.running = survivors
         if self._follows:
             self.backend.retire(done)
+        if self._on_finish is not None:
+            self._on_finish(rows.shape[0], now)
 
     # ------------------------------------------------------------- results
     def outstanding_requests(self) -> int:
