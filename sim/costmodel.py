@@ -16,6 +16,19 @@ engine's own time per step outside the timed passes, measured by calibration wit
 short real replay (0 for profiles that predate it). Every number comes from the
 profile's curves; nothing here is a constant of its own.
 
+A *mixed* step of the vllm-v1 scheduler (docs/scheduling.md) runs the decodes of b
+sequences and prefill chunks together; chunk j writes q_j prompt tokens after s_j
+already in the cache. From the prefill curves at batch 1, P(x) = t_prefill_target(1, x)
+(+ t_prefill_draft(1, x) when the run speculates), with P(0) taken as P(1), the cost of
+a one-token pass (the weights streamed once):
+
+    t_mixed = t_decode_step(b, k, c) + sum_j [P(s_j + q_j) - P(s_j)]     (b > 0)
+    t_mixed = P(0) + t_overhead_prefill + sum_j [P(s_j + q_j) - P(s_j)]  (b = 0: chunks only)
+
+The parts share one pass over the weights; each chunk adds what extending a prompt from
+s_j to s_j + q_j costs (its linear layers' work and its attention over its own prefix).
+A whole prompt alone costs exactly the v0 prefill of one prompt.
+
 The engine never interpolates per step: :meth:`CostModel.tabulate` evaluates the
 curves once, vectorised, over every (b, k, context) a run can reach, and
 :class:`StepTable` answers per step with two list look-ups and a linear blend.
@@ -125,8 +138,15 @@ class CostModel:
                                f"extrapolating with the fitted roofline model ({value / top:.1f}x the grid)")
         return out
 
+    def chunk_costs(self, prefix_tokens, with_draft: bool) -> np.ndarray:
+        """P(x) of the module docstring: a one-prompt prefill of x tokens without the engine's
+        per-step overhead, P(0) = P(1)."""
+        x = np.maximum(np.asarray(prefix_tokens, dtype=float), 1.0)
+        return self.prefill_times(1, x, with_draft) - self.prefill_overhead
+
     def tabulate(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
-                 with_draft: bool) -> "StepTable":
+                 with_draft: bool, chunks: bool = False) -> "StepTable":
+        """``chunks``: also tabulate P(x) over the context columns, for vllm-v1 mixed steps."""
         ctx_step = max(1, math.ceil(max_context / TABLE_COLUMNS))
         prompt_step = max(1, math.ceil(max_prompt / TABLE_COLUMNS))
         b = np.arange(max_batch + 1, dtype=float)[:, None, None]
@@ -143,8 +163,11 @@ class CostModel:
             np.zeros((max_batch + 1, CATCH_UP_LAGS + 1, c.shape[-1]))
         catch_up[0] = 0.0
         after_full = decode + catch_up[:, 2:3, :]
+        chunk = self.chunk_costs(c[0, 0], with_draft) if chunks else None
         return StepTable(decode.tolist(), prefill.tolist(), float(ctx_step), float(prompt_step),
-                         max_batch, k_max, catch_up.tolist(), after_full.tolist())
+                         max_batch, k_max, catch_up.tolist(), after_full.tolist(),
+                         chunk.tolist() if chunks else None,
+                         float(chunk[0]) + self.prefill_overhead if chunks else 0.0)
 
 
 @dataclass(frozen=True)
@@ -159,6 +182,8 @@ class StepTable:
     k_max: int
     catch_up: list  # [b][lag][context column]: extra cost of the draft's first pass
     decode_lag2: list  # [b][k][context column]: decode plus the catch-up at lag 2, the common case
+    chunk: list | None = None  # [context column]: P(x), for vllm-v1 prefill chunks (module docstring)
+    chunk_alone: float = 0.0  # P(0) + prefill overhead: what a step of chunks only pays beyond its chunks
 
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
         return _blend(self.decode[batch_size][k], mean_context / self.context_step)
@@ -190,6 +215,11 @@ class StepTable:
 
     def prefill_time(self, batch_size: int, mean_prompt: float) -> float:
         return _blend(self.prefill[batch_size], mean_prompt / self.prompt_step)
+
+    def chunk_time(self, prefix_tokens: int, tokens: int) -> float:
+        """A prefill chunk of ``tokens`` after ``prefix_tokens`` in the cache: P(s + q) - P(s)."""
+        row, step = self.chunk, self.context_step
+        return _blend(row, (prefix_tokens + tokens) / step) - _blend(row, prefix_tokens / step)
 
 
 def _blend(row: list, x: float) -> float:

@@ -17,6 +17,8 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     for key in KEYS if key.flag is not None
 }
 
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {key.flag: key.aliases for key in KEYS if key.aliases}
+
 
 def typed(flag: str, kind: type):
     """An argparse ``type`` converting a flag's text with ``kind`` (int, float, str); a bad text is
@@ -35,7 +37,12 @@ def add_run_flags(parser: argparse.ArgumentParser, flags: list[str] | None = Non
     """Add run flags (all, or those named) whose values land in ``args`` under their config keys."""
     for flag in flags or list(RUN_FLAGS):
         key, kind, text = RUN_FLAGS[flag]
-        parser.add_argument(flag, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text))
+        names = (flag, *FLAG_ALIASES.get(flag, ()))
+        if kind is bool:  # --chunked-prefill / --no-chunked-prefill
+            parser.add_argument(*names, dest=key, action=argparse.BooleanOptionalAction, default=None,
+                                help=(helps or {}).get(flag, text))
+            continue
+        parser.add_argument(*names, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text))
 
 
 def run_overrides(args: argparse.Namespace, flags: list[str] | None = None) -> dict[str, tuple]:
