@@ -121,7 +121,7 @@ class ChunkedPrefillScheduler:
 
     def blocks(self, tokens):
         """Blocks that hold ``tokens`` KV slots (an int or an int array)."""
-        return -(-tokens // self.block_size)
+        return (tokens + (self.block_size - 1)) // self.block_size
 
     def victims(self, need: np.ndarray, held: np.ndarray, free: int) -> int:
         """How many rows to preempt from the tail (the newest) so the others get ``need`` blocks.

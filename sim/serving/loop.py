@@ -300,7 +300,8 @@ class ServingLoop:
 
     def _init_v1(self, n: int) -> None:
         self.schedule, self.start_decode, self.finish_decode = self._schedule_v1, self._start_v1, self._finish_v1
-        self.blocks_used = 0
+        self.blocks_used = 0  # rows' and partial prefills' blocks, between steps
+        self._row_blocks = 0  # the rows' part of it
         self.peak_blocks = 0
         self.preempted_remaining = np.zeros(n, dtype=np.int64)  # a preempted request's output still owed
         self.last_emit_s = np.zeros(n)  # ... and when it emitted its last token (its next ITL starts there)
@@ -321,18 +322,17 @@ class ServingLoop:
         if b:
             k, ragged = self._choose_k(now, b)
             ctx = self.row_final_context[:b] - self.row_remaining[:b]
-            held = sched.blocks(ctx)
-            need = sched.blocks(ctx + 1 + (k if ragged is None else ragged)) - held
-            short = int(np.add.reduce(need)) > free
-            while short and self.prefilling:  # the newest first: partially prefilled requests ...
+            ends = sched.blocks(ctx + 1 + (k if ragged is None else ragged))  # blocks each row needs now
+            need = int(np.add.reduce(ends)) - self._row_blocks  # rows hold blocks(ctx) between steps
+            while need > free and self.prefilling:  # the newest first: partially prefilled requests ...
                 free += self._preempt_prefilling(len(self.prefilling) - 1)
-                short = int(np.add.reduce(need)) > free
-            if short:  # ... then the newest rows
-                m = sched.victims(need, held, free)
+            if need > free:  # ... then the newest rows
+                held = sched.blocks(ctx)
+                m = sched.victims(ends - held, held, free)
                 free += int(np.add.reduce(held[b - m:]))
+                need -= int(np.add.reduce(ends[b - m:] - held[b - m:]))
                 self._preempt_rows(m)
                 b = self.running
-                need = need[:b]
                 if ragged is not None:
                     ragged = ragged[:b] if b else None
                     if ragged is not None:
@@ -340,7 +340,7 @@ class ServingLoop:
                         if int(np.minimum.reduce(ragged)) == k:
                             ragged = None
                 self._ragged = ragged
-            free -= int(np.add.reduce(need))
+            free -= need
             budget -= b + (k * b if ragged is None else int(np.add.reduce(ragged)))
         self._chunks = chunks = []
         for index, entry in enumerate(self.prefilling):  # continue partial prefills, FCFS
@@ -367,10 +367,10 @@ class ServingLoop:
         self._step_accepted = None
         if b:
             view = self.view
-            view.batch_size = view.running = b  # after any preemption
-            view.mean_context_tokens = self._mean_context = (self.total_final_context - self.total_remaining) / b
-            view.remaining_tokens, view.final_context_tokens = self.row_remaining[:b], self.row_final_context[:b]
-            self._charged = b
+            if b != view.running:  # rows were preempted after the policy chose k
+                view.batch_size = view.running = self._charged = b
+                view.mean_context_tokens = self._mean_context = (self.total_final_context - self.total_remaining) / b
+                view.remaining_tokens, view.final_context_tokens = self.row_remaining[:b], self.row_final_context[:b]
             self._k = k
             dt, self._step_accepted = self.backend.decode(view, k, ragged, self.row_scale[:b],
                                                           self.row_lag[:b] if self._tracks_lag else None)
@@ -455,7 +455,8 @@ class ServingLoop:
                 self._join(entry[0], end)
         sched = self.scheduler
         r = self.running
-        used = int(np.add.reduce(sched.blocks(self.row_final_context[:r] - self.row_remaining[:r]))) if r else 0
+        used = self._row_blocks = (int(np.add.reduce(sched.blocks(self.row_final_context[:r] - self.row_remaining[:r])))
+                                   if r else 0)
         for entry in self.prefilling:
             used += sched.blocks(entry[1])
         self.blocks_used = used
