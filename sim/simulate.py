@@ -122,7 +122,7 @@ def prepare(config: RunConfig) -> PreparedRun:
                                 f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens else
                                                                  " (the profile's measured capacity)"))
     reach = _table_reach(config, policy, requests)
-    table = cost_model.tabulate(**reach, chunks=v1)
+    table = cost_model.tabulate(**reach, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
     try:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:

@@ -6,6 +6,7 @@ queueing invariants over random small configurations (hypothesis).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -33,7 +34,9 @@ from tests.synthetic import make_profile
 
 @pytest.fixture(scope="module")
 def cost_model(tmp_path_factory) -> CostModel:
-    return CostModel(load_profile(make_profile(tmp_path_factory.mktemp("v1") / "linear")))
+    # prompts measured from 1 token: P(x) below is then exact wherever a step reaches
+    return CostModel(load_profile(make_profile(tmp_path_factory.mktemp("v1") / "linear",
+                                               prompts=(1, 32, 128, 512, 1024))))
 
 
 def serve(cost_model, prompts, outputs, *, arrivals=None, budget=160, block_size=16, kv_tokens=100_000,
@@ -44,7 +47,7 @@ def serve(cost_model, prompts, outputs, *, arrivals=None, budget=160, block_size
     arrivals = np.zeros(n) if arrivals is None else np.asarray(arrivals, float)
     policy = make_policy("fixed", {"k": k}) if k else make_policy("none", {})
     table = cost_model.tabulate(max_seqs, k, int((prompts + outputs).max()) + k, int(prompts.max()),
-                                with_draft=k > 0, chunks=True)
+                                with_draft=k > 0, chunk_tokens=budget)
     policy.bind(cost_model.k_max, table)
     scale = acceptance_scale(np.full(n, alpha))
     scheduler = ChunkedPrefillScheduler(max_seqs, kv_tokens, budget, block_size, chunked)
@@ -59,7 +62,7 @@ def steps_of(loop):
 
 
 def P(x):
-    """tests/synthetic.py's target prefill at batch 1 (within its grid of prompts 32..1024)."""
+    """tests/synthetic.py's target prefill at batch 1 (prompts of 1 to 1024 tokens)."""
     return 0.010 + 1e-5 * x
 
 
@@ -82,9 +85,9 @@ def test_two_requests_with_a_tiny_budget_step_exactly(cost_model):
     assert s["kv_blocks"].tolist() == [10, 21, 23, 23]
     assert s["preemptions"].tolist() == [0, 0, 0, 0]
     durations = s["end_s"] - s["start_s"]
-    expected = [P(160),                                   # a step of chunks alone costs as one prompt
-                (P(200) - P(160)) + P(120),               # P(0) of the pass + A's extension + B's chunk
-                decode_cost(1, 200) + (P(150) - P(120)),  # A's decode and B's chunk share the pass
+    expected = [P(160),                                   # a step of chunks alone costs as one prompt of Q
+                P(40 + 120),                              # A's last 40 and B's first 120
+                decode_cost(1, 200) + (P(1 + 30) - P(1)),  # A's decode (D = 1 token) and B's last 30
                 decode_cost(2, (201 + 150) / 2)]
     np.testing.assert_allclose(durations, expected, rtol=1e-9)
     end = s["end_s"]
@@ -233,3 +236,41 @@ def test_the_real_replay_refuses_the_v1_scheduler():
     with pytest.raises(InputError, match="v0 scheduler only") as info:
         replay_config(load_config(None, {"engine.scheduler": "vllm-v1", "workload.num_requests": 2}))
     assert info.value.field == "engine.scheduler"
+
+
+def test_the_step_table_prices_mixed_steps_as_the_cost_model_does(tmp_path):
+    from sim.simulate import _profile_and_costs
+
+    _, cm = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    table = cm.tabulate(64, 3, 6000, 4096, with_draft=True, chunk_tokens=8192)
+    for b, k, c, q in [(0, 0, 0, 512), (0, 0, 0, 8000), (8, 3, 700, 300), (64, 3, 2500, 4000), (32, 0, 100, 1)]:
+        d = b * (k + 1)
+        got = (table.decode_time(b, k, c) if b else 0.0) + table.chunk_time(d, q)
+        exact = float(cm.mixed_times(b, k, c, q, with_draft=True))
+        assert got == pytest.approx(exact, rel=2e-3), (b, k, c, q)
+    # a whole prompt alone costs what v0 charges one prompt
+    assert table.chunk_time(0, 1000) == pytest.approx(float(cm.prefill_times(1, 1000, True)), rel=1e-3)
+
+
+HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
+
+
+@pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
+def test_the_mixed_step_formula_stays_close_to_the_kernel_composition():
+    from sim.commands.compose import pricers_for
+    from sim.simulate import _profile_and_costs
+
+    profile, cm = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    target = pricers_for(profile)["target"]
+
+    def p(x):
+        return float(cm.prefill_target(batch_size=1, query_tokens=max(x, 1)))
+
+    assert target.mixed(0, 1, 0, [(0, 700)]) == pytest.approx(float(target.prefill(1, 700)), rel=1e-9)
+    for b in (0, 4, 16, 64, 256):
+        for chunks in ([(0, 64)], [(0, 1024)], [(3000, 1000)], [(0, 200), (0, 600)]):
+            q = sum(new for _, new in chunks)
+            d = b * 4
+            formula = (float(cm.decode_target(batch_size=b, query_tokens=4, context_tokens=900)) + p(d + q) - p(d)
+                       if b else p(q))
+            assert formula == pytest.approx(target.mixed(b, 4, 900, chunks), rel=0.15), (b, chunks)

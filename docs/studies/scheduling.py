@@ -27,6 +27,10 @@ K_MAX = 5
 NUM_REQUESTS = 600                        # per run
 SCHEDULERS = ("v0", "vllm-v1")
 SEED = 0
+# Mixed steps priced two ways (the cost model's formula, the kernel composition): decode batch, chunks
+MIXED_BATCHES = (0, 8, 32, 128, 256)
+MIXED_CHUNKS = (((0, 128),), ((0, 512),), ((0, 2048),), ((2048, 512),), ((0, 256), (0, 256)))
+MIXED_K, MIXED_CONTEXT = 3, 700
 
 
 def one_run(profile: str, scheduler: str, rate: float, k: int) -> dict:
@@ -53,6 +57,39 @@ def sweep(profile: str, saturation: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     k_rows = [{"fraction": f, **one_run(profile, scheduler, f * saturation, k)}
               for f in K_FRACTIONS for scheduler in SCHEDULERS for k in range(top + 1)]
     return pd.DataFrame(rows), pd.DataFrame(k_rows)
+
+
+def mixed_check(profile: str) -> pd.DataFrame | None:
+    """The target pass of mixed steps by the cost model's formula (sim/costmodel.py) and by the
+    kernel composition (sim.compose.price.PassPricer.mixed); None for a profile not composed,
+    or without its kernel data."""
+    from sim.commands.compose import pricers_for
+    from sim.costmodel import CostModel
+    from sim.profile import load_profile
+
+    loaded = load_profile(profile)
+    if loaded.meta.get("source") != "composed":
+        return None
+    try:
+        target = pricers_for(loaded)["target"]
+    except Exception:  # noqa: BLE001 - no kernel data here: the check is skipped, as tests/test_compose.py does
+        return None
+    cm = CostModel(loaded)
+
+    def p(x: float) -> float:
+        return float(cm.prefill_target(batch_size=1, query_tokens=max(x, 1.0)))
+
+    rows = []
+    for b in MIXED_BATCHES:
+        for chunks in MIXED_CHUNKS:
+            d, q = b * (MIXED_K + 1), sum(new for _, new in chunks)
+            decode = float(cm.decode_target(batch_size=b, query_tokens=MIXED_K + 1, context_tokens=MIXED_CONTEXT)) if b \
+                else 0.0
+            formula = decode + p(d + q) - p(d) if b else p(q)
+            kernels = target.mixed(b, MIXED_K + 1, MIXED_CONTEXT, list(chunks))
+            rows.append({"batch": b, "chunks": " + ".join(f"{new}@{cached}" for cached, new in chunks),
+                         "formula_ms": formula * 1e3, "kernels_ms": kernels * 1e3, "ratio": formula / kernels})
+    return pd.DataFrame(rows)
 
 
 def plot(table: pd.DataFrame, path: Path) -> None:
@@ -92,6 +129,9 @@ def run(profile: str, out_dir: Path) -> dict:
     table.round(6).to_csv(out_dir / "scheduling.csv", index=False)
     k_table.round(6).to_csv(out_dir / "scheduling_k.csv", index=False)
     plot(table, out_dir / "scheduling.png")
+    check = mixed_check(profile)
+    if check is not None:
+        check.round(6).to_csv(out_dir / "scheduling_mixed_check.csv", index=False)
     top = table[table.fraction == FRACTIONS[-2]].set_index(["scheduler", "k"])
     return {"saturation_rate": round(saturation, 3),
             "best_k_by_tpot": best_k(k_table, "mean_tpot_ms"), "best_k_by_e2el": best_k(k_table, "mean_e2el_ms"),

@@ -164,6 +164,16 @@ def scheduling_k(folder: Path = FIGURES) -> str:
     return _md(pd.DataFrame(rows))
 
 
+def scheduling_mixed_check(folder: Path = FIGURES) -> str:
+    """A mixed step's target pass: the cost model's formula against the kernel composition."""
+    t = pd.read_csv(folder / "scheduling_mixed_check.csv")
+    frame = pd.DataFrame({"decode batch (k = 3)": t.batch, "chunks (new@cached)": t.chunks,
+                          "formula (ms)": t.formula_ms.map("{:.2f}".format),
+                          "kernels (ms)": t.kernels_ms.map("{:.2f}".format),
+                          "formula / kernels": t.ratio.map("{:.3f}".format)})
+    return _md(frame)
+
+
 TABLES = {
     "study-optimal-k-lut": optimal_k_lut,
     "study-optimal-k-headlines": optimal_k_headlines,
@@ -177,4 +187,5 @@ TABLES = {
     "study-long-context-sim": long_context_sim,
     "study-scheduling-rates": scheduling_rates,
     "study-scheduling-k": scheduling_k,
+    "study-scheduling-mixed-check": scheduling_mixed_check,
 }

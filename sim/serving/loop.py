@@ -343,6 +343,7 @@ class ServingLoop:
             free -= need
             budget -= b + (k * b if ragged is None else int(np.add.reduce(ragged)))
         self._chunks = chunks = []
+        budget_after_decodes = budget
         for index, entry in enumerate(self.prefilling):  # continue partial prefills, FCFS
             if budget <= 0:
                 break
@@ -356,7 +357,8 @@ class ServingLoop:
             free -= blocks
             budget -= tokens
             chunks.append((entry, tokens))
-        self._admit_waiting(now, budget, free, b)
+        budget = self._admit_waiting(now, budget, free, b)
+        self._chunk_tokens = budget_after_decodes - budget
         self.blocks_used = self._step_blocks = used = sched.total_blocks - self._free_after_admit
         if used > self.peak_blocks:
             self.peak_blocks = used
@@ -375,13 +377,14 @@ class ServingLoop:
             dt, self._step_accepted = self.backend.decode(view, k, ragged, self.row_scale[:b],
                                                           self.row_lag[:b] if self._tracks_lag else None)
         if chunks:
-            dt += self.backend.chunks([(entry[1], tokens) for entry, tokens in chunks], bool(b))
+            dt += self.backend.chunks(sched.max_num_batched_tokens - budget_after_decodes, self._chunk_tokens)
         self._dt = dt
         return dt
 
-    def _admit_waiting(self, now: float, budget: int, free: int, running: int) -> None:
+    def _admit_waiting(self, now: float, budget: int, free: int, running: int) -> int:
         """Start prefilling waiting requests, FCFS (preempted ones first), while budget, blocks and
-        max_num_seqs allow; a waiting request that does not fit stops the admissions (it never preempts)."""
+        max_num_seqs allow; a waiting request that does not fit stops the admissions (it never preempts).
+        Returns the budget left."""
         sched, queue = self.scheduler, self.queue
         while budget > 0 and running + len(self.prefilling) < self._cap:
             if self.requeued:
@@ -409,6 +412,7 @@ class ServingLoop:
             free -= blocks
             budget -= tokens
         self._free_after_admit = free
+        return budget
 
     def _preempt_prefilling(self, index: int) -> int:
         """Preempt a partially prefilled request: back to the waiting head; returns the blocks it freed."""

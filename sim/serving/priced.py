@@ -44,14 +44,10 @@ class PricedBackend:
         dt = self.table.decode_time_at_lag(charged, k, context, np.maximum.reduce(lag) if lag is not None else 1)
         return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
 
-    def chunks(self, chunks: list, with_decode: bool) -> float:
-        """vllm-v1 prefill chunks, as (tokens already prefilled, tokens now) pairs, added to a step
-        (sim.costmodel's mixed-step formula); a step of chunks alone also pays one pass's fixed cost."""
-        table = self.table
-        t = 0.0 if with_decode else table.chunk_alone
-        for prefix, tokens in chunks:
-            t += table.chunk_time(prefix, tokens)
-        return t
+    def chunks(self, decode_tokens: int, chunk_tokens: int) -> float:
+        """What a vllm-v1 step's prefill chunks add to it (sim.costmodel's mixed-step formula):
+        ``decode_tokens`` = b (k + 1) of the step's decodes (0: a step of chunks alone)."""
+        return self.table.chunk_time(decode_tokens, chunk_tokens)
 
     def commit(self) -> None:
         """Nothing to write: the step was only priced."""
