@@ -102,7 +102,8 @@ class ChunkedPrefillScheduler:
     the free blocks do not cover them, the newest running requests are preempted (their
     blocks freed, recomputed later). Then prefill chunks fill what is left of the budget,
     in FCFS order: partially prefilled requests first, then the waiting queue's head
-    (preempted requests first); a waiting request never preempts, it waits for blocks.
+    (preempted requests first); a waiting request never preempts, it waits for blocks, and a
+    step that preempted starts no waiting request.
     A running row holds ``ceil(context / block_size)`` blocks between steps: the slots of
     rejected draft tokens are freed with the step.
     """

@@ -357,7 +357,10 @@ class ServingLoop:
             free -= blocks
             budget -= tokens
             chunks.append((entry, tokens))
-        budget = self._admit_waiting(now, budget, free, b)
+        if self._preempted_now:  # as vLLM v1: a step that preempts starts no waiting request
+            self._free_after_admit = free
+        else:
+            budget = self._admit_waiting(now, budget, free, b)
         self._chunk_tokens = budget_after_decodes - budget
         self.blocks_used = self._step_blocks = used = sched.total_blocks - self._free_after_admit
         if used > self.peak_blocks:
