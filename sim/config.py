@@ -226,6 +226,9 @@ KEYS: tuple[Key, ...] = (
         "(--no-chunked-prefill: a prompt waits until it fits whole)", "--chunked-prefill", write=_if_v1),
     Key("engine.block_size", integer(minimum=1), "vllm-v1: tokens per KV-cache block", "--block-size",
         write=_if_v1),
+    Key("engine.gpu_memory_utilization", number(inside=(0.0, 1.0001), optional=True),
+        "fraction of the GPU's memory for weights and KV cache, as vLLM's; sets the KV capacity from the "
+        "profile's memory figures (instead of --kv-cache-tokens)", "--gpu-memory-utilization"),
     Key("engine.preemption", choice(PREEMPTION), "vllm-v1: what happens to the newest running request when "
         "blocks run out (recompute: back to the waiting head, its KV dropped)", "--preemption", write=_if_v1),
     Key("policy.name", text(), "speculation-length policy: none, fixed, lut, goodput, or module:Class", "--policy"),

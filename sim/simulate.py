@@ -106,6 +106,8 @@ def prepare(config: RunConfig) -> PreparedRun:
         alphas = np.where(np.isnan(requests.alpha), alphas, requests.alpha)
     reserve = kv_reserve(requests.prompt_tokens, requests.output_tokens, policy.max_k)
     budget = config.engine.kv_cache_tokens
+    if config.engine.gpu_memory_utilization is not None:
+        budget = kv_capacity_at(config, profile)
     if budget is None:
         budget = profile.kv_capacity_tokens
     if budget is None:  # neither says: an unlimited cache
@@ -119,7 +121,8 @@ def prepare(config: RunConfig) -> PreparedRun:
     if reserve[worst] > (budget // config.engine.block_size * config.engine.block_size if v1 else budget):
         key = "engine.kv_cache_tokens"
         raise config.error(key, f"request {worst} needs {int(reserve[worst])} tokens of KV cache, more than the "
-                                f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens else
+                                f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens or
+                                                                 config.engine.gpu_memory_utilization else
                                                                  " (the profile's measured capacity)"))
     reach = _table_reach(config, policy, requests)
     table = cost_model.tabulate(**reach, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
@@ -153,6 +156,26 @@ def scheduler_for(run: PreparedRun):
     return make_scheduler(e.batching, e.max_batch_size, run.kv_budget_tokens, e.prefill, e.scheduler,
                           max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
                           chunked_prefill=e.chunked_prefill)
+
+
+def kv_capacity_at(config: RunConfig, profile: Profile) -> int:
+    """The KV tokens that fit at ``engine.gpu_memory_utilization``: the profile's capacity, recorded
+    at its own memory fraction, moved by the memory between the two fractions over the KV bytes per
+    token of both models (docs/scheduling.md)."""
+    key, fraction = "engine.gpu_memory_utilization", config.engine.gpu_memory_utilization
+    if config.engine.kv_cache_tokens is not None:
+        raise config.error(key, "give either --gpu-memory-utilization or --kv-cache-tokens, not both")
+    memory, models = profile.meta.get("memory") or {}, profile.meta.get("models") or {}
+    per_token = sum(m.get("kv_bytes_per_token") or 0 for m in models.values())
+    if profile.kv_capacity_tokens is None or not {"available_bytes", "fraction"} <= memory.keys() or not per_token:
+        raise config.error(key, f"profile '{profile.name}' records no memory figures to size the KV cache "
+                                "from; give --kv-cache-tokens")
+    capacity = profile.kv_capacity_tokens + int((fraction - memory["fraction"]) * memory["available_bytes"]
+                                                 // per_token)
+    if capacity < 1:
+        raise config.error(key, f"{fraction:g} of {memory['available_bytes'] / 2**30:.0f} GiB leaves no room for "
+                                f"a KV cache beside the models' weights")
+    return capacity
 
 
 def check_v1(config: RunConfig, requests: Requests, max_k: int) -> None:

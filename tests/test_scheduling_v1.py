@@ -274,3 +274,21 @@ def test_the_mixed_step_formula_stays_close_to_the_kernel_composition():
             formula = (float(cm.decode_target(batch_size=b, query_tokens=4, context_tokens=900)) + p(d + q) - p(d)
                        if b else p(q))
             assert formula == pytest.approx(target.mixed(b, 4, 900, chunks), rel=0.15), (b, chunks)
+
+
+def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_profiles_memory(capsys, tmp_path):
+    from sim.profile import load_profile
+    from sim.simulate import prepare
+
+    name = "h100-llama-3.1-8b-llama-3.2-1b"
+    meta = load_profile(name).meta
+    per_token = sum(m["kv_bytes_per_token"] for m in meta["models"].values())
+    at = {u: prepare(load_config(None, {"engine.gpu_memory_utilization": u, "workload.num_requests": 5}))
+          .kv_budget_tokens for u in (0.9, 0.5)}
+    assert at[0.9] == meta["kv_capacity_tokens"]  # the profile's own fraction
+    assert at[0.9] - at[0.5] == pytest.approx(0.4 * meta["memory"]["available_bytes"] / per_token, abs=1)
+    assert main(["run", "--gpu-memory-utilization", "0.2", "--num-requests", "5", "--out", str(tmp_path / "x")]) == 2
+    assert "engine.gpu_memory_utilization" in capsys.readouterr().err
+    assert main(["run", "--gpu-memory-utilization", "0.5", "--kv-cache-tokens", "9000", "--num-requests", "5",
+                 "--out", str(tmp_path / "y")]) == 2
+    assert "not both" in capsys.readouterr().err
