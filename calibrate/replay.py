@@ -408,6 +408,9 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
     The replay pads a prefill batch to its longest prompt, so the run is priced that way too
     (``engine.prefill = "padded"``); threads, dtype and denormal flushing follow calibration.
     """
+    if config.engine.scheduler != "v0":  # TorchBackend runs prefill-only and decode-only steps
+        raise config.error("engine.scheduler", "the real replay runs the v0 scheduler only (no mixed steps "
+                                               "of decodes and prefill chunks yet); give --scheduler v0")
     config = replace(config, engine=replace(config.engine, prefill="padded"))
     run = prepare(config)
     meta = run.profile.meta

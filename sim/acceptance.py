@@ -289,6 +289,9 @@ class TraceSampler(AcceptanceSampler):
 # ------------------------------------------------------------------------- what was drawn
 
 
+_FOLD_EVERY = 4096  # steps kept before a RecordingSampler folds them into its counts
+
+
 class RecordingSampler:
     """Wraps a sampler and keeps what it drew, for vLLM's speculation metrics.
 
@@ -303,9 +306,28 @@ class RecordingSampler:
         self.keyed = per_request or getattr(inner, "keyed", False)
         self._lookup = values_by_request if per_request and not getattr(inner, "keyed", False) else None
         self._per_request = per_request
-        self.accepted_log: list[np.ndarray] = []
+        self.accepted_log: list[np.ndarray] = []  # kept whole only per request; else folded into counts
         self.ids_log: list[np.ndarray] = []
         self.drafted_log: list = []
+        self._counts = np.zeros(0, dtype=np.int64)  # rows that kept exactly a tokens, indexed by a
+
+    def counts(self) -> np.ndarray:
+        """Rows that kept exactly a draft tokens, indexed by a, over every step so far."""
+        if self._per_request:  # the log is kept whole for the per-request tables
+            return np.bincount(np.concatenate(self.accepted_log)) if self.accepted_log else self._counts
+        self._fold()
+        return self._counts
+
+    def _fold(self) -> None:
+        """Tally the steps kept so far into the counts: a long run's memory stays flat."""
+        if self.accepted_log and not self._per_request:
+            tally = np.bincount(np.concatenate(self.accepted_log))
+            if tally.shape[0] > self._counts.shape[0]:
+                tally[:self._counts.shape[0]] += self._counts
+                self._counts = tally
+            else:
+                self._counts[:tally.shape[0]] += tally
+            self.accepted_log.clear()
 
     def accepted(self, values: np.ndarray, k) -> np.ndarray:
         if self._per_request:
@@ -316,6 +338,8 @@ class RecordingSampler:
         else:
             kept = self.inner.accepted(values, k)
         self.accepted_log.append(kept)
+        if len(self.accepted_log) >= _FOLD_EVERY and not self._per_request:
+            self._fold()
         return kept
 
 
@@ -323,8 +347,8 @@ def accepted_per_position(samplers: list[RecordingSampler], k_max: int) -> np.nd
     """vLLM's ``spec_decode_num_accepted_tokens_per_pos``: drafts whose position j was accepted."""
     counts = np.zeros(k_max + 1, dtype=np.int64)
     for sampler in samplers:
-        if sampler.accepted_log:
-            counts += np.bincount(np.concatenate(sampler.accepted_log), minlength=k_max + 1)[:k_max + 1]
+        tally = sampler.counts()[:k_max + 1]
+        counts[:tally.shape[0]] += tally
     return np.cumsum(counts[::-1])[::-1][1:]  # position j (0-based) kept when a > j
 
 

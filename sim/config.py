@@ -26,7 +26,7 @@ from sim.acceptance import DISTRIBUTIONS, MODELS, AcceptanceSpec, parse_rates
 from sim.errors import InputError
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import ROUTERS
-from sim.scheduler import BATCHING, PREFILL
+from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
 from sim.tomlsource import KeyLines, parse_toml
 from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
@@ -66,7 +66,7 @@ class Value:
     @property
     def flag_type(self) -> type:
         """What argparse converts a flag's text with (a whole-number flag rejects '1.5' at once)."""
-        return self.type if self.type in (int, float) else str
+        return self.type if self.type in (int, float, bool) else str
 
 
 def number(*, positive: bool = False, inside: tuple[float, float] | None = None,
@@ -101,6 +101,17 @@ def integer(*, minimum: int, optional: bool = False) -> Value:
             raise ValueError(f"must be at least {minimum}, got {raw}")
         return raw
     return Value(int, parse, optional)
+
+
+def boolean() -> Value:
+    """true/false in TOML or a Python bool; the words true/false (any case) from text."""
+    def parse(raw: Any) -> bool:
+        if isinstance(raw, str) and raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+        if not isinstance(raw, bool):
+            raise ValueError(f"'{raw}' is not true or false")
+        return raw
+    return Value(bool, parse)
 
 
 def choice(allowed: tuple[str, ...]) -> Value:
@@ -145,6 +156,11 @@ def _same(value: Any, section: Any = None) -> Any:
     return value
 
 
+def _if_v1(value: Any, section: Any) -> Any:
+    """The scheduler keys are written only for a vllm-v1 run (a v0 run's config.toml stays as it was)."""
+    return None if section.scheduler == "v0" else value
+
+
 # ---------------------------------------------------------------------------------------------
 # The table
 
@@ -159,6 +175,7 @@ class Key:
     flag: str | None = None         # its `specbatch run` flag; None: TOML (and API) only
     write: Callable[[Any, Any], Any] = _same  # (value, its section) -> the value config.toml records (None: left out)
     flag_type: type | None = None   # a policy parameter's flag type (other keys: their value's)
+    aliases: tuple[str, ...] = ()   # further flags (and API keywords) for the same key, e.g. vLLM's name
 
     @property
     def section(self) -> str | None:
@@ -196,11 +213,28 @@ KEYS: tuple[Key, ...] = (
     Key("workload.trace", text(optional=True),
         "replay a CSV trace (arrival_s, prompt_tokens, output_tokens[, alpha, label])", "--trace"),
     Key("engine.batching", choice(BATCHING), "continuous or static", "--batching"),
-    Key("engine.max_batch_size", integer(minimum=1), "most sequences in a batch", "--max-batch-size"),
+    Key("engine.max_batch_size", integer(minimum=1), "most sequences in a batch", "--max-batch-size",
+        aliases=("--max-num-seqs",)),
     Key("engine.prefill", choice(PREFILL), "packed (admitted prompts cost as their mean length, as vLLM) or "
         "padded (as the longest, as a right-padded batch)", "--prefill"),
     Key("engine.kv_cache_tokens", integer(minimum=1, optional=True),
         "KV-cache budget in tokens (default: the profile's)", "--kv-cache-tokens"),
+    # The scheduler mode and the vllm-v1 mode's settings (vLLM's names; docs/scheduling.md). config.toml
+    # records them only for a vllm-v1 run, so a v0 run's file and digest are what they always were.
+    Key("engine.scheduler", choice(SCHEDULERS), "v0: whole KV reserved at admission, prefill-only and decode-only "
+        "steps | vllm-v1: paged KV with preemption, chunked prefill in mixed steps", "--scheduler",
+        write=_if_v1),
+    Key("engine.max_num_batched_tokens", integer(minimum=1), "vllm-v1: tokens per step (decodes with their "
+        "speculative tokens, then prefill chunks)", "--max-num-batched-tokens", write=_if_v1),
+    Key("engine.chunked_prefill", boolean(), "vllm-v1: split prompts into chunks to fill the step's token budget "
+        "(--no-chunked-prefill: a prompt waits until it fits whole)", "--chunked-prefill", write=_if_v1),
+    Key("engine.block_size", integer(minimum=1), "vllm-v1: tokens per KV-cache block", "--block-size",
+        write=_if_v1),
+    Key("engine.gpu_memory_utilization", number(inside=(0.0, 1.0001), optional=True),
+        "fraction of the GPU's memory for weights and KV cache, as vLLM's; sets the KV capacity from the "
+        "profile's memory figures (instead of --kv-cache-tokens)", "--gpu-memory-utilization"),
+    Key("engine.preemption", choice(PREEMPTION), "vllm-v1: what happens to the newest running request when "
+        "blocks run out (recompute: back to the waiting head, its KV dropped)", "--preemption", write=_if_v1),
     Key("policy.name", text(), "speculation-length policy: none, fixed, lut, goodput, or module:Class", "--policy"),
     Key("policy.k", None, "speculation length for --policy fixed", "--k", flag_type=int),
     # The engine policies' knobs, under the engines' own flag names (docs/policy-engines.md).
@@ -253,7 +287,7 @@ def key_for(name: str) -> str:
     if "." not in name:
         flag = f"--{name.replace('_', '-')}"
         for key in KEYS:
-            if key.flag == flag:
+            if key.flag == flag or flag in key.aliases:
                 return key.name
     return name
 

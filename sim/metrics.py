@@ -138,7 +138,7 @@ def summarize(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
 
 
 def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
-    decode = steps["phase"] == 1
+    decode = steps["phase"] != 0  # decode steps, and vllm-v1's mixed steps (which decode too)
     k, running = steps["k"][decode], steps["running"][decode]
     drafted = int(steps["drafted_tokens"].sum())
     accepted = int(steps["accepted_tokens"].sum())
@@ -158,6 +158,19 @@ def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
         "mean_batch_size": float(running.mean()) if running.size else nan,
         "busy_time_s": busy,
         "token_goodput": float(steps["emitted_tokens"].sum()) / busy if busy > 0 else nan,
+    }
+
+
+def scheduler_stats(records) -> dict[str, float | int]:
+    """The vllm-v1 scheduler's own figures: preemptions, mixed steps, prefill chunks, peak KV blocks."""
+    steps = records.steps
+    mixed = steps["phase"] == 2
+    return {
+        "num_preemptions": int(records.preemptions.sum()),
+        "num_preempted_requests": int(np.count_nonzero(records.preemptions)),
+        "num_mixed_steps": int(mixed.sum()),
+        "num_prefill_tokens": int(steps["prefill_tokens"].sum()),
+        "peak_kv_blocks": int(steps["kv_blocks"].max()) if steps["kv_blocks"].size else 0,
     }
 
 

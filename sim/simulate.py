@@ -25,7 +25,8 @@ from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
 from sim.errors import InputError
-from sim.metrics import by_label, per_request_spec_decode, replica_breakdown, spec_decode_section, summarize
+from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
+                         spec_decode_section, summarize)
 from sim.profile import CSV_NAME, META_NAME, Profile, load_profile, resolve_profile_path
 from sim.scheduler import kv_reserve, make_scheduler
 from sim.serving.clock import simulate_replica
@@ -138,18 +139,26 @@ def prepare(config: RunConfig) -> PreparedRun:
         alphas = np.where(np.isnan(requests.alpha), alphas, requests.alpha)
     reserve = kv_reserve(requests.prompt_tokens, requests.output_tokens, policy.max_k)
     budget = config.engine.kv_cache_tokens
+    if config.engine.gpu_memory_utilization is not None:
+        budget = kv_capacity_at(config, profile)
     if budget is None:
         budget = profile.kv_capacity_tokens
     if budget is None:  # neither says: an unlimited cache
         budget = int(reserve.sum())
+    v1 = config.engine.scheduler == "vllm-v1"
+    if v1:  # paged: a request alone must fit in whole blocks at its longest (its last step's slots)
+        check_v1(config, requests, policy.max_k)
+        block = config.engine.block_size
+        reserve = -(-reserve // block) * block
     worst = int(np.argmax(reserve))
-    if reserve[worst] > budget:
+    if reserve[worst] > (budget // config.engine.block_size * config.engine.block_size if v1 else budget):
         key = "engine.kv_cache_tokens"
         raise config.error(key, f"request {worst} needs {int(reserve[worst])} tokens of KV cache, more than the "
-                                f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens else
+                                f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens or
+                                                                 config.engine.gpu_memory_utilization else
                                                                  " (the profile's measured capacity)"))
     reach = _table_reach(config, policy, requests)
-    table = cost_model.tabulate(**reach)
+    table = cost_model.tabulate(**reach, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
     try:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
@@ -177,7 +186,48 @@ def _fitted(directory: str, stamp: tuple) -> tuple[Profile, CostModel]:
 def scheduler_for(run: PreparedRun):
     """A fresh scheduler for one replica of ``run`` (the simulator's and the real replay's alike)."""
     e = run.config.engine
-    return make_scheduler(e.batching, e.max_batch_size, run.kv_budget_tokens, e.prefill)
+    return make_scheduler(e.batching, e.max_batch_size, run.kv_budget_tokens, e.prefill, e.scheduler,
+                          max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
+                          chunked_prefill=e.chunked_prefill)
+
+
+def kv_capacity_at(config: RunConfig, profile: Profile) -> int:
+    """The KV tokens that fit at ``engine.gpu_memory_utilization``: the profile's capacity, recorded
+    at its own memory fraction, moved by the memory between the two fractions over the KV bytes per
+    token of both models (docs/scheduling.md)."""
+    key, fraction = "engine.gpu_memory_utilization", config.engine.gpu_memory_utilization
+    if config.engine.kv_cache_tokens is not None:
+        raise config.error(key, "give either --gpu-memory-utilization or --kv-cache-tokens, not both")
+    memory, models = profile.meta.get("memory") or {}, profile.meta.get("models") or {}
+    per_token = sum(m.get("kv_bytes_per_token") or 0 for m in models.values())
+    if profile.kv_capacity_tokens is None or not {"available_bytes", "fraction"} <= memory.keys() or not per_token:
+        raise config.error(key, f"profile '{profile.name}' records no memory figures to size the KV cache "
+                                "from; give --kv-cache-tokens")
+    capacity = profile.kv_capacity_tokens + int((fraction - memory["fraction"]) * memory["available_bytes"]
+                                                 // per_token)
+    if capacity < 1:
+        raise config.error(key, f"{fraction:g} of {memory['available_bytes'] / 2**30:.0f} GiB leaves no room for "
+                                f"a KV cache beside the models' weights")
+    return capacity
+
+
+def check_v1(config: RunConfig, requests: Requests, max_k: int) -> None:
+    """What the vllm-v1 scheduler needs of its settings, said before the run (docs/scheduling.md)."""
+    e = config.engine
+    if e.batching != "continuous":
+        raise config.error("engine.scheduler", "the vllm-v1 scheduler batches continuously; "
+                                               "give --batching continuous (or --scheduler v0)")
+    decodes = e.max_batch_size * (1 + max_k)
+    if e.max_num_batched_tokens < decodes:
+        raise config.error("engine.max_num_batched_tokens",
+                           f"{e.max_num_batched_tokens} tokens cannot hold a full batch's decodes: max_num_seqs "
+                           f"{e.max_batch_size} x (1 + k {max_k}) = {decodes}; give at least that")
+    if not e.chunked_prefill:  # a prompt, or a preempted request's recompute, must fit one step whole
+        longest = int((requests.prompt_tokens + requests.output_tokens - 1).max())
+        if longest > e.max_num_batched_tokens:
+            raise config.error("engine.max_num_batched_tokens",
+                               f"without chunked prefill a step must hold a whole prompt and its recompute: "
+                               f"{longest} tokens (prompt + output - 1) > {e.max_num_batched_tokens}")
 
 
 def _policy_error(config: RunConfig, exc: PolicyError) -> InputError:
@@ -274,6 +324,8 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
     detail = config.output.per_request_spec_decode_metrics
     per_request = None if detail == "none" else per_request_spec_decode(
         per_request_steps(samplers, len(requests)), run.policy.max_k, detail == "detailed")
+    if records.preemptions is not None:  # vllm-v1 (a v0 summary stays as it was)
+        summary.update(scheduler_stats(records))
     table = request_table(requests, run.alphas, records)
     steps = pd.DataFrame(records.steps)
     breakdown = None
@@ -322,6 +374,7 @@ def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -
         "decode_steps": rec.decode_steps,
         "drafted_tokens": rec.drafted_tokens,
         "accepted_tokens": rec.accepted_tokens,
+        **({"num_preemptions": rec.preemptions} if rec.preemptions is not None else {}),
         **({"label": requests.label} if requests.label is not None else {}),
     })
 

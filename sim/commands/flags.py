@@ -21,6 +21,7 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
 }
 
 SEVERAL_WORDS = frozenset({"--goodput"})  # as vllm bench serve takes it: --goodput ttft:500 tpot:50
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {key.flag: key.aliases for key in KEYS if key.aliases}
 
 
 def typed(flag: str, kind: type):
@@ -40,8 +41,13 @@ def add_run_flags(parser: argparse.ArgumentParser, flags: list[str] | None = Non
     """Add run flags (all, or those named) whose values land in ``args`` under their config keys."""
     for flag in flags or list(RUN_FLAGS):
         key, kind, text = RUN_FLAGS[flag]
+        names = (flag, *FLAG_ALIASES.get(flag, ()))
+        if kind is bool:  # --chunked-prefill / --no-chunked-prefill
+            parser.add_argument(*names, dest=key, action=argparse.BooleanOptionalAction, default=None,
+                                help=(helps or {}).get(flag, text))
+            continue
         words = {"nargs": "+"} if flag in SEVERAL_WORDS else {}
-        parser.add_argument(flag, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text),
+        parser.add_argument(*names, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text),
                             **words)
 
 

@@ -156,6 +156,11 @@ def format_summary(result: RunResult) -> str:
     row("Mean batch size (decode):", s["mean_batch_size"])
     row("Engine steps (prefill + decode):", s["num_steps"])
     row("Token goodput (tok/s of busy time):", s["token_goodput"])
+    if "num_preemptions" in s:  # the vllm-v1 scheduler
+        header("Scheduler vllm-v1")
+        row("Mixed steps (decodes + prefill chunks):", s["num_mixed_steps"])
+        row("Preemptions:", s["num_preemptions"])
+        row("Peak KV blocks:", s["peak_kv_blocks"])
     if result.replicas:
         header(f"{len(result.replicas)} replicas, {cfg.cluster.router} router")
         lines.append(f"{'replica':>7}{'reqs':>6}{'mean E2EL ms':>13}{'p99 E2EL ms':>12}{'batch':>7}{'busy':>7}")

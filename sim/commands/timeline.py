@@ -34,7 +34,7 @@ from sim.errors import InputError
 
 US = 1e6  # trace timestamps are microseconds
 STEP_ARGS = ("batch_size", "running", "k", "drafted_tokens", "accepted_tokens", "emitted_tokens")
-PHASE_NAMES = ("prefill", "decode")
+PHASE_NAMES = ("prefill", "decode", "mixed")
 
 
 def trace_events(requests: pd.DataFrame, steps: pd.DataFrame,
@@ -104,7 +104,7 @@ def _step_events(steps: pd.DataFrame, replicas: np.ndarray, idle_after: np.ndarr
         yield {"ph": "X", "name": PHASE_NAMES[phase], "cat": "step", "pid": pid, "tid": 0, "ts": ts,
                "dur": end * US - ts, "args": args}
         yield {"ph": "C", "name": "running", "pid": pid, "tid": 0, "ts": ts, "args": {"running": args["running"]}}
-        if phase == 1:
+        if phase:  # a decode (or vllm-v1 mixed) step
             yield {"ph": "C", "name": "k", "pid": pid, "tid": 0, "ts": ts, "args": {"k": args["k"]}}
         if idle:
             yield {"ph": "C", "name": "running", "pid": pid, "tid": 0, "ts": end * US, "args": {"running": 0}}

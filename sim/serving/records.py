@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PREFILL, DECODE = 0, 1
+PREFILL, DECODE, MIXED = 0, 1, 2  # MIXED: a vllm-v1 step of decodes and prefill chunks
 
 # One step's record. The loop appends plain tuples in this order (a tuple is the cheapest
 # thing to build per step) and :func:`step_columns` names and types them once, at the end.
@@ -23,12 +23,18 @@ STEP_DTYPE = np.dtype([
     ("emitted_tokens", np.int64),
 ])
 STEP_FIELDS = STEP_DTYPE.names
+# A vllm-v1 step's record adds its prefill chunks' tokens, its KV blocks and its preemptions.
+STEP_DTYPE_V1 = np.dtype(STEP_DTYPE.descr + [
+    ("prefill_tokens", np.int64),        # prompt (or recompute) tokens of the step's chunks
+    ("kv_blocks", np.int64),             # KV blocks in use during the step
+    ("preemptions", np.int64),           # requests preempted at the step's start
+])
 
 
-def step_columns(step_rows: list[tuple]) -> dict[str, np.ndarray]:
-    """The per-step records (tuples in STEP_DTYPE order) as typed, named columns."""
-    table = np.array(step_rows, dtype=STEP_DTYPE) if step_rows else np.zeros(0, STEP_DTYPE)
-    return {name: np.ascontiguousarray(table[name]) for name in STEP_FIELDS}
+def step_columns(step_rows: list[tuple], dtype: np.dtype = STEP_DTYPE) -> dict[str, np.ndarray]:
+    """The per-step records (tuples in ``dtype``'s order) as typed, named columns."""
+    table = np.array(step_rows, dtype=dtype) if step_rows else np.zeros(0, dtype)
+    return {name: np.ascontiguousarray(table[name]) for name in dtype.names}
 
 
 @dataclass
@@ -44,3 +50,4 @@ class ReplicaRecords:
     steps: dict[str, np.ndarray]
     itl_values: np.ndarray
     itl_weights: np.ndarray
+    preemptions: np.ndarray | None = None  # vllm-v1: times each request was preempted
