@@ -113,14 +113,18 @@ _REMOTE_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 def plugin_failure(exc: BaseException) -> str | None:
     """One line for an exception a user's policy raised during a run (in this process or, through the
     pool's remote traceback, in a worker), naming the policy, the method we called and its file and line;
-    None when no user policy is on the traceback (then it is our bug, and the traceback is for us)."""
-    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(exc.__traceback__)]
-    cause = exc.__cause__
-    if cause is not None and type(cause).__name__ == "_RemoteTraceback":  # concurrent.futures' worker traceback
-        frames = [(file, int(line), func) for file, line, func in _REMOTE_FRAME.findall(str(cause))]
-    inside = [frame for frame in frames if os.path.realpath(frame[0]) in _PLUGIN_FILES]
-    if not inside:
-        return None
-    name = _PLUGIN_FILES[os.path.realpath(inside[0][0])]
-    return (f"policy '{name}' raised {type(exc).__name__} in {inside[0][2]}: {exc} "
-            f"(at {inside[-1][0]}:{inside[-1][1]})")
+    None when no user policy is on the traceback (then it is our bug, and the traceback is for us).
+    The chain of causes is searched too: SimPy re-raises a process's exception as a copy caused by it."""
+    link, seen = exc, set()
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(link.__traceback__)]
+        if type(link).__name__ == "_RemoteTraceback":  # concurrent.futures' text of a worker's traceback
+            frames = [(file, int(line), func) for file, line, func in _REMOTE_FRAME.findall(str(link))]
+        inside = [frame for frame in frames if os.path.realpath(frame[0]) in _PLUGIN_FILES]
+        if inside:
+            name = _PLUGIN_FILES[os.path.realpath(inside[0][0])]
+            return (f"policy '{name}' raised {type(exc).__name__} in {inside[0][2]}: {exc} "
+                    f"(at {inside[-1][0]}:{inside[-1][1]})")
+        link = link.__cause__ or link.__context__
+    return None

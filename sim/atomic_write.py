@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from sim.errors import InputError
 
@@ -211,8 +211,8 @@ def check_output(path: str | os.PathLike[str], *, folder: bool, field: str | Non
 
 
 @contextlib.contextmanager
-def output_lock(path: str | os.PathLike[str], *, field: str | None = None,
-                source: str | None = None) -> Iterator[Path]:
+def output_lock(path: str | os.PathLike[str], *, field: str | None = None, source: str | None = None,
+                error: Callable[[str], InputError] | None = None) -> Iterator[Path]:
     """Hold ``.NAME.lock`` beside ``path`` while this process works towards writing it.
 
     A second process asking for the same output is refused at once (InputError: exit 2),
@@ -220,14 +220,16 @@ def output_lock(path: str | os.PathLike[str], *, field: str | None = None,
     of the results would be thrown away. The lock is an ``flock``, which the kernel releases
     when its holder dies, even by ``kill -9``; the file is removed on release, and so are the
     folders made to hold it if the output never came (a failed run leaves no empty ``runs/``).
+    ``error`` makes the refusal's InputError from its message (to name where the output was given).
     """
     path = Path(path)
+    error = error or (lambda message: InputError(message, field=field, source=source or str(path)))
     lock = path.with_name(f".{path.name}.lock")
     created = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"cannot write here: {exc.strerror or exc}", field=field, source=source or str(path)) from None
+        raise error(f"cannot write {path}: {exc.strerror or exc}") from None
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
         try:
@@ -235,9 +237,8 @@ def output_lock(path: str | os.PathLike[str], *, field: str | None = None,
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise InputError(f"another specbatch process (pid {holder}) is writing this output now; "
-                             "wait for it to finish or choose another output", field=field,
-                             source=source or str(path)) from None
+            raise error(f"another specbatch process (pid {holder}) is writing {path} now; "
+                        "wait for it to finish or choose another output") from None
         try:
             same = os.fstat(fd).st_ino == os.stat(lock).st_ino  # not a file its last holder just removed
         except FileNotFoundError:

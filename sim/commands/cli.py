@@ -20,8 +20,10 @@ import sys
 import traceback
 from typing import Sequence
 
-from sim.commands.flags import add_run_flags, run_overrides, typed
 from sim.errors import InputError
+
+# Everything else is imported inside main()'s handlers, so that even a Ctrl-C while numpy and
+# pandas load is the one-line exit 130, not a traceback through the import machinery.
 
 
 # Commands that live in their own module: name -> (module, help). The module provides
@@ -45,6 +47,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim.commands.flags import add_run_flags, typed
+
     parser = _Parser(prog="specbatch", description="Simulate LLM serving with speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specbatch {_version()}")
     parser.add_argument("--debug", action="store_true",
@@ -141,6 +145,7 @@ def _dispatch(argv: list[str]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from sim.atomic_write import output_lock, output_problem
+    from sim.commands.flags import run_overrides
     from sim.config import load_config
     from sim.commands.outputs import check_run_dir, default_output_dir, format_summary, write_run
     from sim.simulate import execute, prepare
@@ -158,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
         check_writable(timeline)
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    with output_lock(out, field="output.dir"):  # a second run to the same folder is refused now
+    with output_lock(out, error=lambda message: config.error("output.dir", message)):  # a second run to the same folder is refused now
         result = execute(run)
         staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
         try:
