@@ -184,6 +184,9 @@ def main(args: argparse.Namespace) -> int:
     from sim.commands.capacity.search import stderr_progress
     from sim.commands.flags import run_overrides
 
+    if args.out:  # a named folder is checked before the plan fits its profiles
+        check_out_dir(args.out)
+        check_output(args.out, folder=True, field="out", source=f"--out {args.out}")
     plan = plan_capacity(args.config, run_overrides(args, _workload_flags()), slos=args.slo,
                          policies=args.policies, seeds=args.seeds, tolerance=args.tolerance,
                          requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
