@@ -327,6 +327,12 @@ def entry_point() -> None:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         code = 0
+    if code == 130:
+        # CPython remembers an interrupt that landed in code it ran itself (an import, say) and
+        # then exits as killed by SIGINT whatever we return; the promised status is 130.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     sys.exit(code)
 
 
