@@ -30,11 +30,13 @@ MAX_WORKERS = 1024
 # every arrival, so thousands of replicas make a run crawl long before memory runs out.
 MAX_REPLICAS = 1024
 
-# Peak memory of a simulated run per request, measured on the default scenario (the
-# request and step records, the summary's sorted copies, the written table); see
-# docs/errors.md for the measurement. Rounded up: a refusal must never be a false alarm
-# for a run that fits, and anything within 2x of the machine is let through.
-BYTES_PER_REQUEST = 1500
+# Peak memory of a simulated run: what every run holds (Python, numpy, pandas, SimPy, the step
+# table of the default scenario) plus a share per request (its columns, its steps' records,
+# the summary's sorted copies, the written table). Measured on the default scenario with GNU
+# time: 20,000 requests peak at 291 MB, 1,000,000 at 1.09 GB (docs/errors.md). The estimate
+# is meant to be close, not cautious: a refusal must not turn away a run that would fit.
+BASE_BYTES = 300 * 2**20
+BYTES_PER_REQUEST = 850
 # One cell of the pre-tabulated step costs: a Python float in a list (sim.costmodel.StepTable).
 BYTES_PER_TABLE_CELL = 32
 TABLE_CONTEXT_COLUMNS = 258     # sim.costmodel.TABLE_COLUMNS + 2
@@ -42,7 +44,8 @@ TABLE_CATCH_UP_LAGS = 10        # sim.costmodel.CATCH_UP_LAGS + 1
 
 
 def request_bytes(requests: float) -> float:
-    return requests * BYTES_PER_REQUEST
+    """A run's peak memory for ``requests`` requests (the step table is counted apart: table_bytes)."""
+    return BASE_BYTES + requests * BYTES_PER_REQUEST
 
 
 def table_bytes(max_batch: int, k_max: int) -> float:
