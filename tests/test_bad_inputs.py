@@ -361,3 +361,25 @@ def test_fuzz_bad_profile_points(capsys, here, synthetic_profile, data):
     shutil.copytree(synthetic_profile, here / "p")
     line = _edit_points(here / "p", column, data.draw(PROFILE_BAD[column]), row)
     refused(capsys, here, ["run", "--profile", "p", *TINY, "--out", "o"], f"profile.csv:{line}", column)
+
+
+# ------------------------------------------------------------------------------------- Python API
+
+def test_the_python_api_checks_and_locks_outputs_before_the_work(here):
+    import specbatch
+    from sim.atomic_write import output_lock
+    from sim.errors import InputError
+
+    (here / "file").write_text("not a folder")
+    small = {"profile": str(here / "p"), "num_requests": 4, "prompt_tokens": 16, "output_tokens": 8}
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        specbatch.run(out=str(here / "file" / "o"), **small)
+    with output_lock(here / "busy"):
+        with pytest.raises(InputError, match="another specbatch process"):
+            specbatch.run(out=str(here / "busy"), **small)
+    (here / "base.toml").write_text(f'profile = "{here / "p"}"\n[workload]\nnum_requests = 4\n')
+    with pytest.raises(InputError, match="is a file"):
+        specbatch.sweep({"base": str(here / "base.toml"), "axes": {"seed": [1, 2]}}, out=here / "file",
+                        executor="serial")
+    assert sorted(p.name for p in here.iterdir()) == ["base.toml", "file", "p", "t.csv"]
+    assert specbatch.run(out=str(here / "o"), **small).out == here / "o"
