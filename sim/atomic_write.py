@@ -145,6 +145,9 @@ def clean_stale(path: str | os.PathLike[str]) -> list[Path]:
         return removed
     now = time.time()
     for entry in entries:
+        if entry.name == f".{path.name}.lock" and _unheld(Path(entry.path)):
+            removed.append(Path(entry.path))  # its holder was killed before it could remove it
+            continue
         match = pattern.match(entry.name)
         if not match:
             continue
@@ -161,6 +164,23 @@ def clean_stale(path: str | os.PathLike[str]) -> list[Path]:
                 stale.unlink(missing_ok=True)
             removed.append(stale)
     return removed
+
+
+def _unheld(lock: Path) -> bool:
+    """Remove ``lock`` if no process holds its flock (output_lock checks the file it locked is still there)."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    else:
+        lock.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _alive(pid: int) -> bool:

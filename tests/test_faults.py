@@ -83,6 +83,7 @@ def test_staging_left_by_a_dead_writer_is_removed_by_the_next_write(tmp_path):
     alive.mkdir()
     other = tmp_path / ".other.123.tmp"  # not ours to judge
     other.write_text("")
+    (tmp_path / ".o.lock").write_text(f"{dead}\n")  # a lock file its holder could not remove
     with staged_dir(out) as staging:
         (staging / "summary.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["o", alive.name, other.name])
