@@ -68,7 +68,7 @@ LATENCY_COLUMNS = tuple(c for c in COLUMNS if c.startswith("latency_"))
 
 MAX_COUNT = 2**31 - 1   # batch sizes, token counts, samples: beyond any model, and safe in every dtype
 MAX_LATENCY_S = 3600.0  # one timed pass; more is a unit mistake (ms or us written as seconds)
-MIN_LATENCY_S = 1e-7    # a timed pass's median: no kernel launch is faster (and curves cannot be fitted to 1e-300)
+MIN_LATENCY_S = 1e-9    # a timed pass's median: no kernel is faster than a nanosecond (and curves cannot be fitted to 1e-300)
 
 REQUIRED_META = ("format_version", "device", "dtype", "versions", "models", "grid", "timing", "created_utc")
 

@@ -344,7 +344,7 @@ def test_fuzz_bad_trace_cells(capsys, here, data):
 
 
 _bad_latency = st.one_of(_non_finite, _negative, st.floats(min_value=3600.5, max_value=1e308).map(repr),
-                         st.floats(min_value=0.0, max_value=9e-8).map(repr), _foreign_digits, st.just("fast"))
+                         st.floats(min_value=0.0, max_value=9e-10).map(repr), _foreign_digits, st.just("fast"))
 _bad_profile_count = st.one_of(st.integers(max_value=-1).map(str), st.integers(min_value=2**31).map(str),
                                _foreign_digits, st.just("2.5"), st.just("many"))
 PROFILE_BAD = {"latency_median_s": _bad_latency, "batch_size": _bad_profile_count,
