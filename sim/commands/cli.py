@@ -256,8 +256,10 @@ def _lut(args: argparse.Namespace) -> int:
     if not (context >= 0 and math.isfinite(context)):
         raise InputError(f"must be a number of tokens >= 0, got {context:g}", source="--context")
     max_batch = args.max_batch if args.max_batch is not None else load_config(None).engine.max_batch_size
-    if not 1 <= max_batch <= MAX_BATCH:
-        raise InputError(f"must be from 1 to {MAX_BATCH} (beyond any serving engine's batch), got {max_batch}",
+    if max_batch < 1:
+        raise InputError(f"must be at least 1, got {max_batch}", source="--max-batch")
+    if max_batch > MAX_BATCH:
+        raise InputError(f"must be at most {MAX_BATCH} (beyond any serving engine's batch), got {max_batch}",
                          source="--max-batch")
     if args.out:
         check_output(args.out, folder=False, source=f"--out {args.out}")
