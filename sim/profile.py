@@ -257,9 +257,11 @@ def read_points(csv_path: Path) -> pd.DataFrame:
         bad |= ~ok & table[col].ne("").to_numpy() & values.isna().to_numpy()
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise InputError(f"'{table[col].iloc[row]}' is not a non-negative number of seconds (a measured "
-                             f"point's is within [{lowest:g}, {MAX_LATENCY_S:g}])", source=csv_path,
-                             line=line_of(row), field=col)
+            value = numbers[row]
+            within = "" if np.isnan(value) or value < 0 else \
+                f" within [{lowest:g}, {MAX_LATENCY_S:g}], as a measured point's is"
+            raise InputError(f"'{table[col].iloc[row]}' is not a non-negative number of seconds{within}",
+                             source=csv_path, line=line_of(row), field=col)
         table[col] = values.astype(float)
     bad_batch = ok & (table.batch_size.to_numpy() < 1)
     bad_q = ok & (table.query_tokens.to_numpy() < 1) & (table.phase != "verify").to_numpy()

@@ -122,6 +122,8 @@ def _count(text: str, path: Path, line: int, field: str) -> int:
     if not _WHOLE.fullmatch(text.strip()):
         raise TraceError(f"'{text.strip()}' is not a whole number of tokens", path, line, field)
     value = int(text)
-    if not 1 <= value <= MAX_TOKENS:
-        raise TraceError(f"'{text.strip()}' must be at least 1 and at most {MAX_TOKENS} tokens", path, line, field)
+    if value < 1:
+        raise TraceError(f"'{text.strip()}' must be at least 1", path, line, field)
+    if value > MAX_TOKENS:
+        raise TraceError(f"'{text.strip()}' must be at most {MAX_TOKENS} tokens", path, line, field)
     return value
