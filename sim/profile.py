@@ -193,8 +193,9 @@ def _check_meta_values(meta: dict[str, Any], path: Path, text: str) -> None:
     if name is not None and (not isinstance(name, str) or not name):
         raise fail("name", f"expected a non-empty string, got {name!r}")
     kv = meta.get("kv_capacity_tokens")
-    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or not 1 <= kv <= 2**62):
-        raise fail("kv_capacity_tokens", f"expected a whole number of tokens from 1 to 2**62, got {kv!r}")
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or not 0 <= kv <= 2**62):
+        # 0 is a measurement (the weights leave no room for a KV cache): every run is then refused
+        raise fail("kv_capacity_tokens", f"expected a whole number of tokens from 0 to 2**62, got {kv!r}")
     overhead = meta.get("engine_overhead", {})
     if not isinstance(overhead, dict):
         raise fail("engine_overhead", f"expected an object, got {overhead!r}")

@@ -166,7 +166,7 @@ def test_bad_profile_points_name_the_row_and_column(capsys, here, column, value)
 
 @pytest.mark.parametrize("key, raw", [
     ("kv_capacity_tokens", '"lots"'), ("kv_capacity_tokens", "NaN"), ("kv_capacity_tokens", "-5"),
-    ("kv_capacity_tokens", "1e30"), ("kv_capacity_tokens", "true"), ("kv_capacity_tokens", "0"),
+    ("kv_capacity_tokens", "1e30"), ("kv_capacity_tokens", "true"), ("kv_capacity_tokens", "2.5"),
     ("engine_overhead.decode_overhead_s", "-0.001"), ("engine_overhead.prefill_overhead_s", '"fast"'),
     ("engine_overhead.decode_overhead_s", "Infinity"), ("name", "12"),
 ])
