@@ -25,6 +25,7 @@ from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
 from sim.errors import InputError
+from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
                          spec_decode_section, summarize)
 from sim.profile import CSV_NAME, META_NAME, Profile, load_profile, resolve_profile_path
@@ -124,6 +125,10 @@ def prepare(config: RunConfig) -> PreparedRun:
             raise policy.max_k_error(profile.k_max)
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
+    problem = memory_problem(table_bytes(config.engine.max_batch_size, policy.max_k))
+    if problem is not None:  # before the first arrival is drawn (sim.limits)
+        raise config.error("engine.max_batch_size", f"the step table for batches up to "
+                                                    f"{config.engine.max_batch_size} {problem}")
     # Record the parameters the policy runs with, defaults included, in the resolved config.
     config = replace(config, policy=PolicyConfig(config.policy.name, {**policy.params(), **config.policy.params}))
     requests = make_requests(config, _stream(config, WORKLOAD))
@@ -180,7 +185,12 @@ def _profile_and_costs(name: str) -> tuple[Profile, CostModel]:
 @lru_cache(maxsize=8)
 def _fitted(directory: str, stamp: tuple) -> tuple[Profile, CostModel]:
     profile = load_profile(directory)
-    return profile, CostModel(profile)
+    try:
+        with np.errstate(over="raise", invalid="raise", divide="raise"):  # points that pass every field check yet defeat the fit: one line
+            return profile, CostModel(profile)
+    except (ArithmeticError, ValueError, np.linalg.LinAlgError) as exc:
+        raise InputError(f"cannot fit cost curves to these points ({exc}); check the latencies",
+                         source=profile.path / CSV_NAME, field="profile") from None
 
 
 def scheduler_for(run: PreparedRun):

@@ -4,6 +4,9 @@ Optional columns: ``alpha``, the request's acceptance probability in (0, 1) (bla
 given, the configured acceptance applies), and ``label``, a dataset name. Other extra
 columns are ignored. Rows may come in any order; they are sorted by arrival
 (stably, so ties keep file order). Every bad line is reported with its line number.
+
+The file is read as UTF-8 and numbers are written in ASCII (Python would read other
+scripts' digits, or ``1_000``, as numbers: a trace is data from elsewhere, so no guessing).
 """
 
 from __future__ import annotations
@@ -11,14 +14,18 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
+from workloads.limits import MAX_TIME_S, MAX_TOKENS
 from workloads.requests import Requests
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_COLUMNS = ("alpha", "label")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_WHOLE = re.compile(r"\+?[0-9]+")
 
 
 class TraceError(ValueError):
@@ -32,7 +39,20 @@ def read_trace(path: str | os.PathLike[str]) -> Requests:
     path = Path(path)
     if not path.is_file():
         raise TraceError("no such trace file", path)
-    with path.open(newline="") as handle:
+    try:
+        return _read(path)
+    except UnicodeDecodeError:
+        data = path.read_bytes()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"not UTF-8 text (byte 0x{data[exc.start]:02x}); save the trace as UTF-8", path,
+                             data[:exc.start].count(b"\n") + 1) from None
+        raise
+
+
+def _read(path: Path) -> Requests:
+    with path.open(newline="", encoding="utf-8-sig", errors="strict") as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:
@@ -77,32 +97,33 @@ def write_trace(path: str | os.PathLike[str], requests: Requests) -> None:
 
 
 def _number(text: str, path: Path, line: int, field: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceError(f"'{text.strip()}' is not a number", path, line, field) from None
-    if not math.isfinite(value) or value < 0:
-        raise TraceError(f"'{text.strip()}' must be a finite number >= 0", path, line, field)
+    if not _DECIMAL.fullmatch(text.strip()):
+        kind = "finite number" if text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity") else "number"
+        raise TraceError(f"'{text.strip()}' is not a {kind}", path, line, field)
+    value = float(text)
+    if not 0 <= value <= MAX_TIME_S:
+        raise TraceError(f"'{text.strip()}' must be a finite number >= 0 and at most {MAX_TIME_S:g} seconds (beyond "
+                         "that the simulated clock cannot resolve a step)", path, line, field)
     return value
 
 
 def _alpha(text: str, path: Path, line: int) -> float:
     if not text.strip():
         return math.nan
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceError(f"'{text.strip()}' is not a number", path, line, "alpha") from None
+    if not _DECIMAL.fullmatch(text.strip()):
+        raise TraceError(f"'{text.strip()}' is not a number", path, line, "alpha")
+    value = float(text)
     if not 0.0 < value < 1.0:
         raise TraceError(f"'{text.strip()}' must be inside (0, 1)", path, line, "alpha")
     return value
 
 
 def _count(text: str, path: Path, line: int, field: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise TraceError(f"'{text.strip()}' is not a whole number of tokens", path, line, field) from None
+    if not _WHOLE.fullmatch(text.strip()):
+        raise TraceError(f"'{text.strip()}' is not a whole number of tokens", path, line, field)
+    value = int(text)
     if value < 1:
         raise TraceError(f"'{text.strip()}' must be at least 1", path, line, field)
+    if value > MAX_TOKENS:
+        raise TraceError(f"'{text.strip()}' must be at most {MAX_TOKENS} tokens", path, line, field)
     return value

@@ -15,6 +15,7 @@ of the core.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import json
@@ -100,18 +101,27 @@ def run(config: str | os.PathLike[str] | None = None, *, overrides: dict[str, An
     ``out=FOLDER`` the run folder is written as ``specbatch run --out`` writes it; with
     ``timeline=FILE`` the Chrome trace too.
     """
-    from sim.commands.outputs import write_run
+    from sim.atomic_write import output_lock, output_problem
+    from sim.commands.outputs import check_run_dir, write_run
     from sim.commands.timeline import check_writable, write_timeline
     from sim.simulate import execute, prepare
 
     resolved = load_config(config, {**(overrides or {}), **_keywords(settings)})
     prepared = prepare(resolved)
+    folder = resolved.output.dir
+    if folder is not None:  # every output checked before the run, as the CLI does (docs/errors.md)
+        problem = output_problem(folder, folder=True)
+        if problem is not None:
+            raise resolved.error("output.dir", f"cannot write {folder}: {problem}")
+        check_run_dir(folder)
     if resolved.output.timeline is not None:
-        check_writable(resolved.output.timeline)  # before the run, as the CLI does
-    result = execute(prepared)
+        check_writable(resolved.output.timeline)
     out = None
-    if resolved.output.dir is not None:
-        out = write_run(result, resolved.output.dir)
+    with output_lock(folder, error=lambda message: resolved.error("output.dir", message)) if folder is not None \
+            else contextlib.nullcontext():
+        result = execute(prepared)
+        if folder is not None:
+            out = write_run(result, folder)
     if resolved.output.timeline is not None:
         write_timeline(result, resolved.output.timeline, resolved.output.timeline_window)
     return Run(dict(result.summary), result.requests, result.steps, result.config, tuple(result.warnings),
@@ -215,9 +225,13 @@ def sweep(spec: dict[str, Any], *, out: str | os.PathLike[str] | None = None, ex
         raise InputError(f"must be at least 1, got {workers}", field="workers")
     resolved = sweep_from_data(spec)
     if out is not None:
+        from sim.atomic_write import check_output, output_lock
+
+        check_output(out, folder=True, field="out")
         parquet = have_pyarrow()
-        return run_sweep(resolved, Path(out), executor=executor, workers=workers, parquet=parquet,
-                         csv=not parquet, progress=progress).table
+        with output_lock(out, field="out"):
+            return run_sweep(resolved, Path(out), executor=executor, workers=workers, parquet=parquet,
+                             csv=not parquet, progress=progress).table
     with tempfile.TemporaryDirectory(prefix="specbatch-sweep-") as folder:
         return run_sweep(resolved, Path(folder), executor=executor, workers=workers, parquet=False, csv=False,
                          progress=progress).table
@@ -274,10 +288,13 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
                          warmup=warmup, curve_points=curve_points, target_rate=target_rate,
                          gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs,
                          profiles=profile_text, gpu_price=price_text)
-    folder = check_out_dir(out) if out is not None else None
-    result = plan.search(progress=stderr_progress if progress else None)
-    if folder is not None:
-        result.write(folder)
+    from sim.atomic_write import check_output, output_lock
+
+    folder = check_output(check_out_dir(out), folder=True, field="out") if out is not None else None
+    with output_lock(folder, field="out") if folder is not None else contextlib.nullcontext():
+        result = plan.search(progress=stderr_progress if progress else None)
+        if folder is not None:
+            result.write(folder)
     return CapacityReport(capacity_table(result), result.table_text(), result, folder)
 
 

@@ -28,6 +28,8 @@ def typed(flag: str, kind: type):
     """An argparse ``type`` converting a flag's text with ``kind`` (int, float, str); a bad text is
     argparse's one-line usage error, before any work."""
     def convert(text: str):
+        if kind in (int, float) and not text.isascii():  # Python reads other scripts' digits as numbers
+            raise argparse.ArgumentTypeError(f"'{text}' is not a valid {kind.__name__} (ASCII digits only)")
         try:
             return kind(text)
         except ValueError:

@@ -73,11 +73,17 @@ def _json_value(value):
     return [_json_number(x) for x in value] if isinstance(value, list) else _json_number(value)
 
 
-def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
+def check_run_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """Refuse to replace a folder that is not an earlier run's (checked before the run, and again at the write)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not (out_dir.is_dir() and (out_dir / MARKER).is_file()):
         raise InputError("exists and is not a specbatch run folder; refusing to replace it",
                          field="output.dir", source=str(out_dir))
+    return out_dir
+
+
+def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
+    out_dir = check_run_dir(out_dir)
     with staged_dir(out_dir) as staging:
         records = result.config.output.records
         (staging / "config.toml").write_text(result.config.to_toml())

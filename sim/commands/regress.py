@@ -15,6 +15,7 @@ From Python (a team's own pytest suite): ``assert_no_regression(path, policy=MyP
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.atomic_write import write_file
-from sim.errors import InputError
+from sim.errors import InputError, read_text
 from sim.tomlsource import KeyLines, parse_toml
 
 FORMAT_VERSION = 1
@@ -165,7 +166,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     path = Path(path)
     if not path.is_file():
         raise InputError("no such baseline file", field="baseline", source=path)
-    text = path.read_text()
+    text = read_text(path, field="baseline")
     data = parse_toml(text, path)
     base = Baseline(path, text, [], {}, {}, None, KeyLines(text))
     for key in data:
@@ -534,9 +535,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    comparison = check_baseline(args.baseline, policy=args.policy, scenarios=args.scenario,
-                                fail_on_change=args.fail_on_change, update=args.update,
-                                progress=lambda line: print(line, file=sys.stderr), policy_source="--policy")
+    from sim.atomic_write import check_output, output_lock
+
+    if args.json:  # every output checked before the scenarios run, not after
+        check_output(args.json, folder=False, source=f"--json {args.json}")
+    if args.update and Path(args.baseline).is_file():
+        check_output(args.baseline, folder=False, source=f"--update {args.baseline}")
+    with output_lock(args.baseline, source="--baseline") if args.update else contextlib.nullcontext():
+        comparison = check_baseline(args.baseline, policy=args.policy, scenarios=args.scenario,
+                                    fail_on_change=args.fail_on_change, update=args.update,
+                                    progress=lambda line: print(line, file=sys.stderr), policy_source="--policy")
     if args.json:
         _write_json(Path(args.json), comparison.to_dict())
     rows = comparison.rows if args.all else [row for row in comparison.rows if row.verdict != "ok"]

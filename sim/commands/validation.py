@@ -221,6 +221,11 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 
 def _check_out(out: Path, config) -> None:
+    from sim.atomic_write import output_problem
+
+    problem = output_problem(out, folder=True)
+    if problem is not None:
+        raise config.error("output.dir", f"cannot write {out}: {problem}")
     if out.exists() and not (out.is_dir() and ((out / "summary.json").is_file() or (out / "real").is_dir())):
         raise InputError("exists and is not a specbatch output folder; refusing to replace it",
                          field="output.dir", source=str(out))

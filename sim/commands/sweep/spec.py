@@ -17,7 +17,7 @@ from typing import Any
 
 from policies import PolicyError, make_policy
 from sim.config import RunConfig, flatten_sections, key_for, load_config
-from sim.errors import InputError
+from sim.errors import InputError, read_text
 from sim.tomlsource import KeyLines, parse_toml
 
 POLICY_AXIS = "policy"
@@ -66,7 +66,7 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise InputError("no such sweep file", source=path, field="sweep")
-    text = path.read_text()
+    text = read_text(path, field="sweep")
     return sweep_from_data(parse_toml(text, path), _Where(path, text, path.parent))
 
 
