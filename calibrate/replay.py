@@ -48,7 +48,6 @@ from calibrate.configs import get_config
 from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.verify import sample, verify_logits
 from policies.base import BatchView
-from sim.acceptance import acceptance_scale
 from sim.config import RunConfig
 from sim.errors import InputError
 from sim.metrics import by_label, summarize
@@ -56,7 +55,8 @@ from sim.serving.clock import serve_wall_clock
 from sim.serving.loop import ServingLoop
 from sim.serving.queues import ArrivalQueue
 from sim.serving.records import DECODE, PREFILL
-from sim.simulate import PreparedRun, RunResult, make_sampler, prepare, request_table, scheduler_for
+from sim.simulate import (PreparedRun, RunResult, acceptance_values, make_sampler, prepare, request_table,
+                          scheduler_for)
 
 ACCEPTANCE_MODES = ("synthetic", "real")
 
@@ -101,7 +101,8 @@ class TorchBackend:
         self.target, self.draft = target, draft if self.speculates else None
         self.device = target.device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.sampler = make_sampler(config, run.alphas)  # synthetic acceptance: the simulator's draws
+        # synthetic acceptance: the simulator's draws
+        self.sampler = make_sampler(config, run.alphas, k_max=run.table.k_max)
         self.table = run.table
         self.k_max = run.table.k_max
         slots = config.engine.max_batch_size
@@ -378,7 +379,7 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     scheduler = scheduler_for(run)
     backend = TorchBackend(run, target, draft, acceptance=acceptance, seed=seed, static=scheduler.name == "static")
     queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
-                         acceptance_scale(run.alphas), run.policy.max_k)
+                         acceptance_values(run.config, run.alphas), run.policy.max_k)
     loop = ServingLoop(queue, scheduler=scheduler, policy=run.policy, backend=backend, k_max=run.table.k_max)
     if on_start is not None:
         on_start()
@@ -407,6 +408,9 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
     The replay pads a prefill batch to its longest prompt, so the run is priced that way too
     (``engine.prefill = "padded"``); threads, dtype and denormal flushing follow calibration.
     """
+    if config.engine.scheduler != "v0":  # TorchBackend runs prefill-only and decode-only steps
+        raise config.error("engine.scheduler", "the real replay runs the v0 scheduler only (no mixed steps "
+                                               "of decodes and prefill chunks yet); give --scheduler v0")
     config = replace(config, engine=replace(config.engine, prefill="padded"))
     run = prepare(config)
     meta = run.profile.meta

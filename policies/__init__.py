@@ -7,7 +7,7 @@ same policy objects.
 """
 
 from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback
-from policies.registry import available_policies, make_policy, policy_class
+from policies.registry import available_policies, make_policy, plugin_failure, policy_class
 
 __all__ = [
     "BatchView",
@@ -17,5 +17,6 @@ __all__ = [
     "StepFeedback",
     "available_policies",
     "make_policy",
+    "plugin_failure",
     "policy_class",
 ]

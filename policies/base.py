@@ -45,7 +45,7 @@ class BatchView:
     """
 
     __slots__ = ("now_s", "step", "batch_size", "running", "mean_context_tokens", "remaining_tokens",
-                 "final_context_tokens", "k_max")
+                 "final_context_tokens", "lag_tokens", "k_max", "explain")
 
     def __init__(self, k_max: int) -> None:
         self.now_s = 0.0
@@ -55,12 +55,24 @@ class BatchView:
         self.mean_context_tokens = 0.0
         self.remaining_tokens: np.ndarray = np.zeros(0, dtype=np.int64)  # tokens each still has to emit
         self.final_context_tokens: np.ndarray = np.zeros(0, dtype=np.int64)  # context when each finishes
+        # Emitted tokens each row's draft has not yet seen: the next speculative step's first draft
+        # pass feeds them all (its catch-up, priced by the engine at the batch's largest lag).
+        self.lag_tokens: np.ndarray = np.zeros(0, dtype=np.int64)
         self.k_max = k_max
+        # Set by whoever wants to know why k was chosen (the timeline): a policy that can explain
+        # its choice stores a small dict here in choose_k; None (the default) costs nothing.
+        self.explain: dict | None = None
 
     @property
     def context_tokens(self) -> np.ndarray:
         """Tokens already in each running sequence's KV cache (computed only when asked for)."""
         return self.final_context_tokens - self.remaining_tokens
+
+    @property
+    def max_lag(self) -> int:
+        """The batch's largest draft lag (1 when nothing is known): what the catch-up is priced at."""
+        lag = self.lag_tokens
+        return int(np.maximum.reduce(lag)) if lag.shape[0] else 1
 
 
 class StepFeedback:

@@ -159,7 +159,16 @@ class ContextTable(TablePolicy):
     def choose_k(self, view: BatchView) -> int:
         j = bisect_right(self._ctx_edges, view.mean_context_tokens) - 1
         i = bisect_right(self._bs_edges, view.batch_size) - 1
+        if view.explain is not None:
+            view.explain["row"] = self.row_for(view.batch_size, view.mean_context_tokens)
         return self._grid[j if j > 0 else 0][i if i > 0 else 0]
+
+    def row_for(self, batch_size: int, context_tokens: float) -> list[int] | None:
+        """The table row [min_bs, max_bs, min_ctx, max_ctx, k] covering this point (None in a gap)."""
+        for row in self.table or ():
+            if row[0] <= batch_size <= row[1] and row[2] <= context_tokens < row[3] + 1:
+                return list(row)
+        return None
 
     def params(self) -> dict[str, Any]:
         if self.alpha is None:

@@ -94,6 +94,8 @@ class Goodput(Policy):
             raise PolicyError("goodput prices every candidate k with a cost model, and none was given",
                               field="name")
         self._step_time = cost_model.step_time
+        # The draft's catch-up (see the module docstring); a cost model without it prices none.
+        self._catch_up = getattr(cost_model, "catch_up_time", None) if self.k_max > 0 else None
         self._reset()  # a policy object reused for a second run starts afresh
 
     def _reset(self) -> None:
@@ -106,21 +108,39 @@ class Goodput(Policy):
         """The current estimate of the per-token acceptance rate."""
         return self._alpha
 
-    def expected_goodput(self, batch_size: int, k: int, context_tokens: float) -> float:
-        """batch_size * E[tokens](alpha_hat, k) / step_time: generated tokens per second of this step."""
+    def expected_goodput(self, batch_size: int, k: int, context_tokens: float, max_lag: int = 1) -> float:
+        """batch_size * E[tokens](alpha_hat, k) / the step's price: generated tokens per second of this step."""
         a = self._alpha
-        return batch_size * (1.0 - a ** (k + 1)) / (1.0 - a) / self._step_time(batch_size, k, context_tokens)
+        return batch_size * (1.0 - a ** (k + 1)) / (1.0 - a) / self.priced_time(batch_size, k, context_tokens, max_lag)
+
+    def priced_time(self, batch_size: int, k: int, context_tokens: float, max_lag: int = 1) -> float:
+        """What the engine charges for the step: step_time, plus the draft's catch-up when k >= 1."""
+        t = self._step_time(batch_size, k, context_tokens)
+        if k and max_lag > 1 and self._catch_up is not None:
+            t += self._catch_up(batch_size, max_lag, context_tokens)
+        return t
 
     def choose_k(self, view: BatchView) -> int | np.ndarray:
         b, c, step_time, a = view.batch_size, view.mean_context_tokens, self._step_time, self._alpha
+        catch_up = 0.0  # what a speculative step pays on top for the tokens the draft has not seen
+        if self._catch_up is not None:
+            lag = view.max_lag
+            if lag > 1:
+                catch_up = self._catch_up(b, lag, c)
         # b multiplies every candidate alike, so the argmax compares E[tokens] / step_time.
         best_k, best = 0, 1.0 / step_time(b, 0, c)
         term = expected = 1.0  # E[tokens](a, k) = 1 + a + ... + a^k, built up as k grows
         margin = self._margin
+        explain = view.explain
+        if explain is not None:
+            explain.update(alpha_hat=round(a, 6), max_lag=view.max_lag if self._catch_up else None,
+                           catch_up_ms=round(catch_up * 1e3, 6), tokens_per_s={"0": round(b * best, 3)})
         for k in self._candidates:
             term *= a
             expected += term
-            g = expected / step_time(b, k, c)
+            g = expected / (step_time(b, k, c) + catch_up)
+            if explain is not None:
+                explain["tokens_per_s"][str(k)] = round(b * g, 3)
             if g > best * margin:
                 best_k, best = k, g
         if best_k and self.per_request:

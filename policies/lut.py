@@ -191,7 +191,10 @@ class LookupTable(TablePolicy):
         return self._ks[bisect_right(self._starts, batch_size)]
 
     def choose_k(self, view: BatchView) -> int:
-        return self._ks[bisect_right(self._starts, view.batch_size)]
+        i = bisect_right(self._starts, view.batch_size)
+        if view.explain is not None:  # the row used (the first one below the table's first range)
+            view.explain["row"] = list(self.table[max(i - 1, 0)]) if self.table else None
+        return self._ks[i]
 
     def params(self) -> dict[str, Any]:
         if self.alpha is None:

@@ -1,8 +1,16 @@
-"""Acceptance model: how many draft tokens a verification step keeps.
+"""Acceptance models: how many draft tokens a verification step keeps (docs/acceptance.md).
 
-Each draft token is accepted with probability alpha, independently, until the first
-rejection, so a sequence keeps a = min(G, k) tokens where P(G >= j) = alpha^j and
-emits a + 1 (docs/acceptance.md). Per-request alpha may be drawn from a Beta distribution.
+* ``geometric`` (the default): each draft token is accepted with probability alpha,
+  independently, until the first rejection, so a sequence keeps a = min(G, k) tokens where
+  P(G >= j) = alpha^j and emits a + 1. Per-request alpha may be drawn from a Beta distribution.
+* ``per-position``: P(a >= j) = rate[j - 1], the list vLLM's per-position acceptance rate
+  reports (accepted at position j / drafts); past the list's end each further position keeps
+  the list's last conditional rate, rate[-1] / rate[-2].
+* ``trace``: each request replays one record of accepted/drafted counts per step (vLLM's
+  ``per_step_accepted`` / ``per_step_drafted``), request i record i mod N, step by step
+  (wrapping round when the record runs out). A step that drafted d and kept a keeps
+  min(a, k) at the simulated k; when it kept everything it drafted (a = d) and k > d,
+  the positions past d are drawn geometrically with the record's own acceptance rate.
 
 Sampling is vectorised and cheap per step: G = floor(E / -ln(alpha)) with E a
 standard exponential, drawn ahead in large blocks from a seeded generator, so one
@@ -11,12 +19,18 @@ step costs a slice, a multiply and a clip, whatever alpha each sequence has.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
+from sim.errors import InputError
+
 DISTRIBUTIONS = ("fixed", "beta")
+MODELS = ("geometric", "per-position", "trace")
 _EDGE = 1e-12  # keeps per-request alpha strictly inside (0, 1)
 
 
@@ -31,6 +45,9 @@ class AcceptanceSpec:
     alpha: float = 0.7
     distribution: str = "fixed"
     concentration: float = 10.0
+    model: str = "geometric"                     # one of MODELS
+    per_position: tuple[float, ...] | None = None  # model "per-position": P(a >= j), j = 1, 2, ...
+    trace: str | None = None                     # model "trace": a JSONL file of per-request records
 
     def __post_init__(self) -> None:
         if not 0.0 < self.alpha < 1.0:
@@ -39,8 +56,21 @@ class AcceptanceSpec:
             raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}")
         if not (self.concentration > 0 and math.isfinite(self.concentration)):
             raise ValueError("concentration must be a positive number")
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}")
+        if self.model == "per-position" and self.per_position is None:
+            raise ValueError("the per-position model needs its rates (per_position)")
+        if self.model == "trace" and self.trace is None:
+            raise ValueError("the trace model needs a trace file (trace)")
 
     def request_alphas(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Each request's alpha (requests.csv's column): the per-position model's first rate;
+        under a trace, the acceptance rate of the record the request replays."""
+        if self.model == "per-position":
+            return np.full(n, min(max(self.per_position[0], _EDGE), 1.0 - _EDGE))
+        if self.model == "trace":
+            trace = read_acceptance_trace(self.trace)
+            return trace.record_alpha[np.arange(n) % len(trace)]
         if self.distribution == "fixed":
             return np.full(n, self.alpha)
         a, b = self.alpha * self.concentration, (1.0 - self.alpha) * self.concentration
@@ -100,3 +130,251 @@ class SharedAlphaSampler(AcceptanceSampler):
 
     def accepted(self, scale: np.ndarray, k: int) -> np.ndarray:
         return np.minimum(self._take(scale.shape[0]), k)
+
+
+class PositionSampler(AcceptanceSampler):
+    """The per-position model: one uniform U per sequence keeps #{j < k : rate[j] > U} drafts.
+
+    With the rates non-increasing that set is a prefix, so P(a >= j) = rate[j - 1] exactly.
+    """
+
+    def __init__(self, rng: np.random.Generator, rates: np.ndarray, block: int = 1 << 16) -> None:
+        self._neg_rates = -np.asarray(rates, dtype=float)  # ascending, for searchsorted
+        super().__init__(rng, block)
+
+    def _fresh(self, n: int) -> np.ndarray:
+        return -self._rng.random(n)
+
+    def accepted(self, scale: np.ndarray, k) -> np.ndarray:
+        kept = np.searchsorted(self._neg_rates, self._take(scale.shape[0]), side="left")
+        return np.minimum(kept, k)
+
+
+def position_rates(rates: tuple[float, ...], k_max: int) -> np.ndarray:
+    """P(a >= j) for j = 1..k_max: the given rates, then the last conditional rate repeated."""
+    given = np.asarray(rates, dtype=float)
+    if k_max <= given.size:
+        return given[:max(k_max, 1)]
+    ratio = given[-1] / given[-2] if given.size > 1 and given[-2] > 0 else given[-1]
+    tail = given[-1] * np.power(ratio, np.arange(1, k_max - given.size + 1))
+    return np.concatenate((given, tail))
+
+
+def parse_rates(raw) -> tuple[float, ...]:
+    """Per-position rates from a TOML list or a flag's "0.8,0.6,0.45": in [0, 1], non-increasing."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"expected a list of rates such as [0.8, 0.6, 0.45], got {raw!r}")
+    try:
+        rates = tuple(float(x) for x in items)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{raw}' is not a list of numbers") from None
+    if any(not 0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"every rate must be in [0, 1], got {list(rates)}")
+    if any(b > a for a, b in zip(rates, rates[1:])):
+        raise ValueError(f"rates must not increase with position (P(a >= j) only falls), got {list(rates)}")
+    if rates[0] == 0.0:
+        raise ValueError("the first rate is 0: no draft would ever be accepted")
+    return rates
+
+
+# ------------------------------------------------------------------------------- the trace model
+
+
+@dataclass(frozen=True)
+class AcceptanceTrace:
+    """Per-request records of accepted/drafted draft tokens per step, flattened.
+
+    Record r's steps are ``accepted[start[r]:start[r] + length[r]]`` (and ``drafted``); a
+    record without steps holds one empty step (0 of 0), so its request draws every
+    position from the tail rule with the trace's overall acceptance rate.
+    """
+
+    accepted: np.ndarray
+    drafted: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    record_alpha: np.ndarray  # the record's accepted / drafted, inside (0, 1): its tail rate
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+def read_acceptance_trace(path: str) -> AcceptanceTrace:
+    """A JSONL file, one request per line: vLLM's ``per_step_accepted`` and ``per_step_drafted``
+    (at the top level of the object, or under ``metrics.speculative_decoding`` as in a vLLM
+    response). Read once per file version; a bad line is an InputError naming it."""
+    file = Path(path)
+    if not file.is_file():
+        raise InputError("no such acceptance trace file", source=str(path), field="acceptance.trace")
+    stat = file.stat()
+    return _read_trace(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4)
+def _read_trace(path: str, mtime_ns: int, size: int) -> AcceptanceTrace:
+    accepted, drafted, lengths = [], [], []
+    with open(path) as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            a, d = _trace_record(line, path, line_no)
+            if not a:
+                a, d = [0], [0]
+            accepted.extend(a)
+            drafted.extend(d)
+            lengths.append(len(a))
+    if not lengths:
+        raise InputError("the acceptance trace has no records", source=path, field="acceptance.trace")
+    acc, drf = np.asarray(accepted, dtype=np.int64), np.asarray(drafted, dtype=np.int64)
+    length = np.asarray(lengths, dtype=np.int64)
+    start = np.concatenate(([0], np.cumsum(length)[:-1]))
+    overall = acc.sum() / drf.sum() if drf.sum() else 0.0
+    acc_sum, drf_sum = np.add.reduceat(acc, start), np.add.reduceat(drf, start)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        alpha = np.where(drf_sum > 0, acc_sum / np.maximum(drf_sum, 1), overall)
+    return AcceptanceTrace(acc, drf, start, length, np.clip(alpha, _EDGE, 1.0 - _EDGE))
+
+
+def _trace_record(line: str, path: str, line_no: int) -> tuple[list[int], list[int]]:
+    def bad(message: str) -> InputError:
+        return InputError(message, source=path, line=line_no, field="acceptance.trace")
+
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise bad(f"not JSON: {exc.msg}") from None
+    if isinstance(record, dict) and "per_step_accepted" not in record:
+        record = (record.get("metrics") or {}).get("speculative_decoding") or record
+    if not isinstance(record, dict) or "per_step_accepted" not in record or "per_step_drafted" not in record:
+        raise bad("each line needs per_step_accepted and per_step_drafted (vLLM's "
+                  "--per-request-spec-decode-metrics detailed)")
+    a, d = record["per_step_accepted"], record["per_step_drafted"]
+    if not (isinstance(a, list) and isinstance(d, list)) or len(a) != len(d):
+        raise bad("per_step_accepted and per_step_drafted must be lists of one length")
+    for x, y in zip(a, d):
+        if not (isinstance(x, int) and isinstance(y, int)) or isinstance(x, bool) or isinstance(y, bool):
+            raise bad(f"counts must be whole numbers, got accepted {x!r} of drafted {y!r}")
+        if not 0 <= x <= y:
+            raise bad(f"a step accepted {x} of {y} drafted: needs 0 <= accepted <= drafted")
+    return a, d
+
+
+class TraceSampler(AcceptanceSampler):
+    """The trace model. Keyed: a row's value is its request id, and the sampler keeps each
+    request's position in its record (the module docstring has the replay rule)."""
+
+    keyed = True
+
+    def __init__(self, rng: np.random.Generator, trace: AcceptanceTrace, num_requests: int,
+                 block: int = 1 << 16) -> None:
+        record = np.arange(num_requests) % len(trace)
+        self._acc, self._drf = trace.accepted, trace.drafted
+        self._start, self._length = trace.start[record], trace.length[record]
+        self._tail_scale = acceptance_scale(trace.record_alpha[record])
+        self._cursor = np.zeros(num_requests, dtype=np.int64)
+        super().__init__(rng, block)
+
+    def accepted(self, keys: np.ndarray, k) -> np.ndarray:
+        ids = keys.astype(np.int64)
+        step = self._cursor[ids]
+        self._cursor[ids] = step + 1
+        at = self._start[ids] + step % self._length[ids]
+        kept, drafted = self._acc[at], self._drf[at]
+        tail = (self._take(ids.shape[0]) * self._tail_scale[ids]).astype(np.int64)
+        beyond = np.where(kept == drafted, np.minimum(tail, np.maximum(k - drafted, 0)), 0)
+        return np.minimum(kept, k) + beyond
+
+
+# ------------------------------------------------------------------------- what was drawn
+
+
+_FOLD_EVERY = 4096  # steps kept before a RecordingSampler folds them into its counts
+
+
+class RecordingSampler:
+    """Wraps a sampler and keeps what it drew, for vLLM's speculation metrics.
+
+    Always: each step's accepted counts (a list append per step; the per-position counts are
+    tallied once, at the end). Per request (``per_request``): each row's request id and
+    drafted count too, so the rows carry request ids (``keyed``) and the wrapped sampler's own
+    per-row values (alpha scales) are looked up from ``values_by_request``.
+    """
+
+    def __init__(self, inner: AcceptanceSampler, values_by_request: np.ndarray, per_request: bool) -> None:
+        self.inner = inner
+        self.keyed = per_request or getattr(inner, "keyed", False)
+        self._lookup = values_by_request if per_request and not getattr(inner, "keyed", False) else None
+        self._per_request = per_request
+        self.accepted_log: list[np.ndarray] = []  # kept whole only per request; else folded into counts
+        self.ids_log: list[np.ndarray] = []
+        self.drafted_log: list = []
+        self._counts = np.zeros(0, dtype=np.int64)  # rows that kept exactly a tokens, indexed by a
+
+    def counts(self) -> np.ndarray:
+        """Rows that kept exactly a draft tokens, indexed by a, over every step so far."""
+        if self._per_request:  # the log is kept whole for the per-request tables
+            return np.bincount(np.concatenate(self.accepted_log)) if self.accepted_log else self._counts
+        self._fold()
+        return self._counts
+
+    def _fold(self) -> None:
+        """Tally the steps kept so far into the counts: a long run's memory stays flat."""
+        if self.accepted_log and not self._per_request:
+            tally = np.bincount(np.concatenate(self.accepted_log))
+            if tally.shape[0] > self._counts.shape[0]:
+                tally[:self._counts.shape[0]] += self._counts
+                self._counts = tally
+            else:
+                self._counts[:tally.shape[0]] += tally
+            self.accepted_log.clear()
+
+    def accepted(self, values: np.ndarray, k) -> np.ndarray:
+        if self._per_request:
+            ids = values.astype(np.int64)
+            kept = self.inner.accepted(values if self._lookup is None else self._lookup[ids], k)
+            self.ids_log.append(ids)
+            self.drafted_log.append(k)
+        else:
+            kept = self.inner.accepted(values, k)
+        self.accepted_log.append(kept)
+        if len(self.accepted_log) >= _FOLD_EVERY and not self._per_request:
+            self._fold()
+        return kept
+
+
+def accepted_per_position(samplers: list[RecordingSampler], k_max: int) -> np.ndarray:
+    """vLLM's ``spec_decode_num_accepted_tokens_per_pos``: drafts whose position j was accepted."""
+    counts = np.zeros(k_max + 1, dtype=np.int64)
+    for sampler in samplers:
+        tally = sampler.counts()[:k_max + 1]
+        counts[:tally.shape[0]] += tally
+    return np.cumsum(counts[::-1])[::-1][1:]  # position j (0-based) kept when a > j
+
+
+@dataclass(frozen=True)
+class PerRequestSteps:
+    """Each request's speculative steps: request r's are ``[offset[r], offset[r + 1])``."""
+
+    accepted: np.ndarray
+    drafted: np.ndarray
+    offset: np.ndarray
+
+
+def per_request_steps(samplers: list[RecordingSampler], num_requests: int) -> PerRequestSteps:
+    """The recorded rows grouped by request, each request's steps in order (steps drafting nothing dropped)."""
+    ids, acc, drf = [], [], []
+    for s in samplers:
+        for i, a, k in zip(s.ids_log, s.accepted_log, s.drafted_log):
+            ids.append(i)
+            acc.append(a)
+            drf.append(np.full(i.shape[0], k, dtype=np.int64) if isinstance(k, int) else k)
+    if ids:
+        ids_all, acc_all, drf_all = np.concatenate(ids), np.concatenate(acc), np.concatenate(drf)
+        keep = drf_all > 0
+        ids_all, acc_all, drf_all = ids_all[keep], acc_all[keep], drf_all[keep]
+    else:
+        ids_all = acc_all = drf_all = np.zeros(0, dtype=np.int64)
+    order = np.argsort(ids_all, kind="stable")
+    counts = np.bincount(ids_all, minlength=num_requests)
+    return PerRequestSteps(acc_all[order], drf_all[order], np.concatenate(([0], np.cumsum(counts))))

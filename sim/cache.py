@@ -126,9 +126,14 @@ class CachedProfile(Profile):
         return self.__dict__["_full"]
 
 
-def fitted_profile(directory: Path, key: str) -> tuple[Profile, CostModel]:
+def fitted_profile(directory: Path, key: str, fit=CostModel) -> tuple[Profile, CostModel]:
     """The profile in ``directory`` and its fitted cost model: from the cache, or loaded, fitted and
-    cached. ``key``: the profile's :func:`profile_digest`."""
+    cached. ``key``: the profile's :func:`profile_digest`; ``fit``: profile -> CostModel.
+
+    A hit skips :func:`~sim.profile.load_profile`'s validation, and that is sound: an entry is
+    stored only after the same bytes (the key hashes them) passed it and were fitted, under
+    the same validating code (the key hashes profile.py too). A profile that fails is never
+    stored, so it fails again on every run."""
     state = load(key)
     if state is not None and "meta" in state:
         try:
@@ -137,20 +142,21 @@ def fitted_profile(directory: Path, key: str) -> tuple[Profile, CostModel]:
         except (KeyError, ValueError, TypeError):
             pass  # from other code, or damaged: fit again and rewrite it
     profile = load_profile(directory)
-    model = CostModel(profile)
+    model = fit(profile)
     store(key, {"meta": np.array(json.dumps(profile.meta)), **model.state()})
     return profile, model
 
 
-def step_table(model: CostModel, reach: dict, profile_key: str) -> StepTable:
-    """``model.tabulate(**reach)``, from the cache when this profile's table for this reach is there."""
-    key = f"{profile_key}-{reach_digest(reach)}"
+def step_table(model: CostModel, reach: dict, profile_key: str, chunk_tokens: int = 0) -> StepTable:
+    """``model.tabulate(**reach, chunk_tokens=...)``, from the cache when this profile's table for this
+    reach is there (a vllm-v1 table's token budget is part of the key; its chunk row is stored)."""
+    key = f"{profile_key}-{reach_digest({**reach, 'chunk_tokens': chunk_tokens})}"
     arrays = load(key)
     if arrays is not None:
         try:
             return StepTable.from_arrays(arrays)
         except (KeyError, ValueError, TypeError):
             pass
-    table = model.tabulate(**reach)
+    table = model.tabulate(**reach, chunk_tokens=chunk_tokens)
     store(key, table.arrays())
     return table

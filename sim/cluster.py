@@ -75,9 +75,14 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
     steps = {f: np.concatenate([rec.steps[f] for rec in local]) for f in local[0].steps}
     order = np.lexsort((step_replica, steps["start_s"]))  # by start time, then replica
     steps = {f: v[order] for f, v in steps.items()}
+    preemptions = None
+    if local[0].preemptions is not None:  # vllm-v1
+        preemptions = np.zeros(n, dtype=np.int64)
+        for req, rec in zip(ids, local):
+            preemptions[req] = rec.preemptions
     merged = ReplicaRecords(**per_request, steps=steps,
                             itl_values=np.concatenate([rec.itl_values for rec in local]),
-                            itl_weights=np.concatenate([rec.itl_weights for rec in local]))
+                            itl_weights=np.concatenate([rec.itl_weights for rec in local]), preemptions=preemptions)
     return ClusterRecords(merged, replica_of, step_replica[order], ids, local)
 
 
@@ -85,4 +90,5 @@ def _trimmed(rec: ReplicaRecords, count: int) -> ReplicaRecords:
     """A routed replica's request arrays are sized for every request; keep the ones it got."""
     return ReplicaRecords(rec.scheduled_s[:count], rec.first_token_s[:count], rec.finish_s[:count],
                           rec.decode_steps[:count], rec.drafted_tokens[:count], rec.accepted_tokens[:count],
-                          rec.steps, rec.itl_values, rec.itl_weights)
+                          rec.steps, rec.itl_values, rec.itl_weights,
+                          None if rec.preemptions is None else rec.preemptions[:count])

@@ -22,10 +22,12 @@ from typing import Any, Callable
 
 import tomli_w
 
-from sim.acceptance import DISTRIBUTIONS, AcceptanceSpec
-from sim.errors import InputError
+from sim.acceptance import DISTRIBUTIONS, MODELS, AcceptanceSpec, parse_rates
+from sim.errors import InputError, read_text
+from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
+from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import ROUTERS
-from sim.scheduler import BATCHING, PREFILL
+from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
 from sim.tomlsource import KeyLines, parse_toml
 from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
@@ -65,39 +67,62 @@ class Value:
     @property
     def flag_type(self) -> type:
         """What argparse converts a flag's text with (a whole-number flag rejects '1.5' at once)."""
-        return self.type if self.type in (int, float) else str
+        return self.type if self.type in (int, float, bool) else str
 
 
 def number(*, positive: bool = False, inside: tuple[float, float] | None = None,
-           optional: bool = False) -> Value:
+           optional: bool = False, maximum: float | None = None, infinite: bool = False) -> Value:
     def parse(raw: Any) -> float:
         try:
-            value = float(raw) if not isinstance(raw, bool) else math.nan
+            value = float(raw) if not isinstance(raw, bool) and _ascii(raw) else math.nan
         except (TypeError, ValueError):
             raise ValueError(f"'{raw}' is not a number") from None
+        if infinite and value == math.inf:
+            return value
         if not math.isfinite(value):
             raise ValueError(f"'{raw}' is not a finite number")
         if positive and value <= 0:
             raise ValueError(f"must be greater than 0, got {raw}")
         if inside is not None and not inside[0] < value < inside[1]:
             raise ValueError(f"must be inside ({inside[0]:g}, {inside[1]:g}), got {value}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be at most {maximum:g}, got {raw}")
         return value
     return Value(float, parse, optional)
 
 
-def integer(*, minimum: int, optional: bool = False) -> Value:
+def _ascii(raw: Any) -> bool:
+    """Text numbers in ASCII only: Python's float() would read other scripts' digits too."""
+    return not isinstance(raw, str) or raw.isascii()
+
+
+def integer(*, minimum: int, optional: bool = False, maximum: int = INT64_MAX, why: str = "") -> Value:
     def parse(raw: Any) -> int:
         if isinstance(raw, str):
             try:
-                raw = int(raw)
+                raw = int(raw) if raw.isascii() else None
             except ValueError:
                 raise ValueError(f"'{raw}' is not a whole number") from None
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise ValueError(f"'{raw}' is not a whole number")
         if raw < minimum:
             raise ValueError(f"must be at least {minimum}, got {raw}")
+        if raw > maximum:
+            limit = "2**63 - 1" if maximum == INT64_MAX else maximum
+            raise ValueError(f"must be at most {limit}{why}, got {raw}")
         return raw
     return Value(int, parse, optional)
+
+
+def boolean() -> Value:
+    """true/false in TOML or a Python bool; the words true/false (any case) from text."""
+    def parse(raw: Any) -> bool:
+        if isinstance(raw, str) and raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+        if not isinstance(raw, bool):
+            raise ValueError(f"'{raw}' is not true or false")
+        return raw
+    return Value(bool, parse)
 
 
 def choice(allowed: tuple[str, ...]) -> Value:
@@ -142,6 +167,11 @@ def _same(value: Any, section: Any = None) -> Any:
     return value
 
 
+def _if_v1(value: Any, section: Any) -> Any:
+    """The scheduler keys are written only for a vllm-v1 run (a v0 run's config.toml stays as it was)."""
+    return None if section.scheduler == "v0" else value
+
+
 # ---------------------------------------------------------------------------------------------
 # The table
 
@@ -156,6 +186,7 @@ class Key:
     flag: str | None = None         # its `specbatch run` flag; None: TOML (and API) only
     write: Callable[[Any, Any], Any] = _same  # (value, its section) -> the value config.toml records (None: left out)
     flag_type: type | None = None   # a policy parameter's flag type (other keys: their value's)
+    aliases: tuple[str, ...] = ()   # further flags (and API keywords) for the same key, e.g. vLLM's name
 
     @property
     def section(self) -> str | None:
@@ -170,10 +201,11 @@ LENGTH_HELP = "N, uniform:LOW:HIGH or lognormal:MEAN:SIGMA[:MAX]"
 
 # In config.toml's order (the resolved file must stay byte-identical: its digest names run folders).
 KEYS: tuple[Key, ...] = (
-    Key("seed", integer(minimum=0), "random seed; same config and seed give the same bytes", "--seed"),
+    Key("seed", integer(minimum=0, maximum=SEED_MAX, why=" (a TOML integer)"), "random seed; same config and seed give the same bytes", "--seed"),
     Key("profile", text(), "profile directory or shipped profile name", "--profile"),
     Key("workload.arrival", choice(ARRIVALS), "arrival process: poisson or gamma", "--arrival"),
-    Key("workload.rate", number(positive=True), "mean request rate (req/s)", "--rate"),
+    Key("workload.rate", number(positive=True, infinite=True), "mean request rate (req/s); inf: every request "
+        "at t = 0, as vllm bench serve --request-rate inf", "--rate"),
     Key("workload.rate_profile", Value(RateProfile, parse_rate_profile, optional=True),
         "time-varying rate, replacing --rate: phases:1,4,8:60,60,60, ramp:1:8[:S], ramp-exp:1:8[:S], "
         "sine:MEAN:AMP:PERIOD[:PHASE] or onoff:ON:OFF:ON_S:OFF_S", "--rate-profile", write=_as_dict),
@@ -181,7 +213,7 @@ KEYS: tuple[Key, ...] = (
         "--burstiness", write=lambda value, section: value if section.cv is None else None),
     Key("workload.cv", number(positive=True, optional=True),
         "gamma gaps' coefficient of variation, instead of --burstiness (= 1/cv^2)", "--cv"),
-    Key("workload.duration_s", number(positive=True, optional=True), "generate arrivals for this many seconds",
+    Key("workload.duration_s", number(positive=True, optional=True, maximum=MAX_TIME_S), "generate arrivals for this many seconds",
         "--duration"),
     Key("workload.num_requests", integer(minimum=1, optional=True), "generate exactly this many requests instead",
         "--num-requests"),
@@ -192,13 +224,39 @@ KEYS: tuple[Key, ...] = (
     Key("workload.trace", text(optional=True),
         "replay a CSV trace (arrival_s, prompt_tokens, output_tokens[, alpha, label])", "--trace"),
     Key("engine.batching", choice(BATCHING), "continuous or static", "--batching"),
-    Key("engine.max_batch_size", integer(minimum=1), "most sequences in a batch", "--max-batch-size"),
+    Key("engine.max_batch_size", integer(minimum=1, maximum=MAX_BATCH, why=" (beyond any serving engine's batch)"),
+        "most sequences in a batch", "--max-batch-size", aliases=("--max-num-seqs",)),
     Key("engine.prefill", choice(PREFILL), "packed (admitted prompts cost as their mean length, as vLLM) or "
         "padded (as the longest, as a right-padded batch)", "--prefill"),
-    Key("engine.kv_cache_tokens", integer(minimum=1, optional=True),
+    Key("engine.kv_cache_tokens", integer(minimum=1, optional=True, maximum=2**62),
         "KV-cache budget in tokens (default: the profile's)", "--kv-cache-tokens"),
-    Key("policy.name", text(), "speculation-length policy: none, fixed, lut, goodput, or module:Class", "--policy"),
+    # The scheduler mode and the vllm-v1 mode's settings (vLLM's names; docs/scheduling.md). config.toml
+    # records them only for a vllm-v1 run, so a v0 run's file and digest are what they always were.
+    Key("engine.scheduler", choice(SCHEDULERS), "v0: whole KV reserved at admission, prefill-only and decode-only "
+        "steps | vllm-v1: paged KV with preemption, chunked prefill in mixed steps", "--scheduler",
+        write=_if_v1),
+    Key("engine.max_num_batched_tokens", integer(minimum=1, maximum=MAX_TOKENS), "vllm-v1: tokens per step (decodes with their "
+        "speculative tokens, then prefill chunks)", "--max-num-batched-tokens", write=_if_v1),
+    Key("engine.chunked_prefill", boolean(), "vllm-v1: split prompts into chunks to fill the step's token budget "
+        "(--no-chunked-prefill: a prompt waits until it fits whole)", "--chunked-prefill", write=_if_v1),
+    Key("engine.block_size", integer(minimum=1, maximum=MAX_TOKENS), "vllm-v1: tokens per KV-cache block", "--block-size",
+        write=_if_v1),
+    Key("engine.gpu_memory_utilization", number(inside=(0.0, 1.0001), optional=True),
+        "fraction of the GPU's memory for weights and KV cache, as vLLM's; sets the KV capacity from the "
+        "profile's memory figures (instead of --kv-cache-tokens)", "--gpu-memory-utilization"),
+    Key("engine.preemption", choice(PREEMPTION), "vllm-v1: what happens to the newest running request when "
+        "blocks run out (recompute: back to the waiting head, its KV dropped)", "--preemption", write=_if_v1),
+    Key("policy.name", text(), "speculation-length policy: none, fixed, lut, goodput, context, adaptive, vllm-dynamic, "
+        "sglang-adaptive, trtllm-schedule, or module:Class, "
+        "with :KEY=VALUE parameters", "--policy"),
     Key("policy.k", None, "speculation length for --policy fixed", "--k", flag_type=int),
+    # The engine policies' knobs, under the engines' own flag names (docs/policy-engines.md).
+    Key("policy.speculative_config", None, "vLLM's speculative_config JSON, for --policy vllm-dynamic",
+        "--speculative-config", flag_type=str),
+    Key("policy.adaptive_config", None, "SGLang's adaptive config (JSON text or file), for --policy "
+        "sglang-adaptive", "--speculative-adaptive-config", flag_type=str),
+    Key("policy.draft_len_schedule", None, "TensorRT-LLM's draft_len_schedule, e.g. '{4: 4, 8: 2}', for "
+        "--policy trtllm-schedule", "--draft-len-schedule", flag_type=str),
     Key("acceptance.alpha", number(inside=(0.0, 1.0)), "per-token acceptance rate in (0, 1)", "--alpha"),
     Key("acceptance.distribution", choice(DISTRIBUTIONS), "fixed, or beta for per-request alpha",
         "--alpha-distribution"),
@@ -210,8 +268,28 @@ KEYS: tuple[Key, ...] = (
         "JSON (open it in Perfetto)", "--timeline"),
     Key("output.timeline_window", Value(tuple, window, optional=True), "only steps and requests overlapping "
         "START:END seconds of simulated time", "--timeline-window", write=_window_text),
-    Key("cluster.replicas", integer(minimum=1), "identical replicas behind one router (default 1)", "--replicas"),
+    Key("cluster.replicas", integer(minimum=1, maximum=MAX_REPLICAS, why=" (every replica is simulated in one "
+                                                                       "process)"), "identical replicas behind one router (default 1)", "--replicas"),
     Key("cluster.router", choice(ROUTERS), "round-robin, least-requests or least-tokens", "--router"),
+    # vLLM compatibility: acceptance models, vllm bench serve's inputs and options, vLLM's speculation
+    # metrics. Each is left out of config.toml at its default, so earlier runs keep their digests.
+    Key("acceptance.model", choice(MODELS), "geometric (alpha), per-position (vLLM's per-position rates) or "
+        "trace (vLLM's per-request per_step_accepted/per_step_drafted, JSONL)", "--acceptance-model",
+        write=lambda value, section: None if value == "geometric" else value),
+    Key("acceptance.per_position", Value(tuple, parse_rates, optional=True),
+        "per-position acceptance rates P(a >= j), j = 1, 2, ...: e.g. 0.8,0.6,0.45", "--acceptance-per-position",
+        write=lambda value, section: None if value is None else list(value)),
+    Key("acceptance.trace", text(optional=True), "JSONL of per-request per_step_accepted/per_step_drafted "
+        "(vLLM's --per-request-spec-decode-metrics detailed)", "--acceptance-trace"),
+    Key("workload.trace_vllm", text(optional=True), "replay the requests of a `vllm bench serve --save-result "
+        "--save-detailed` JSON file (lengths, and start times where present)", "--trace-vllm"),
+    Key("workload.max_concurrency", integer(minimum=1, optional=True, maximum=MAX_TOKENS), "the client keeps at most N requests "
+        "outstanding (vllm bench serve --max-concurrency)", "--max-concurrency"),
+    Key("output.goodput", Value(dict, parse_goodput, optional=True), "request goodput SLOs in ms, as vllm bench "
+        "serve --goodput: ttft:MS tpot:MS e2el:MS", "--goodput"),
+    Key("output.per_request_spec_decode_metrics", choice(SPEC_DECODE_DETAIL), "none, summary or detailed: "
+        "per-request speculation metrics in spec_decode.jsonl (vLLM's --per-request-spec-decode-metrics)",
+        "--per-request-spec-decode-metrics", write=lambda value, section: None if value == "none" else value),
 )
 
 KNOWN = frozenset(key.name for key in KEYS if key.value is not None)  # policy.* is open: the policy checks it
@@ -223,7 +301,7 @@ def key_for(name: str) -> str:
     if "." not in name:
         flag = f"--{name.replace('_', '-')}"
         for key in KEYS:
-            if key.flag == flag:
+            if key.flag == flag or flag in key.aliases:
                 return key.name
     return name
 
@@ -297,8 +375,9 @@ class RunConfig:
         data = self.to_dict()
         data.pop("output", None)
         payload = tomli_w.dumps(data).encode()
-        if self.workload.trace is not None and Path(self.workload.trace).is_file():
-            payload += hashlib.sha256(Path(self.workload.trace).read_bytes()).digest()
+        for traced in (self.workload.trace, self.workload.trace_vllm, self.acceptance.trace):
+            if traced is not None and Path(traced).is_file():
+                payload += hashlib.sha256(Path(traced).read_bytes()).digest()
         return hashlib.sha256(payload).hexdigest()[:10]
 
 
@@ -331,7 +410,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         path = Path(path)
         if not path.is_file():
             raise InputError("no such config file", source=path, field="config")
-        text = path.read_text()
+        text = read_text(path, field="config")
         table = parse_toml(text, path)
         flat = flatten_sections(table)
         if "workload.duration_s" in flat and "workload.num_requests" in flat:
@@ -410,6 +489,7 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
             except ValueError as exc:
                 raise error_at(sources, key.name, str(exc)) from None
     _settle_workload(read, sources)
+    _settle_vllm_options(read, sources)
     if read["output.timeline_window"] is not None and read["output.timeline"] is None:
         raise error_at(sources, "output.timeline_window", "applies only to a timeline: give "
                        "--timeline FILE (or timeline in [output]) too")
@@ -418,6 +498,25 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
     params = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("policy.") and k != "policy.name"}
     return RunConfig(seed=read["seed"], profile=read["profile"], policy=PolicyConfig(read["policy.name"], params),
                      sources=dict(sources), **sections)
+
+
+def _settle_vllm_options(read: dict[str, Any], sources: dict[str, Source]) -> None:
+    """The rules between the vLLM-compatibility keys and the rest."""
+    model = read["acceptance.model"]
+    if model == "per-position" and read["acceptance.per_position"] is None:
+        raise error_at(sources, "acceptance.model", "the per-position model needs its rates: "
+                       "--acceptance-per-position 0.8,0.6,0.45 (per_position in [acceptance])")
+    if model == "trace" and read["acceptance.trace"] is None:
+        raise error_at(sources, "acceptance.model", "the trace model needs a trace: --acceptance-trace FILE.jsonl "
+                       "(trace in [acceptance])")
+    for key, needs in (("acceptance.per_position", "per-position"), ("acceptance.trace", "trace")):
+        if read[key] is not None and model != needs:
+            raise error_at(sources, key, f"applies only to --acceptance-model {needs} (the model is {model})")
+    if read["workload.trace_vllm"] is not None and read["workload.trace"] is not None:
+        raise error_at(sources, "workload.trace_vllm", "give either trace or trace_vllm, not both")
+    if read["workload.max_concurrency"] is not None and read["cluster.replicas"] > 1:
+        raise error_at(sources, "workload.max_concurrency", "a concurrency limit is simulated for one replica "
+                       "only (cluster.replicas is 1)")
 
 
 def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:
@@ -438,5 +537,47 @@ def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:
     if profile is not None and duration is None and profile.shape == "ramp" and profile.duration_s is None:
         raise error_at(sources, "workload.rate_profile", "a ramp with num_requests needs its own duration "
                        "(duration_s in the table, or ramp:START:END:SECONDS)")
-    if read["workload.trace"] is None and duration is None and read["workload.num_requests"] is None:
+    traced = read["workload.trace"] is not None or read["workload.trace_vllm"] is not None
+    if not traced and duration is None and read["workload.num_requests"] is None:
         raise error_at(sources, "workload.duration_s", "give duration_s or num_requests (or a trace)")
+    if read["workload.rate"] == math.inf and not traced and read["workload.num_requests"] is None:
+        raise error_at(sources, "workload.rate", "rate inf sends every request at t = 0: give num_requests "
+                       "(--num-requests N), not a duration")
+    if not traced:
+        _check_reach(read, sources)
+
+
+def _check_reach(read: dict[str, Any], sources: dict[str, Source]) -> None:
+    """A generated workload the run can honour: lengths within int64 sums, arrivals within the time the
+    clock resolves, requests within the machine's memory (sim.limits; docs/errors.md)."""
+    for key in ("workload.prompt_tokens", "workload.output_tokens"):
+        spec = read[key]
+        top = spec.upper_bound
+        if (top is not None and top > MAX_TOKENS) or (spec.kind == "lognormal" and spec.mean > MAX_TOKENS):
+            raise error_at(sources, key, f"lengths must stay at most {MAX_TOKENS} tokens")
+    def given(key: str) -> bool:
+        return sources.get(key, Source("defaults")).where != "defaults"
+
+    profile, num = read["workload.rate_profile"], read["workload.num_requests"]
+    duration = None if num is not None else read["workload.duration_s"]
+    if profile is not None:
+        if profile.natural_duration_s is not None and profile.natural_duration_s > MAX_TIME_S:
+            raise error_at(sources, "workload.rate_profile", f"lasts {profile.natural_duration_s:g} s, more than "
+                           f"the {MAX_TIME_S:g} s a simulated clock resolves")
+        if duration is None:
+            return  # its requests' count is given; their span follows the profile
+        expected = float(profile.bind(duration).cumulative(duration))
+    else:
+        rate = read["workload.rate"]
+        if num is not None and num / rate > MAX_TIME_S:
+            key = "workload.rate" if given("workload.rate") or not given("workload.num_requests") \
+                else "workload.num_requests"
+            raise error_at(sources, key, f"{num} requests at {rate:g} req/s arrive over about "
+                           f"{num / rate:.3g} s, more than the {MAX_TIME_S:g} s a simulated clock resolves")
+        expected = num if num is not None else rate * duration
+    problem = memory_problem(request_bytes(expected))
+    if problem is not None:
+        key = "workload.num_requests" if num is not None else (
+            "workload.duration_s" if given("workload.duration_s") and not given("workload.rate") else "workload.rate")
+        count = f"about {expected:.3g}" if math.isfinite(expected) else "more than 1e308"
+        raise error_at(sources, key, f"{count} requests: the run {problem}")

@@ -16,6 +16,22 @@ engine's own time per step outside the timed passes, measured by calibration wit
 short real replay (0 for profiles that predate it). Every number comes from the
 profile's curves; nothing here is a constant of its own.
 
+A *mixed* step of the vllm-v1 scheduler (docs/scheduling.md) runs the decodes of b
+sequences at k and Q prefill-chunk tokens in one pass. With P(x) = t_prefill_target(1, x)
+(+ t_prefill_draft(1, x) when the run speculates), one x-token prompt's prefill, and
+D = b (k + 1) the decodes' tokens:
+
+    t_mixed = t_decode_step(b, k, c) + P(D + Q) - P(D)      (b > 0)
+    t_mixed = P(Q) + t_overhead_prefill                     (chunks only)
+
+The chunks' tokens continue the pass's token axis after the decodes': what they add is
+what Q more tokens cost a pass already at D tokens, so the linear layers are charged at
+the step's total tokens, knee included (a memory-bound pass takes a short chunk almost
+free). Their attention is the prompt curve's, over the step's earlier tokens rather than
+each chunk's own cached prefix. A whole prompt alone costs exactly the v0 prefill of one
+prompt. Against the kernel-composed mixed pass (sim.compose.price.PassPricer.mixed) this
+is checked in tests/test_scheduling_v1.py and shown in docs/scheduling.md.
+
 The engine never interpolates per step: :meth:`CostModel.tabulate` evaluates the
 curves once, vectorised, over every (b, k, context) a run can reach, and
 :class:`StepTable` answers per step with two list look-ups and a linear blend.
@@ -157,8 +173,25 @@ class CostModel:
                                f"extrapolating with the fitted roofline model ({value / top:.1f}x the grid)")
         return out
 
+    def chunk_costs(self, tokens, with_draft: bool) -> np.ndarray:
+        """P(x) of the module docstring: a one-prompt prefill of x tokens without the engine's
+        per-step overhead (x < 1 is taken as 1)."""
+        x = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+        return self.prefill_times(1, x, with_draft) - self.prefill_overhead
+
+    def mixed_times(self, batch_size, k, context_tokens, chunk_tokens, with_draft: bool) -> np.ndarray:
+        """A vllm-v1 step's time, exactly (the module docstring's formula; lag 1)."""
+        b, k, c, q = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens,
+                                                                                 chunk_tokens)))
+        d = b * (k + 1)
+        with_decodes = self.step_times(np.maximum(b, 1), k, c) + self.chunk_costs(d + q, with_draft) \
+            - self.chunk_costs(d, with_draft)
+        alone = self.chunk_costs(q, with_draft) + self.prefill_overhead
+        return np.where(b > 0, np.where(q > 0, with_decodes, self.step_times(np.maximum(b, 1), k, c)), alone)
+
     def tabulate(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
-                 with_draft: bool) -> "StepTable":
+                 with_draft: bool, chunk_tokens: int = 0) -> "StepTable":
+        """``chunk_tokens``: a vllm-v1 step's token budget; P(x) is then tabulated up to it."""
         ctx_step = max(1, math.ceil(max_context / TABLE_COLUMNS))
         prompt_step = max(1, math.ceil(max_prompt / TABLE_COLUMNS))
         b = np.arange(max_batch + 1, dtype=float)[:, None, None]
@@ -175,9 +208,12 @@ class CostModel:
             np.zeros((max_batch + 1, CATCH_UP_LAGS + 1, c.shape[-1]))
         catch_up[0] = 0.0
         after_full = decode + catch_up[:, 2:3, :]
-        return StepTable.from_arrays({"decode": decode, "prefill": prefill, "context_step": float(ctx_step),
+        chunk_step = max(1, math.ceil(chunk_tokens / TABLE_COLUMNS))
+        chunk = {"chunk": self.chunk_costs(np.arange(TABLE_COLUMNS + 2) * chunk_step, with_draft)} if chunk_tokens else {}
+        return StepTable.from_arrays({"chunk_step": float(chunk_step), "decode": decode, "prefill": prefill, "context_step": float(ctx_step),
                                       "prompt_step": float(prompt_step), "max_batch": max_batch, "k_max": k_max,
-                                      "catch_up": catch_up, "decode_lag2": after_full})
+                                      "catch_up": catch_up, "decode_lag2": after_full,
+                                      "prefill_overhead": self.prefill_overhead, **chunk})
 
 
 @dataclass(frozen=True)
@@ -192,6 +228,9 @@ class StepTable:
     k_max: int
     catch_up: list  # [b][lag][context column]: extra cost of the draft's first pass
     decode_lag2: list  # [b][k][context column]: decode plus the catch-up at lag 2, the common case
+    chunk: list | None = None  # [token column]: P(x), for vllm-v1 prefill chunks (module docstring)
+    chunk_step: float = 1.0  # tokens per column of ``chunk``
+    prefill_overhead: float = 0.0  # what a step of chunks alone pays beyond P
 
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
         return _blend(self.decode[batch_size][k], mean_context / self.context_step)
@@ -227,17 +266,32 @@ class StepTable:
     _TABLES = ("decode", "prefill", "catch_up", "decode_lag2")
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The table as named arrays (what :mod:`sim.cache` stores); :meth:`from_arrays` reads them back."""
+        """The table as named arrays (what :mod:`sim.cache` stores); :meth:`from_arrays` reads them back.
+        A vllm-v1 table's ``chunk`` row is stored with it; a v0 table has none (and stores none)."""
         out = {name: np.asarray(getattr(self, name), dtype=np.float64) for name in self._TABLES}
         out.update(context_step=np.float64(self.context_step), prompt_step=np.float64(self.prompt_step),
-                   max_batch=np.int64(self.max_batch), k_max=np.int64(self.k_max))
+                   max_batch=np.int64(self.max_batch), k_max=np.int64(self.k_max),
+                   chunk_step=np.float64(self.chunk_step), prefill_overhead=np.float64(self.prefill_overhead))
+        if self.chunk is not None:
+            out["chunk"] = np.asarray(self.chunk, dtype=np.float64)
         return out
 
     @classmethod
     def from_arrays(cls, arrays) -> "StepTable":
+        chunk = arrays.get("chunk")
         return cls(**{name: np.asarray(arrays[name], dtype=np.float64).tolist() for name in cls._TABLES},
                    context_step=float(arrays["context_step"]), prompt_step=float(arrays["prompt_step"]),
-                   max_batch=int(arrays["max_batch"]), k_max=int(arrays["k_max"]))
+                   max_batch=int(arrays["max_batch"]), k_max=int(arrays["k_max"]),
+                   chunk=None if chunk is None else np.asarray(chunk, dtype=np.float64).tolist(),
+                   chunk_step=float(arrays["chunk_step"]), prefill_overhead=float(arrays["prefill_overhead"]))
+
+    def chunk_time(self, decode_tokens: int, chunk_tokens: int) -> float:
+        """What a step's prefill chunks add: P(D + Q) - P(D), or P(Q) plus the prefill overhead
+        for a step of chunks alone (D = 0)."""
+        row, step = self.chunk, self.chunk_step
+        if not decode_tokens:
+            return _blend(row, chunk_tokens / step) + self.prefill_overhead
+        return _blend(row, (decode_tokens + chunk_tokens) / step) - _blend(row, decode_tokens / step)
 
 
 def _blend(row: list, x: float) -> float:

@@ -29,3 +29,16 @@ class InputError(ValueError):
             where += ": "
         field = f"{self.field}: " if self.field else ""
         return f"{where}{field}{self.message}"
+
+
+def read_text(path: str | Path, *, field: str | None = None) -> str:
+    """A file's text, read as UTF-8 (a BOM is dropped); anything else is one InputError naming the
+    line of the first byte that is not UTF-8, so no input is ever guessed at in another encoding."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at byte {exc.start}); "
+                         "save the file as UTF-8", field=field, source=path, line=line) from None
+    return text

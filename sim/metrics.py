@@ -14,6 +14,12 @@ For a cluster of replicas the same names describe the whole cluster: latencies o
 all requests, throughputs over the cluster's duration, and speculation metrics over
 every replica's steps (busy time summed over replicas, so token goodput stays per
 second of one engine's busy time); :func:`replica_breakdown` gives each replica's.
+
+Request goodput follows ``vllm bench serve --goodput``: a completed request is good when
+each given SLO holds (TTFT, TPOT and E2EL <= their limits in ms; a one-token request's
+TPOT counts as 0), and ``request_goodput`` = good requests / duration. vLLM's speculation
+counters (``spec_decode_num_drafts`` ...) and its per-request ``speculative_decoding``
+objects are built by :func:`spec_decode_section` and :func:`per_request_spec_decode`.
 """
 
 from __future__ import annotations
@@ -21,6 +27,45 @@ from __future__ import annotations
 import numpy as np
 
 PERCENTILES = (90, 99)
+SLO_METRICS = ("ttft", "tpot", "e2el")  # vllm bench serve --goodput's keys, in ms
+SPEC_DECODE_DETAIL = ("none", "summary", "detailed")  # vLLM's --per-request-spec-decode-metrics
+
+
+def parse_goodput(raw) -> dict[str, float]:
+    """SLOs in ms from vLLM's "ttft:500 tpot:50" (a flag's words, a string, or a TOML table)."""
+    if isinstance(raw, dict):
+        items = list(raw.items())
+    else:
+        words = raw.replace(",", " ").split() if isinstance(raw, str) else [w for x in raw for w in str(x).split()]
+        items = []
+        for word in words:
+            name, sep, value = word.partition(":")
+            if not sep:
+                raise ValueError(f"'{word}' is not KEY:MS (e.g. ttft:500 tpot:50 e2el:3000)")
+            items.append((name, value))
+    if not items:
+        raise ValueError("give at least one SLO: ttft:MS, tpot:MS or e2el:MS")
+    slos: dict[str, float] = {}
+    for name, value in items:
+        if name not in SLO_METRICS:
+            raise ValueError(f"'{name}' is not one of {', '.join(SLO_METRICS)}")
+        try:
+            ms = float(value) if not isinstance(value, bool) else float("nan")
+        except (TypeError, ValueError):
+            raise ValueError(f"'{value}' is not a number of milliseconds for {name}") from None
+        if not (ms >= 0 and np.isfinite(ms)):
+            raise ValueError(f"the {name} SLO must be a finite number of ms >= 0, got {value}")
+        slos[name] = ms
+    return {name: slos[name] for name in SLO_METRICS if name in slos}
+
+
+def good_requests(ttft_s: np.ndarray, tpot_s: np.ndarray, e2el_s: np.ndarray, slos_ms: dict[str, float]) -> int:
+    """Completed requests meeting every SLO; ``tpot_s`` is 0 for one-token requests, as vLLM counts them."""
+    good = np.ones(ttft_s.shape[0], dtype=bool)
+    for name, values in (("ttft", ttft_s), ("tpot", tpot_s), ("e2el", e2el_s)):
+        if name in slos_ms:
+            good &= values <= slos_ms[name] / 1000.0
+    return int(good.sum())
 
 
 def distribution_stats(prefix: str, values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
@@ -61,7 +106,7 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, percents) -> np
 
 def summarize(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
               first_token_s: np.ndarray, finish_s: np.ndarray, itl_values: np.ndarray, itl_weights: np.ndarray,
-              steps: dict[str, np.ndarray]) -> dict[str, float | int]:
+              steps: dict[str, np.ndarray], slos_ms: dict[str, float] | None = None) -> dict[str, float | int]:
     done = ~np.isnan(finish_s)
     completed = int(done.sum())
     duration = float(finish_s[done].max()) if completed else 0.0
@@ -81,6 +126,10 @@ def summarize(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
         "output_throughput": rate(total_out),
         "total_token_throughput": rate(total_in + total_out),
     }
+    if slos_ms:
+        all_tpot = np.where(out_tok > 1, (e2el - ttft) / np.maximum(out_tok - 1, 1), 0.0)
+        good = good_requests(ttft, all_tpot, e2el, slos_ms)
+        summary.update({"good_completed": good, "request_goodput": rate(good)})
     summary.update(distribution_stats("ttft", ttft))
     summary.update(distribution_stats("tpot", tpot))
     summary.update(distribution_stats("itl", itl_values, itl_weights))
@@ -90,7 +139,7 @@ def summarize(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
 
 
 def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
-    decode = steps["phase"] == 1
+    decode = steps["phase"] != 0  # decode steps, and vllm-v1's mixed steps (which decode too)
     k, running = steps["k"][decode], steps["running"][decode]
     drafted = int(steps["drafted_tokens"].sum())
     accepted = int(steps["accepted_tokens"].sum())
@@ -110,6 +159,19 @@ def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
         "mean_batch_size": float(running.mean()) if running.size else nan,
         "busy_time_s": busy,
         "token_goodput": float(steps["emitted_tokens"].sum()) / busy if busy > 0 else nan,
+    }
+
+
+def scheduler_stats(records) -> dict[str, float | int]:
+    """The vllm-v1 scheduler's own figures: preemptions, mixed steps, prefill chunks, peak KV blocks."""
+    steps = records.steps
+    mixed = steps["phase"] == 2
+    return {
+        "num_preemptions": int(records.preemptions.sum()),
+        "num_preempted_requests": int(np.count_nonzero(records.preemptions)),
+        "num_mixed_steps": int(mixed.sum()),
+        "num_prefill_tokens": int(steps["prefill_tokens"].sum(dtype=np.int64)),
+        "peak_kv_blocks": int(steps["kv_blocks"].max()) if steps["kv_blocks"].size else 0,
     }
 
 
@@ -153,4 +215,48 @@ def replica_breakdown(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_t
                             rec.finish_s, rec.itl_values, rec.itl_weights, rec.steps)
         busy = summary["busy_time_s"] / duration_s if duration_s > 0 else float("nan")
         out.append({"replica": index, "requests": int(ids.shape[0]), "busy_fraction": busy, **summary})
+    return out
+
+
+def spec_decode_section(summary: dict, accepted_per_pos: np.ndarray) -> dict:
+    """vLLM's speculation counters (its Prometheus names, without ``vllm:``/``_total``) and the
+    per-position acceptance rate = accepted at position j / drafts, as vLLM's logger prints it.
+    Its mean acceptance length and acceptance rate are the summary's own."""
+    drafts = int(summary["num_drafts"])
+    per_pos = [int(x) for x in accepted_per_pos]
+    nan = float("nan")
+    return {
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_num_draft_tokens": int(summary["num_draft_tokens"]),
+        "spec_decode_num_accepted_tokens": int(summary["num_accepted_tokens"]),
+        "spec_decode_num_accepted_tokens_per_pos": per_pos,
+        "acceptance_rate_per_pos": [x / drafts if drafts else nan for x in per_pos],
+    }
+
+
+def per_request_spec_decode(steps, num_spec_tokens: int, detailed: bool) -> list[dict]:
+    """Each request's ``metrics.speculative_decoding`` object, as vLLM's
+    ``--per-request-spec-decode-metrics summary|detailed`` returns it (``steps``:
+    :class:`sim.acceptance.PerRequestSteps`)."""
+    offset = steps.offset
+    n = offset.shape[0] - 1
+    spec_steps = np.diff(offset)
+    req = np.repeat(np.arange(n), spec_steps)
+    accepted = np.bincount(req, weights=steps.accepted, minlength=n).astype(np.int64)
+    drafted = np.bincount(req, weights=steps.drafted, minlength=n).astype(np.int64)
+    width = num_spec_tokens + 1
+    hist = np.bincount(req * width + np.minimum(steps.accepted, num_spec_tokens), minlength=n * width)
+    hist = hist.reshape(n, width)
+    out = []
+    for r in range(n):
+        s, d, a = int(spec_steps[r]), int(drafted[r]), int(accepted[r])
+        item = {"request_id": r, "mean_acceptance_length": 1 + a / s if s else None,
+                "draft_acceptance_rate": a / d if d else None, "acceptance_histogram": hist[r].tolist(),
+                "num_spec_steps": s, "num_accepted_draft_tokens": a, "num_draft_tokens": d,
+                "num_spec_tokens": num_spec_tokens}
+        if detailed:
+            lo, hi = offset[r], offset[r + 1]
+            item["per_step_accepted"] = steps.accepted[lo:hi].tolist()
+            item["per_step_drafted"] = steps.drafted[lo:hi].tolist()
+        out.append(item)
     return out

@@ -23,8 +23,10 @@ This module imports only numpy and pandas so that calibration boxes can use it.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from sim.atomic_write import write_file
-from sim.errors import InputError
+from sim.errors import InputError, read_text
 from sim.lazy import lazy_module
 
 pd = lazy_module("pandas")  # imported when points are read: a cached run never does
@@ -65,6 +67,10 @@ COLUMNS: tuple[str, ...] = (
 KEY_COLUMNS = ("phase", "model", "batch_size", "query_tokens", "context_tokens")
 INT_COLUMNS = ("batch_size", "query_tokens", "context_tokens", "samples")
 LATENCY_COLUMNS = tuple(c for c in COLUMNS if c.startswith("latency_"))
+
+MAX_COUNT = 2**31 - 1   # batch sizes, token counts, samples: beyond any model, and safe in every dtype
+MAX_LATENCY_S = 3600.0  # one timed pass; more is a unit mistake (ms or us written as seconds)
+MIN_LATENCY_S = 1e-9    # a timed pass's median: no kernel is faster than a nanosecond (and curves cannot be fitted to 1e-300)
 
 REQUIRED_META = ("format_version", "device", "dtype", "versions", "models", "grid", "timing", "created_utc")
 
@@ -155,10 +161,15 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
 
 
 def _load_meta(path: Path) -> dict[str, Any]:
+    text = read_text(path)
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg}", source=path, line=exc.lineno) from None
+    except ValueError as exc:
+        constant = re.search(r"\b(NaN|-?Infinity)\b", text)
+        line = text.count("\n", 0, constant.start()) + 1 if constant else None
+        raise InputError(str(exc), source=path, line=line) from None
     if not isinstance(meta, dict):
         raise InputError("expected a JSON object", source=path, line=1)
     for key in REQUIRED_META:
@@ -166,15 +177,55 @@ def _load_meta(path: Path) -> dict[str, Any]:
             raise InputError("missing key", source=path, field=key)
     if meta["format_version"] != FORMAT_VERSION:
         raise InputError(f"unsupported format version {meta['format_version']!r} (this specbatch reads "
-                         f"{FORMAT_VERSION})", source=path, field="format_version")
+                         f"{FORMAT_VERSION})", source=path, field="format_version", line=_json_line(text, "format_version"))
+    _check_meta_values(meta, path, text)
     return meta
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows (write a finite number, or leave the key out)")
+
+
+def _check_meta_values(meta: dict[str, Any], path: Path, text: str) -> None:
+    """The sidecar's numbers the simulator uses, each checked where it is read from (key and line)."""
+    def fail(key: str, message: str) -> InputError:
+        return InputError(message, source=path, field=key, line=_json_line(text, key.rsplit(".", 1)[-1]))
+
+    name = meta.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise fail("name", f"expected a non-empty string, got {name!r}")
+    kv = meta.get("kv_capacity_tokens")
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or not 0 <= kv <= 2**62):
+        # 0 is a measurement (the weights leave no room for a KV cache): every run is then refused
+        raise fail("kv_capacity_tokens", f"expected a whole number of tokens from 0 to 2**62, got {kv!r}")
+    overhead = meta.get("engine_overhead", {})
+    if not isinstance(overhead, dict):
+        raise fail("engine_overhead", f"expected an object, got {overhead!r}")
+    for key, value in overhead.items():
+        if key.endswith("_overhead_s") and value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float))
+                or not 0 <= value <= MAX_LATENCY_S):
+            raise fail(f"engine_overhead.{key}", f"expected seconds from 0 to {MAX_LATENCY_S:g}, got {value!r}")
+
+
+def _json_line(text: str, key: str) -> int | None:
+    """The line a key is first written on in a JSON text (for messages; None if not found)."""
+    needle = f'"{key}"'
+    for number, line in enumerate(text.splitlines(), start=1):
+        if needle in line:
+            return number
+    return None
 
 
 def read_points(csv_path: Path) -> pd.DataFrame:
     """Read and check a points CSV; errors name the 1-based file line and the column."""
+    text = read_text(csv_path)
+    if not text.strip():
+        raise InputError(f"empty file: a profile's points need a header line ({', '.join(COLUMNS[:3])}, ...) and "
+                         "one row per measured point", source=csv_path, line=1)
     try:
-        table = pd.read_csv(csv_path, dtype=str, keep_default_na=False, skip_blank_lines=False)
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=False)
+    except pd.errors.ParserError as exc:
         raise InputError(f"cannot parse CSV: {exc}", source=csv_path) from None
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
@@ -192,21 +243,27 @@ def read_points(csv_path: Path) -> pd.DataFrame:
             raise InputError(f"'{table[col].iloc[row]}' is not one of {', '.join(allowed)}",
                              source=csv_path, line=line_of(row), field=col)
     for col in INT_COLUMNS:
-        values = pd.to_numeric(table[col], errors="coerce")
-        bad = values.isna() | (values < 0) | (values != values.round())
+        ascii_digits = table[col].str.strip().str.fullmatch(r"[0-9]+(\.0*)?")
+        values = pd.to_numeric(table[col].where(ascii_digits, ""), errors="coerce")
+        bad = values.isna() | (values < 0) | (values != values.round()) | (values > MAX_COUNT)
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(f"'{table[col].iloc[row]}' is not a non-negative integer",
+            raise InputError(f"'{table[col].iloc[row]}' is not a non-negative integer (at most {MAX_COUNT})",
                              source=csv_path, line=line_of(row), field=col)
         table[col] = values.astype(np.int64)
     ok = (table.status == "ok").to_numpy()
     for col in LATENCY_COLUMNS:
         values = pd.to_numeric(table[col].replace("", np.nan), errors="coerce")
-        bad = ok & ~(values.to_numpy() >= 0)
+        numbers = values.to_numpy()
+        lowest = 0.0 if col != "latency_median_s" else MIN_LATENCY_S  # a measured pass takes some time
+        bad = ok & ~((numbers >= lowest) & (numbers <= MAX_LATENCY_S))
         bad |= ~ok & table[col].ne("").to_numpy() & values.isna().to_numpy()
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise InputError(f"'{table[col].iloc[row]}' is not a non-negative number of seconds",
+            value = numbers[row]
+            within = "" if np.isnan(value) or value < 0 else \
+                f" within [{lowest:g}, {MAX_LATENCY_S:g}], as a measured point's is"
+            raise InputError(f"'{table[col].iloc[row]}' is not a non-negative number of seconds{within}",
                              source=csv_path, line=line_of(row), field=col)
         table[col] = values.astype(float)
     bad_batch = ok & (table.batch_size.to_numpy() < 1)

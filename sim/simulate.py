@@ -18,21 +18,26 @@ from typing import TYPE_CHECKING, Mapping
 import numpy as np
 
 from policies import Policy, PolicyError, make_policy
-from sim.acceptance import AcceptanceSampler, SharedAlphaSampler, acceptance_scale
+from policies.explain import Explaining
+from sim.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, SharedAlphaSampler, TraceSampler,
+                            acceptance_scale, accepted_per_position, per_request_steps, position_rates,
+                            read_acceptance_trace)
 from sim.cache import fitted_profile, profile_digest, step_table
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
 from sim.errors import InputError
-from sim.metrics import by_label, replica_breakdown, summarize
+from sim.limits import memory_problem, table_bytes
+from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
+                         spec_decode_section, summarize)
 from sim.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
 from sim.scheduler import kv_reserve, make_scheduler
 from sim.serving.clock import simulate_replica
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
-from sim.serving.queues import ArrivalQueue
+from sim.serving.queues import ArrivalQueue, ConcurrencyLimitedQueue
 from sim.serving.records import ReplicaRecords
-from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace
+from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,12 +59,30 @@ def replica_streams(config: RunConfig, replicas: int) -> list[np.random.Generato
     return [np.random.default_rng(child) for child in parent.spawn(replicas)]
 
 
-def make_sampler(config: RunConfig, alphas: np.ndarray, rng: np.random.Generator | None = None
-                 ) -> AcceptanceSampler:
+def make_sampler(config: RunConfig, alphas: np.ndarray, rng: np.random.Generator | None = None,
+                 k_max: int = 0) -> RecordingSampler:
+    """The run's acceptance model (``k_max``: the longest draft a step may ask, for the per-position
+    table), wrapped to record what it draws for vLLM's speculation metrics."""
     rng = _stream(config, ACCEPTANCE) if rng is None else rng
-    if config.acceptance.distribution == "fixed" and np.all(alphas == config.acceptance.alpha):
-        return SharedAlphaSampler(rng, float(acceptance_scale(np.asarray([config.acceptance.alpha]))[0]))
-    return AcceptanceSampler(rng)
+    spec = config.acceptance
+    if spec.model == "per-position":
+        inner: AcceptanceSampler = PositionSampler(rng, position_rates(spec.per_position, k_max))
+    elif spec.model == "trace":
+        inner = TraceSampler(rng, read_acceptance_trace(spec.trace), alphas.shape[0])
+    elif spec.distribution == "fixed" and np.all(alphas == spec.alpha):
+        inner = SharedAlphaSampler(rng, float(acceptance_scale(np.asarray([spec.alpha]))[0]))
+    else:
+        inner = AcceptanceSampler(rng)
+    per_request = config.output.per_request_spec_decode_metrics != "none"
+    return RecordingSampler(inner, acceptance_scale(alphas), per_request)
+
+
+def acceptance_values(config: RunConfig, alphas: np.ndarray) -> np.ndarray:
+    """What each request's row carries for the sampler: its request id when the sampler is keyed
+    (a trace, or per-request metrics), else its alpha's scale."""
+    if config.acceptance.model == "trace" or config.output.per_request_spec_decode_metrics != "none":
+        return np.arange(alphas.shape[0], dtype=np.float64)
+    return acceptance_scale(alphas)
 
 
 @dataclass
@@ -94,6 +117,10 @@ class RunResult:
     by_label: dict | None = None  # per-label metrics when a trace labels its requests
     replicas: list[dict] | None = None  # per-replica metrics of a cluster of more than one replica
     extra: dict | None = None  # further top-level sections of summary.json (a real replay says so there)
+    reasons: list[dict] | None = None  # per replica: decode step index -> why k (only when a timeline is asked)
+    spec_decode: dict | None = None  # vLLM's speculation counters (summary.json's speculative_decoding)
+    spec_decode_requests: list[dict] | None = None  # per request, when asked (spec_decode.jsonl)
+    itl: tuple[np.ndarray, np.ndarray] | None = None  # the ITLs as (gap, count) pairs, for distribution tests
 
     @property
     def request_count(self) -> int:
@@ -131,26 +158,45 @@ def prepare(config: RunConfig) -> PreparedRun:
             raise policy.max_k_error(profile.k_max)
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
+    problem = memory_problem(table_bytes(config.engine.max_batch_size, policy.max_k))
+    if problem is not None:  # before the first arrival is drawn (sim.limits)
+        raise config.error("engine.max_batch_size", f"the step table for batches up to "
+                                                    f"{config.engine.max_batch_size} {problem}")
     # Record the parameters the policy runs with, defaults included, in the resolved config.
     config = replace(config, policy=PolicyConfig(config.policy.name, {**policy.params(), **config.policy.params}))
     requests = make_requests(config, _stream(config, WORKLOAD))
+    if config.acceptance.model == "trace":
+        try:
+            read_acceptance_trace(config.acceptance.trace)
+        except InputError as exc:
+            if exc.line is None:
+                raise config.error("acceptance.trace", exc.message) from None
+            raise
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     if requests.alpha is not None:  # a trace's per-request acceptance overrides the distribution
         alphas = np.where(np.isnan(requests.alpha), alphas, requests.alpha)
     reserve = kv_reserve(requests.prompt_tokens, requests.output_tokens, policy.max_k)
     budget = config.engine.kv_cache_tokens
+    if config.engine.gpu_memory_utilization is not None:
+        budget = kv_capacity_at(config, profile)
     if budget is None:
         budget = profile.kv_capacity_tokens
     if budget is None:  # neither says: an unlimited cache
         budget = int(reserve.sum())
+    v1 = config.engine.scheduler == "vllm-v1"
+    if v1:  # paged: a request alone must fit in whole blocks at its longest (its last step's slots)
+        check_v1(config, requests, policy.max_k)
+        block = config.engine.block_size
+        reserve = -(-reserve // block) * block
     worst = int(np.argmax(reserve))
-    if reserve[worst] > budget:
+    if reserve[worst] > (budget // config.engine.block_size * config.engine.block_size if v1 else budget):
         key = "engine.kv_cache_tokens"
         raise config.error(key, f"request {worst} needs {int(reserve[worst])} tokens of KV cache, more than the "
-                                f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens else
+                                f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens or
+                                                                 config.engine.gpu_memory_utilization else
                                                                  " (the profile's measured capacity)"))
     reach = _table_reach(config, policy, requests)
-    table = step_table(cost_model, reach, digest)
+    table = step_table(cost_model, reach, digest, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
     try:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
@@ -171,13 +217,63 @@ def _profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
 
 @lru_cache(maxsize=8)
 def _fitted(directory: str, digest: str) -> tuple[Profile, CostModel]:
-    return fitted_profile(Path(directory), digest)
+    return fitted_profile(Path(directory), digest, fit=_fit)
+
+
+def _fit(profile: Profile) -> CostModel:
+    try:
+        with np.errstate(over="raise", invalid="raise", divide="raise"):  # points that pass every field check yet defeat the fit: one line
+            return CostModel(profile)
+    except (ArithmeticError, ValueError, np.linalg.LinAlgError) as exc:
+        raise InputError(f"cannot fit cost curves to these points ({exc}); check the latencies",
+                         source=profile.path / CSV_NAME, field="profile") from None
 
 
 def scheduler_for(run: PreparedRun):
     """A fresh scheduler for one replica of ``run`` (the simulator's and the real replay's alike)."""
     e = run.config.engine
-    return make_scheduler(e.batching, e.max_batch_size, run.kv_budget_tokens, e.prefill)
+    return make_scheduler(e.batching, e.max_batch_size, run.kv_budget_tokens, e.prefill, e.scheduler,
+                          max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
+                          chunked_prefill=e.chunked_prefill)
+
+
+def kv_capacity_at(config: RunConfig, profile: Profile) -> int:
+    """The KV tokens that fit at ``engine.gpu_memory_utilization``: the profile's capacity, recorded
+    at its own memory fraction, moved by the memory between the two fractions over the KV bytes per
+    token of both models (docs/scheduling.md)."""
+    key, fraction = "engine.gpu_memory_utilization", config.engine.gpu_memory_utilization
+    if config.engine.kv_cache_tokens is not None:
+        raise config.error(key, "give either --gpu-memory-utilization or --kv-cache-tokens, not both")
+    memory, models = profile.meta.get("memory") or {}, profile.meta.get("models") or {}
+    per_token = sum(m.get("kv_bytes_per_token") or 0 for m in models.values())
+    if profile.kv_capacity_tokens is None or not {"available_bytes", "fraction"} <= memory.keys() or not per_token:
+        raise config.error(key, f"profile '{profile.name}' records no memory figures to size the KV cache "
+                                "from; give --kv-cache-tokens")
+    capacity = profile.kv_capacity_tokens + int((fraction - memory["fraction"]) * memory["available_bytes"]
+                                                 // per_token)
+    if capacity < 1:
+        raise config.error(key, f"{fraction:g} of {memory['available_bytes'] / 2**30:.0f} GiB leaves no room for "
+                                f"a KV cache beside the models' weights")
+    return capacity
+
+
+def check_v1(config: RunConfig, requests: Requests, max_k: int) -> None:
+    """What the vllm-v1 scheduler needs of its settings, said before the run (docs/scheduling.md)."""
+    e = config.engine
+    if e.batching != "continuous":
+        raise config.error("engine.scheduler", "the vllm-v1 scheduler batches continuously; "
+                                               "give --batching continuous (or --scheduler v0)")
+    decodes = e.max_batch_size * (1 + max_k)
+    if e.max_num_batched_tokens < decodes:
+        raise config.error("engine.max_num_batched_tokens",
+                           f"{e.max_num_batched_tokens} tokens cannot hold a full batch's decodes: max_num_seqs "
+                           f"{e.max_batch_size} x (1 + k {max_k}) = {decodes}; give at least that")
+    if not e.chunked_prefill:  # a prompt, or a preempted request's recompute, must fit one step whole
+        longest = int((requests.prompt_tokens + requests.output_tokens - 1).max())
+        if longest > e.max_num_batched_tokens:
+            raise config.error("engine.max_num_batched_tokens",
+                               f"without chunked prefill a step must hold a whole prompt and its recompute: "
+                               f"{longest} tokens (prompt + output - 1) > {e.max_num_batched_tokens}")
 
 
 def _policy_error(config: RunConfig, exc: PolicyError) -> InputError:
@@ -192,6 +288,8 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
             return read_trace(w.trace)
         except TraceError as exc:
             raise InputError(exc.message, source=exc.path, line=exc.line, field=exc.field) from None
+    if w.trace_vllm is not None:
+        return vllm_requests(w.trace_vllm, rng)
     burstiness = 1.0 if w.arrival == "poisson" else w.burstiness
     duration_s = None if w.num_requests else w.duration_s
     if w.rate_profile is not None:
@@ -204,6 +302,21 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
         arrivals = gamma_arrivals(rng, w.rate, burstiness, duration_s=duration_s, num_requests=w.num_requests)
     n = arrivals.size  # at least one: the first request arrives at t = 0
     return Requests(arrivals, w.prompt_tokens.sample(rng, n), w.output_tokens.sample(rng, n))
+
+
+def vllm_requests(path: str, rng: np.random.Generator) -> Requests:
+    """The completed requests of a vLLM benchmark result: sent at its start times where saved,
+    else at arrivals drawn from its request rate and burstiness (inf: all at t = 0)."""
+    try:
+        result = read_vllm_result(path)
+    except TraceError as exc:
+        raise InputError(exc.message, source=exc.path, line=exc.line, field=exc.field) from None
+    n = result.prompt_tokens.shape[0]
+    if result.start_s is not None:
+        order = np.argsort(result.start_s, kind="stable")
+        return Requests(result.start_s[order], result.prompt_tokens[order], result.output_tokens[order])
+    arrivals = gamma_arrivals(rng, result.request_rate, result.burstiness, num_requests=n)
+    return Requests(arrivals, result.prompt_tokens, result.output_tokens)
 
 
 def _table_reach(config: RunConfig, policy: Policy, r: Requests) -> dict:
@@ -219,21 +332,31 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
     started = time.perf_counter()
     config, requests = run.config, run.requests
     count = config.cluster.replicas
-    scale = acceptance_scale(run.alphas)
+    explain = config.output.timeline is not None  # the timeline shows why each k was chosen
+    wrap = Explaining if explain else (lambda policy: policy)
+    scale = acceptance_values(config, run.alphas)
+    limit = config.workload.max_concurrency
     if not (count > 1 if routed is None else routed):
         scheduler = scheduler_for(run)
-        queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale,
-                             run.policy.max_k)
-        loop = ServingLoop(queue, scheduler=scheduler, policy=run.policy, k_max=run.table.k_max,
-                           backend=PricedBackend(run.table, make_sampler(config, run.alphas), scheduler.prefill))
+        queue_args = (requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale, run.policy.max_k)
+        queue = ArrivalQueue(*queue_args) if limit is None else ConcurrencyLimitedQueue(*queue_args, limit)
+        samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max)]
+        policies = [wrap(run.policy)]
+        loop = ServingLoop(queue, scheduler=scheduler, policy=policies[0], k_max=run.table.k_max,
+                           backend=PricedBackend(run.table, samplers[0], scheduler.prefill))
         engine_started = time.perf_counter()
         simulate_replica(loop)
         engine_wall = time.perf_counter() - engine_started
         records, cluster = loop.records(), None
+        if limit is not None:  # latencies run from when the client sent each request, as vLLM measures them
+            requests = replace(requests, arrival_s=queue.sent_s)
     else:
         parts = [ReplicaParts(scheduler_for(run),
-                              run.policy if index == 0 else _fresh_policy(run), make_sampler(config, run.alphas, rng))
+                              wrap(run.policy if index == 0 else _fresh_policy(run)),
+                              make_sampler(config, run.alphas, rng, run.table.k_max))
                  for index, rng in enumerate(replica_streams(config, count))]
+        policies = [part.policy for part in parts]
+        samplers = [p.sampler for p in parts]
         engine_started = time.perf_counter()
         cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
                               output_tokens=requests.output_tokens, acceptance_scale=scale, max_k=run.policy.max_k,
@@ -241,7 +364,14 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
-                        records.finish_s, records.itl_values, records.itl_weights, records.steps)
+                        records.finish_s, records.itl_values, records.itl_weights, records.steps,
+                        config.output.goodput)
+    spec_decode = spec_decode_section(summary, accepted_per_position(samplers, run.table.k_max))
+    detail = config.output.per_request_spec_decode_metrics
+    per_request = None if detail == "none" else per_request_spec_decode(
+        per_request_steps(samplers, len(requests)), run.policy.max_k, detail == "detailed")
+    if records.preemptions is not None:  # vllm-v1 (a v0 summary stays as it was)
+        summary.update(scheduler_stats(records))
     table = request_columns(requests, run.alphas, records)
     steps = dict(records.steps)
     breakdown = None
@@ -251,7 +381,10 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         breakdown = replica_breakdown(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
                                       cluster.request_ids, cluster.per_replica, summary["duration_s"])
     return RunResult(config, run.profile, table, steps, summary, list(run.warnings),
-                     time.perf_counter() - started, engine_wall, by_label(table), breakdown)
+                     time.perf_counter() - started, engine_wall, by_label(table), breakdown,
+                     spec_decode=spec_decode, spec_decode_requests=per_request,
+                     itl=(records.itl_values, records.itl_weights),
+                     reasons=[policy.reasons for policy in policies] if explain else None)
 
 
 def _fresh_policy(run: PreparedRun) -> Policy:
@@ -293,6 +426,7 @@ def request_columns(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords)
         "decode_steps": rec.decode_steps,
         "drafted_tokens": rec.drafted_tokens,
         "accepted_tokens": rec.accepted_tokens,
+        **({"num_preemptions": rec.preemptions} if rec.preemptions is not None else {}),
         **({"label": requests.label} if requests.label is not None else {}),
     }
 

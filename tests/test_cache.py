@@ -38,6 +38,43 @@ def test_results_are_byte_identical_cold_warm_and_uncached(tmp_path, monkeypatch
     assert cold == warm == off
 
 
+def test_a_vllm_v1_table_caches_its_chunk_row_under_its_token_budget(tmp_path, monkeypatch, run_config):
+    """A vllm-v1 run's step table carries the prefill-chunk prices: cached with them, keyed by the
+    token budget (two budgets, two tables), and read back to the last bit."""
+    def config(budget):
+        return run_config(workload__num_requests=80, workload__rate=20.0, engine__scheduler="vllm-v1",
+                          engine__max_num_batched_tokens=budget)
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    cold = _run_bytes(config(512), tmp_path / "cold")
+    assert b"prefill_tokens" in cold["steps.csv"] and b"num_preemptions" in cold["requests.csv"]
+    warm = _run_bytes(config(512), tmp_path / "warm")
+    _run_bytes(config(1024), tmp_path / "other")
+    assert len(list((tmp_path / "cache").iterdir())) == 3  # the model and one table per budget
+    monkeypatch.setenv(cache.ENV, "")
+    assert cold == warm == _run_bytes(config(512), tmp_path / "off")
+
+
+def test_step_table_arrays_round_trip_with_and_without_chunks(tmp_path, monkeypatch):
+    from sim.costmodel import StepTable
+
+    monkeypatch.setenv(cache.ENV, "")
+    _fitted.cache_clear()
+    from sim.simulate import _profile_and_costs
+
+    _, model, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    for chunk_tokens in (0, 2048):
+        table = model.tabulate(4, 2, 300, 200, True, chunk_tokens=chunk_tokens)
+        back = StepTable.from_arrays(dict(np.load(_saved(tmp_path, table.arrays()))))
+        assert back == table and (back.chunk is None) == (chunk_tokens == 0)
+
+
+def _saved(tmp_path, arrays) -> Path:
+    path = tmp_path / "t.npz"
+    np.savez(path, **arrays)
+    return path
+
+
 def test_a_corrupt_or_foreign_entry_is_ignored_and_rewritten(tmp_path, monkeypatch, run_config):
     config = run_config(workload__num_requests=60, workload__rate=5.0)
     folder = tmp_path / "cache"
@@ -183,6 +220,34 @@ def test_trace_fast_reader_leaves_bad_lines_to_the_line_reader(tmp_path, body):
     with pytest.raises(trace.TraceError) as info:
         trace.read_trace(path)
     assert info.value.line == 3
+
+
+@pytest.mark.parametrize("body,field", [
+    ("1e10,2,3\n", "arrival_s"),             # beyond workloads.limits.MAX_TIME_S
+    ("1,2147483648,3\n", "prompt_tokens"),   # beyond MAX_TOKENS (pyarrow reads it as an int64)
+    ("1,2,2147483648\n", "output_tokens"),
+    ("1,\u0661\u0662,3\n", "prompt_tokens"),  # Arabic-Indic digits: Python's int() would read them
+])
+def test_trace_fast_reader_keeps_the_line_readers_bounds(tmp_path, body, field):
+    import workloads.trace as trace
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,5,5\n" + body, encoding="utf-8")
+    assert trace.read_trace_columns(path) is None
+    with pytest.raises(trace.TraceError) as info:
+        trace.read_trace(path)
+    assert (info.value.line, info.value.field) == (3, field)
+
+
+def test_trace_fast_reader_refuses_a_file_not_utf8_even_in_an_ignored_column(tmp_path):
+    import workloads.trace as trace
+
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"arrival_s,prompt_tokens,output_tokens,note\n0,5,5,ok\n1,2,3,caf\xe9\n")
+    assert trace.read_trace_columns(path) is None
+    with pytest.raises(trace.TraceError) as info:
+        trace.read_trace(path)
+    assert info.value.line == 3 and "not UTF-8" in info.value.message
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])

@@ -21,7 +21,8 @@ def _view(k_max: int = 8, running: int = 3) -> BatchView:
 
 
 def test_builtin_policies_are_listed():
-    assert available_policies() == ["adaptive", "context", "fixed", "goodput", "lut", "none"]
+    assert available_policies() == ["adaptive", "context", "fixed", "goodput", "lut", "none", "sglang-adaptive",
+                                    "trtllm-schedule", "vllm-dynamic"]
 
 
 def test_make_policy_none_never_speculates():

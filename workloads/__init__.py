@@ -9,12 +9,14 @@ from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.requests import Requests
 from workloads.trace import TraceError, read_trace, write_trace
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile, profile_arrivals
+from workloads.vllm_result import VllmResult, read_vllm_result
 
 __all__ = [
     "LengthSpec",
     "RateProfile",
     "Requests",
     "TraceError",
+    "VllmResult",
     "burstiness_from_cv",
     "gamma_arrivals",
     "parse_length_spec",
@@ -22,5 +24,6 @@ __all__ = [
     "poisson_arrivals",
     "profile_arrivals",
     "read_trace",
+    "read_vllm_result",
     "write_trace",
 ]

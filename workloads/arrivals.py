@@ -2,7 +2,9 @@
 
 The first request arrives at t = 0 and each later one after a random gap, so a
 run of n requests spans n - 1 gaps. Gamma gaps have shape = burstiness and mean
-1 / rate: burstiness 1 is a Poisson process, below 1 burstier, above 1 smoother.
+1 / rate: burstiness 1 is a Poisson process, below 1 burstier, above 1 smoother
+(vLLM's parameterisation: shape = burstiness, scale = 1 / (rate * burstiness)). A rate
+of inf sends every request at t = 0, as ``vllm bench serve --request-rate inf``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ def gamma_arrivals(rng: np.random.Generator, rate: float, burstiness: float, *,
 
     Exactly one of ``duration_s`` (every arrival before it) and ``num_requests`` is given.
     """
-    if not (rate > 0 and burstiness > 0 and math.isfinite(rate) and math.isfinite(burstiness)):
-        raise ValueError("rate and burstiness must be positive finite numbers")
     if (duration_s is None) == (num_requests is None):
         raise ValueError("give exactly one of duration_s and num_requests")
+    if rate == math.inf:
+        if num_requests is None:
+            raise ValueError("rate inf sends every request at t = 0: give num_requests, not a duration")
+        return np.zeros(num_requests)
+    if not (rate > 0 and burstiness > 0 and math.isfinite(rate) and math.isfinite(burstiness)):
+        raise ValueError("rate and burstiness must be positive finite numbers")
     scale = 1.0 / (rate * burstiness)
     if num_requests is not None:
         gaps = _gaps(rng, burstiness, scale, max(num_requests - 1, 0))

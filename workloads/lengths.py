@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workloads.limits import MAX_TOKENS
+
 KINDS = ("fixed", "uniform", "lognormal")
 
 
@@ -49,7 +51,8 @@ class LengthSpec:
         if self.kind == "uniform":
             return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
         mu = math.log(self.mean) - 0.5 * self.sigma**2  # so that E[length] = mean
-        lengths = np.rint(rng.lognormal(mu, self.sigma, size=n)).astype(np.int64)
+        draws = np.rint(rng.lognormal(mu, self.sigma, size=n))
+        lengths = np.minimum(draws, MAX_TOKENS).astype(np.int64)  # a long tail must not wrap around int64
         return np.clip(lengths, 1, self.max if self.max is not None else None)
 
     def to_dict(self) -> dict:

@@ -4,21 +4,29 @@ Optional columns: ``alpha``, the request's acceptance probability in (0, 1) (bla
 given, the configured acceptance applies), and ``label``, a dataset name. Other extra
 columns are ignored. Rows may come in any order; they are sorted by arrival
 (stably, so ties keep file order). Every bad line is reported with its line number.
+
+The file is read as UTF-8 and numbers are written in ASCII (Python would read other
+scripts' digits, or ``1_000``, as numbers: a trace is data from elsewhere, so no guessing).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
+from workloads.limits import MAX_TIME_S, MAX_TOKENS
 from workloads.requests import Requests
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_COLUMNS = ("alpha", "label")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_WHOLE = re.compile(r"\+?[0-9]+")
 
 
 class TraceError(ValueError):
@@ -35,7 +43,20 @@ def read_trace(path: str | os.PathLike[str]) -> Requests:
     fast = read_trace_columns(path)
     if fast is not None:
         return fast
-    with path.open(newline="") as handle:
+    try:
+        return _read(path)
+    except UnicodeDecodeError:
+        data = path.read_bytes()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"not UTF-8 text (byte 0x{data[exc.start]:02x}); save the trace as UTF-8", path,
+                             data[:exc.start].count(b"\n") + 1) from None
+        raise
+
+
+def _read(path: Path) -> Requests:
+    with path.open(newline="", encoding="utf-8-sig", errors="strict") as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:
@@ -70,7 +91,11 @@ def read_trace(path: str | os.PathLike[str]) -> Requests:
 def read_trace_columns(path: Path) -> Requests | None:
     """The trace read by pyarrow's CSV reader into typed columns (a million rows in well under a
     second and a few tens of MB); None when any cell is not plainly valid, so that the
-    line-by-line reader above finds the first bad line and names it."""
+    line-by-line reader above finds the first bad line and names it.
+
+    "Plainly valid" is never wider than what that reader accepts: the whole file is UTF-8,
+    numbers are ASCII (pyarrow parses nothing else), times and token counts lie within
+    :mod:`workloads.limits`; anything else goes to the line reader."""
     try:
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -85,7 +110,7 @@ def read_trace_columns(path: Path) -> Requests | None:
     except (pa.ArrowInvalid, OSError):
         return None
     wanted = [c for c in TRACE_COLUMNS + OPTIONAL_COLUMNS if c in header]
-    if any(c not in header for c in TRACE_COLUMNS) or len(set(header)) != len(header):
+    if any(c not in header for c in TRACE_COLUMNS) or len(set(header)) != len(header) or not _is_utf8(path):
         return None
     options = pacsv.ConvertOptions(column_types={c: types[c] for c in wanted}, include_columns=wanted,
                                    null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False)
@@ -97,7 +122,9 @@ def read_trace_columns(path: Path) -> Requests | None:
         return None
     arrival = table["arrival_s"].to_numpy()
     prompt, output = table["prompt_tokens"].to_numpy(), table["output_tokens"].to_numpy()
-    if not (np.isfinite(arrival).all() and (arrival >= 0).all() and (prompt >= 1).all() and (output >= 1).all()):
+    if not (np.isfinite(arrival).all() and (arrival >= 0).all() and (arrival <= MAX_TIME_S).all()
+            and (prompt >= 1).all() and (output >= 1).all() and (prompt <= MAX_TOKENS).all()
+            and (output <= MAX_TOKENS).all()):
         return None
     alpha = label = None
     if "alpha" in wanted:
@@ -116,6 +143,19 @@ def read_trace_columns(path: Path) -> Requests | None:
     return requests
 
 
+def _is_utf8(path: Path, block: int = 1 << 20) -> bool:
+    """Whether the whole file decodes as UTF-8 (pyarrow checks only the columns it converts to text)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with path.open("rb") as handle:
+            while chunk := handle.read(block):
+                decoder.decode(chunk)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def write_trace(path: str | os.PathLike[str], requests: Requests) -> None:
     with Path(path).open("w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
@@ -129,32 +169,33 @@ def write_trace(path: str | os.PathLike[str], requests: Requests) -> None:
 
 
 def _number(text: str, path: Path, line: int, field: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceError(f"'{text.strip()}' is not a number", path, line, field) from None
-    if not math.isfinite(value) or value < 0:
-        raise TraceError(f"'{text.strip()}' must be a finite number >= 0", path, line, field)
+    if not _DECIMAL.fullmatch(text.strip()):
+        kind = "finite number" if text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity") else "number"
+        raise TraceError(f"'{text.strip()}' is not a {kind}", path, line, field)
+    value = float(text)
+    if not 0 <= value <= MAX_TIME_S:
+        raise TraceError(f"'{text.strip()}' must be a finite number >= 0 and at most {MAX_TIME_S:g} seconds (beyond "
+                         "that the simulated clock cannot resolve a step)", path, line, field)
     return value
 
 
 def _alpha(text: str, path: Path, line: int) -> float:
     if not text.strip():
         return math.nan
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceError(f"'{text.strip()}' is not a number", path, line, "alpha") from None
+    if not _DECIMAL.fullmatch(text.strip()):
+        raise TraceError(f"'{text.strip()}' is not a number", path, line, "alpha")
+    value = float(text)
     if not 0.0 < value < 1.0:
         raise TraceError(f"'{text.strip()}' must be inside (0, 1)", path, line, "alpha")
     return value
 
 
 def _count(text: str, path: Path, line: int, field: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise TraceError(f"'{text.strip()}' is not a whole number of tokens", path, line, field) from None
+    if not _WHOLE.fullmatch(text.strip()):
+        raise TraceError(f"'{text.strip()}' is not a whole number of tokens", path, line, field)
+    value = int(text)
     if value < 1:
         raise TraceError(f"'{text.strip()}' must be at least 1", path, line, field)
+    if value > MAX_TOKENS:
+        raise TraceError(f"'{text.strip()}' must be at most {MAX_TOKENS} tokens", path, line, field)
     return value

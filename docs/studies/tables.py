@@ -136,6 +136,44 @@ def long_context_sim(folder: Path = FIGURES) -> str:
     return _md(frame)
 
 
+def scheduling_rates(folder: Path = FIGURES) -> str:
+    """v0 vs vllm-v1 scheduling against rate, with (k = 3) and without speculation."""
+    t = pd.read_csv(folder / "scheduling.csv")
+    frame = pd.DataFrame({"rate (req/s)": t.rate.map("{:.1f}".format), "scheduler": t.scheduler,
+                          "speculation": t.k.map(lambda k: f"k = {k}" if k else "none"),
+                          "mean TTFT (ms)": t.mean_ttft_ms.map("{:.1f}".format),
+                          "p99 TTFT (ms)": t.p99_ttft_ms.map("{:.1f}".format),
+                          "mean TPOT (ms)": t.mean_tpot_ms.map("{:.2f}".format),
+                          "p99 ITL (ms)": t.p99_itl_ms.map("{:.1f}".format),
+                          "mean E2EL (ms)": t.mean_e2el_ms.map("{:.0f}".format),
+                          "mean decode batch": t.mean_batch.map("{:.1f}".format)})
+    return _md(frame)
+
+
+def scheduling_k(folder: Path = FIGURES) -> str:
+    """Every fixed k under both schedulers at two loads; the best per column in bold."""
+    t = pd.read_csv(folder / "scheduling_k.csv")
+    rows = []
+    for (fraction, scheduler), sub in t.groupby(["fraction", "scheduler"], sort=True):
+        best_tpot, best_e2el = sub.mean_tpot_ms.idxmin(), sub.mean_e2el_ms.idxmin()
+        for i, r in sub.iterrows():
+            rows.append({"load": f"{fraction:g} x saturation", "scheduler": scheduler, "k": r.k,
+                         "mean TTFT (ms)": f"{r.mean_ttft_ms:.1f}",
+                         "mean TPOT (ms)": f"**{r.mean_tpot_ms:.2f}**" if i == best_tpot else f"{r.mean_tpot_ms:.2f}",
+                         "mean E2EL (ms)": f"**{r.mean_e2el_ms:.0f}**" if i == best_e2el else f"{r.mean_e2el_ms:.0f}"})
+    return _md(pd.DataFrame(rows))
+
+
+def scheduling_mixed_check(folder: Path = FIGURES) -> str:
+    """A mixed step's target pass: the cost model's formula against the kernel composition."""
+    t = pd.read_csv(folder / "scheduling_mixed_check.csv")
+    frame = pd.DataFrame({"decode batch (k = 3)": t.batch, "chunks (new@cached)": t.chunks,
+                          "formula (ms)": t.formula_ms.map("{:.2f}".format),
+                          "kernels (ms)": t.kernels_ms.map("{:.2f}".format),
+                          "formula / kernels": t.ratio.map("{:.3f}".format)})
+    return _md(frame)
+
+
 TABLES = {
     "study-optimal-k-lut": optimal_k_lut,
     "study-optimal-k-headlines": optimal_k_headlines,
@@ -147,4 +185,7 @@ TABLES = {
     "study-long-context-trend": long_context_trend,
     "study-long-context-headline": long_context_headline,
     "study-long-context-sim": long_context_sim,
+    "study-scheduling-rates": scheduling_rates,
+    "study-scheduling-k": scheduling_k,
+    "study-scheduling-mixed-check": scheduling_mixed_check,
 }

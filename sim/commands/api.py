@@ -15,6 +15,7 @@ of the core.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import json
@@ -30,7 +31,7 @@ import pandas as pd
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
-__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity"]
+__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare"]
 
 # The summary table's rows: (label, summary key, scale, format).
 _SUMMARY_ROWS = (
@@ -100,18 +101,27 @@ def run(config: str | os.PathLike[str] | None = None, *, overrides: dict[str, An
     ``out=FOLDER`` the run folder is written as ``specbatch run --out`` writes it; with
     ``timeline=FILE`` the Chrome trace too.
     """
-    from sim.commands.outputs import write_run
+    from sim.atomic_write import output_lock, output_problem
+    from sim.commands.outputs import check_run_dir, write_run
     from sim.commands.timeline import check_writable, write_timeline
     from sim.simulate import execute, prepare
 
     resolved = load_config(config, {**(overrides or {}), **_keywords(settings)})
     prepared = prepare(resolved)
+    folder = resolved.output.dir
+    if folder is not None:  # every output checked before the run, as the CLI does (docs/errors.md)
+        problem = output_problem(folder, folder=True)
+        if problem is not None:
+            raise resolved.error("output.dir", f"cannot write {folder}: {problem}")
+        check_run_dir(folder)
     if resolved.output.timeline is not None:
-        check_writable(resolved.output.timeline)  # before the run, as the CLI does
-    result = execute(prepared)
+        check_writable(resolved.output.timeline)
     out = None
-    if resolved.output.dir is not None:
-        out = write_run(result, resolved.output.dir)
+    with output_lock(folder, error=lambda message: resolved.error("output.dir", message)) if folder is not None \
+            else contextlib.nullcontext():
+        result = execute(prepared)
+        if folder is not None:
+            out = write_run(result, folder)
     if resolved.output.timeline is not None:
         write_timeline(result, resolved.output.timeline, resolved.output.timeline_window)
     return Run(dict(result.summary), result.requests, result.steps, result.config, tuple(result.warnings),
@@ -136,6 +146,9 @@ def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict
             if not isinstance(params.get("name"), str):
                 raise InputError(f"a policy table needs a name, got {value!r}", source=flag)
             overrides.update({f"policy.{k}": (v, flag) for k, v in params.items()})
+        elif key == "policy.name" and isinstance(value, str):
+            from sim.commands.flags import policy_overrides
+            overrides.update(policy_overrides(value, flag))  # "lut:alpha=0.7", as the CLI takes it
         else:
             overrides[key] = (value, flag)
     return overrides
@@ -212,9 +225,13 @@ def sweep(spec: dict[str, Any], *, out: str | os.PathLike[str] | None = None, ex
         raise InputError(f"must be at least 1, got {workers}", field="workers")
     resolved = sweep_from_data(spec)
     if out is not None:
+        from sim.atomic_write import check_output, output_lock
+
+        check_output(out, folder=True, field="out")
         parquet = have_pyarrow()
-        return run_sweep(resolved, Path(out), executor=executor, workers=workers, parquet=parquet,
-                         csv=not parquet, progress=progress).table
+        with output_lock(out, field="out"):
+            return run_sweep(resolved, Path(out), executor=executor, workers=workers, parquet=parquet,
+                             csv=not parquet, progress=progress).table
     with tempfile.TemporaryDirectory(prefix="specbatch-sweep-") as folder:
         return run_sweep(resolved, Path(folder), executor=executor, workers=workers, parquet=False, csv=False,
                          progress=progress).table
@@ -271,10 +288,13 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
                          warmup=warmup, curve_points=curve_points, target_rate=target_rate,
                          gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs,
                          profiles=profile_text, gpu_price=price_text)
-    folder = check_out_dir(out) if out is not None else None
-    result = plan.search(progress=stderr_progress if progress else None)
-    if folder is not None:
-        result.write(folder)
+    from sim.atomic_write import check_output, output_lock
+
+    folder = check_output(check_out_dir(out), folder=True, field="out") if out is not None else None
+    with output_lock(folder, field="out") if folder is not None else contextlib.nullcontext():
+        result = plan.search(progress=stderr_progress if progress else None)
+        if folder is not None:
+            result.write(folder)
     return CapacityReport(capacity_table(result), result.table_text(), result, folder)
 
 
@@ -300,3 +320,21 @@ def capacity_table(result: Any) -> pd.DataFrame:
                 row["cost_per_m_at_max_rate"] = costs.cost_per_m_at_max_rate
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+
+
+def compare(result: str | os.PathLike[str], config: str | os.PathLike[str] | None = None, *,
+            overrides: dict[str, Any] | None = None, **settings: Any):
+    """A real ``vllm bench serve --save-result --save-detailed`` file against the simulation of its
+    requests, as ``specbatch compare RESULT.json``: ``specbatch.compare("result.json", k=3)``.
+
+    Keywords are the run flags that do not define the workload (the file does); returns a
+    :class:`sim.commands.compare.Comparison` (``.table``: metric, real, sim, rel_error; ``.ks``:
+    Kolmogorov-Smirnov tests; ``print()`` it for vLLM's layout).
+    """
+    from sim.commands.compare import COMPARE_FLAGS, compare_file
+
+    return compare_file(str(result), config, {**(overrides or {}), **_keywords(settings, allowed=set(COMPARE_FLAGS))})

@@ -4,6 +4,11 @@
 hands over to ``calibrate.cli``, imported only then, so the simulator never needs
 torch); ``specbatch profiles`` lists and describes profiles; ``specbatch lut`` builds
 the batch size -> k table of the ``lut`` policy from a profile.
+
+Every command answers the same way (docs/errors.md): bad input is one line and exit 2,
+before any work; Ctrl-C is one line and exit 130, with nothing half-written; an exception
+from a user's policy is one line naming it (``--debug``, anywhere on the line, shows the
+traceback of either).
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from typing import Sequence
 
-from sim.commands.flags import add_run_flags, run_overrides, typed
 from sim.errors import InputError
+
+# Everything else is imported inside main()'s handlers, so that even a Ctrl-C while numpy and
+# pandas load is the one-line exit 130, not a traceback through the import machinery.
 
 
 # Commands that live in their own module: name -> (module, help). The module provides
@@ -28,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("sim.commands.replay_cli", "serve a scenario for real on its profile's device and models (needs torch)"),
     "validate": ("sim.commands.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
     "compose": ("sim.commands.compose", "compose a GPU profile from published kernel microbenchmarks (gpu-data extra)"),
+    "compare": ("sim.commands.compare", "a real `vllm bench serve` result against the simulation of its requests"),
 }
 
 
@@ -39,8 +48,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim.commands.flags import add_run_flags, typed
+
     parser = _Parser(prog="specbatch", description="Simulate LLM serving with speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specbatch {_version()}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, also print its traceback (may be given anywhere on the line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     run = sub.add_parser("run", help="simulate serving a workload (no flags: the shipped default scenario)")
     run.add_argument("--config", help="TOML scenario file; flags override its values")
@@ -61,7 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="reference context length in tokens at which steps are priced (default 512)")
     lut.add_argument("--max-batch", type=typed("--max-batch", int), default=None,
                      help="tabulate batch sizes 1..N (default: the default scenario's engine.max_batch_size)")
-    lut.add_argument("--out", default=None, help="also write the table as a TOML [policy] snippet here")
+    lut.add_argument("--out", default=None, help="also write the table as a TOML [policy] snippet here "
+                     "(with --format: the engine config)")
+    lut.add_argument("--format", choices=("vllm", "sglang", "trtllm"), default=None,
+                     help="print the table as a ready-to-paste engine config instead: vLLM's speculative_config "
+                          "JSON, SGLang's adaptive config JSON, or TensorRT-LLM's draft_len_schedule")
     for name, (module, text) in COMMANDS.items():
         importlib.import_module(module).add_arguments(sub.add_parser(name, help=text))
     return parser
@@ -69,6 +86,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv[:argv.index("--")] if "--" in argv else DEBUG_FLAG in argv
+    if debug:
+        argv.remove(DEBUG_FLAG)
+    try:
+        return _dispatch(argv)
+    except InputError as exc:
+        _print_traceback(exc, debug)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written (outputs appear whole or not at all)", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from policies import plugin_failure
+
+        line = plugin_failure(exc)
+        if line is None:  # not the user's policy: our bug, and its traceback is for us
+            raise
+        _print_traceback(exc, debug)
+        print(f"error: {line}" + ("" if debug else " (--debug shows the traceback)"), file=sys.stderr)
+        return 2
+
+
+DEBUG_FLAG = "--debug"
+
+
+def _print_traceback(exc: BaseException, debug: bool) -> None:
+    """With --debug: the traceback, down the chain of causes even where a one-line error hid it (``from None``)."""
+    if not debug:
+        return
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    for link in reversed(chain):
+        print("".join(traceback.format_exception(type(link), link, link.__traceback__, chain=False)),
+              file=sys.stderr, end="")
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "calibrate":
         try:
             from calibrate.cli import main as calibrate_main
@@ -78,45 +136,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return calibrate_main(argv[1:], prog="specbatch calibrate")
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "profiles":
-            return _profiles(args.profile)
-        if args.command == "lut":
-            return _lut(args)
-        if args.command in COMMANDS:
-            return importlib.import_module(COMMANDS[args.command][0]).main(args)
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.command == "run":
+        return _run(args)
+    if args.command == "profiles":
+        return _profiles(args.profile)
+    if args.command == "lut":
+        return _lut(args)
+    if args.command in COMMANDS:
+        return importlib.import_module(COMMANDS[args.command][0]).main(args)
     build_parser().print_help()
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
+    from sim.atomic_write import output_lock, output_problem
+    from sim.commands.flags import run_overrides
     from sim.config import load_config
-    from sim.commands.outputs import default_output_dir, format_summary, write_run
+    from sim.commands.outputs import check_run_dir, default_output_dir, format_summary, write_run
     from sim.simulate import execute, prepare
     from sim.commands.timeline import check_writable, commit, stage_timeline
 
     config = load_config(args.config, run_overrides(args))
     run = prepare(config)
-    for warning in run.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    out = config.output.dir or default_output_dir(run.config.digest())
+    problem = output_problem(out, folder=True)  # every output checked before the work, not after it
+    if problem is not None:
+        raise config.error("output.dir", f"cannot write {out}: {problem}")
+    check_run_dir(out)
     timeline = config.output.timeline
     if timeline:
         check_writable(timeline)
-    result = execute(run)
-    staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
-    try:
-        out = write_run(result, config.output.dir or default_output_dir(run.config.digest()))
-    except BaseException:
+    for warning in run.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    with output_lock(out, error=lambda message: config.error("output.dir", message)):  # a second run to the same folder is refused now
+        result = execute(run)
+        staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
+        try:
+            out = write_run(result, out)
+        except BaseException:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            raise
         if staged is not None:
-            staged.unlink(missing_ok=True)
-        raise
-    if staged is not None:
-        commit(staged, timeline)
+            commit(staged, timeline)
     if args.quiet:
         print(out)
         return 0
@@ -186,7 +248,9 @@ def _lut(args: argparse.Namespace) -> int:
     from policies.lut import DEFAULT_CONTEXT, DEFAULT_K_MAX, build_lut
     from sim.atomic_write import write_file
     from sim.config import load_config
+    from sim.atomic_write import check_output
     from sim.costmodel import CostModel
+    from sim.limits import MAX_BATCH
     from sim.profile import DEFAULT_PROFILE, load_profile
 
     alpha = args.alpha
@@ -199,6 +263,11 @@ def _lut(args: argparse.Namespace) -> int:
     max_batch = args.max_batch if args.max_batch is not None else load_config(None).engine.max_batch_size
     if max_batch < 1:
         raise InputError(f"must be at least 1, got {max_batch}", source="--max-batch")
+    if max_batch > MAX_BATCH:
+        raise InputError(f"must be at most {MAX_BATCH} (beyond any serving engine's batch), got {max_batch}",
+                         source="--max-batch")
+    if args.out:
+        check_output(args.out, folder=False, source=f"--out {args.out}")
     profile = load_profile(args.profile or DEFAULT_PROFILE)
     if not 0 <= k_max <= profile.k_max:
         raise InputError(f"must be in 0..{profile.k_max} (the profile's measured k_max), got {k_max}",
@@ -206,6 +275,8 @@ def _lut(args: argparse.Namespace) -> int:
     step_time = CostModel(profile).step_time
     table = build_lut(step_time, alpha, k_max, max_batch, context)
     out = Path(args.out) if args.out else None
+    if args.format:
+        return _lut_engine_config(args.format, table, out)
     if out is not None:  # written first, so that a path that cannot be written leaves one error line
         rows = ", ".join(f"[{s}, {e}, {k}]" for s, e, k in table)
         ctx = int(context) if context.is_integer() else context
@@ -219,6 +290,34 @@ def _lut(args: argparse.Namespace) -> int:
     print("\n".join(_lut_lines(profile.name, step_time, table, alpha, k_max, context, max_batch)))
     if out is not None:
         print(f"Wrote {out}")
+    return 0
+
+
+def _lut_engine_config(fmt: str, table: list, out) -> int:
+    """The table as the engine takes it (docs/policy-engines.md); the matching policy reads it back."""
+    import json
+
+    from sim.atomic_write import write_file
+
+    if fmt == "vllm":
+        from policies.vllm_dynamic import engine_config
+        text = json.dumps(engine_config(table))
+    elif fmt == "sglang":
+        from policies.sglang_adaptive import engine_config
+        config, raised = engine_config(table)
+        text = json.dumps(config)
+        for start, end, _ in raised:
+            print(f"note: SGLang drafts at least one step: batch {start}-{end} (k = 0 in the table) gets steps [1]",
+                  file=sys.stderr)
+    else:
+        from policies.trtllm_schedule import engine_config, format_schedule
+        text = format_schedule(engine_config(table))
+    if out is not None:
+        try:
+            write_file(out, text + "\n")
+        except OSError as exc:
+            raise InputError(f"cannot write the config: {exc.strerror or exc}", source=out) from None
+    print(text)
     return 0
 
 
@@ -260,9 +359,17 @@ def entry_point() -> None:
     try:
         code = main()
         sys.stdout.flush()
+    except KeyboardInterrupt:  # between main's own handling and the exit
+        code = 130
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         code = 0
+    if code == 130:
+        # CPython remembers an interrupt that landed in code it ran itself (an import, say) and
+        # then exits as killed by SIGINT whatever we return; the promised status is 130.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     sys.exit(code)
 
 

@@ -107,3 +107,16 @@ def main(args: argparse.Namespace) -> int:
           f"KV capacity {profile.kv_capacity_tokens:,} tokens")
     print(f"Wrote {out}/ (profile.csv, profile.json)")
     return 0
+
+
+def pricers_for(profile) -> dict:
+    """The target's and draft's pass pricers a composed profile was built from, read again from
+    the kernel data its sidecar's command names (needs that data: the gpu-data extra)."""
+    from sim.compose.build import load_tables
+    from sim.compose.price import PassPricer
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    request = build_request(parser.parse_args(profile.meta["command"].split()[2:]))
+    tables = load_tables(request)[0]
+    return {"target": PassPricer(request.target, tables), "draft": PassPricer(request.draft, tables)}

@@ -8,8 +8,11 @@ an API keyword may be named like a flag. A setting added to the table is a flag 
 from __future__ import annotations
 
 import argparse
+import tomllib
+from typing import Any
 
 from sim.config import KEYS
+from sim.errors import InputError
 
 # flag -> (config key, type of its text, help); in the key table's order.
 RUN_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -17,11 +20,16 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     for key in KEYS if key.flag is not None
 }
 
+SEVERAL_WORDS = frozenset({"--goodput"})  # as vllm bench serve takes it: --goodput ttft:500 tpot:50
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {key.flag: key.aliases for key in KEYS if key.aliases}
+
 
 def typed(flag: str, kind: type):
     """An argparse ``type`` converting a flag's text with ``kind`` (int, float, str); a bad text is
     argparse's one-line usage error, before any work."""
     def convert(text: str):
+        if kind in (int, float) and not text.isascii():  # Python reads other scripts' digits as numbers
+            raise argparse.ArgumentTypeError(f"'{text}' is not a valid {kind.__name__} (ASCII digits only)")
         try:
             return kind(text)
         except ValueError:
@@ -35,9 +43,82 @@ def add_run_flags(parser: argparse.ArgumentParser, flags: list[str] | None = Non
     """Add run flags (all, or those named) whose values land in ``args`` under their config keys."""
     for flag in flags or list(RUN_FLAGS):
         key, kind, text = RUN_FLAGS[flag]
-        parser.add_argument(flag, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text))
+        names = (flag, *FLAG_ALIASES.get(flag, ()))
+        if kind is bool:  # --chunked-prefill / --no-chunked-prefill
+            parser.add_argument(*names, dest=key, action=argparse.BooleanOptionalAction, default=None,
+                                help=(helps or {}).get(flag, text))
+            continue
+        words = {"nargs": "+"} if flag in SEVERAL_WORDS else {}
+        parser.add_argument(*names, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text),
+                            **words)
 
 
 def run_overrides(args: argparse.Namespace, flags: list[str] | None = None) -> dict[str, tuple]:
-    """The run flags' values as load_config overrides: config key -> (value or None, flag)."""
-    return {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0], None), f) for f in flags or list(RUN_FLAGS)}
+    """The run flags' values as load_config overrides: config key -> (value or None, flag).
+
+    ``--policy NAME:KEY=VALUE:...`` becomes the policy's name and parameters (:func:`policy_spec`)."""
+    overrides = {RUN_FLAGS[f][0]: (getattr(args, RUN_FLAGS[f][0], None), f) for f in flags or list(RUN_FLAGS)}
+    name, flag = overrides.get("policy.name", (None, None))
+    if isinstance(name, str):
+        del overrides["policy.name"]
+        overrides.update(policy_overrides(name, flag))
+    return overrides
+
+
+# ------------------------------------------------------------------ the one policy syntax
+def split_outside(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` where it is not inside brackets, braces or quotes (JSON and TOML values
+    keep their colons and commas)."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote and text[i - 1] != "\\":
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def policy_spec(text: str, source: str) -> tuple[str, dict[str, Any]]:
+    """``lut:alpha=0.7``, ``goodput:k_max=6``, ``my.module:MyPolicy:rate=2`` -> (name, parameters).
+
+    Pieces are separated by ':' (outside brackets and quotes); those with '=' are KEY=VALUE, the
+    rest form the name (so ``module:Class`` stays whole). A value is read as TOML (``0.7``, ``true``,
+    ``[[1, 4, 3]]``, ``"text"``), else kept as text (a bare word, a file name, JSON). The same
+    syntax in ``run``, ``sweep``, ``capacity``, ``regress`` and the Python API."""
+    names, params = [], {}
+    for piece in split_outside(text.strip(), ":"):
+        key, sep, value = piece.partition("=")
+        if sep and split_outside(piece, "=")[0] == key:
+            key, value = key.strip(), value.strip()
+            if not key or not value:
+                raise InputError(f"'{piece}' in policy '{text}' is not KEY=VALUE", source=source)
+            if key == "name" or key in params:
+                raise InputError(f"policy '{text}' gives '{key}' twice", source=source)
+            params[key] = _value(value)
+        else:
+            names.append(piece.strip())
+    if not names or not all(names):
+        raise InputError(f"'{text}' has no policy name (NAME or NAME:KEY=VALUE:...)", source=source)
+    return ":".join(names), params
+
+
+def policy_overrides(text: str, source: str) -> dict[str, tuple[Any, str]]:
+    """A policy spec as load_config overrides, each sourced where it was given."""
+    name, params = policy_spec(text, source)
+    return {"policy.name": (name, source), **{f"policy.{key}": (value, source) for key, value in params.items()}}
+
+
+def _value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text

@@ -30,6 +30,7 @@ CSV_SIGNIFICANT_DIGITS = 9
 SLICE_ROWS = 1 << 20  # rows converted and written at a time
 
 MARKER = "summary.json"
+SPEC_DECODE_FILE = "spec_decode.jsonl"  # per request, vLLM's speculative_decoding objects (when asked)
 
 
 def default_output_dir(result_digest: str) -> Path:
@@ -53,21 +54,55 @@ def summary_document(result: RunResult) -> dict:
         **({"cluster": {"replicas": cfg.cluster.replicas, "router": cfg.cluster.router},
             "replicas": [{k: _json_number(v) for k, v in m.items()} for m in result.replicas]}
            if result.replicas else {}),
+        **bench_serve_names(result),
+        **({"speculative_decoding": {k: _json_value(v) for k, v in result.spec_decode.items()}}
+           if result.spec_decode else {}),
         **(result.extra or {}),
     }
 
 
-def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
+def bench_serve_names(result: RunResult) -> dict:
+    """The names of ``vllm bench serve --save-result`` that summary.json's ``metrics`` lacks, at its
+    top level beside ``seed`` and ``batching``: the client's settings (``num_prompts``,
+    ``request_rate`` ("inf" as vLLM writes it), ``burstiness``, ``max_concurrency``), ``duration``
+    and ``request_goodput`` (null without --goodput, as vLLM writes it). vLLM's metric names
+    (``completed``, ``mean_ttft_ms`` ...) are those of ``metrics``."""
+    w, s = result.config.workload, result.summary
+    rate = w.rate if w.trace is None and w.trace_vllm is None and w.rate_profile is None else None
+    return {
+        "num_prompts": result.request_count,
+        "request_rate": "inf" if rate == math.inf else rate,
+        "burstiness": w.burstiness if w.arrival == "gamma" else 1.0,
+        "max_concurrency": w.max_concurrency,
+        "duration": _json_number(s["duration_s"]),
+        "request_goodput": _json_number(s["request_goodput"]) if "request_goodput" in s else None,
+    }
+
+
+def _json_value(value):
+    return [_json_number(x) for x in value] if isinstance(value, list) else _json_number(value)
+
+
+def check_run_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """Refuse to replace a folder that is not an earlier run's (checked before the run, and again at the write)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not (out_dir.is_dir() and (out_dir / MARKER).is_file()):
         raise InputError("exists and is not a specbatch run folder; refusing to replace it",
                          field="output.dir", source=str(out_dir))
+    return out_dir
+
+
+def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
+    out_dir = check_run_dir(out_dir)
     with staged_dir(out_dir) as staging:
         records = result.config.output.records
         (staging / "config.toml").write_text(result.config.to_toml())
         if records != "none":
             write_table(result.request_columns, staging / f"requests.{records}", records)
             write_table(result.step_columns, staging / f"steps.{records}", records)
+        if result.spec_decode_requests is not None:
+            (staging / SPEC_DECODE_FILE).write_text("".join(
+                json.dumps(r, separators=(",", ":")) + "\n" for r in result.spec_decode_requests))
         (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
     return out_dir
 
@@ -189,6 +224,8 @@ def format_summary(result: RunResult) -> str:
     row("Total input tokens:", s["total_input_tokens"])
     row("Total generated tokens:", s["total_output_tokens"])
     row("Request throughput (req/s):", s["request_throughput"])
+    if "request_goodput" in s:
+        row("Request goodput (req/s):", s["request_goodput"])
     row("Output token throughput (tok/s):", s["output_throughput"])
     row("Total token throughput (tok/s):", s["total_token_throughput"])
     for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
@@ -199,10 +236,19 @@ def format_summary(result: RunResult) -> str:
     header("Speculative Decoding")
     row("Acceptance rate (%):", 100 * s["acceptance_rate"])
     row("Mean acceptance length:", s["mean_acceptance_length"])
+    per_pos = (result.spec_decode or {}).get("acceptance_rate_per_pos", [])
+    if per_pos and s["num_drafts"]:
+        lines.append("Per-position acceptance (%):")
+        lines.append("  " + ", ".join(f"{100 * x:.1f}" for x in per_pos[:8]) + (" ..." if len(per_pos) > 8 else ""))
     row("Mean k:", s["mean_k"])
     row("Mean batch size (decode):", s["mean_batch_size"])
     row("Engine steps (prefill + decode):", s["num_steps"])
     row("Token goodput (tok/s of busy time):", s["token_goodput"])
+    if "num_preemptions" in s:  # the vllm-v1 scheduler
+        header("Scheduler vllm-v1")
+        row("Mixed steps (decodes + prefill chunks):", s["num_mixed_steps"])
+        row("Preemptions:", s["num_preemptions"])
+        row("Peak KV blocks:", s["peak_kv_blocks"])
     if result.replicas:
         header(f"{len(result.replicas)} replicas, {cfg.cluster.router} router")
         lines.append(f"{'replica':>7}{'reqs':>6}{'mean E2EL ms':>13}{'p99 E2EL ms':>12}{'batch':>7}{'busy':>7}")

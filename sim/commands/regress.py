@@ -15,6 +15,7 @@ From Python (a team's own pytest suite): ``assert_no_regression(path, policy=MyP
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.atomic_write import write_file
-from sim.errors import InputError
+from sim.errors import InputError, read_text
 from sim.tomlsource import KeyLines, parse_toml
 
 FORMAT_VERSION = 1
@@ -165,7 +166,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     path = Path(path)
     if not path.is_file():
         raise InputError("no such baseline file", field="baseline", source=path)
-    text = path.read_text()
+    text = read_text(path, field="baseline")
     data = parse_toml(text, path)
     base = Baseline(path, text, [], {}, {}, None, KeyLines(text))
     for key in data:
@@ -362,6 +363,9 @@ def scenario_config(base: Baseline, scenario: Scenario, overrides: dict[str, tup
 
     where = ("scenario", scenario.index, "overrides")
     inline = {key: (value, _where(base, where + tuple(key.split(".", 1)))) for key, value in scenario.overrides.items()}
+    if isinstance(inline.get("policy.name", (None,))[0], str):  # policy.name = "lut:alpha=0.7", as --policy
+        from sim.commands.flags import policy_overrides
+        inline.update(policy_overrides(*inline["policy.name"]))
     caller = {k: v for k, v in overrides.items() if v[0] is not None}
     if "policy.name" in caller and inline.get("policy.name", (None,))[0] != caller["policy.name"][0]:
         inline = {k: v for k, v in inline.items() if not k.startswith("policy.")}  # another policy's parameters
@@ -430,7 +434,8 @@ def check_baseline(baseline: str | os.PathLike[str], *, policy: str | type | Non
     chosen = _choose(base, scenarios)
     flags = {key: (value, "overrides") for key, value in (overrides or {}).items()}
     if policy is not None:
-        flags["policy.name"] = (policy_name(policy), policy_source)
+        from sim.commands.flags import policy_overrides
+        flags.update(policy_overrides(policy_name(policy), policy_source))  # "lut:alpha=0.7" too
     if not update:
         for scenario in chosen:
             if not scenario.expected:
@@ -530,9 +535,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    comparison = check_baseline(args.baseline, policy=args.policy, scenarios=args.scenario,
-                                fail_on_change=args.fail_on_change, update=args.update,
-                                progress=lambda line: print(line, file=sys.stderr), policy_source="--policy")
+    from sim.atomic_write import check_output, output_lock
+
+    if args.json:  # every output checked before the scenarios run, not after
+        check_output(args.json, folder=False, source=f"--json {args.json}")
+    if args.update and Path(args.baseline).is_file():
+        check_output(args.baseline, folder=False, source=f"--update {args.baseline}")
+    with output_lock(args.baseline, source="--baseline") if args.update else contextlib.nullcontext():
+        comparison = check_baseline(args.baseline, policy=args.policy, scenarios=args.scenario,
+                                    fail_on_change=args.fail_on_change, update=args.update,
+                                    progress=lambda line: print(line, file=sys.stderr), policy_source="--policy")
     if args.json:
         _write_json(Path(args.json), comparison.to_dict())
     rows = comparison.rows if args.all else [row for row in comparison.rows if row.verdict != "ok"]

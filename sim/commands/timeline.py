@@ -3,7 +3,10 @@
 One process per replica (pid = replica index). Its thread 0 holds the engine steps
 as complete events ("X", named prefill or decode, with the step's record as args),
 and counter tracks ("C") follow its running batch size (0 while idle) and the k of
-each decode step. Each request is a nestable async span ("b"/"e", cat "request",
+each decode step. A decode step's args carry the policy's reasoning under ``policy`` when the
+policy gives one (recorded only for runs whose timeline is asked for: ``policies.explain``):
+goodput each candidate k's expected tokens/s, the table and engine policies the row or rule
+used. Each request is a nestable async span ("b"/"e", cat "request",
 id = request id) from arrival to finish, with nested spans queued (arrival to
 scheduled), prefill (scheduled to first token) and decode (first token to finish).
 Timestamps are microseconds of simulated time.
@@ -33,12 +36,14 @@ pd = lazy_module("pandas")  # only when the command runs: building the CLI's par
 
 US = 1e6  # trace timestamps are microseconds
 STEP_ARGS = ("batch_size", "running", "k", "drafted_tokens", "accepted_tokens", "emitted_tokens")
-PHASE_NAMES = ("prefill", "decode")
+PHASE_NAMES = ("prefill", "decode", "mixed")
 
 
 def trace_events(requests: pd.DataFrame, steps: pd.DataFrame,
-                 window: tuple[float, float] | None = None) -> Iterator[dict]:
-    """Every event of the trace, metadata first, then steps and counters, then requests."""
+                 window: tuple[float, float] | None = None, reasons: list[dict] | None = None) -> Iterator[dict]:
+    """Every event of the trace, metadata first, then steps and counters, then requests.
+
+    ``reasons``: per replica, its decode step index -> the policy's reason (``RunResult.reasons``)."""
     replicas = _replica_column(steps)
     requests_replica = _replica_column(requests)
     for pid in range(int(replicas.max(initial=0)) + 1):
@@ -46,7 +51,9 @@ def trace_events(requests: pd.DataFrame, steps: pd.DataFrame,
         yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
         yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "engine steps"}}
     keep = _overlapping(steps.start_s.to_numpy(), steps.end_s.to_numpy(), window)
-    yield from _step_events(steps[keep], replicas[keep], _idle_after(steps, replicas)[keep])
+    why = _step_reasons(replicas, reasons)
+    yield from _step_events(steps[keep], replicas[keep], _idle_after(steps, replicas)[keep],
+                            None if why is None else [why[i] for i in np.flatnonzero(keep)])
     keep = _overlapping(requests.arrival_s.to_numpy(), requests.finish_s.to_numpy(), window)
     yield from _request_events(requests[keep], requests_replica[keep])
 
@@ -73,18 +80,33 @@ def _idle_after(steps: pd.DataFrame, replicas: np.ndarray) -> np.ndarray:
     return idle
 
 
-def _step_events(steps: pd.DataFrame, replicas: np.ndarray, idle_after: np.ndarray) -> Iterator[dict]:
+def _step_reasons(replicas: np.ndarray, reasons: list[dict] | None) -> list | None:
+    """Each step row's reason (or None). A replica's steps keep their order in the merged table, so
+    its j-th row is the step its policy saw as index j."""
+    if not reasons or not any(reasons):
+        return None
+    out: list = [None] * replicas.shape[0]
+    for pid, by_step in enumerate(reasons):
+        for j, row in enumerate(np.flatnonzero(replicas == pid).tolist()):
+            out[row] = by_step.get(j)
+    return out
+
+
+def _step_events(steps: pd.DataFrame, replicas: np.ndarray, idle_after: np.ndarray,
+                 reasons: list | None = None) -> Iterator[dict]:
     columns = {name: steps[name].to_numpy().tolist() for name in ("start_s", "end_s", "phase", "mean_context_tokens",
                                                                    *STEP_ARGS)}
     for i, (pid, idle) in enumerate(zip(replicas.tolist(), idle_after.tolist())):
         start, end, phase = columns["start_s"][i], columns["end_s"][i], columns["phase"][i]
         args = {name: columns[name][i] for name in STEP_ARGS}
         args["mean_context_tokens"] = columns["mean_context_tokens"][i]
+        if reasons is not None and reasons[i] is not None:
+            args["policy"] = reasons[i]
         ts = start * US
         yield {"ph": "X", "name": PHASE_NAMES[phase], "cat": "step", "pid": pid, "tid": 0, "ts": ts,
                "dur": end * US - ts, "args": args}
         yield {"ph": "C", "name": "running", "pid": pid, "tid": 0, "ts": ts, "args": {"running": args["running"]}}
-        if phase == 1:
+        if phase:  # a decode (or vllm-v1 mixed) step
             yield {"ph": "C", "name": "k", "pid": pid, "tid": 0, "ts": ts, "args": {"k": args["k"]}}
         if idle:
             yield {"ph": "C", "name": "running", "pid": pid, "tid": 0, "ts": end * US, "args": {"running": 0}}
@@ -130,7 +152,7 @@ def stage_timeline(result, path: str | os.PathLike[str], window: tuple[float, fl
             out.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(other, sort_keys=True)
                       + ',\n"traceEvents":[\n')
             first = True
-            for event in trace_events(result.requests, result.steps, window):
+            for event in trace_events(result.requests, result.steps, window, getattr(result, "reasons", None)):
                 out.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":"), allow_nan=False))
                 first = False
             out.write("\n]}\n")

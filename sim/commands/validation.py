@@ -143,6 +143,9 @@ def _main(args: argparse.Namespace, *, validate: bool) -> int:
     config = load_config(args.config, run_overrides(args))
     if config.cluster.replicas != 1:
         raise config.error("cluster.replicas", "the real replay serves one replica")
+    if config.workload.max_concurrency is not None:
+        raise config.error("workload.max_concurrency", "the real replay does not apply a client concurrency limit "
+                                                       "yet; simulate it with specbatch run")
     try:
         from calibrate.replay import replay_config
     except ImportError as exc:
@@ -220,6 +223,11 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 
 def _check_out(out: Path, config) -> None:
+    from sim.atomic_write import output_problem
+
+    problem = output_problem(out, folder=True)
+    if problem is not None:
+        raise config.error("output.dir", f"cannot write {out}: {problem}")
     if out.exists() and not (out.is_dir() and ((out / "summary.json").is_file() or (out / "real").is_dir())):
         raise InputError("exists and is not a specbatch output folder; refusing to replace it",
                          field="output.dir", source=str(out))

@@ -210,6 +210,25 @@ class PassPricer:
     def decode(self, b, q, c, logits_per_sequence=None) -> np.ndarray:
         return sum(self.decode_parts(b, q, c, logits_per_sequence).values())
 
+    def mixed(self, b: int, q: int, c: float, chunks: list[tuple[int, int]]) -> float:
+        """A vllm-v1 mixed pass (docs/scheduling.md): b sequences decoding q tokens each over
+        context c, plus prefill chunks of q_j new tokens after s_j cached ones.
+
+        GEMMs and small ops run once over the step's total tokens; attention is priced per
+        part at its own context: the decodes as a generation pass, a chunk as the causal
+        prefill of s_j + q_j tokens less that of s_j (its queries' work over its own prefix);
+        logits for the decodes' tokens and one per chunk.
+        """
+        tokens = b * q + sum(new for _, new in chunks)
+        layer_small, pass_small = self.small_ops(tokens)
+        attention = float(self.decode_attention(b, q, c)) if b else 0.0
+        for cached, new in chunks:
+            attention += float(self.context_attention(1, cached + new))
+            if cached:
+                attention -= float(self.context_attention(1, cached))
+        return float(self.model.num_layers * (self.layer_gemms(tokens) + attention + layer_small) + pass_small
+                     + self.lm_head(b * q + len(chunks)))
+
     def verify(self, b, k) -> np.ndarray:
         """Rejection sampling over the vocabulary: memory-bound, priced from bandwidth.
 

@@ -44,7 +44,8 @@ import numpy as np
 
 from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
-from sim.serving.records import DECODE, PREFILL, ReplicaRecords, buffer_array, step_buffer, step_columns, value_buffer
+from sim.serving.records import (DECODE, MIXED, PREFILL, STEP_DTYPE_V1, ReplicaRecords, buffer_array, step_buffer,
+                                 step_columns, value_buffer)
 
 IDLE = -1  # schedule(): nothing to run until a request arrives
 
@@ -119,7 +120,13 @@ class ServingLoop:
         # every draft was kept (the last one was never fed to the draft), else 1.
         self._lag_after = [np.array([1] * k + [2], dtype=np.int64) for k in range(k_max + 1)]
         self._follows = backend.follows_rows
-        self._cap, self._admit = scheduler.max_batch_size, scheduler.admit
+        self._on_finish = getattr(queue, "finished", None)  # a client with a concurrency limit listens
+        self._cap, self._admit = scheduler.max_batch_size, getattr(scheduler, "admit", None)
+        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.prefilling: list[list[int]] = []  # vllm-v1: [request, tokens prefilled, tokens to prefill], FCFS
+        self.requeued: list[int] = []  # vllm-v1: preempted requests, at the head of the waiting queue
+        if scheduler.name == "vllm-v1":  # the same loop; a step is a mixed step (section "vllm-v1" below)
+            self._init_v1(n)
 
     # ------------------------------------------------------------ schedule
     def schedule(self) -> int:
@@ -162,6 +169,8 @@ class ServingLoop:
             done = np.flatnonzero(~more) + head
             self.finish_s[done] = end
             self.kv_used -= int(np.add.reduce(queue.kv_reserve[done]))
+            if self._on_finish is not None:
+                self._on_finish(done.shape[0], end)
             req = np.flatnonzero(more) + head
             self.total_remaining += int(np.add.reduce(queue.output_tokens[req] - 1))
             self.total_final_context += int(np.add.reduce(queue.final_context[req]))
@@ -183,12 +192,21 @@ class ServingLoop:
     # -------------------------------------------------------------- decode
     def start_decode(self, now: float) -> float | None:
         b = self.running
+        k, ragged = self._choose_k(now, b)
+        dt, self._step_accepted = self.backend.decode(self.view, k, ragged, self.row_scale[:b],
+                                                      self.row_lag[:b] if self._tracks_lag else None)
+        self._dt = dt
+        return dt
+
+    def _choose_k(self, now: float, b: int) -> tuple[int, np.ndarray | None]:
+        """The policy's k for the b running rows (set on the view it saw), checked."""
         charged = self._charged = self.scheduler.charged_batch_size(b)
         mean_context = self._mean_context = (self.total_final_context - self.total_remaining) / b
         view = self.view
         view.now_s, view.step, view.batch_size, view.running = now, len(self.step_rows), charged, b
         view.mean_context_tokens, view.remaining_tokens = mean_context, self.row_remaining[:b]
         view.final_context_tokens = self.row_final_context[:b]
+        view.lag_tokens = self.row_lag[:b]
         k = self.policy.choose_k(view)
         ragged = None
         if k.__class__ is not int or not 0 <= k <= self.k_max:
@@ -197,12 +215,16 @@ class ServingLoop:
                 ragged = k
                 k = int(np.maximum.reduce(k))
         self._k, self._ragged = k, ragged
-        dt, self._step_accepted = self.backend.decode(view, k, ragged, self.row_scale[:b],
-                                                      self.row_lag[:b] if self._tracks_lag else None)
-        self._dt = dt
-        return dt
+        return k, ragged
 
     def finish_decode(self, start: float, end: float) -> None:
+        drafted, accepted_total, emitted_total = self._apply_decode(start, end)
+        self.step_rows.append((start, end, DECODE, self._charged, self._step_running, self._k, self._mean_context,
+                               drafted, accepted_total, emitted_total))
+
+    def _apply_decode(self, start: float, end: float) -> tuple[int, int, int]:
+        """Emit the decode step's tokens, retire finished rows, tell the policy; returns the step's
+        drafted, accepted and emitted token counts (``running`` is then the rows left)."""
         if self._follows:
             self.backend.commit()
         b, k, ragged, accepted = self.running, self._k, self._ragged, self._step_accepted
@@ -252,8 +274,8 @@ class ServingLoop:
             fb.drafted_tokens, fb.accepted_tokens, fb.accepted_per_sequence = drafted, accepted_total, accepted
             fb.k_per_sequence = ragged
             self.policy.observe(fb)
-        self.step_rows.append((start, end, DECODE, charged, b, k, self._mean_context, drafted, accepted_total,
-                               emitted_total))
+        self._step_running = b
+        return drafted, accepted_total, emitted_total
 
     def _retire(self, b: int, now: float) -> None:
         """Record finished rows and compact the survivors to the front, keeping their order."""
@@ -261,9 +283,9 @@ class ServingLoop:
         rows = np.flatnonzero(done)
         req = self.row_req[rows]
         self.finish_s[req] = now
-        self.decode_steps[req] = self.decode_count - self.row_joined_step[rows]
-        self.drafted[req] = self.k_sum - self.row_joined_k[rows]
-        self.accepted[req] = self.row_accepted[rows]
+        self.decode_steps[req] += self.decode_count - self.row_joined_step[rows]  # += : a preempted request's
+        self.drafted[req] += self.k_sum - self.row_joined_k[rows]  # earlier rows were added when preempted
+        self.accepted[req] += self.row_accepted[rows]
         self.kv_used -= int(np.add.reduce(self.queue.kv_reserve[req]))
         self.total_final_context -= int(np.add.reduce(self.row_final_context[rows]))
         keep = np.flatnonzero(~done)
@@ -273,11 +295,219 @@ class ServingLoop:
         self.running = survivors
         if self._follows:
             self.backend.retire(done)
+        if self._on_finish is not None:
+            self._on_finish(rows.shape[0], now)
+
+    # ------------------------------------------------------------ vllm-v1
+    # Every step is one mixed step (for the clock: schedule() answers 0, "run a step", or IDLE):
+    # the running rows decode with their 1 + k tokens, then prefill chunks fill the token
+    # budget (sim.scheduler.ChunkedPrefillScheduler says how; docs/scheduling.md). A request
+    # joins the rows when its last chunk is in, emitting a token (its first, or after a
+    # preemption the next one); preempted rows leave from the tail and wait at the queue head.
+
+    def _init_v1(self, n: int) -> None:
+        self.step_rows = step_buffer(STEP_DTYPE_V1)  # its records carry three more columns
+        self.schedule, self.start_decode, self.finish_decode = self._schedule_v1, self._start_v1, self._finish_v1
+        self.blocks_used = 0  # rows' and partial prefills' blocks, between steps
+        self._row_blocks = 0  # the rows' part of it
+        self.peak_blocks = 0
+        self.preempted_remaining = np.zeros(n, dtype=np.int64)  # a preempted request's output still owed
+        self.last_emit_s = np.zeros(n)  # ... and when it emitted its last token (its next ITL starts there)
+        self._chunks: list[tuple[list[int], int]] = []
+
+    def _schedule_v1(self) -> int:
+        queue = self.queue
+        if self.running or self.prefilling or self.requeued or queue.arrived > queue.head:
+            return 0
+        return IDLE
+
+    def _start_v1(self, now: float) -> float | None:
+        sched, b = self.scheduler, self.running
+        free = sched.total_blocks - self.blocks_used
+        budget = sched.max_num_batched_tokens
+        self._preempted_now = 0
+        k = ragged = None
+        if b:
+            k, ragged = self._choose_k(now, b)
+            ctx = self.row_final_context[:b] - self.row_remaining[:b]
+            ends = sched.blocks(ctx + 1 + (k if ragged is None else ragged))  # blocks each row needs now
+            need = int(np.add.reduce(ends)) - self._row_blocks  # rows hold blocks(ctx) between steps
+            while need > free and self.prefilling:  # the newest first: partially prefilled requests ...
+                free += self._preempt_prefilling(len(self.prefilling) - 1)
+            if need > free:  # ... then the newest rows
+                held = sched.blocks(ctx)
+                m = sched.victims(ends - held, held, free)
+                free += int(np.add.reduce(held[b - m:]))
+                need -= int(np.add.reduce(ends[b - m:] - held[b - m:]))
+                self._preempt_rows(m)
+                b = self.running
+                if ragged is not None:
+                    ragged = ragged[:b] if b else None
+                    if ragged is not None:
+                        k = int(np.maximum.reduce(ragged))
+                        if int(np.minimum.reduce(ragged)) == k:
+                            ragged = None
+                self._ragged = ragged
+            free -= need
+            budget -= b + (k * b if ragged is None else int(np.add.reduce(ragged)))
+        self._chunks = chunks = []
+        budget_after_decodes = budget
+        for index, entry in enumerate(self.prefilling):  # continue partial prefills, FCFS
+            if budget <= 0:
+                break
+            done = entry[1]
+            tokens = min(entry[2] - done, budget)
+            blocks = sched.blocks(done + tokens) - sched.blocks(done)
+            if blocks > free:  # vLLM preempts from the running tail: this request and any after it
+                while len(self.prefilling) > index:
+                    free += self._preempt_prefilling(len(self.prefilling) - 1)
+                break
+            free -= blocks
+            budget -= tokens
+            chunks.append((entry, tokens))
+        if self._preempted_now:  # as vLLM v1: a step that preempts starts no waiting request
+            self._free_after_admit = free
+        else:
+            budget = self._admit_waiting(now, budget, free, b)
+        self._chunk_tokens = budget_after_decodes - budget
+        self.blocks_used = self._step_blocks = used = sched.total_blocks - self._free_after_admit
+        if used > self.peak_blocks:
+            self.peak_blocks = used
+        if not b and not chunks:
+            raise RuntimeError("a vllm-v1 step with nothing to run (checked before the run)")
+        self._v1_running = b
+        dt = 0.0
+        self._step_accepted = None
+        if b:
+            view = self.view
+            if b != view.running:  # rows were preempted after the policy chose k
+                view.batch_size = view.running = self._charged = b
+                view.mean_context_tokens = self._mean_context = (self.total_final_context - self.total_remaining) / b
+                view.remaining_tokens, view.final_context_tokens = self.row_remaining[:b], self.row_final_context[:b]
+            self._k = k
+            dt, self._step_accepted = self.backend.decode(view, k, ragged, self.row_scale[:b],
+                                                          self.row_lag[:b] if self._tracks_lag else None)
+        if chunks:
+            dt += self.backend.chunks(sched.max_num_batched_tokens - budget_after_decodes, self._chunk_tokens)
+        self._dt = dt
+        return dt
+
+    def _admit_waiting(self, now: float, budget: int, free: int, running: int) -> int:
+        """Start prefilling waiting requests, FCFS (preempted ones first), while budget, blocks and
+        max_num_seqs allow; a waiting request that does not fit stops the admissions (it never preempts).
+        Returns the budget left."""
+        sched, queue = self.scheduler, self.queue
+        while budget > 0 and running + len(self.prefilling) < self._cap:
+            if self.requeued:
+                req = self.requeued[0]
+                owed = self.preempted_remaining[req]
+                target = int(queue.prompt_tokens[req]) + (int(queue.output_tokens[req]) - int(owed)
+                                                          if self.first_token_s[req] == self.first_token_s[req] else 0)
+            elif queue.head < queue.arrived:
+                req = queue.head
+                target = int(queue.prompt_tokens[req])
+            else:
+                break
+            tokens = sched.chunk(target, budget)
+            blocks = sched.blocks(tokens)
+            if not tokens or blocks > free:
+                break
+            if self.requeued:
+                del self.requeued[0]
+            else:
+                queue.head += 1
+                self.scheduled_s[req] = now
+            entry = [req, 0, target]
+            self.prefilling.append(entry)
+            self._chunks.append((entry, tokens))
+            free -= blocks
+            budget -= tokens
+        self._free_after_admit = free
+        return budget
+
+    def _preempt_prefilling(self, index: int) -> int:
+        """Preempt a partially prefilled request: back to the waiting head; returns the blocks it freed."""
+        req, done, _ = self.prefilling.pop(index)
+        self.requeued.insert(0, req)
+        self.preemptions[req] += 1
+        self._preempted_now += 1
+        return self.scheduler.blocks(done)
+
+    def _preempt_rows(self, m: int) -> None:
+        """Preempt the last ``m`` rows (the newest): their KV is dropped, they wait at the queue head
+        for recompute, oldest first (vLLM prepends each one it pops from the running tail)."""
+        b = self.running
+        lo = b - m
+        rows = slice(lo, b)
+        req = self.row_req[rows].copy()
+        self.decode_steps[req] += self.decode_count - self.row_joined_step[rows]
+        self.drafted[req] += self.k_sum - self.row_joined_k[rows]
+        self.accepted[req] += self.row_accepted[rows]
+        self.preempted_remaining[req] = self.row_remaining[rows]
+        steady = b - self.fresh  # rows that emitted in the last decode step; later rows joined since
+        self.last_emit_s[req] = np.where(np.arange(lo, b) < steady, self.last_decode_end,
+                                         self.row_first_token_s[rows])
+        self.fresh -= min(self.fresh, m)
+        self.total_remaining -= int(np.add.reduce(self.row_remaining[rows]))
+        self.total_final_context -= int(np.add.reduce(self.row_final_context[rows]))
+        self.preemptions[req] += 1
+        self._preempted_now += m
+        self.requeued[:0] = req.tolist()
+        self.running = lo
+
+    def _finish_v1(self, start: float, end: float) -> None:
+        b = self._v1_running
+        drafted = accepted_total = emitted_total = 0
+        if b:
+            drafted, accepted_total, emitted_total = self._apply_decode(start, end)
+        prefill_tokens = 0
+        for entry, tokens in self._chunks:
+            entry[1] += tokens
+            prefill_tokens += tokens
+            if entry[1] == entry[2]:
+                self.prefilling.remove(entry)
+                emitted_total += 1
+                self._join(entry[0], end)
+        sched = self.scheduler
+        r = self.running
+        used = self._row_blocks = (int(np.add.reduce(sched.blocks(self.row_final_context[:r] - self.row_remaining[:r])))
+                                   if r else 0)
+        for entry in self.prefilling:
+            used += sched.blocks(entry[1])
+        self.blocks_used = used
+        phase = (DECODE if not self._chunks else MIXED) if b else PREFILL
+        self.step_rows.append((start, end, phase, b, b, self._k if b else 0, self._mean_context if b else 0.0,
+                               drafted, accepted_total, emitted_total, prefill_tokens, self._step_blocks,
+                               self._preempted_now))
+
+    def _join(self, req: int, end: float) -> None:
+        """A request's last chunk is in: it emits a token and, unless that was its last, joins the rows."""
+        queue = self.queue
+        if self.first_token_s[req] != self.first_token_s[req]:  # NaN: its first token
+            self.first_token_s[req] = end
+            remaining = int(queue.output_tokens[req]) - 1
+        else:  # recomputed after a preemption: its next token, one inter-token gap
+            remaining = int(self.preempted_remaining[req]) - 1
+            self.itl_values.append(end - self.last_emit_s[req])
+            self.itl_weights.append(1)
+        if remaining == 0:
+            self.finish_s[req] = end
+            if self._on_finish is not None:
+                self._on_finish(1, end)
+            return
+        r = self.running
+        self._int_rows[:, r] = (req, remaining, queue.final_context[req], 0, self.decode_count, self.k_sum, 1)
+        self.row_scale[r] = queue.acceptance_scale[req]
+        self.row_first_token_s[r] = end
+        self.running = r + 1
+        self.fresh += 1
+        self.total_remaining += remaining
+        self.total_final_context += int(queue.final_context[req])
 
     # ------------------------------------------------------------- results
     def outstanding_requests(self) -> int:
         """Given to this replica and not finished: waiting (or being prefilled) plus running."""
-        return self.queue.count - self.queue.head + self.running
+        return self.queue.count - self.queue.head + self.running + len(self.prefilling) + len(self.requeued)
 
     def outstanding_tokens(self) -> int:
         """Prompt tokens not yet prefilled plus output tokens not yet emitted, over unfinished requests."""
@@ -285,12 +515,26 @@ class ServingLoop:
         cum, head, end = queue.prefix, queue.head, queue.count
         waiting_prompt = cum["prompt"][end] - cum["prompt"][head]
         waiting_output = cum["remaining"][end] - cum["remaining"][head] + (end - head)
-        return waiting_prompt + waiting_output + self.total_remaining
+        tokens = waiting_prompt + waiting_output + self.total_remaining
+        if self.prefilling or self.requeued:  # vllm-v1: prompts (or recomputes) not yet in, and their outputs
+            for req, done, target in self.prefilling:
+                tokens += target - done + self._owed(req)
+            for req in self.requeued:
+                tokens += int(queue.prompt_tokens[req]) + self._owed(req)
+        return tokens
+
+    def _owed(self, req: int) -> int:
+        """Output tokens a request not in the rows still owes."""
+        if self.first_token_s[req] != self.first_token_s[req]:
+            return int(self.queue.output_tokens[req])
+        return int(self.preempted_remaining[req])
 
     def records(self) -> ReplicaRecords:
+        v1 = self.scheduler.name == "vllm-v1"
         return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps,
                               self.drafted, self.accepted, step_columns(self.step_rows),
-                              buffer_array(self.itl_values), buffer_array(self.itl_weights))
+                              buffer_array(self.itl_values), buffer_array(self.itl_weights),
+                              self.preemptions if v1 else None)
 
 
 def checked_k(k, k_max: int, policy: Policy, running: int):

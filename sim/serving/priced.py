@@ -44,6 +44,11 @@ class PricedBackend:
         dt = self.table.decode_time_at_lag(charged, k, context, np.maximum.reduce(lag) if lag is not None else 1)
         return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
 
+    def chunks(self, decode_tokens: int, chunk_tokens: int) -> float:
+        """What a vllm-v1 step's prefill chunks add to it (sim.costmodel's mixed-step formula):
+        ``decode_tokens`` = b (k + 1) of the step's decodes (0: a step of chunks alone)."""
+        return self.table.chunk_time(decode_tokens, chunk_tokens)
+
     def commit(self) -> None:
         """Nothing to write: the step was only priced."""
 

@@ -52,6 +52,36 @@ class ArrivalQueue:
         return self.arrival_s[self.arrived] if self.arrived < self.count else None
 
 
+class ConcurrencyLimitedQueue(ArrivalQueue):
+    """A client that keeps at most ``limit`` requests outstanding (``vllm bench serve --max-concurrency``).
+
+    Request i is sent when it has arrived and a slot is free: at max(arrival_i, F[i - limit]),
+    F being the finish times in the order requests finish (first come, first served, as
+    the benchmark's semaphore). ``sent_s`` holds the send times, which are what the
+    server sees and what vLLM measures latencies from. The loop reports finishes through
+    :meth:`finished`.
+    """
+
+    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 acceptance_scale: np.ndarray, max_k: int, limit: int) -> None:
+        super().__init__(arrival_s, prompt_tokens, output_tokens, acceptance_scale, max_k)
+        self.limit = limit
+        self.sent_s = np.array(arrival_s, dtype=np.float64)
+        self.finish_order: list[float] = []  # finish times, in finishing order
+
+    def release(self, now: float) -> None:
+        reached = min(bisect_right(self.arrival_s, now, self.arrived), len(self.finish_order) + self.limit)
+        for i in range(self.arrived, reached):  # once per request, not per step
+            if i >= self.limit:
+                self.sent_s[i] = max(self.arrival_s[i], self.finish_order[i - self.limit])
+        self.arrived = max(reached, self.arrived)
+
+    def finished(self, count: int, now: float) -> None:
+        """``count`` requests finished at ``now``: their slots go to the next ones waiting."""
+        self.finish_order.extend([now] * count)
+        self.release(now)
+
+
 class RoutedQueue:
     """A cluster replica's queue: grown one request at a time by the dispatcher, in routing order.
 

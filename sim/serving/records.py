@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PREFILL, DECODE = 0, 1
+PREFILL, DECODE, MIXED = 0, 1, 2  # MIXED: a vllm-v1 step of decodes and prefill chunks
 CHUNK = 4096  # rows staged as tuples before they move into the columns
 
 # One step's record, in the order the loop appends its fields. Integer widths are what a
@@ -34,6 +34,13 @@ STEP_DTYPE = np.dtype([
     ("emitted_tokens", np.int32),
 ])
 STEP_FIELDS = STEP_DTYPE.names
+# A vllm-v1 step's record adds its prefill chunks' tokens, its KV blocks and its preemptions
+# (each < 2**31 per step, so 12 more bytes: 58 a step).
+STEP_DTYPE_V1 = np.dtype(STEP_DTYPE.descr + [
+    ("prefill_tokens", np.int32),        # prompt (or recompute) tokens of the step's chunks
+    ("kv_blocks", np.int32),             # KV blocks in use during the step
+    ("preemptions", np.int32),           # requests preempted at the step's start
+])
 
 
 class ColumnBuffer:
@@ -95,9 +102,10 @@ class ColumnBuffer:
         staged.clear()
 
 
-def step_buffer() -> ColumnBuffer:
-    """The step records of one loop: ``append((start_s, end_s, phase, ...))`` in STEP_DTYPE order."""
-    return ColumnBuffer(STEP_DTYPE)
+def step_buffer(dtype: np.dtype = STEP_DTYPE) -> ColumnBuffer:
+    """The step records of one loop: ``append((start_s, end_s, phase, ...))`` in ``dtype``'s
+    order (STEP_DTYPE, or STEP_DTYPE_V1 for a vllm-v1 loop)."""
+    return ColumnBuffer(dtype)
 
 
 def value_buffer(dtype) -> ColumnBuffer:
@@ -110,13 +118,13 @@ def buffer_array(buffer: ColumnBuffer) -> np.ndarray:
     return buffer.columns()["value"]
 
 
-def step_columns(step_rows) -> dict[str, np.ndarray]:
-    """The per-step records as typed, named columns: from a :class:`ColumnBuffer` (no copy)
-    or a list of tuples in STEP_DTYPE order."""
+def step_columns(step_rows, dtype: np.dtype = STEP_DTYPE) -> dict[str, np.ndarray]:
+    """The per-step records as typed, named columns: from a :class:`ColumnBuffer` (no copy;
+    its own dtype) or a list of tuples in ``dtype``'s order."""
     if isinstance(step_rows, ColumnBuffer):
         return step_rows.columns()
-    table = np.array(step_rows, dtype=STEP_DTYPE) if step_rows else np.zeros(0, STEP_DTYPE)
-    return {name: np.ascontiguousarray(table[name]) for name in STEP_FIELDS}
+    table = np.array(step_rows, dtype=dtype) if step_rows else np.zeros(0, dtype)
+    return {name: np.ascontiguousarray(table[name]) for name in dtype.names}
 
 
 @dataclass
@@ -132,3 +140,4 @@ class ReplicaRecords:
     steps: dict[str, np.ndarray]
     itl_values: np.ndarray
     itl_weights: np.ndarray
+    preemptions: np.ndarray | None = None  # vllm-v1: times each request was preempted

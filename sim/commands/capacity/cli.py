@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
+from sim.limits import MAX_WORKERS, memory_problem, request_bytes
 
 # The flags of `specbatch run` that describe the workload's shape, the engine and the model
 # pair; they apply to every run of the search. The rate, run length, policy and output are
@@ -147,8 +148,13 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     _at_least(seeds, 1, "--seeds")
     _at_least(gpus_per_replica, 1, "--gpus-per-replica")
     _at_least(jobs, 1, "--jobs")
+    if jobs > MAX_WORKERS:
+        raise InputError(f"must be at most {MAX_WORKERS}, got {jobs}", source="--jobs")
     _at_least(min_requests, 2, "--min-requests")
     _at_least(requests, min_requests, "--requests", "--min-requests")
+    problem = memory_problem(request_bytes(requests) * max(1, min(jobs, os.cpu_count() or 1)))
+    if problem is not None:
+        raise InputError(f"{requests} requests per run on {jobs} worker(s): {problem}", source="--requests")
     _at_least(curve_points, 0, "--curve-points")
     if not 0 < tolerance < 1:
         raise InputError(f"must be inside (0, 1), got {tolerance:g}", source="--tolerance")
@@ -173,10 +179,14 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
 
 
 def main(args: argparse.Namespace) -> int:
+    from sim.atomic_write import check_output, output_lock
     from sim.commands.capacity.report import check_out_dir
     from sim.commands.capacity.search import stderr_progress
     from sim.commands.flags import run_overrides
 
+    if args.out:  # a named folder is checked before the plan fits its profiles
+        check_out_dir(args.out)
+        check_output(args.out, folder=True, field="out", source=f"--out {args.out}")
     plan = plan_capacity(args.config, run_overrides(args, _workload_flags()), slos=args.slo,
                          policies=args.policies, seeds=args.seeds, tolerance=args.tolerance,
                          requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
@@ -184,8 +194,10 @@ def main(args: argparse.Namespace) -> int:
                          gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs,
                          profiles=args.profiles, gpu_price=args.gpu_price)
     out = check_out_dir(args.out if args.out else plan.default_out())  # before the search, not after
-    result = plan.search(progress=None if args.quiet else stderr_progress)
-    result.write(out)
+    check_output(out, folder=True, field="out", source=f"--out {out}" if args.out else None)
+    with output_lock(out, field="out", source=f"--out {out}" if args.out else None):
+        result = plan.search(progress=None if args.quiet else stderr_progress)
+        result.write(out)
     print(result.table_text())
     print(f"Search took {result.wall_s:.1f} s wall on {args.jobs} worker(s). "
           f"Wrote {out}/ (report.html, report.md, capacity.json, figures)")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -76,34 +75,20 @@ def parse_slos(texts: list[str] | None) -> tuple[SLO, ...]:
 
 
 def parse_policies(text: str) -> tuple[PolicySpec, ...]:
-    """``none,fixed:k=2,goodput:k_max=4:alpha=0.7``; parts without '=' form the name (``module:Class``)."""
+    """``none,fixed:k=2,goodput:k_max=4:alpha=0.7``: each as ``--policy`` takes it
+    (:func:`sim.commands.flags.policy_spec`), separated by commas outside brackets and quotes."""
+    from sim.commands.flags import policy_spec, split_outside
+
     specs = []
-    for label in (part.strip() for part in text.split(",")):
+    for label in (part.strip() for part in split_outside(text, ",")):
         if not label:
             raise InputError(f"empty policy in '{text}'", source="--policies")
-        names, params = [], {}
-        for piece in label.split(":"):
-            key, sep, value = piece.partition("=")
-            if sep:
-                if not key.strip() or not value.strip():
-                    raise InputError(f"'{piece}' in '{label}' is not KEY=VALUE", source="--policies")
-                params[key.strip()] = _toml_value(value.strip())
-            else:
-                names.append(piece)
-        if not names or not all(names):
-            raise InputError(f"'{label}' has no policy name", source="--policies")
-        specs.append(PolicySpec(label, ":".join(names), params))
+        name, params = policy_spec(label, "--policies")
+        specs.append(PolicySpec(label, name, params))
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise InputError(f"a policy is listed twice in '{text}'", source="--policies")
     return tuple(specs)
-
-
-def _toml_value(text: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text  # a bare word, such as a file name
 
 
 def base_config(path: str | None, overrides: dict[str, tuple[Any, str]]) -> RunConfig:

@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from sim.errors import InputError
+from sim.errors import InputError, read_text
 
 FLAG = "--gpu-price"
 
@@ -63,7 +63,7 @@ def parse_gpu_prices(text: str) -> dict[str, float]:
     if not path.is_file():
         raise InputError(f"'{text}' is neither GPU=PRICE pairs (h100=3.9,h200=4.5) nor a TOML file", source=FLAG)
     source = f"{FLAG} {path}"
-    body = path.read_text()
+    body = read_text(path, field=FLAG)
     try:
         table = tomllib.loads(body)
     except tomllib.TOMLDecodeError as exc:

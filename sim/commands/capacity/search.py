@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from sim.commands.capacity.inputs import SLO, SLO_LATENCIES
+from sim.commands.sweep.executors import die_with
 from sim.config import RunConfig
 from sim.metrics import distribution_stats
 
@@ -188,7 +189,9 @@ class Runner:
 
     def __init__(self, jobs: int, progress: Callable[[str], None] | None = None) -> None:
         self.jobs = max(1, jobs)
-        self.pool = ProcessPoolExecutor(self.jobs) if self.jobs > 1 else None
+        # Workers exit if this process is killed (kill -9 leaves no pool behind: sweep's die_with).
+        self.pool = ProcessPoolExecutor(self.jobs, initializer=die_with, initargs=(os.getpid(),)) \
+            if self.jobs > 1 else None
         self.cache: dict[tuple[str, float, int, bool], PointRun] = {}  # (label, rate, seed, with steps)
         self.progress = progress or (lambda text: None)
         self.runs = 0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.limits import MAX_WORKERS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,21 +34,26 @@ def main(args: argparse.Namespace) -> int:
 
     if args.dask is not None and args.executor is not None:
         raise InputError("give either --executor or --dask, not both", source="--dask")
-    if args.workers is not None and args.workers < 1:
-        raise InputError(f"must be at least 1, got {args.workers}", source="--workers")
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise InputError(f"must be from 1 to {MAX_WORKERS}, got {args.workers}", source="--workers")
     if args.dask is not None and not have_dask():
         raise InputError("needs dask.distributed: pip install 'specbatch[sweep]'", source="--dask")
+    from sim.atomic_write import check_output, output_lock
+
     sweep = load_sweep(args.sweep)  # every cell resolved: bad input fails here, before any cell runs
     parquet = have_pyarrow()
     if not parquet:
         print("warning: pyarrow is not installed, so the table is written as sweep.csv instead of "
               "sweep.parquet (pip install 'specbatch[sweep]' for Parquet)", file=sys.stderr)
     out = Path(args.out) if args.out else Path("sweeps") / Path(args.sweep).stem
+    source = f"--out {out}" if args.out else None
+    check_output(out, folder=True, field="out", source=source)
     executor = "dask" if args.dask is not None else (args.executor or "pool")
     try:
-        report = run_sweep(sweep, out, executor=executor, workers=args.workers, dask_address=args.dask,
-                           retry_failed=args.retry_failed, parquet=parquet, csv=args.csv or not parquet,
-                           progress=not args.no_progress)
+        with output_lock(out, field="out", source=source):  # two sweeps into one folder: the second is refused
+            report = run_sweep(sweep, out, executor=executor, workers=args.workers, dask_address=args.dask,
+                               retry_failed=args.retry_failed, parquet=parquet, csv=args.csv or not parquet,
+                               progress=not args.no_progress)
     except KeyboardInterrupt:
         print(f"interrupted: the cells finished so far are in {out / 'cells'}; the same command resumes",
               file=sys.stderr)

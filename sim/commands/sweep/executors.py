@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import threading
 import time
 import traceback
 import warnings
@@ -32,9 +33,11 @@ def run_cell(config: RunConfig) -> dict[str, Any]:
     except InputError as exc:
         return _record("failed", str(exc), {}, started)
     except Exception as exc:  # noqa: BLE001 - one broken corner must not stop the sweep
+        from policies import plugin_failure
+
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        return _record("failed", f"{type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:"
-                                 f"{where.lineno})", {}, started)
+        return _record("failed", plugin_failure(exc) or f"{type(exc).__name__}: {exc} (at "
+                       f"{os.path.basename(where.filename)}:{where.lineno})", {}, started)
     record = _record("ok", "", dict(result.summary), started)
     record["warnings"] = list(result.warnings)
     return record
@@ -55,7 +58,8 @@ def run_serial(tasks: list[Task]) -> Iterator[tuple[str, dict]]:
 def run_pool(tasks: list[Task], workers: int) -> Iterator[tuple[str, dict]]:
     # forkserver: workers start clean, not as forks of a parent that may hold threads (tqdm, Dask).
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                             initializer=die_with, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(run_cell, config): key for key, config in tasks}
         try:
             for future in as_completed(futures):
@@ -63,6 +67,25 @@ def run_pool(tasks: list[Task], workers: int) -> Iterator[tuple[str, dict]]:
         finally:
             for future in futures:
                 future.cancel()
+
+
+def die_with(parent_pid: int, every_s: float = 0.5) -> None:
+    """A pool worker's initializer: exit as soon as the sweep's process is gone.
+
+    A pool's workers wait on a queue that a parent killed with ``kill -9`` never closes,
+    so they would run on (holding memory) forever; a watcher thread ends them instead.
+    """
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # the pid was reused by another user's process: ours is gone
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def run_dask(tasks: list[Task], address: str, workers: int | None) -> Iterator[tuple[str, dict]]:

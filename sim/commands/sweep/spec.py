@@ -17,7 +17,7 @@ from typing import Any
 
 from policies import PolicyError, make_policy
 from sim.config import RunConfig, flatten_sections, key_for, load_config
-from sim.errors import InputError
+from sim.errors import InputError, read_text
 from sim.tomlsource import KeyLines, parse_toml
 
 POLICY_AXIS = "policy"
@@ -66,7 +66,7 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise InputError("no such sweep file", source=path, field="sweep")
-    text = path.read_text()
+    text = read_text(path, field="sweep")
     return sweep_from_data(parse_toml(text, path), _Where(path, text, path.parent))
 
 
@@ -177,8 +177,13 @@ def _axis(name: str, values: Any, dotted: str, where: _Where) -> Axis:
 
 
 def _policy_point(value: Any, fail) -> dict[str, Any]:
-    if isinstance(value, str):
-        value = {"name": value}
+    if isinstance(value, str):  # "lut:alpha=0.7", as --policy takes it
+        from sim.commands.flags import policy_spec
+        try:
+            name, params = policy_spec(value, "policy")
+        except InputError as exc:
+            raise fail(exc.message) from None
+        value = {"name": name, **params}
     if not isinstance(value, dict):
         raise fail(f"each policy is a name or a table like {{name = \"fixed\", k = 2}}, got {value!r}")
     if not isinstance(value.get("name"), str) or not value["name"]:

@@ -1,0 +1,194 @@
+"""``specbatch compare RESULT.json``: a real ``vllm bench serve`` run against the simulation of its requests.
+
+The simulation replays the result's requests (``--trace-vllm``: its prompt and output
+lengths, sent at its start times where saved, else at its request rate and burstiness)
+under the file's ``max_concurrency``, on the given profile and policy. The table has
+vLLM's rows and layout with the real value, the simulated one and the relative error
+(simulated - real) / real; below it, two-sample Kolmogorov-Smirnov tests of the
+per-request TTFT, TPOT and E2EL and of the ITLs (``scipy.stats.ks_2samp``: D is the
+largest gap between the two empirical CDFs; a small p says the two samples are unlikely
+to come from one distribution). Real values are the file's own metrics where it has
+them, else computed from its per-request lists with the simulator's definitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.commands.flags import RUN_FLAGS, add_run_flags, run_overrides
+from sim.errors import InputError
+from sim.lazy import lazy_module
+
+pd = lazy_module("pandas")  # the cli imports this module: a plain run must not pay for pandas
+
+# The file defines the workload: these run flags do not apply.
+WORKLOAD_FLAGS = ("--arrival", "--rate", "--rate-profile", "--burstiness", "--cv", "--duration", "--num-requests",
+                  "--prompt-tokens", "--output-tokens", "--trace", "--trace-vllm")
+COMPARE_FLAGS = [f for f in RUN_FLAGS if f not in WORKLOAD_FLAGS]
+
+# (label, key, unit scale) in vllm bench serve's order; a None key is a section header.
+ROWS = (
+    ("Successful requests:", "completed"),
+    ("Benchmark duration (s):", "duration"),
+    ("Total input tokens:", "total_input_tokens"),
+    ("Total generated tokens:", "total_output_tokens"),
+    ("Request throughput (req/s):", "request_throughput"),
+    ("Output token throughput (tok/s):", "output_throughput"),
+    ("Total Token throughput (tok/s):", "total_token_throughput"),
+) + tuple(row for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                                  ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency"))
+          for row in ((title, None), (f"Mean {name.upper()} (ms):", f"mean_{name}_ms"),
+                      (f"Median {name.upper()} (ms):", f"median_{name}_ms"),
+                      (f"P99 {name.upper()} (ms):", f"p99_{name}_ms")))
+KS_METRICS = ("ttft", "tpot", "itl", "e2el")
+COUNTS = frozenset({"completed", "total_input_tokens", "total_output_tokens"})
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The real run beside the simulated one: ``table`` (metric, real, sim, rel_error) and ``ks``."""
+
+    table: pd.DataFrame
+    ks: pd.DataFrame
+    result: object  # the simulation's sim.simulate.RunResult
+
+    def __str__(self) -> str:
+        return format_comparison(self)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("result", help="a `vllm bench serve --save-result --save-detailed` JSON file")
+    parser.add_argument("--config", help="TOML scenario file (its workload is replaced by the file's requests)")
+    add_run_flags(parser, COMPARE_FLAGS, helps={"--max-concurrency": "override the file's max_concurrency"})
+
+
+def main(args: argparse.Namespace) -> int:
+    comparison = compare_file(args.result, args.config, run_overrides(args, COMPARE_FLAGS))
+    print(format_comparison(comparison))
+    if comparison.result.config.output.dir is not None:
+        from sim.commands.outputs import write_run
+
+        print(f"Wrote {write_run(comparison.result, comparison.result.config.output.dir)}/")
+    return 0
+
+
+def compare_file(path: str, config: str | None = None, overrides: dict | None = None) -> Comparison:
+    """Simulate the requests of the vLLM result at ``path`` and compare (overrides: as load_config's)."""
+    from sim.config import load_config
+    from sim.simulate import execute, prepare
+    from workloads import TraceError, read_vllm_result
+
+    try:
+        real = read_vllm_result(path)
+    except TraceError as exc:
+        raise InputError(exc.message, source=exc.path, line=exc.line, field=exc.field) from None
+    overrides = dict(overrides or {})
+    overrides["workload.trace_vllm"] = (str(path), "RESULT")
+    given = overrides.get("workload.max_concurrency")
+    if (given is None or (isinstance(given, tuple) and given[0] is None)) and real.max_concurrency is not None:
+        overrides["workload.max_concurrency"] = (real.max_concurrency, "RESULT")
+    result = execute(prepare(load_config(config, overrides)))
+    return Comparison(*compare(real, result), result)
+
+
+def real_metrics(real) -> dict[str, float]:
+    """The real run's metrics: the file's own, else computed from its per-request lists."""
+    from sim.metrics import distribution_stats
+
+    computed: dict[str, float] = {"completed": float(real.prompt_tokens.shape[0]),
+                                  "total_input_tokens": float(real.prompt_tokens.sum()),
+                                  "total_output_tokens": float(real.output_tokens.sum())}
+    e2el, tpot = real.e2el_s(), real.tpot_s()
+    if real.ttft_s is not None:
+        computed.update(distribution_stats("ttft", real.ttft_s))
+    if e2el is not None:
+        computed.update(distribution_stats("e2el", e2el))
+        computed.update(distribution_stats("tpot", tpot))
+    if real.itl_s is not None:
+        computed.update(distribution_stats("itl", _concat(real.itl_s)))
+    duration = real.metrics.get("duration")
+    if duration:
+        for key, total in (("request_throughput", "completed"), ("output_throughput", "total_output_tokens")):
+            computed[key] = computed[total] / duration
+        tokens = computed["total_input_tokens"] + computed["total_output_tokens"]
+        computed["total_token_throughput"] = tokens / duration
+    out = {}
+    for _, key in ROWS:
+        if key is None:
+            continue
+        value = real.metrics.get(key, computed.get(key, math.nan))
+        out[key] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    return out
+
+
+def compare(real, result) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(metric table, KS table) of a :class:`workloads.VllmResult` against a simulation's RunResult."""
+    from scipy.stats import ks_2samp
+
+    sim = {**result.summary, "duration": result.summary["duration_s"]}
+    real_values = real_metrics(real)
+    rows = []
+    for label, key in ROWS:
+        if key is None:
+            continue
+        r, s = real_values[key], float(sim.get(key, math.nan))
+        rel = (s - r) / r if r and math.isfinite(r) and math.isfinite(s) else math.nan
+        rows.append({"metric": key, "label": label, "real": r, "sim": s, "rel_error": rel})
+    table = pd.DataFrame(rows)
+    done = result.requests[result.requests.finish_s.notna()]
+    sim_samples = {"ttft": done.ttft_s.to_numpy(), "tpot": done.tpot_s.dropna().to_numpy(),
+                   "e2el": done.e2el_s.to_numpy(), "itl": np.repeat(*result.itl) if result.itl else np.zeros(0)}
+    real_samples = {"ttft": real.ttft_s, "tpot": real.tpot_s(), "e2el": real.e2el_s(),
+                    "itl": _concat(real.itl_s) if real.itl_s is not None else None}
+    tests = []
+    for name in KS_METRICS:
+        a, b = real_samples[name], sim_samples[name]
+        if a is None or a.size == 0 or b.size == 0:
+            tests.append({"metric": name, "statistic": math.nan, "pvalue": math.nan,
+                          "n_real": 0 if a is None else int(a.size), "n_sim": int(b.size)})
+            continue
+        test = ks_2samp(a, b)
+        tests.append({"metric": name, "statistic": float(test.statistic), "pvalue": float(test.pvalue),
+                      "n_real": int(a.size), "n_sim": int(b.size)})
+    return table, pd.DataFrame(tests)
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def format_comparison(comparison: Comparison) -> str:
+    width = 72
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result: real vs simulated ", n=width, c="=")]
+    lines.append(f"{'':<40}{'real':>10}{'sim':>11}{'rel. err':>11}")
+    values = {row.metric: row for row in comparison.table.itertuples()}
+    for label, key in ROWS:
+        if key is None:
+            lines.append("{s:{c}^{n}}".format(s=label, n=width, c="-"))
+            continue
+        row = values[key]
+        digits = 0 if key in COUNTS else 2
+        lines.append(f"{label:<40}{_num(row.real, digits):>10}{_num(row.sim, digits):>11}{_pct(row.rel_error):>11}")
+    lines.append("{s:{c}^{n}}".format(s="Kolmogorov-Smirnov (real vs sim)", n=width, c="-"))
+    lines.append(f"{'':<40}{'D':>10}{'p-value':>11}{'n real/sim':>11}")
+    for t in comparison.ks.itertuples():
+        lines.append(f"{t.metric.upper() + ':':<40}{_num(t.statistic, 3):>10}{_p(t.pvalue):>11}"
+                     f"{f'{t.n_real}/{t.n_sim}':>11}")
+    lines.append("=" * width)
+    return "\n".join(lines)
+
+
+def _num(value: float, digits: int = 2) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _pct(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{100 * value:+.1f}%"
+
+
+def _p(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else (f"{value:.3f}" if value >= 1e-3 else f"{value:.1e}")

@@ -1,0 +1,294 @@
+"""The vllm-v1 scheduler mode: chunked prefill under a token budget, mixed steps, paged KV, preemption.
+
+Hand-worked cases stepped exactly on a profile with linear costs (tests/synthetic.py), then
+queueing invariants over random small configurations (hypothesis).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import specbatch
+from policies import make_policy
+from sim.acceptance import AcceptanceSampler, acceptance_scale
+from sim.commands.cli import main
+from sim.config import load_config
+from sim.costmodel import CostModel
+from sim.errors import InputError
+from sim.profile import load_profile
+from sim.scheduler import ChunkedPrefillScheduler
+from sim.serving.clock import simulate_replica
+from sim.serving.loop import ServingLoop
+from sim.serving.priced import PricedBackend
+from sim.serving.queues import ArrivalQueue
+from sim.serving.records import DECODE, MIXED, PREFILL
+from sim.simulate import simulate
+from tests.synthetic import make_profile
+
+
+@pytest.fixture(scope="module")
+def cost_model(tmp_path_factory) -> CostModel:
+    # prompts measured from 1 token: P(x) below is then exact wherever a step reaches
+    return CostModel(load_profile(make_profile(tmp_path_factory.mktemp("v1") / "linear",
+                                               prompts=(1, 32, 128, 512, 1024))))
+
+
+def serve(cost_model, prompts, outputs, *, arrivals=None, budget=160, block_size=16, kv_tokens=100_000,
+          max_seqs=8, k=0, alpha=0.7, chunked=True, seed=0):
+    """One replica under the vllm-v1 scheduler; returns the loop after the run."""
+    prompts, outputs = np.asarray(prompts, np.int64), np.asarray(outputs, np.int64)
+    n = prompts.shape[0]
+    arrivals = np.zeros(n) if arrivals is None else np.asarray(arrivals, float)
+    policy = make_policy("fixed", {"k": k}) if k else make_policy("none", {})
+    table = cost_model.tabulate(max_seqs, k, int((prompts + outputs).max()) + k, int(prompts.max()),
+                                with_draft=k > 0, chunk_tokens=budget)
+    policy.bind(cost_model.k_max, table)
+    scale = acceptance_scale(np.full(n, alpha))
+    scheduler = ChunkedPrefillScheduler(max_seqs, kv_tokens, budget, block_size, chunked)
+    loop = ServingLoop(ArrivalQueue(arrivals, prompts, outputs, scale, k), scheduler=scheduler, policy=policy,
+                       k_max=k, backend=PricedBackend(table, AcceptanceSampler(np.random.default_rng(seed))))
+    simulate_replica(loop)
+    return loop
+
+
+def steps_of(loop):
+    return loop.records().steps
+
+
+def P(x):
+    """tests/synthetic.py's target prefill at batch 1 (prompts of 1 to 1024 tokens)."""
+    return 0.010 + 1e-5 * x
+
+
+def decode_cost(b, context):
+    """tests/synthetic.py's k = 0 step: one target pass over 1 token plus sampling (verify at k = 0)."""
+    return 0.020 + 1e-4 * b + 1e-7 * b * context + 0.0005 + 1e-6 * b
+
+
+def test_two_requests_with_a_tiny_budget_step_exactly(cost_model):
+    # A: prompt 200, 3 tokens out; B: prompt 150, 2 out; both at t = 0; 160 tokens a step, blocks of 16.
+    loop = serve(cost_model, [200, 150], [3, 2])
+    s = steps_of(loop)
+    # 1: A's first chunk (160) fills the budget.  2: A's last 40, then B's first 120 (A's first token).
+    # 3: A decodes (1 token) + B's last 30 (B's first token).  4: both decode; both finish.
+    assert s["phase"].tolist() == [PREFILL, PREFILL, MIXED, DECODE]
+    assert s["prefill_tokens"].tolist() == [160, 160, 30, 0]
+    assert s["running"].tolist() == [0, 0, 1, 2]
+    assert s["emitted_tokens"].tolist() == [0, 1, 2, 2]
+    # blocks: A 160 -> 10; A 200 -> 13 and B 120 -> 8; B 150 -> 10 (A at 201 still 13); A 202, B 151: none new
+    assert s["kv_blocks"].tolist() == [10, 21, 23, 23]
+    assert s["preemptions"].tolist() == [0, 0, 0, 0]
+    durations = s["end_s"] - s["start_s"]
+    expected = [P(160),                                   # a step of chunks alone costs as one prompt of Q
+                P(40 + 120),                              # A's last 40 and B's first 120
+                decode_cost(1, 200) + (P(1 + 30) - P(1)),  # A's decode (D = 1 token) and B's last 30
+                decode_cost(2, (201 + 150) / 2)]
+    np.testing.assert_allclose(durations, expected, rtol=1e-9)
+    end = s["end_s"]
+    assert loop.first_token_s.tolist() == [end[1], end[2]]
+    assert loop.finish_s.tolist() == [end[3], end[3]]
+    assert loop.scheduled_s.tolist() == [0.0, end[0]]
+    assert loop.blocks_used == 0 and loop.running == 0 and not loop.prefilling
+
+
+def test_blocks_running_out_preempt_the_newest_and_recompute_it(cost_model):
+    # Two requests of prompt 30, output 40; 6 blocks of 16. Both decode until their contexts reach
+    # 48 (19 tokens out each, after decode step 18): the next token needs a 4th block each, 8 > 6,
+    # so B (the newest) is preempted and waits, its recompute of 30 + 19 tokens needing 4 blocks,
+    # until A has finished; then B's recompute emits its 20th token and 20 decode steps follow.
+    loop = serve(cost_model, [30, 30], [40, 40], kv_tokens=96)
+    s = steps_of(loop)
+    assert loop.preemptions.tolist() == [0, 1]
+    assert len(s["phase"]) == 1 + 39 + 1 + 20
+    preempted_at = int(np.flatnonzero(s["preemptions"])[0])
+    assert preempted_at == 19  # step 0 prefills both; decode step 19 is s[19]
+    assert s["running"][preempted_at] == 1
+    assert s["prefill_tokens"].tolist().count(49) == 1 and s["prefill_tokens"][40] == 49
+    assert int(s["prefill_tokens"].sum()) == 30 + 30 + 49
+    assert int(s["emitted_tokens"].sum()) == 80
+    assert int(s["kv_blocks"].max()) == 6
+    end = s["end_s"]
+    # B's 20th token is one inter-token gap from its 19th (end of step 18) to its recompute (step 40)
+    gap = end[40] - end[18]
+    assert np.isclose(loop.records().itl_values, gap).sum() == 1
+    assert loop.finish_s[1] == end[-1] and loop.finish_s[0] == end[39]
+
+
+def test_without_chunked_prefill_a_prompt_waits_until_it_fits_whole(cost_model):
+    loop = serve(cost_model, [100, 100], [2, 2], budget=150, chunked=False)
+    s = steps_of(loop)
+    assert s["prefill_tokens"].tolist()[:2] == [100, 100]  # B does not take the 50 left in step 1
+    chunked = steps_of(serve(cost_model, [100, 100], [2, 2], budget=150))
+    assert chunked["prefill_tokens"].tolist()[:2] == [150, 50]
+
+
+def test_max_num_seqs_caps_running_and_prefilling(cost_model):
+    loop = serve(cost_model, [40] * 5, [5] * 5, max_seqs=2)
+    s = steps_of(loop)
+    assert int(s["running"].max()) <= 2
+    assert loop.scheduled_s.tolist() == sorted(loop.scheduled_s.tolist())
+
+
+lengths = st.lists(st.tuples(st.integers(1, 300), st.integers(1, 40), st.floats(0, 2.0)), min_size=1, max_size=10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(reqs=lengths, block_size=st.sampled_from([1, 4, 16]), budget=st.integers(32, 400), k=st.integers(0, 3),
+       spare_blocks=st.integers(0, 40), max_seqs=st.integers(1, 6), chunked=st.booleans(), seed=st.integers(0, 9))
+def test_queueing_invariants(cost_model, reqs, block_size, budget, k, spare_blocks, max_seqs, chunked, seed):
+    reqs.sort(key=lambda r: r[2])
+    prompts = np.array([r[0] for r in reqs])
+    outputs = np.array([r[1] for r in reqs])
+    arrivals = np.array([r[2] for r in reqs])
+    budget = max(budget, max_seqs * (1 + k))  # what the config check asks
+    if not chunked:
+        budget = max(budget, int((prompts + outputs - 1).max()))
+    one = max(math.ceil((p + o + k) / block_size) for p, o in zip(prompts, outputs))
+    kv_tokens = (one + spare_blocks) * block_size
+    loop = serve(cost_model, prompts, outputs, arrivals=arrivals, budget=budget, block_size=block_size,
+                 kv_tokens=kv_tokens, max_seqs=max_seqs, k=k, chunked=chunked, seed=seed)
+    s = steps_of(loop)
+    # every request finishes, emitting exactly its output; nothing is left holding blocks
+    assert not np.isnan(loop.finish_s).any()
+    assert int(s["emitted_tokens"].sum()) == int(outputs.sum())
+    assert loop.blocks_used == 0 and loop.running == 0 and not loop.prefilling and not loop.requeued
+    # blocks in use never exceed the cache; a step never exceeds its token budget
+    assert int(s["kv_blocks"].max()) <= kv_tokens // block_size
+    assert (s["prefill_tokens"] + s["running"] * (1 + s["k"]) <= budget).all()
+    # prompt tokens are prefilled once, plus what preemption makes recomputed
+    assert int(s["prefill_tokens"].sum()) >= int(prompts.sum())
+    if not loop.preemptions.any():
+        assert int(s["prefill_tokens"].sum()) == int(prompts.sum())
+    # FCFS: requests are first scheduled, and emit their first tokens, in arrival order
+    assert (np.diff(loop.scheduled_s) >= 0).all()
+    assert (np.diff(loop.first_token_s) >= 0).all()
+    assert (loop.first_token_s <= loop.finish_s).all() and (loop.scheduled_s >= arrivals).all()
+    assert (loop.accepted <= loop.drafted).all()
+    assert int(s["preemptions"].sum()) == int(loop.preemptions.sum())
+    # one inter-token gap per decode step a request emits in (one per token after the first at k = 0),
+    # plus one per recompute
+    assert int(np.sum(loop.records().itl_weights)) <= int((outputs - 1).sum())
+    if k == 0:
+        assert int(np.sum(loop.records().itl_weights)) == int((outputs - 1).sum())
+
+
+def test_the_default_scenario_under_vllm_v1_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--scheduler", "vllm-v1", "--num-requests", "60", "--max-num-batched-tokens", "6000",
+                 "--max-num-seqs", "64", "--no-chunked-prefill", "--block-size", "32", "--out", str(out)]) == 0
+    toml = (out / "config.toml").read_text()
+    for line in ('scheduler = "vllm-v1"', "max_num_batched_tokens = 6000", "chunked_prefill = false",
+                 "block_size = 32", 'preemption = "recompute"', "max_batch_size = 64"):
+        assert line in toml
+    import json
+    summary = json.loads((out / "summary.json").read_text())["metrics"]
+    assert summary["completed"] == 60 and summary["num_preemptions"] == 0
+    assert "num_preemptions" in (out / "requests.csv").read_text().splitlines()[0]
+    assert "Preemptions:" in capsys.readouterr().out
+
+
+def test_v0_config_files_do_not_mention_the_v1_keys():
+    toml = load_config(None, {}).to_toml()
+    assert "scheduler" not in toml and "block_size" not in toml and "chunked_prefill" not in toml
+
+
+def test_the_python_api_takes_the_vllm_names():
+    run = specbatch.run(scheduler="vllm-v1", max_num_seqs=32, max_num_batched_tokens=1024, kv_cache_tokens=20000,
+                        num_requests=80, rate=40.0)
+    assert run.summary["completed"] == 80
+    assert run.config.engine.max_batch_size == 32
+    assert run.summary["num_preemptions"] > 0  # a small cache at a high rate
+    assert (run.requests.num_preemptions > 0).sum() == run.summary["num_preempted_requests"]
+    again = specbatch.run(scheduler="vllm-v1", max_num_seqs=32, max_num_batched_tokens=1024, kv_cache_tokens=20000,
+                          num_requests=80, rate=40.0)
+    assert again.requests.equals(run.requests) and again.steps.equals(run.steps)
+
+
+def test_a_cluster_of_v1_replicas_conserves_requests():
+    run = specbatch.run(scheduler="vllm-v1", num_requests=60, rate=40.0, replicas=2, router="least-tokens",
+                        kv_cache_tokens=20000)
+    assert run.summary["completed"] == 60
+    assert int(run.steps.emitted_tokens.sum()) == int(run.requests.output_tokens.sum())
+
+
+@pytest.mark.parametrize("flags, key", [
+    (["--max-num-batched-tokens", "100"], "engine.max_num_batched_tokens"),  # < 256 seqs x (1 + 3)
+    (["--batching", "static"], "engine.scheduler"),
+    (["--no-chunked-prefill", "--max-num-batched-tokens", "2048"], "engine.max_num_batched_tokens"),
+    (["--kv-cache-tokens", "1000"], "engine.kv_cache_tokens"),
+])
+def test_bad_v1_settings_are_one_line_before_the_run(flags, key, capsys, tmp_path):
+    assert main(["run", "--scheduler", "vllm-v1", "--num-requests", "20", "--out", str(tmp_path / "x"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and key in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_real_replay_refuses_the_v1_scheduler():
+    from calibrate.replay import replay_config
+
+    with pytest.raises(InputError, match="v0 scheduler only") as info:
+        replay_config(load_config(None, {"engine.scheduler": "vllm-v1", "workload.num_requests": 2}))
+    assert info.value.field == "engine.scheduler"
+
+
+def test_the_step_table_prices_mixed_steps_as_the_cost_model_does(tmp_path):
+    from sim.simulate import _profile_and_costs
+
+    _, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    table = cm.tabulate(64, 3, 6000, 4096, with_draft=True, chunk_tokens=8192)
+    for b, k, c, q in [(0, 0, 0, 512), (0, 0, 0, 8000), (8, 3, 700, 300), (64, 3, 2500, 4000), (32, 0, 100, 1)]:
+        d = b * (k + 1)
+        got = (table.decode_time(b, k, c) if b else 0.0) + table.chunk_time(d, q)
+        exact = float(cm.mixed_times(b, k, c, q, with_draft=True))
+        assert got == pytest.approx(exact, rel=2e-3), (b, k, c, q)
+    # a whole prompt alone costs what v0 charges one prompt
+    assert table.chunk_time(0, 1000) == pytest.approx(float(cm.prefill_times(1, 1000, True)), rel=1e-3)
+
+
+HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
+
+
+@pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
+def test_the_mixed_step_formula_stays_close_to_the_kernel_composition():
+    from sim.commands.compose import pricers_for
+    from sim.simulate import _profile_and_costs
+
+    profile, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    target = pricers_for(profile)["target"]
+
+    def p(x):
+        return float(cm.prefill_target(batch_size=1, query_tokens=max(x, 1)))
+
+    assert target.mixed(0, 1, 0, [(0, 700)]) == pytest.approx(float(target.prefill(1, 700)), rel=1e-9)
+    for b in (0, 4, 16, 64, 256):
+        for chunks in ([(0, 64)], [(0, 1024)], [(3000, 1000)], [(0, 200), (0, 600)]):
+            q = sum(new for _, new in chunks)
+            d = b * 4
+            formula = (float(cm.decode_target(batch_size=b, query_tokens=4, context_tokens=900)) + p(d + q) - p(d)
+                       if b else p(q))
+            assert formula == pytest.approx(target.mixed(b, 4, 900, chunks), rel=0.15), (b, chunks)
+
+
+def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_profiles_memory(capsys, tmp_path):
+    from sim.profile import load_profile
+    from sim.simulate import prepare
+
+    name = "h100-llama-3.1-8b-llama-3.2-1b"
+    meta = load_profile(name).meta
+    per_token = sum(m["kv_bytes_per_token"] for m in meta["models"].values())
+    at = {u: prepare(load_config(None, {"engine.gpu_memory_utilization": u, "workload.num_requests": 5}))
+          .kv_budget_tokens for u in (0.9, 0.5)}
+    assert at[0.9] == meta["kv_capacity_tokens"]  # the profile's own fraction
+    assert at[0.9] - at[0.5] == pytest.approx(0.4 * meta["memory"]["available_bytes"] / per_token, abs=1)
+    assert main(["run", "--gpu-memory-utilization", "0.2", "--num-requests", "5", "--out", str(tmp_path / "x")]) == 2
+    assert "engine.gpu_memory_utilization" in capsys.readouterr().err
+    assert main(["run", "--gpu-memory-utilization", "0.5", "--kv-cache-tokens", "9000", "--num-requests", "5",
+                 "--out", str(tmp_path / "y")]) == 2
+    assert "not both" in capsys.readouterr().err
