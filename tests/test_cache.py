@@ -273,3 +273,25 @@ def test_the_documented_record_widths_hold():
     assert STEP_DTYPE.itemsize == 46
     assert value_buffer(np.float64).dtype.itemsize + value_buffer(np.int64).dtype.itemsize == 16
     assert "| 46 |" in (ROOT / "docs" / "performance.md").read_text()
+
+
+
+def test_ctrl_c_inside_a_lazy_import_is_an_interrupt(monkeypatch, capsys):
+    """pandas and scipy are imported on first use, mid-run; Ctrl-C during an import can surface as
+    another error (a half-initialised module). After a SIGINT it is still exit 130 with one line."""
+    import os
+    import signal
+
+    import sim.commands.cli as cli
+
+    def interrupted_import(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs as the call returns
+        except KeyboardInterrupt:
+            pass  # swallowed, as a library's import may
+        raise AttributeError("module 'pandas' has no attribute 'DataFrame'")
+
+    monkeypatch.setattr(cli, "_dispatch", interrupted_import)
+    assert cli.main(["run"]) == 130
+    assert capsys.readouterr().err.startswith("interrupted: nothing was written")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
