@@ -181,9 +181,11 @@ def _table_reach(config: RunConfig, policy: Policy, r: Requests) -> dict:
             "max_prompt": int(r.prompt_tokens.max()), "with_draft": policy.max_k > 0}
 
 
-def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
+def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunResult:
     """Run the engine. ``routed``: drive even one replica through the cluster's router
-    (the default is to do so only for more than one replica; tests compare the two)."""
+    (the default is to do so only for more than one replica; tests compare the two).
+    ``backend``: one replica's step backend instead of the priced one (the validation's
+    playback of a real replay, :mod:`sim.serving.recorded`)."""
     started = time.perf_counter()
     config, requests = run.config, run.requests
     count = config.cluster.replicas
@@ -193,7 +195,8 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale,
                              run.policy.max_k)
         loop = ServingLoop(queue, scheduler=scheduler, policy=run.policy, k_max=run.table.k_max,
-                           backend=PricedBackend(run.table, make_sampler(config, run.alphas), scheduler.prefill))
+                           backend=backend or PricedBackend(run.table, make_sampler(config, run.alphas),
+                                                            scheduler.prefill))
         engine_started = time.perf_counter()
         simulate_replica(loop)
         engine_wall = time.perf_counter() - engine_started
