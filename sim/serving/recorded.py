@@ -32,8 +32,11 @@ class LogicDivergence(RuntimeError):
     """The simulation took a different decision than the replay at step ``step``."""
 
     def __init__(self, step: int, what: str) -> None:
-        super().__init__(f"step {step}: {what}")
-        self.step = step
+        super().__init__(step, what)  # SimPy re-raises an exception from a process as type(e)(*e.args)
+        self.step, self.what = step, what
+
+    def __str__(self) -> str:
+        return f"step {self.step}: {self.what}"
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,9 @@ class RecordedSteps:
         phase = np.asarray(steps["phase"], np.int64)
         start, end = np.asarray(steps["start_s"], float), np.asarray(steps["end_s"], float)
         batch = np.where(phase == PREFILL, np.asarray(steps["batch_size"]), np.asarray(steps["running"]))
-        after = np.searchsorted(readings, end, side="right")  # the first reading after each step's end
-        until = readings[np.minimum(after, readings.size - 1)]
-        until = np.where(after < readings.size, until, end)
+        # Every step's end is one of the readings; the one after it is the loop's next look at the clock.
+        after = np.searchsorted(readings, end, side="left") + 1
+        until = np.where(after < readings.size, readings[np.minimum(after, readings.size - 1)], end)
         # A step right after the previous one starts at the reading that followed it; otherwise
         # the loop read its clock, found nothing to do and slept in between.
         previous = np.concatenate(([readings[0] if readings.size else 0.0], until[:-1]))
