@@ -87,3 +87,15 @@ def test_repeat_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         main(["validate", "--repeat", "0"])
     assert "--repeat: must be a whole number >= 1" in capsys.readouterr().err
+
+
+def test_python_api_validate_returns_the_document(tiny_profile, tmp_path):
+    import specbatch
+
+    doc = specbatch.validate(profile=str(tiny_profile), num_requests=8, rate=30.0, prompt_tokens="uniform:4:24",
+                             output_tokens="uniform:2:12", max_batch_size=4, policy="fixed", k=2, repeat=2,
+                             out=str(tmp_path / "api"))
+    assert doc["repeats"] == 2 and doc["logic"]["passed"] and "scheduling logic" in doc["report"]
+    assert json.loads((tmp_path / "api" / "validation.json").read_text())["noise_floor"] == doc["noise_floor"]
+    with pytest.raises(specbatch.InputError, match="repeat"):
+        specbatch.validate(profile=str(tiny_profile), repeat=0)

@@ -25,7 +25,6 @@ interrupted with Ctrl-C still writes what it measured, marked partial (exit 130)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
@@ -450,28 +449,21 @@ def _main(args: argparse.Namespace, *, validate: bool) -> int:
     out = Path(config.output.dir or default_output_dir(f"{name}-{config.digest()}"))
     _check_out(out, config)
     repeats = getattr(args, "repeat", 1) if validate else 1
-    replays = []
-    for index in range(repeats):
-        def starting(index=index) -> None:
-            which = f" (replay {index + 1} of {repeats})" if repeats > 1 else ""
-            print(f"replaying {config.workload.num_requests or 'the'} requests in real time ({args.acceptance} "
-                  f"acceptance){which}; Ctrl-C stops and keeps what was measured", file=sys.stderr)
 
-        real, measured = replay_config(config, acceptance=args.acceptance, on_start=starting)
-        replays.append((real, measured))
-        if measured.partial:
-            break
+    def starting(index: int) -> None:
+        which = f" (replay {index + 1} of {repeats})" if repeats > 1 else ""
+        print(f"replaying {config.workload.num_requests or 'the'} requests in real time ({args.acceptance} "
+              f"acceptance){which}; Ctrl-C stops and keeps what was measured", file=sys.stderr)
+
+    replays = replay_repeats(config, repeats, args.acceptance, on_start=starting)
     for warning in replays[0][0].warnings:
         print(f"warning: {warning}", file=sys.stderr)
     real, measured = replays[-1]
-    partial = measured.partial
-    # write_run is atomic itself; a validation's several folders are staged together.
-    with staged_dir(out) if validate else contextlib.nullcontext(out) as staging:
-        for index, (one, _) in enumerate(replays):
-            write_run(one, staging / _real_folder(index) if validate else staging)
-        if validate and not partial:
-            report = validation_report(replays, staging, args.acceptance, logic=args.logic)
-    if partial:
+    if validate:
+        _, report = write_validation(replays, out, args.acceptance, logic=args.logic)
+    else:
+        write_run(real, out)  # atomic itself
+    if measured.partial:
         done = real.extra["replay"]["completed"]
         where = out / _real_folder(len(replays) - 1) if validate else out
         print(f"interrupted: {done} of {len(real.requests)} requests finished; the partial replay is in "
@@ -488,13 +480,44 @@ def _main(args: argparse.Namespace, *, validate: bool) -> int:
     return 0
 
 
+def replay_repeats(config, repeat: int = 1, acceptance: str = "synthetic", on_start=None) -> list:
+    """``repeat`` real replays of ``config`` (same seed), as (RunResult, ReplayResult) pairs; stops
+    after an interrupted one (it is the last, marked partial). ``on_start(index)`` is called
+    just before each replay's clock starts."""
+    from calibrate.replay import replay_config
+
+    replays = []
+    for index in range(repeat):
+        started = (lambda index=index: on_start(index)) if on_start is not None else None
+        real, measured = replay_config(config, acceptance=acceptance, on_start=started)
+        replays.append((real, measured))
+        if measured.partial:
+            break
+    return replays
+
+
+def write_validation(replays: list, out: Path, acceptance: str, *, logic: bool = True
+                     ) -> tuple[dict | None, str | None]:
+    """Write the replays' run folders and, unless the last was interrupted, the validation
+    (:func:`validation_report`) into ``out``, all at once; returns its document and report."""
+    from sim.commands.outputs import write_run
+
+    document = report = None
+    with staged_dir(out) as staging:  # write_run is atomic itself; a validation's folders are staged together
+        for index, (one, _) in enumerate(replays):
+            write_run(one, staging / _real_folder(index))
+        if not replays[-1][1].partial:
+            document, report = validation_report(replays, staging, acceptance, logic=logic)
+    return document, report
+
+
 def _real_folder(index: int) -> str:
     return "real" if index == 0 else f"real-{index + 1}"
 
 
-def validation_report(replays: list, staging: Path, acceptance: str, *, logic: bool = True) -> str:
+def validation_report(replays: list, staging: Path, acceptance: str, *, logic: bool = True) -> tuple[dict, str]:
     """Simulate what ``replays`` (complete replays of one config) served, compare, write the
-    validation files into ``staging``; returns the printed report."""
+    validation files into ``staging``; returns validation.json's document and the printed report."""
     from sim.commands.outputs import write_run
     from sim.simulate import simulate
 
@@ -566,7 +589,7 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
              "", format_step_cost(cost_rows)]
     if logic:
         lines += ["", format_logic(document["logic"])]
-    return "\n".join(lines)
+    return _clean(document), "\n".join(lines)
 
 
 def _ratios(speeds: list[float]) -> str:
