@@ -73,7 +73,8 @@ def case_row(name: str, batching: str, policy: str, rate: float, doc: dict) -> d
            "step_cost_median_ape": step_cost["median_ape"],
            "step_cost_corrected_median_ape": step_cost["corrected_median_ape"],
            "tost_p_corrected": doc["tost"]["speed_corrected"].get("p_value"),
-           "tost_p_raw": doc["tost"]["raw"].get("p_value")}
+           "tost_p_raw": doc["tost"]["raw"].get("p_value"),
+           "load_average": [x for r in doc["replays"] for x in (r.get("load_average") or []) if x is not None]}
     for key, _ in SHOWN:
         row[f"{key}_raw"] = metrics[key]["relative_error"]
         row[f"{key}_corrected"] = metrics[key]["speed_corrected_error"]

@@ -37,6 +37,7 @@ between steps and what it measured so far is returned, marked partial.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 
@@ -465,15 +466,25 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
         target = Transformer(cfgs["target"], device=device, dtype=dtype, seed=config.seed)
         draft = Transformer(cfgs["draft"], device=device, dtype=dtype, seed=config.seed + 1) \
             if run.policy.max_k > 0 else None
+        load_before = _load_average()
         measured = replay(run, target, draft, acceptance=acceptance, seed=config.seed, on_start=on_start)
+        load = [load_before, _load_average()]  # the machine's 1-minute load: how shared it was
     finally:
         torch.set_num_threads(threads_before)
         if flushing:
             torch.set_flush_denormal(False)
     extra = {"replay": {"acceptance": acceptance, "partial": measured.partial,
                         "completed": int(measured.summary["completed"]), "requests": len(run.requests),
-                        "device": meta.get("device", {}), "dtype": meta.get("dtype"),
+                        "device": meta.get("device", {}), "dtype": meta.get("dtype"), "load_average": load,
                         **step_overheads(measured)}}
     result = RunResult(config, run.profile, measured.requests, measured.steps, measured.summary,
                        list(run.warnings), measured.wall_s, measured.wall_s, measured.by_label, extra=extra)
     return result, measured
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None

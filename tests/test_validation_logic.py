@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.commands.validation import (equivalence_test, noise_floor, pooled_summary, step_cost_summary)
+from sim.commands.fidelity import equivalence_test, noise_floor, pooled_summary, step_cost_summary
 from sim.serving.priced import PricedBackend
 from sim.serving.recorded import LogicDivergence, RecordedBackend, RecordedSteps
 from sim.serving.records import DECODE, PREFILL

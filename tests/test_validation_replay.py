@@ -11,7 +11,7 @@ import pytest
 from calibrate.cli import main as calibrate_main
 from calibrate.replay import replay_config, step_overheads
 from sim.commands.cli import main
-from sim.commands.validation import logic_check
+from sim.commands.fidelity import logic_check
 from tests.test_replay import TINY_GRID, scenario
 
 FLAGS = ["--num-requests", "12", "--rate", "30", "--prompt-tokens", "uniform:4:24", "--output-tokens",
