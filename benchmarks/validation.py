@@ -112,8 +112,9 @@ def format_table(results: dict) -> str:
                  "= CV of mean E2EL over the replays; logic = mean E2EL error of the loop fed the measured steps, "
                  "(of which engine overhead between steps); step cost = median |error| of a step's price, "
                  "speed-corrected; TOST p < 0.05: speed-corrected mean E2EL equivalent within 5%)")
-    if results.get("conditions"):
-        lines.append(f"conditions: {results['conditions']}")
+    missing = [name for name, *_ in cases() if name not in {r["case"] for r in rows}]
+    if missing:
+        lines.append(f"not run: {', '.join(missing)} (python benchmarks/validation.py runs what is missing)")
     return "\n".join(lines)
 
 
