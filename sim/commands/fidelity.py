@@ -182,7 +182,7 @@ def step_cost_summary(frame: pd.DataFrame) -> list[dict]:
     price against the measured time, median and p90, raw and speed-corrected, and the median
     signed error (the bias)."""
     rows = []
-    groups = [(g, frame[frame.group == g]) for g in sorted(frame.group.unique(), key=_group_order)]
+    groups = [(g, frame[frame.group == g]) for g in sorted(frame.group.unique(), key=group_order)]
     for group, part in groups + [("all steps", frame)]:
         raw = (part.predicted_s - part.measured_s) / part.measured_s
         fixed = (part.corrected_s - part.measured_s) / part.measured_s
@@ -195,7 +195,8 @@ def step_cost_summary(frame: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def _group_order(group: str) -> tuple:
+def group_order(group: str) -> tuple:
+    """Sort key of a step-cost group: prefill first, then decode by k."""
     return (0, 0) if group == "prefill" else (1, int(group.rsplit("=", 1)[1]))
 
 

@@ -38,8 +38,8 @@ from sim.atomic_write import staged_dir
 from sim.errors import InputError
 from sim.profile import write_scaled_profile
 from sim.commands.fidelity import (DRIFT_WINDOWS, LATENCIES, compared_metrics, drift, equivalence_test,
-                                   logic_check, merge_logic, noise_floor, pooled_summary, step_cost_summary,
-                                   step_costs)
+                                   group_order, logic_check, merge_logic, noise_floor, pooled_summary,
+                                   step_cost_summary, step_costs)
 
 INTERRUPTED = 130
 
@@ -185,7 +185,7 @@ def plot_step_costs(frame: pd.DataFrame, path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharex=True, sharey=True)
     for ax, column, what in ((axes[0], "predicted_s", "profile's price"),
                              (axes[1], "corrected_s", "price, speed-corrected")):
-        for group in sorted(frame.group.unique(), key=_group_order):
+        for group in sorted(frame.group.unique(), key=group_order):
             part = frame[frame.group == group]
             ax.scatter(part.measured_s * 1e3, part[column] * 1e3, s=8, alpha=0.6, label=group)
         lo = float(min(frame.measured_s.min(), frame[column].min())) * 1e3 * 0.8
