@@ -29,9 +29,10 @@ NUM_REQUESTS = 300
 # +5.3% (free draft prefill); +2.1% on average, worst seed +3.0% (the profile).
 GOODPUT_MARGIN = 0.05
 SEED_MARGIN = 0.10
-# Acceptance models the property must hold under: geometric alpha today; part B's per-position
-# rates join this list when they land.
-ACCEPTANCE = {"geometric": {"acceptance.alpha": 0.7}}
+# Acceptance models the property must hold under: geometric alpha, and vLLM-style per-position
+# rates P(a >= j) that fall faster than any one alpha (goodput learns them position by position).
+ACCEPTANCE = {"geometric": {"acceptance.alpha": 0.7},
+              "per-position": {"acceptance.model": "per-position", "acceptance.per_position": [0.85, 0.55, 0.3, 0.15]}}
 
 
 class PricedGoodput(Goodput):
