@@ -31,12 +31,17 @@ for one sequence at k = 2).
 
 Per position, the same idea: position j was *tested* by the sequences that drafted at
 least j tokens and kept the first j - 1, and *accepted* by those that kept it; EMAs of
-both counts (weight ``smoothing``, every position updated at every drafting step, so a
-position no longer reached fades) give r_j = EMA(accepted_j) / EMA(tested_j). A
-position whose EMA holds fewer than MIN_POSITION_TESTS tests' worth of evidence
-(EMA(tested_j) / smoothing, the EMA's effective sample) is priced at the pooled
-alpha_hat instead: before anything is observed every position is, so a run starts as
-the geometric pricing did. Under geometric acceptance every r_j settles at alpha too.
+both counts (weight ``smoothing``, every position updated at every drafting step, so the
+evidence of a position no longer reached fades) give
+
+    r_j = (EMA(accepted_j) + p * alpha_hat) / (EMA(tested_j) + p),   p = PRIOR_TESTS * smoothing,
+
+each position's own rate shrunk towards the pooled alpha_hat, which counts as PRIOR_TESTS
+tests (EMA(tested_j) / smoothing is the EMA's effective number of tests). A position
+with little evidence is priced near alpha_hat: before anything is observed every
+position is exactly, so a run starts as the geometric pricing did, and a position that
+stops being reached drifts back to it. Shrinking rather than switching keeps the noise
+of a few tests out of the prices. Under geometric acceptance every r_j settles at alpha.
 
 Per-request variant (``per_request = true``): the engine's acceptance is a property
 of each request that only the engine knows, so the policy has no per-sequence alpha to
@@ -69,9 +74,10 @@ import numpy as np
 
 from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback, check_k_max
 
-# A position is priced at its own rate once its EMA of tests holds this many tests' worth of
-# evidence (EMA(tested_j) / smoothing); before that, at the pooled alpha_hat.
-MIN_POSITION_TESTS = 5.0
+# Each position's estimate counts the pooled alpha_hat as this many tests on top of its own
+# evidence (EMA(tested_j) / smoothing tests' worth): a position with little evidence is priced
+# near alpha_hat, one with much at its own rate.
+PRIOR_TESTS = 5.0
 
 
 def _number(value: Any, param: str, lo: float, hi: float, lo_open: bool, hi_open: bool, text: str) -> float:
@@ -121,14 +127,13 @@ class Goodput(Policy):
         # Per position j = 1..k_max: EMAs of the sequences that tested j and that accepted it (none yet).
         self._position_accepted = np.zeros(self.k_max)
         self._position_tested = np.zeros(self.k_max)
-        self._enough = MIN_POSITION_TESTS * self.smoothing
+        self._prior = PRIOR_TESTS * self.smoothing  # in the EMAs' units
         self._price_positions()
 
     def _price_positions(self) -> None:
-        """r_j (own estimate, or alpha_hat where evidence is short) and E[tokens](k) for every k."""
-        rates = np.full(self.k_max, self._alpha)
-        tested = self._position_tested
-        np.divide(self._position_accepted, tested, out=rates, where=tested >= self._enough)
+        """r_j (each position's estimate, shrunk towards alpha_hat) and E[tokens](k) for every k."""
+        prior = self._prior
+        rates = (self._position_accepted + prior * self._alpha) / (self._position_tested + prior)
         self._rates = rates
         # E[tokens](k) = 1 + sum_{j <= k} prod_{i <= j} r_i, k = 0..k_max.
         self._expected = [1.0, *(1.0 + np.cumsum(np.cumprod(rates))).tolist()]
