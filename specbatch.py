@@ -11,6 +11,6 @@ This top-level module only re-exports :mod:`sim.commands.api`, where the API is 
 """
 
 from sim import __version__
-from sim.commands.api import CapacityReport, InputError, Run, capacity, compare, run, sweep
+from sim.commands.api import CapacityReport, InputError, Run, capacity, compare, run, sweep, validate
 
-__all__ = ["CapacityReport", "InputError", "Run", "__version__", "capacity", "compare", "run", "sweep"]
+__all__ = ["CapacityReport", "InputError", "Run", "__version__", "capacity", "compare", "run", "sweep", "validate"]

@@ -1,74 +1,163 @@
-"""The simulator against real replays on this machine: every case, its errors, one table.
+"""The simulator against real replays on this machine: every case, its error in parts, one table.
 
-    python benchmarks/validation.py [--out runs/validation-bench] [--profile DIR] [--quick]
+    python benchmarks/validation.py [--out runs/validation-bench] [--profile DIR] [--requests 60]
+                                    [--repeat 5] [--cases PATTERN] [--results FILE]
+    python benchmarks/validation.py --table FILE     # print the table of a results file, run nothing
 
-Calibrates llama-160m / llama-68m on the CPU (unless --profile names a profile), then
-runs ``specbatch validate`` for static and continuous batching x none / fixed k=3 /
-goodput x a low and a high load, and prints, per case, the simulated-vs-real error of
-mean E2EL, p99 E2EL and output throughput, raw and speed-corrected (the simulation on
-the profile scaled by the speed the device ran the timed passes at during that replay).
-Each case is stored in its own folder, so a killed run resumes with the missing cases.
-Run it on a machine with nothing else running: the replays are real time.
+Runs ``specbatch validate --repeat N`` (N real replays of the same scenario and seed,
+pooled) for continuous and static batching x none / fixed k=3 / goodput x a low and a high
+load, on llama-160m / llama-68m on the CPU (the shipped profile ``cpu-llama-160m-llama-68m``
+unless --profile names another), and prints per case:
+
+* the noise floor: the coefficient of variation of mean E2EL over the N replays;
+* the device's speed during the replays (timed passes / their calibrated time) and its
+  drift within them (the range over stretches of each replay);
+* the scheduling logic alone: the simulator fed the replays' measured steps, its largest
+  mean E2EL error against them, and how much of it is the engine's time between steps;
+* the cost model alone: the median absolute error of a step's price (speed-corrected);
+* end to end: mean E2EL, p99 E2EL and output throughput, raw and speed-corrected, and the
+  TOST p-value (±5% on mean E2EL, speed-corrected).
+
+Each case is stored in its own folder, so a killed run resumes with the missing cases;
+every finished case is added to the results file (default: OUT/results.json), which is
+what docs/validation.md's table is generated from. The replays are real time: run it on a
+machine with nothing else running, or read the noise floor before the errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
 
-from sim.commands.cli import main as specbatch
-
-GRID = ["--target", "llama-160m", "--draft", "llama-68m", "--device", "cpu", "--batch-sizes", "1,2,4,8",
-        "--k-max", "4", "--contexts", "16,64,128", "--prompts", "16,32,64", "--max-prefill-tokens", "512",
-        "--repeats", "7", "--warmup", "2", "--threads", "1", "--quiet"]
 WORKLOAD = ["--prompt-tokens", "uniform:16:64", "--output-tokens", "uniform:8:40", "--max-batch-size", "8",
             "--alpha", "0.7", "--seed", "1"]
 POLICIES = {"none": ["--policy", "none"], "fixed-k3": ["--policy", "fixed", "--k", "3"],
             "goodput": ["--policy", "goodput"]}
-LOADS = {"continuous": {"low": (0.3, 50), "high": (1.5, 60)},  # (req/s, requests)
-         "static": {"low": (0.3, 50), "high": (1.0, 60)}}
+LOADS = {"continuous": {"high": 1.5, "low": 0.3}, "static": {"high": 1.0, "low": 0.3}}  # req/s
 SHOWN = (("mean_e2el_ms", "mean E2EL"), ("p99_e2el_ms", "p99 E2EL"), ("output_throughput", "output tput"))
+BAR = {"mean_e2el_ms": 0.02, "output_throughput": 0.02, "p99_e2el_ms": 0.05}  # the goal, speed-corrected
+DEFAULT_PROFILE = "cpu-llama-160m-llama-68m"
+
+
+def cases() -> list[tuple[str, str, str, float]]:
+    """(name, batching, policy, rate), high loads first (the shortest replays)."""
+    out = []
+    for load in ("high", "low"):
+        for batching, loads in LOADS.items():
+            for policy in POLICIES:
+                out.append((f"{batching}-{policy}-{load}", batching, policy, loads[load]))
+    return out
+
+
+def case_row(name: str, batching: str, policy: str, rate: float, doc: dict) -> dict:
+    """What the table shows of one case's validation.json."""
+    metrics = {m["metric"]: m for m in doc["metrics"]}
+    floor = {m["metric"]: m for m in doc["noise_floor"]}
+    logic = doc.get("logic") or {}
+    step_cost = {r["group"]: r for r in doc["step_cost"]}["all steps"]
+    speeds = [r["pass_speed_ratio"] for r in doc["replays"]]
+    drift = [x for d in doc["drift"] for x in d["speed_ratio"]]
+    row = {"case": name, "batching": batching, "policy": policy, "rate": rate, "repeats": doc["repeats"],
+           "requests": doc["requests_per_replay"], "speed_min": min(speeds), "speed_max": max(speeds),
+           "drift_min": min(drift), "drift_max": max(drift), "noise_cv_mean_e2el": floor["mean_e2el_ms"]["cv"],
+           "noise_range_mean_e2el": floor["mean_e2el_ms"]["range"],
+           "logic_reproduced": bool(logic.get("passed")),
+           "logic_e2el_error": (logic.get("e2el") or {}).get("mean_error"),
+           "logic_overhead_term": (logic.get("e2el") or {}).get("overhead_term"),
+           "step_cost_median_ape": step_cost["median_ape"],
+           "step_cost_corrected_median_ape": step_cost["corrected_median_ape"],
+           "tost_p_corrected": doc["tost"]["speed_corrected"].get("p_value"),
+           "tost_p_raw": doc["tost"]["raw"].get("p_value"),
+           "load_average": [x for r in doc["replays"] for x in (r.get("load_average") or []) if x is not None]}
+    for key, _ in SHOWN:
+        row[f"{key}_raw"] = metrics[key]["relative_error"]
+        row[f"{key}_corrected"] = metrics[key]["speed_corrected_error"]
+    row["meets_bar"] = all(row[f"{key}_corrected"] is not None and abs(row[f"{key}_corrected"]) <= bar
+                           for key, bar in BAR.items())
+    return row
+
+
+def _pct(x, digits: int = 1, sign: bool = True) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{100 * x:{'+' if sign else ''}.{digits}f}%"
+
+
+def format_table(results: dict) -> str:
+    rows = results["cases"]
+    lines = [f"{'case':26} {'replays':>7} {'speed':>11} {'drift':>11} {'noise':>6} {'logic':>14} {'step':>6}  "
+             + "  ".join(f"{label:>15}" for _, label in SHOWN) + f"  {'TOST':>5} {'bar':>4}",
+             f"{'':26} {'':>7} {'':>11} {'':>11} {'CV':>6} {'E2EL (ovh.)':>14} {'cost':>6}  "
+             + "  ".join(f"{'raw':>7} {'corr.':>7}" for _ in SHOWN) + f"  {'p':>5} {'met':>4}"]
+    for r in rows:
+        logic = (f"{_pct(r['logic_e2el_error'], 2)} ({_pct(r['logic_overhead_term'], 2, False)})"
+                 if r["logic_reproduced"] else "NOT REPRODUCED")
+        cells = "  ".join(f"{_pct(r[f'{key}_raw']):>7} {_pct(r[f'{key}_corrected']):>7}" for key, _ in SHOWN)
+        p = r["tost_p_corrected"]
+        lines.append(f"{r['case']:26} {r['repeats']:>3}x{r['requests']:<3} "
+                     f"{r['speed_min']:5.2f}-{r['speed_max']:<5.2f} {r['drift_min']:5.2f}-{r['drift_max']:<5.2f} "
+                     f"{_pct(r['noise_cv_mean_e2el'], 1, False):>6} {logic:>14} "
+                     f"{_pct(r['step_cost_corrected_median_ape'], 1, False):>6}  {cells}  "
+                     f"{'n/a' if p is None else f'{p:.2f}':>5} {'yes' if r['meets_bar'] else 'no':>4}")
+    met = sum(r["meets_bar"] for r in rows)
+    lines.append(f"({len(rows)} cases, {met} meeting the bar: speed-corrected mean E2EL and output throughput within "
+                 "2%, p99 E2EL within 5%. error = (simulated - real) / real over the replays pooled; speed = timed "
+                 "passes / their calibrated time, per replay; drift = the same over stretches of each replay; noise "
+                 "= CV of mean E2EL over the replays; logic = mean E2EL error of the loop fed the measured steps, "
+                 "(of which engine overhead between steps); step cost = median |error| of a step's price, "
+                 "speed-corrected; TOST p < 0.05: speed-corrected mean E2EL equivalent within 5%)")
+    missing = [name for name, *_ in cases() if name not in {r["case"] for r in rows}]
+    if missing:
+        lines.append(f"not run: {', '.join(missing)} (python benchmarks/validation.py runs what is missing)")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/validation-bench")
-    parser.add_argument("--profile", help="a CPU profile of llama-160m / llama-68m (default: calibrate one)")
-    parser.add_argument("--quick", action="store_true", help="a third of the requests per case")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="a CPU profile of llama-160m / llama-68m")
+    parser.add_argument("--requests", type=int, default=60, help="requests per replay (default 60)")
+    parser.add_argument("--repeat", type=int, default=5, help="replays per case, pooled (default 5: 300 requests)")
+    parser.add_argument("--cases", default="*", help="run only the cases matching this pattern (e.g. 'continuous-*')")
+    parser.add_argument("--results", help="the results file to add finished cases to (default OUT/results.json)")
+    parser.add_argument("--table", metavar="FILE", help="print the table of this results file and stop")
     args = parser.parse_args()
+    if args.table:
+        print(format_table(json.loads(Path(args.table).read_text())))
+        return 0
+    from sim.commands.cli import main as specbatch
+
     out = Path(args.out)
-    profile = Path(args.profile) if args.profile else out / "profile"
-    if not (profile / "profile.json").is_file():
-        print(f"calibrating {profile} ...", file=sys.stderr)
-        if specbatch(["calibrate", *GRID, "--out", str(profile)]) != 0:
-            return 1
-    rows, started = [], time.perf_counter()
-    for batching, loads in LOADS.items():
-        for load, (rate, n) in loads.items():
-            for policy, flags in POLICIES.items():
-                case = out / f"{batching}-{policy}-{load}"
-                if not (case / "validation.json").is_file():
-                    n_req = max(12, n // 3) if args.quick else n
-                    code = specbatch(["validate", "--profile", str(profile), "--batching", batching, "--rate",
-                                      str(rate), "--num-requests", str(n_req), *WORKLOAD, *flags,
-                                      "--out", str(case)])
-                    if code != 0:
-                        return code
-                doc = json.loads((case / "validation.json").read_text())
-                rows.append((batching, policy, load, rate, doc))
-    print(f"\n{'case':32} {'speed':>6}  " + "  ".join(f"{label:>19}" for _, label in SHOWN))
-    print(f"{'':32} {'':>6}  " + "  ".join(f"{'raw':>9} {'corr.':>9}" for _ in SHOWN))
-    for batching, policy, load, rate, doc in rows:
-        metrics = {m["metric"]: m for m in doc["metrics"]}
-        cells = "  ".join(f"{100 * metrics[key]['relative_error']:+8.1f}% {100 * metrics[key]['speed_corrected_error']:+8.1f}%"
-                          for key, _ in SHOWN)
-        name = f"{batching} {policy} {load} ({rate:g}/s)"
-        print(f"{name:32} {doc['replay']['pass_speed_ratio']:6.3f}  {cells}")
-    print(f"({len(rows)} cases; {time.perf_counter() - started:.0f} s this run; error = (simulated - real) / real; "
-          "speed = timed passes in the replay / their calibrated time)")
+    results_path = Path(args.results) if args.results else out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {"cases": []}
+    started = time.perf_counter()
+    for name, batching, policy, rate in cases():
+        if not fnmatch.fnmatch(name, args.cases):
+            continue
+        case = out / name
+        if not (case / "validation.json").is_file():
+            load = os.getloadavg()[0]
+            print(f"[{name}] {args.repeat} x {args.requests} requests at {rate:g}/s (load average {load:.1f})",
+                  file=sys.stderr)
+            code = specbatch(["validate", "--profile", args.profile, "--batching", batching, "--rate", str(rate),
+                              "--num-requests", str(args.requests), "--repeat", str(args.repeat), *WORKLOAD,
+                              *POLICIES[policy], "--out", str(case)])
+            if code != 0:
+                return code
+        row = case_row(name, batching, policy, rate, json.loads((case / "validation.json").read_text()))
+        results["cases"] = [r for r in results["cases"] if r["case"] != name] + [row]
+        order = [c[0] for c in cases()]
+        results["cases"].sort(key=lambda r: order.index(r["case"]))
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(format_table(results))
+    print(f"({time.perf_counter() - started:.0f} s this run; results in {results_path})")
     return 0
 
 

@@ -5,8 +5,9 @@ policy, assembling inputs, sampling bookkeeping, rolling back and moving KV-cach
 entries. The cost model adds it per step (docs/cost-model.md's t_overhead). It is measured
 here the only honest way, with the engine itself: a short real replay
 (:mod:`calibrate.replay`) of a small workload inside the grid, timing every step and
-every calibrated pass in it; the median per-step remainder, per phase, is stored in
-the profile's sidecar as ``engine_overhead``. The workload is fixed by the grid, not
+every calibrated pass in it; per phase, the median remainder inside a step plus the
+mean time between steps (:func:`calibrate.replay.step_overheads`) is stored in the
+profile's sidecar as ``engine_overhead``. The workload is fixed by the grid, not
 by any scenario a validation later runs, so the validation stays out of sample. On a
 machine with only torch, numpy and pandas the grid is still measured; the overhead is
 then skipped with a warning (and charged as 0).
@@ -43,5 +44,5 @@ def measure_overhead(profile_dir: str | Path) -> dict[str, Any]:
     result, measured = replay_config(config)
     overhead = {key: value for key, value in result.extra["replay"].items() if key.endswith("_overhead_s")}
     return {**overhead, "steps": len(measured.steps), "batch_size": batch, "k": k, "prompt_tokens": prompt,
-            "output_tokens": OUTPUT_TOKENS, "method": "median per-step time outside the timed passes, "
-                                                   "in a real replay (calibrate.overhead)"}
+            "output_tokens": OUTPUT_TOKENS, "method": "median per-step time outside the timed passes plus the mean "
+                                                   "time between steps, in a real replay (calibrate.overhead)"}

@@ -37,6 +37,7 @@ between steps and what it measured so far is returned, marked partial.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 
@@ -54,6 +55,7 @@ from sim.metrics import by_label, summarize
 from sim.serving.clock import serve_wall_clock
 from sim.serving.loop import ServingLoop
 from sim.serving.queues import ArrivalQueue
+from sim.serving.recorded import RecordedSteps
 from sim.serving.records import DECODE, PREFILL
 from sim.simulate import (PreparedRun, RunResult, acceptance_values, make_sampler, prepare, request_table,
                           scheduler_for)
@@ -74,6 +76,14 @@ class ReplayResult:
     step_passes_s: np.ndarray = field(repr=False)  # per step: time inside the calibrated passes
     step_predicted_s: np.ndarray = field(repr=False)  # per step: the profile's time for those passes
     by_label: dict | None = None
+    # What the logic check plays back (sim.serving.recorded): every clock reading of the loop,
+    # and per step the accepted draft tokens per running row (None: prefill or k = 0).
+    clock_readings: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    step_accepted: tuple = field(default=(), repr=False)
+
+    def recorded_steps(self) -> RecordedSteps:
+        """The steps as :class:`sim.serving.recorded.RecordedBackend` plays them back."""
+        return RecordedSteps.from_replay(self.steps, self.clock_readings, self.step_accepted)
 
 
 class TorchBackend:
@@ -127,6 +137,7 @@ class TorchBackend:
         self.used = 0
         self.passes_s: list[float] = []  # per step: time inside the passes calibration times
         self.predicted_s: list[float] = []  # ... and what the profile says they take
+        self.accepted_rows: list[np.ndarray | None] = []  # per step: accepted per running row
         self.overheads = (run.profile.engine_overhead_s("prefill"), run.profile.engine_overhead_s("decode"))
 
     def _sync(self) -> None:
@@ -159,6 +170,7 @@ class TorchBackend:
         last = torch.from_numpy(lengths - 1).to(self.device)
         self._passes = 0.0
         self.predicted_s.append(self.table.prefill_time(n, float(longest)) - self.overheads[0])
+        self.accepted_rows.append(None)
         logits = self._timed(self._prefill, self.target, self.t_cache, tokens_t, last, lo, hi, lengths)
         if self.draft is not None:
             self._timed(self._prefill, self.draft, self.d_cache, tokens_t, last, lo, hi, lengths)
@@ -204,6 +216,7 @@ class TorchBackend:
             accepted, final = None, self._plain(b)
         self._sync()
         self._step = (b, k, live, accepted, final, remaining)
+        self.accepted_rows.append(accepted[live].copy() if k else None)
         return None, (accepted[live] if k else None)
 
     def _plain(self, b: int) -> torch.Tensor:
@@ -354,13 +367,28 @@ class TorchBackend:
 
 
 def step_overheads(measured: ReplayResult) -> dict[str, float]:
-    """Mean time per step outside the calibrated passes (bookkeeping, sampling, cache moves), per phase."""
+    """Time per step outside the calibrated passes, per phase: what the cost model's t_overhead charges.
+
+    Two parts. *In the step* (scheduling, the policy, sampling bookkeeping), the median: a
+    typical step's, robust to a step the OS descheduled. *Between steps* (the loop applying
+    the step, and the backend retiring finished rows: moving their successors' KV-cache
+    entries), the mean: it is rare and heavy (a retirement), and the queue feels its total;
+    a simulator that leaves it out runs fast by it (the logic check of ``specbatch
+    validate`` shows it as its own term).
+    """
     steps = measured.steps
-    outside = (steps.end_s - steps.start_s).to_numpy() - measured.step_passes_s
+    phases = steps.phase.to_numpy()
+    inside = (steps.end_s - steps.start_s).to_numpy() - measured.step_passes_s
+    recorded = measured.recorded_steps() if measured.clock_readings.size else None
+    between = (recorded.until_s - steps.end_s.to_numpy()) if recorded is not None else np.zeros(len(steps))
     out = {}
     for phase, name in ((PREFILL, "prefill"), (DECODE, "decode")):
-        chosen = steps.phase.to_numpy() == phase
-        out[f"{name}_overhead_s"] = float(np.median(outside[chosen])) if chosen.any() else 0.0
+        chosen = phases == phase
+        if chosen.any():
+            out[f"{name}_overhead_s"] = float(np.median(inside[chosen]) + np.mean(between[chosen]))
+            out[f"{name}_between_steps_s"] = float(np.mean(between[chosen]))
+        else:
+            out[f"{name}_overhead_s"] = out[f"{name}_between_steps_s"] = 0.0
     # How fast the device ran the timed passes here, against calibration: a machine whose
     # speed drifts (shared CPUs, clocks) shows it here, apart from any modelling error.
     n = len(measured.step_passes_s)
@@ -384,10 +412,17 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     if on_start is not None:
         on_start()
     backend.warm_up()
+    readings: list[float] = []  # every time the loop reads the clock: the logic check replays them
+
+    def clock() -> float:
+        now = time.perf_counter() - started
+        readings.append(now)
+        return now
+
     started = time.perf_counter()
     partial = False
     try:
-        serve_wall_clock(loop, lambda: time.perf_counter() - started)
+        serve_wall_clock(loop, clock)
     except KeyboardInterrupt:
         partial = True
     wall_s = time.perf_counter() - started
@@ -398,7 +433,8 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     steps = len(loop.step_rows)  # an interrupted step has no record: drop its timings too
     return ReplayResult(table, pd.DataFrame(rec.steps), summary, acceptance, partial, wall_s,
                         np.asarray(backend.passes_s[:steps]), np.asarray(backend.predicted_s[:steps]),
-                        by_label(table))
+                        by_label(table), np.asarray(readings, dtype=np.float64),
+                        tuple(backend.accepted_rows[:steps]))
 
 
 def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
@@ -434,15 +470,25 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
         target = Transformer(cfgs["target"], device=device, dtype=dtype, seed=config.seed)
         draft = Transformer(cfgs["draft"], device=device, dtype=dtype, seed=config.seed + 1) \
             if run.policy.max_k > 0 else None
+        load_before = _load_average()
         measured = replay(run, target, draft, acceptance=acceptance, seed=config.seed, on_start=on_start)
+        load = [load_before, _load_average()]  # the machine's 1-minute load: how shared it was
     finally:
         torch.set_num_threads(threads_before)
         if flushing:
             torch.set_flush_denormal(False)
     extra = {"replay": {"acceptance": acceptance, "partial": measured.partial,
                         "completed": int(measured.summary["completed"]), "requests": len(run.requests),
-                        "device": meta.get("device", {}), "dtype": meta.get("dtype"),
+                        "device": meta.get("device", {}), "dtype": meta.get("dtype"), "load_average": load,
                         **step_overheads(measured)}}
     result = RunResult(config, run.profile, measured.requests, measured.steps, measured.summary,
                        list(run.warnings), measured.wall_s, measured.wall_s, measured.by_label, extra=extra)
     return result, measured
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None

@@ -1,10 +1,15 @@
 """``goodput``: SmartSpec (arXiv 2406.14066) -- each step, the k with the most expected goodput.
 
 For the batch about to run (b sequences charged, mean context c) and the current
-estimate alpha_hat of the per-token acceptance rate,
+estimates r_j of the acceptance rate at draft position j (the chance that a sequence
+keeps its j-th draft token given that it kept the first j - 1),
 
-    goodput(k) = b * E[tokens](alpha_hat, k) / step_time(b, k, c),
-    E[tokens](a, k) = (1 - a^(k+1)) / (1 - a) = 1 + a + ... + a^k,
+    goodput(k) = b * E[tokens](k) / step_time(b, k, c),
+    E[tokens](k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k,
+
+which is 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) when every r_j is one rate a
+(geometric acceptance). Real engines' acceptance falls with position, faster than any
+one rate, so pricing k with one pooled rate over-prices long speculation there.
 
 and the policy returns the k in 0..k_max with the largest goodput; a larger k wins
 over the best smaller one only if it is better by more than ``tie_break`` (relative),
@@ -17,12 +22,26 @@ the accepted tokens per sequence and of the *tested* tokens per sequence,
     tested = accepted + rejected,   rejected = sequences that kept fewer than k tokens,
 
 and alpha_hat = EMA(accepted) / EMA(tested), starting from alpha_init (as one tested
-token per sequence). Under the geometric acceptance model E[accepted] = alpha *
+token per sequence): the pooled estimate. Under the geometric acceptance model E[accepted] = alpha *
 E[tested] for every k and batch size, so alpha_hat settles at alpha. The plain
 accepted / drafted (vLLM's "acceptance rate") would not: the tokens after a rejection
 are drafted but never tested, so it settles at (a + ... + a^k) / k, 0.48 instead of
 0.6 at k = 2; and an average of per-step ratios is biased at small batch (0.48 again
 for one sequence at k = 2).
+
+Per position, the same idea: position j was *tested* by the sequences that drafted at
+least j tokens and kept the first j - 1, and *accepted* by those that kept it; EMAs of
+both counts (weight ``smoothing``, every position updated at every drafting step, so the
+evidence of a position no longer reached fades) give
+
+    r_j = (EMA(accepted_j) + p * alpha_hat) / (EMA(tested_j) + p),   p = PRIOR_TESTS * smoothing,
+
+each position's own rate shrunk towards the pooled alpha_hat, which counts as PRIOR_TESTS
+tests (EMA(tested_j) / smoothing is the EMA's effective number of tests). A position
+with little evidence is priced near alpha_hat: before anything is observed every
+position is exactly, so a run starts as the geometric pricing did, and a position that
+stops being reached drifts back to it. Shrinking rather than switching keeps the noise
+of a few tests out of the prices. Under geometric acceptance every r_j settles at alpha.
 
 Per-request variant (``per_request = true``): the engine's acceptance is a property
 of each request that only the engine knows, so the policy has no per-sequence alpha to
@@ -41,9 +60,9 @@ at most its own k_i); when every k_i equals k* it returns the int k* instead.
 observe() then counts, per sequence that drafted, a rejection where it kept fewer
 than its own k_i.
 
-Per step: k_max + 1 step_time calls and arithmetic. E[tokens] is summed up in the
-same loop (one multiply and one add per k), which is cheaper than keeping a cache per
-k that every speculative step's new alpha_hat would invalidate anyway.
+Per step: k_max + 1 step_time calls and arithmetic; E[tokens] for every k is worked
+out once per observed step (a cumulative product and sum over k_max positions), not
+per choice. observe() counts positions with one np.bincount over the accepted counts.
 """
 
 from __future__ import annotations
@@ -55,7 +74,10 @@ import numpy as np
 
 from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback, check_k_max
 
-_SMALL_BATCH = 64  # up to here a Python list count beats numpy's per-call overhead
+# Each position's estimate counts the pooled alpha_hat as this many tests on top of its own
+# evidence (EMA(tested_j) / smoothing tests' worth): a position with little evidence is priced
+# near alpha_hat, one with much at its own rate.
+PRIOR_TESTS = 5.0
 
 
 def _number(value: Any, param: str, lo: float, hi: float, lo_open: bool, hi_open: bool, text: str) -> float:
@@ -102,16 +124,37 @@ class Goodput(Policy):
         # The prior: one tested token per sequence, accepted with probability alpha_init.
         self._accepted_avg, self._tested_avg = self.alpha_init, 1.0
         self._alpha = self.alpha_init
+        # Per position j = 1..k_max: EMAs of the sequences that tested j and that accepted it (none yet).
+        self._position_accepted = np.zeros(self.k_max)
+        self._position_tested = np.zeros(self.k_max)
+        self._prior = PRIOR_TESTS * self.smoothing  # in the EMAs' units
+        self._price_positions()
+
+    def _price_positions(self) -> None:
+        """r_j (each position's estimate, shrunk towards alpha_hat) and E[tokens](k) for every k."""
+        prior = self._prior
+        rates = (self._position_accepted + prior * self._alpha) / (self._position_tested + prior)
+        self._rates = rates
+        # E[tokens](k) = 1 + sum_{j <= k} prod_{i <= j} r_i, k = 0..k_max.
+        self._expected = [1.0, *(1.0 + np.cumsum(np.cumprod(rates))).tolist()]
 
     @property
     def alpha_hat(self) -> float:
-        """The current estimate of the per-token acceptance rate."""
+        """The pooled estimate of the per-token acceptance rate."""
         return self._alpha
 
+    @property
+    def position_rates(self) -> np.ndarray:
+        """r_j, j = 1..k_max, as priced: each position's own estimate, or alpha_hat where evidence is short."""
+        return self._rates.copy()
+
+    def expected_tokens(self, k: int) -> float:
+        """E[tokens](k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k: what one sequence is expected to emit."""
+        return self._expected[k]
+
     def expected_goodput(self, batch_size: int, k: int, context_tokens: float, max_lag: int = 1) -> float:
-        """batch_size * E[tokens](alpha_hat, k) / the step's price: generated tokens per second of this step."""
-        a = self._alpha
-        return batch_size * (1.0 - a ** (k + 1)) / (1.0 - a) / self.priced_time(batch_size, k, context_tokens, max_lag)
+        """batch_size * E[tokens](k) / the step's price: generated tokens per second of this step."""
+        return batch_size * self._expected[k] / self.priced_time(batch_size, k, context_tokens, max_lag)
 
     def priced_time(self, batch_size: int, k: int, context_tokens: float, max_lag: int = 1) -> float:
         """What the engine charges for the step: step_time, plus the draft's catch-up when k >= 1."""
@@ -121,7 +164,7 @@ class Goodput(Policy):
         return t
 
     def choose_k(self, view: BatchView) -> int | np.ndarray:
-        b, c, step_time, a = view.batch_size, view.mean_context_tokens, self._step_time, self._alpha
+        b, c, step_time, expected = view.batch_size, view.mean_context_tokens, self._step_time, self._expected
         catch_up = 0.0  # what a speculative step pays on top for the tokens the draft has not seen
         if self._catch_up is not None:
             lag = view.max_lag
@@ -129,16 +172,14 @@ class Goodput(Policy):
                 catch_up = self._catch_up(b, lag, c)
         # b multiplies every candidate alike, so the argmax compares E[tokens] / step_time.
         best_k, best = 0, 1.0 / step_time(b, 0, c)
-        term = expected = 1.0  # E[tokens](a, k) = 1 + a + ... + a^k, built up as k grows
         margin = self._margin
         explain = view.explain
         if explain is not None:
-            explain.update(alpha_hat=round(a, 6), max_lag=view.max_lag if self._catch_up else None,
+            explain.update(alpha_hat=round(self._alpha, 6), position_rates=[round(r, 6) for r in self._rates.tolist()],
+                           max_lag=view.max_lag if self._catch_up else None,
                            catch_up_ms=round(catch_up * 1e3, 6), tokens_per_s={"0": round(b * best, 3)})
         for k in self._candidates:
-            term *= a
-            expected += term
-            g = expected / (step_time(b, k, c) + catch_up)
+            g = expected[k] / (step_time(b, k, c) + catch_up)
             if explain is not None:
                 explain["tokens_per_s"][str(k)] = round(b * g, 3)
             if g > best * margin:
@@ -161,25 +202,33 @@ class Goodput(Policy):
             return
         accepted, per_sequence = feedback.accepted_tokens, feedback.accepted_per_sequence
         ks = getattr(feedback, "k_per_sequence", None)
-        if ks is not None:  # a ragged step: only sequences that drafted tested anything
-            drafting = ks > 0
-            n = int(np.count_nonzero(drafting))
-            tested = accepted + int(np.count_nonzero(drafting & (per_sequence < ks)))
-            self._update(accepted, tested, n)
+        if ks is None and (per_sequence is None or per_sequence.shape[0] != drafted // k):
+            # A driver that reports only totals: accepted / drafted, and nothing per position.
+            self._update(accepted, drafted, drafted // k)
+            self._price_positions()
             return
-        n = drafted // k  # sequences in the step
-        # A sequence that kept fewer than k tokens saw a rejection (one more tested token); one
-        # that kept all k saw none. Count the latter the cheapest exact way for the batch's size.
-        if per_sequence is None or per_sequence.shape[0] != n:  # a driver that reports only totals
-            tested = drafted  # fall back to accepted / drafted
-        elif n <= _SMALL_BATCH:
-            tested = accepted + n - per_sequence.tolist().count(k)
-        else:
-            tested = accepted + n - int(np.bincount(per_sequence, minlength=k + 1)[k])
-        s = self.smoothing  # _update, inlined on the per-step path
-        a = self._accepted_avg = self._accepted_avg + s * (accepted / n - self._accepted_avg)
-        t = self._tested_avg = self._tested_avg + s * (tested / n - self._tested_avg)
-        self._alpha = a / t
+        # kept[m] = sequences that kept m drafts; at_least[m] = those that kept m or more.
+        kept = np.bincount(per_sequence, minlength=self.k_max + 2)
+        at_least = np.cumsum(kept[::-1])[::-1]
+        position_accepted = at_least[1:self.k_max + 1]
+        # Position j was tested by the sequences that kept j - 1 or more, less those whose own k was
+        # j - 1 (they kept all of it and drafted no j-th token). A sequence that kept fewer than its
+        # own k saw one rejection.
+        if ks is None:  # a uniform step: every sequence drafted k
+            n = per_sequence.shape[0]
+            tested = accepted + n - int(kept[k])
+            position_tested = at_least[:self.k_max].copy()
+            position_tested[k:] = 0
+        else:  # a ragged step: only sequences that drafted tested anything
+            full = per_sequence == ks
+            n = ks.shape[0] - int(np.count_nonzero(ks == 0))
+            tested = accepted + n - int(np.count_nonzero(full & (ks > 0)))
+            position_tested = at_least[:self.k_max] - np.bincount(ks[full], minlength=self.k_max + 1)[:self.k_max]
+        self._update(accepted, tested, n)
+        s = self.smoothing
+        self._position_accepted += s * (position_accepted - self._position_accepted)
+        self._position_tested += s * (position_tested - self._position_tested)
+        self._price_positions()
 
     def _update(self, accepted: int, tested: int, n: int) -> None:
         s = self.smoothing

@@ -326,9 +326,11 @@ def _table_reach(config: RunConfig, policy: Policy, r: Requests) -> dict:
             "max_prompt": int(r.prompt_tokens.max()), "with_draft": policy.max_k > 0}
 
 
-def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
+def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunResult:
     """Run the engine. ``routed``: drive even one replica through the cluster's router
-    (the default is to do so only for more than one replica; tests compare the two)."""
+    (the default is to do so only for more than one replica; tests compare the two).
+    ``backend``: one replica's step backend instead of the priced one (the validation's
+    playback of a real replay, :mod:`sim.serving.recorded`)."""
     started = time.perf_counter()
     config, requests = run.config, run.requests
     count = config.cluster.replicas
@@ -343,7 +345,7 @@ def execute(run: PreparedRun, routed: bool | None = None) -> RunResult:
         samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max)]
         policies = [wrap(run.policy)]
         loop = ServingLoop(queue, scheduler=scheduler, policy=policies[0], k_max=run.table.k_max,
-                           backend=PricedBackend(run.table, samplers[0], scheduler.prefill))
+                           backend=backend or PricedBackend(run.table, samplers[0], scheduler.prefill))
         engine_started = time.perf_counter()
         simulate_replica(loop)
         engine_wall = time.perf_counter() - engine_started

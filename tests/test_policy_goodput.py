@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from policies import BatchView, PolicyError, StepFeedback, make_policy
-from policies.goodput import Goodput
+from policies.goodput import PRIOR_TESTS, Goodput
 from sim.commands.cli import main
 from sim.simulate import execute, prepare
 from tests.conftest import CPU_DEFAULT_FLAGS
@@ -273,3 +273,74 @@ def test_per_request_must_be_a_boolean():
     with pytest.raises(PolicyError) as info:
         make_policy("goodput", {"per_request": "yes"})
     assert info.value.field == "per_request"
+
+
+# Per-position acceptance: r_j from the sequences that tested position j, E[tokens](k) from their products.
+
+def _brute_force_positions(accepted, ks, k_max):
+    """Per position j = 1..k_max: (sequences that tested j, sequences that accepted it), one sequence at a time."""
+    tested, kept = np.zeros(k_max), np.zeros(k_max)
+    for a, k in zip(accepted, ks):
+        for j in range(1, k_max + 1):
+            tested[j - 1] += k >= j and a >= j - 1
+            kept[j - 1] += a >= j
+    return tested, kept
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("n", [1, 5, 70])
+def test_position_rates_are_accepted_over_tested_per_position(n, ragged):
+    rng = np.random.default_rng(n + ragged)
+    k_max, k = 5, 3
+    ks = rng.integers(0, k + 1, n) if ragged else np.full(n, k)
+    ks[0] = k
+    accepted = np.minimum(rng.geometric(0.4, n) - 1, ks)
+    fb = _feedback(k, accepted.tolist())
+    if ragged:
+        fb.k_per_sequence, fb.drafted_tokens = ks, int(ks.sum())
+    policy = Goodput(alpha_init=0.5, smoothing=1.0, k_max=k_max)  # smoothing 1: this step alone
+    policy.bind(8, Synthetic())
+    policy.observe(fb)
+    tested, kept = _brute_force_positions(accepted, ks, k_max)
+    # At smoothing 1 the EMAs are this step's counts, and alpha_hat counts as PRIOR_TESTS more tests.
+    expected = (kept + PRIOR_TESTS * policy.alpha_hat) / (tested + PRIOR_TESTS)
+    np.testing.assert_allclose(policy.position_rates, expected, rtol=1e-12)
+    products = np.cumprod(expected)
+    for j in range(k_max + 1):
+        assert policy.expected_tokens(j) == pytest.approx(1 + products[:j].sum(), rel=1e-12)
+
+
+def test_positions_start_at_alpha_init_so_the_first_choice_is_the_geometric_one():
+    policy = Goodput(alpha_init=0.6, k_max=4)
+    policy.bind(8, Synthetic())
+    np.testing.assert_allclose(policy.position_rates, 0.6, rtol=1e-15)
+    assert policy.expected_tokens(4) == pytest.approx((1 - 0.6 ** 5) / 0.4, rel=1e-12)
+
+
+def test_position_estimates_follow_rates_that_fall_with_position():
+    """P(a >= j) = 0.85, 0.55, 0.3, 0.15 (vLLM's per-position rates): each conditional rate is learnt,
+    and E[tokens] is their sum of products, which one pooled rate gets wrong (here, too low at k = 1)."""
+    rng = np.random.default_rng(5)
+    unconditional = np.array([0.85, 0.55, 0.3, 0.15])
+    policy = Goodput(alpha_init=0.7, smoothing=0.05, k_max=4)
+    policy.bind(8, Synthetic())
+    for _ in range(600):
+        u = rng.random(256)
+        policy.observe(_feedback(4, (u[:, None] < unconditional).sum(axis=1).tolist()))
+    conditional = unconditional / np.r_[1.0, unconditional[:-1]]
+    np.testing.assert_allclose(policy.position_rates, conditional, atol=0.06)
+    assert policy.expected_tokens(4) == pytest.approx(1 + unconditional.sum(), abs=0.1)
+    a = policy.alpha_hat
+    assert a < 0.75 and policy.expected_tokens(1) > 1 + a + 0.1  # the pooled rate would under-price k = 1
+
+
+def test_a_position_no_longer_tested_fades_back_to_the_pooled_rate():
+    policy = Goodput(alpha_init=0.7, smoothing=0.2, k_max=4)
+    policy.bind(8, Synthetic())
+    for _ in range(20):
+        policy.observe(_feedback(4, [3, 3, 3, 3, 3, 3, 4, 0]))  # position 4: 1 kept of 7 tested
+    assert abs(policy.position_rates[3] - policy.alpha_hat) > 0.1  # position 4 has its own estimate ...
+    for _ in range(40):
+        policy.observe(_feedback(1, [1, 0, 1, 1, 0, 1, 1, 1]))
+    assert policy.position_rates[3] == pytest.approx(policy.alpha_hat, abs=1e-3)  # ... until its evidence fades
+    assert policy.position_rates[0] == pytest.approx(0.75, abs=0.01)  # position 1, still tested: 6 of 8

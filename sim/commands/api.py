@@ -31,7 +31,7 @@ import pandas as pd
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
-__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare"]
+__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate"]
 
 # The summary table's rows: (label, summary key, scale, format).
 _SUMMARY_ROWS = (
@@ -126,6 +126,32 @@ def run(config: str | os.PathLike[str] | None = None, *, overrides: dict[str, An
         write_timeline(result, resolved.output.timeline, resolved.output.timeline_window)
     return Run(dict(result.summary), result.requests, result.steps, result.config, tuple(result.warnings),
                out, result)
+
+
+def validate(config: str | os.PathLike[str] | None = None, *, overrides: dict[str, Any] | None = None,
+             repeat: int = 1, logic: bool = True, acceptance: str = "synthetic", **settings: Any) -> dict[str, Any]:
+    """Replay a scenario for real and measure the simulator's error: ``specbatch validate`` (needs torch).
+
+    ``repeat`` replays of the same seed give the noise floor; ``logic`` plays each replay's
+    measured steps back through the simulator's loop. Returns validation.json's document
+    (``metrics``, ``noise_floor``, ``logic``, ``step_cost``, ``tost``, ...) with the printed
+    report under ``"report"``. With ``out=FOLDER`` the folder is written as the CLI writes
+    it (otherwise into a temporary folder, removed). Ctrl-C raises KeyboardInterrupt.
+    """
+    from sim.commands.validation import replay_repeats, write_validation
+
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise InputError(f"must be a whole number >= 1, not {repeat!r}", field="repeat")
+    resolved = load_config(config, {**(overrides or {}), **_keywords(settings)})
+    if resolved.cluster.replicas != 1:
+        raise resolved.error("cluster.replicas", "the real replay serves one replica")
+    replays = replay_repeats(resolved, repeat, acceptance)
+    if replays[-1][1].partial:
+        raise KeyboardInterrupt
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(resolved.output.dir) if resolved.output.dir is not None else Path(scratch) / "validation"
+        document, report = write_validation(replays, out, acceptance, logic=logic)
+    return {**document, "report": report}
 
 
 def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict[str, tuple[Any, str]]:

@@ -1,0 +1,154 @@
+"""The logic check's playback (sim.serving.recorded) and the validation's statistics, without torch.
+
+A priced simulation is its own perfect "replay": its steps, played back through the
+RecordedBackend, must give the simulation again, bit for bit, whatever the batching and
+policy; a step that differs from the record is named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.commands.fidelity import equivalence_test, noise_floor, pooled_summary, step_cost_summary
+from sim.serving.priced import PricedBackend
+from sim.serving.recorded import LogicDivergence, RecordedBackend, RecordedSteps
+from sim.serving.records import DECODE, PREFILL
+from sim.simulate import execute, make_sampler, prepare, scheduler_for
+
+
+class Spy(PricedBackend):
+    """The simulator's own backend, keeping each step's accepted counts per row (as the replay does)."""
+
+    def __init__(self, run):
+        super().__init__(run.table, make_sampler(run.config, run.alphas), scheduler_for(run).prefill)
+        self.accepted: list = []
+
+    def prefill(self, queue, head, n, mean_prompt):
+        self.accepted.append(None)
+        return super().prefill(queue, head, n, mean_prompt)
+
+    def decode(self, view, k, ragged, scale, lag):
+        dt, accepted = super().decode(view, k, ragged, scale, lag)
+        self.accepted.append(None if accepted is None else accepted.copy())
+        return dt, accepted
+
+
+def recorded(result, accepted) -> RecordedSteps:
+    """A simulation's steps as a replay would have recorded them: the loop reads its clock when a
+    step starts, when it ends, and when it finds nothing to do (then sleeps to the next arrival)."""
+    steps = result.steps
+    readings, top = [0.0], 0.0
+    for start, end in zip(steps.start_s.tolist(), steps.end_s.tolist()):
+        if start != top:  # it slept: the next look at the clock found the arrival
+            readings.append(start)
+        readings += [end, end]  # the step's end, and the loop's next look (no time passes in between)
+        top = end
+    return RecordedSteps.from_replay(steps, np.array(readings), accepted)
+
+
+def simulated(run_config, **overrides):
+    run = prepare(run_config(**overrides))
+    spy = Spy(run)
+    return run, execute(run, backend=spy), spy
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batching=st.sampled_from(["continuous", "static"]), policy=st.sampled_from(["none", "fixed", "goodput"]),
+       rate=st.sampled_from([0.5, 4.0, 40.0]), seed=st.integers(0, 50))
+def test_a_simulation_played_back_is_the_simulation(run_config, batching, policy, rate, seed):
+    overrides = {"engine__batching": batching, "policy__name": policy, "workload__rate": rate, "seed": seed,
+                 "workload__num_requests": 40, "engine__max_batch_size": 8,
+                 "workload__prompt_tokens": "uniform:8:64", "workload__output_tokens": "uniform:1:40"}
+    if policy == "fixed":
+        overrides["policy__k"] = 3
+    run, original, spy = simulated(run_config, **overrides)
+    backend = RecordedBackend(recorded(original, spy.accepted))
+    played = execute(prepare(run.config), backend=backend)
+    backend.check_done()
+    for column in ("first_token_s", "finish_s", "scheduled_s", "accepted_tokens", "drafted_tokens"):
+        np.testing.assert_array_equal(played.requests[column], original.requests[column], err_msg=column)
+    np.testing.assert_array_equal(played.steps.end_s, original.steps.end_s)
+    assert json.dumps(played.summary, sort_keys=True) == json.dumps(original.summary, sort_keys=True)
+
+
+def test_the_first_different_decision_is_named(run_config):
+    run, original, spy = simulated(run_config, **{"policy__name": "fixed", "policy__k": 3, "workload__rate": 20.0,
+                                                  "workload__num_requests": 20, "engine__max_batch_size": 4})
+    steps = recorded(original, spy.accepted)
+    decode = int(np.flatnonzero(steps.phase == DECODE)[3])
+    k = steps.k.copy()
+    k[decode] = 2  # the replay "ran" k = 2 where the policy says 3
+    bad = RecordedSteps(steps.phase, steps.batch, k, steps.until_s, steps.idle_before, steps.accepted)
+    with pytest.raises(LogicDivergence, match=f"step {decode}: the simulation runs a decode of .* at k = 3, "
+                                              f"the replay ran .* at k = 2"):
+        execute(prepare(run.config), backend=RecordedBackend(bad))
+    short = RecordedSteps(*(getattr(steps, f)[:-1] for f in ("phase", "batch", "k", "until_s", "idle_before")),
+                          steps.accepted[:-1])
+    with pytest.raises(LogicDivergence, match="a step more than the replay's"):
+        execute(prepare(run.config), backend=RecordedBackend(short))
+
+
+def test_time_is_played_back_absolutely_from_the_replays_clock(run_config):
+    # Each step ends at the replay's next clock reading (its end plus the loop's work after it);
+    # a step after an idle spell starts at the arrival that woke the replica.
+    run, original, spy = simulated(run_config, **{"policy__name": "none", "workload__rate": 0.5,
+                                                  "workload__num_requests": 10})
+    steps = recorded(original, spy.accepted)
+    assert steps.idle_before.sum() >= 2 and steps.phase[steps.idle_before].tolist() == [PREFILL] * int(
+        steps.idle_before.sum())
+    late = RecordedSteps(steps.phase, steps.batch, steps.k, steps.until_s + 0.002, steps.idle_before, steps.accepted)
+    played = execute(prepare(run.config), backend=RecordedBackend(late))
+    np.testing.assert_allclose(played.steps.end_s, original.steps.end_s + 0.002, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(played.requests.finish_s, original.requests.finish_s + 0.002, rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ statistics
+def test_noise_floor_is_the_spread_over_replays():
+    summaries = [{"mean_e2el_ms": v, "output_throughput": 10.0} for v in (90.0, 100.0, 110.0)]
+    floor = noise_floor(summaries).set_index("metric")
+    row = floor.loc["mean_e2el_ms"]
+    assert row["repeats"] == 3 and row["mean"] == pytest.approx(100.0)
+    assert row["range"] == pytest.approx(0.2) and row["cv"] == pytest.approx(10.0 / 100.0)
+    assert floor.loc["output_throughput", "cv"] == 0.0
+    assert math.isnan(noise_floor(summaries[:1]).set_index("metric").loc["mean_e2el_ms", "cv"])
+
+
+def test_pooled_latencies_are_over_every_request_of_every_replay():
+    a = pd.DataFrame({"e2el_s": [1.0, 2.0], "ttft_s": [0.1, 0.2], "tpot_s": [0.01, np.nan]})
+    b = pd.DataFrame({"e2el_s": [3.0, 4.0], "ttft_s": [0.3, 0.4], "tpot_s": [0.03, 0.04]})
+    pooled = pooled_summary([{"output_throughput": 1.0}, {"output_throughput": 3.0}], [a, b])
+    assert pooled["mean_e2el_ms"] == pytest.approx(2500.0)
+    assert pooled["p99_e2el_ms"] == pytest.approx(np.percentile([1, 2, 3, 4], 99) * 1e3)
+    assert pooled["mean_tpot_ms"] == pytest.approx(1e3 * np.mean([0.01, 0.03, 0.04]))
+    assert pooled["output_throughput"] == 2.0
+
+
+def test_tost_tells_equivalent_from_off_by_ten_percent():
+    rng = np.random.default_rng(0)
+    real = pd.DataFrame({"request_id": np.arange(300), "e2el_s": rng.uniform(1, 3, 300)})
+    close = real.assign(e2el_s=real.e2el_s * (1 + rng.normal(0.01, 0.02, 300)))
+    off = real.assign(e2el_s=real.e2el_s * 1.10)
+    yes, no = equivalence_test(real, close), equivalence_test(real, off)
+    assert yes["equivalent"] and yes["p_value"] < 0.05 and yes["n_pairs"] == 300
+    assert not no["equivalent"] and no["mean_difference_relative"] == pytest.approx(0.10)
+    assert equivalence_test(real.head(1), close.head(1))["p_value"] is None
+
+
+def test_step_cost_error_per_phase_and_k():
+    frame = pd.DataFrame({"group": ["prefill", "decode k=3", "decode k=3", "decode k=0"],
+                          "predicted_s": [1.1, 0.9, 1.0, 2.0], "corrected_s": [1.0, 1.0, 1.0, 2.0],
+                          "measured_s": [1.0, 1.0, 1.0, 1.0]})
+    rows = {r["group"]: r for r in step_cost_summary(frame)}
+    assert list(rows) == ["prefill", "decode k=0", "decode k=3", "all steps"]
+    assert rows["prefill"]["median_ape"] == pytest.approx(0.1) and rows["prefill"]["corrected_median_ape"] == 0
+    assert rows["decode k=3"]["median_ape"] == pytest.approx(0.05) and rows["decode k=3"]["median_error"] == \
+        pytest.approx(-0.05)
+    assert rows["decode k=0"]["median_error"] == pytest.approx(1.0)
+    assert rows["all steps"]["steps"] == 4
