@@ -362,8 +362,17 @@ def capacity_gpus(block: Block) -> str:
     return "\n".join(rows) + "\n"
 
 
+def scale(block: Block) -> str:
+    """benchmarks/scale.py's table, from its committed results (benchmarks/results/scale.json)."""
+    import json
+
+    doc = json.loads((ROOT / "benchmarks" / "results" / "scale.json").read_text())
+    return _load_doc_module("benchmarks/scale.py").table(doc)
+
+
 GENERATORS: dict[str, Callable[[Block], str]] = {
     "console": console,
+    "scale": scale,
     "policy-table": policy_table,
     "gpu-figures": gpu_figures,
     "capacity-gpus": capacity_gpus,

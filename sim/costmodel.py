@@ -78,6 +78,38 @@ class CostModel:
     def curves(self) -> list[Curve]:
         return [self.prefill_target, self.prefill_draft, self.decode_draft, self.decode_target, self.verify]
 
+    _CURVES = ("prefill_target", "prefill_draft", "decode_draft", "decode_target", "verify")
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The fitted model as named arrays (what :mod:`sim.cache` stores): :meth:`from_state` rebuilds
+        it without fitting, equal to the last bit."""
+        out = {"k_max": np.int64(self.k_max), "draft_measures_q": np.bool_(self.draft_measures_q),
+               "decode_overhead": np.float64(self.decode_overhead),
+               "prefill_overhead": np.float64(self.prefill_overhead)}
+        for attr in self._CURVES:
+            curve = getattr(self, attr)
+            out[f"{attr}/axes"] = np.array(curve.axes)
+            out[f"{attr}/features"] = np.array(curve.features.__name__)
+            out.update({f"{attr}/{key}": value for key, value in curve.state().items()})
+        return out
+
+    @classmethod
+    def from_state(cls, profile: Profile, state) -> "CostModel":
+        model = cls.__new__(cls)
+        model.profile = profile
+        model.k_max = int(state["k_max"])
+        model.draft_measures_q = bool(state["draft_measures_q"])
+        model.decode_overhead = float(state["decode_overhead"])
+        model.prefill_overhead = float(state["prefill_overhead"])
+        features = {f.__name__: f for f in (decode_features, prefill_features, verify_features, _draft_features)}
+        for attr in cls._CURVES:
+            prefix = f"{attr}/"
+            part = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+            curve = Curve.from_state(attr.replace("_", "/", 1), tuple(str(a) for a in part["axes"]),
+                                     features[str(part["features"])], part)
+            setattr(model, attr, curve)
+        return model
+
     # Vectorised, exact evaluation (used to build tables, by policies and by tests).
     def step_times(self, batch_size, k, context_tokens) -> np.ndarray:
         b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
@@ -177,10 +209,11 @@ class CostModel:
         catch_up[0] = 0.0
         after_full = decode + catch_up[:, 2:3, :]
         chunk_step = max(1, math.ceil(chunk_tokens / TABLE_COLUMNS))
-        chunk = self.chunk_costs(np.arange(TABLE_COLUMNS + 2) * chunk_step, with_draft) if chunk_tokens else None
-        return StepTable(decode.tolist(), prefill.tolist(), float(ctx_step), float(prompt_step),
-                         max_batch, k_max, catch_up.tolist(), after_full.tolist(),
-                         chunk.tolist() if chunk_tokens else None, float(chunk_step), self.prefill_overhead)
+        chunk = {"chunk": self.chunk_costs(np.arange(TABLE_COLUMNS + 2) * chunk_step, with_draft)} if chunk_tokens else {}
+        return StepTable.from_arrays({"chunk_step": float(chunk_step), "decode": decode, "prefill": prefill, "context_step": float(ctx_step),
+                                      "prompt_step": float(prompt_step), "max_batch": max_batch, "k_max": k_max,
+                                      "catch_up": catch_up, "decode_lag2": after_full,
+                                      "prefill_overhead": self.prefill_overhead, **chunk})
 
 
 @dataclass(frozen=True)
@@ -229,6 +262,28 @@ class StepTable:
 
     def prefill_time(self, batch_size: int, mean_prompt: float) -> float:
         return _blend(self.prefill[batch_size], mean_prompt / self.prompt_step)
+
+    _TABLES = ("decode", "prefill", "catch_up", "decode_lag2")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The table as named arrays (what :mod:`sim.cache` stores); :meth:`from_arrays` reads them back.
+        A vllm-v1 table's ``chunk`` row is stored with it; a v0 table has none (and stores none)."""
+        out = {name: np.asarray(getattr(self, name), dtype=np.float64) for name in self._TABLES}
+        out.update(context_step=np.float64(self.context_step), prompt_step=np.float64(self.prompt_step),
+                   max_batch=np.int64(self.max_batch), k_max=np.int64(self.k_max),
+                   chunk_step=np.float64(self.chunk_step), prefill_overhead=np.float64(self.prefill_overhead))
+        if self.chunk is not None:
+            out["chunk"] = np.asarray(self.chunk, dtype=np.float64)
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays) -> "StepTable":
+        chunk = arrays.get("chunk")
+        return cls(**{name: np.asarray(arrays[name], dtype=np.float64).tolist() for name in cls._TABLES},
+                   context_step=float(arrays["context_step"]), prompt_step=float(arrays["prompt_step"]),
+                   max_batch=int(arrays["max_batch"]), k_max=int(arrays["k_max"]),
+                   chunk=None if chunk is None else np.asarray(chunk, dtype=np.float64).tolist(),
+                   chunk_step=float(arrays["chunk_step"]), prefill_overhead=float(arrays["prefill_overhead"]))
 
     def chunk_time(self, decode_tokens: int, chunk_tokens: int) -> float:
         """What a step's prefill chunks add: P(D + Q) - P(D), or P(Q) plus the prefill overhead

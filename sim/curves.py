@@ -16,12 +16,14 @@ points that were skipped (out of memory) are filled from the same fit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import pandas as pd
-from scipy.interpolate import RegularGridInterpolator
-from scipy.optimize import least_squares
+
+# scipy is imported where a curve is fitted or first evaluated: a run whose curves and step
+# table come from the cache (sim.cache) never needs it.
+if TYPE_CHECKING:
+    import pandas as pd
 
 Features = Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]]
 
@@ -66,7 +68,7 @@ class Curve:
     fit_median_rel_error: float
 
     @classmethod
-    def from_points(cls, name: str, points: pd.DataFrame, axes: tuple[str, ...], features: Features) -> "Curve":
+    def from_points(cls, name: str, points: "pd.DataFrame", axes: tuple[str, ...], features: Features) -> "Curve":
         coords = {a: points[a].to_numpy(dtype=float) for a in axes}
         latency = points["latency_median_s"].to_numpy(dtype=float)
         theta_m, theta_c, err = _fit_roofline(features, coords, latency)
@@ -84,12 +86,34 @@ class Curve:
         return curve
 
     def _build(self) -> None:
-        live = [i for i, g in enumerate(self.grid) if g.size > 1]
-        self._live = live
-        squeezed = self.values.reshape(tuple(self.grid[i].size for i in live)) if live else self.values.reshape(())
-        self._interp = (RegularGridInterpolator(tuple(self.grid[i] for i in live), squeezed, method="linear")
-                        if live else None)
+        self._live = [i for i, g in enumerate(self.grid) if g.size > 1]
+        self._interp = None  # built on first evaluation (:meth:`_interpolator`)
         self._constant = float(self.values.reshape(-1)[0])
+
+    def _interpolator(self):
+        if self._interp is None:
+            from scipy.interpolate import RegularGridInterpolator
+
+            live = self._live
+            squeezed = self.values.reshape(tuple(self.grid[i].size for i in live))
+            self._interp = RegularGridInterpolator(tuple(self.grid[i] for i in live), squeezed, method="linear")
+        return self._interp
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What rebuilds this curve without fitting it again (:meth:`from_state`): arrays only."""
+        out = {"values": self.values, "theta_memory": self.theta_memory, "theta_compute": self.theta_compute,
+               "fit_median_rel_error": np.float64(self.fit_median_rel_error)}
+        out.update({f"grid_{i}": g for i, g in enumerate(self.grid)})
+        return out
+
+    @classmethod
+    def from_state(cls, name: str, axes: tuple[str, ...], features: Features, state) -> "Curve":
+        grid = tuple(np.asarray(state[f"grid_{i}"], dtype=float) for i in range(len(axes)))
+        curve = cls(name, axes, grid, np.asarray(state["values"], dtype=float), features,
+                    np.asarray(state["theta_memory"], dtype=float), np.asarray(state["theta_compute"], dtype=float),
+                    float(state["fit_median_rel_error"]))
+        curve._build()
+        return curve
 
     def fit(self, x: dict[str, np.ndarray]) -> np.ndarray:
         memory, compute = self.features(x)
@@ -104,11 +128,11 @@ class Curve:
         arrays = np.broadcast_arrays(*(np.asarray(coords[a], dtype=float) for a in self.axes))
         x = dict(zip(self.axes, arrays))
         clamped = {a: np.clip(v, g[0], g[-1]) for (a, v), g in zip(x.items(), self.grid)}
-        if self._interp is None:
+        if not self._live:
             inside = np.full(arrays[0].shape, self._constant)
         else:
             pts = np.stack([clamped[self.axes[i]] for i in self._live], axis=-1)
-            inside = self._interp(pts.reshape(-1, len(self._live))).reshape(arrays[0].shape)
+            inside = self._interpolator()(pts.reshape(-1, len(self._live))).reshape(arrays[0].shape)
         outside = np.zeros(arrays[0].shape, dtype=bool)
         for a in self.axes:
             outside |= x[a] != clamped[a]
@@ -122,6 +146,8 @@ class Curve:
 
 def _fit_roofline(features: Features, x: dict[str, np.ndarray], t: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """Non-negative least squares on relative error of max(memory, compute)."""
+    from scipy.optimize import least_squares
+
     memory, compute = features(x)
     n_m = memory.shape[1]
     scale_m = np.maximum(np.abs(memory).max(axis=0), 1e-30)

@@ -30,13 +30,18 @@ MAX_WORKERS = 1024
 # every arrival, so thousands of replicas make a run crawl long before memory runs out.
 MAX_REPLICAS = 1024
 
-# Peak memory of a simulated run: what every run holds (Python, numpy, pandas, SimPy, the step
-# table of the default scenario) plus a share per request (its columns, its steps' records,
-# the summary's sorted copies, the written table). Measured on the default scenario with GNU
-# time: 20,000 requests peak at 291 MB, 1,000,000 at 1.09 GB (docs/errors.md). The estimate
-# is meant to be close, not cautious: a refusal must not turn away a run that would fit.
-BASE_BYTES = 300 * 2**20
-BYTES_PER_REQUEST = 850
+# Peak memory of a simulated run: what every run holds (Python, numpy, pandas, scipy and the
+# curve fit of a profile's first run on a machine, SimPy, the step table of the default
+# scenario) plus a share per request (its columns, its steps' records in typed column
+# buffers, the summary's sorted copies, the written slices). Measured on the default scenario
+# with GNU time (`/usr/bin/time -f %M specbatch run --num-requests N --rate 1000 --records csv`,
+# the fit cache off, i.e. the worst start-up): 20,000 requests peak at 298 MB, 200,000 at
+# 337 MB, 500,000 at 496 MB (before the column records: 291 MB at 20,000, 1.09 GB at
+# 1,000,000). The line through the 20,000 and 500,000 points is within 10% of the 200,000 one,
+# above it. The estimate is meant to be close, not cautious: a refusal must not turn away a
+# run that would fit.
+BASE_BYTES = 276 * 2**20
+BYTES_PER_REQUEST = 410
 # One cell of the pre-tabulated step costs: a Python float in a list (sim.costmodel.StepTable).
 BYTES_PER_TABLE_CELL = 32
 TABLE_CONTEXT_COLUMNS = 258     # sim.costmodel.TABLE_COLUMNS + 2

@@ -25,7 +25,6 @@ objects are built by :func:`spec_decode_section` and :func:`per_request_spec_dec
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 PERCENTILES = (90, 99)
 SLO_METRICS = ("ttft", "tpot", "e2el")  # vllm bench serve --goodput's keys, in ms
@@ -91,7 +90,9 @@ def distribution_stats(prefix: str, values_s: np.ndarray, weights: np.ndarray | 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, percents) -> np.ndarray:
     """Equals ``np.percentile(np.repeat(values, weights), percents)`` without building the repeat."""
     order = np.argsort(values, kind="stable")
-    sorted_values, cum = values[order], np.cumsum(weights[order])
+    cum = np.cumsum(weights[order])
+    sorted_values = values[order]
+    del order  # a million-request run has millions of gaps: hold as few copies as possible
     total = int(cum[-1])
     out = []
     for p in percents:
@@ -169,12 +170,12 @@ def scheduler_stats(records) -> dict[str, float | int]:
         "num_preemptions": int(records.preemptions.sum()),
         "num_preempted_requests": int(np.count_nonzero(records.preemptions)),
         "num_mixed_steps": int(mixed.sum()),
-        "num_prefill_tokens": int(steps["prefill_tokens"].sum()),
+        "num_prefill_tokens": int(steps["prefill_tokens"].sum(dtype=np.int64)),
         "peak_kv_blocks": int(steps["kv_blocks"].max()) if steps["kv_blocks"].size else 0,
     }
 
 
-def by_label(table: pd.DataFrame) -> dict | None:
+def by_label(table) -> dict | None:
     """Per-label completed, mean/p99 E2EL, mean TTFT and mean acceptance length (requests.csv's label).
 
     Acceptance length here is per decode step, 1 + accepted / decode steps, which is vLLM's
@@ -182,6 +183,9 @@ def by_label(table: pd.DataFrame) -> dict | None:
     """
     if "label" not in table:
         return None
+    import pandas as pd  # only a labelled trace needs the group-by
+
+    table = pd.DataFrame(table, copy=False) if not isinstance(table, pd.DataFrame) else table
     out = {}
     for label, rows in table.groupby("label", sort=True):
         done = rows[rows.finish_s.notna()]

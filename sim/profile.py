@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from sim.atomic_write import write_file
 from sim.errors import InputError, read_text
+from sim.lazy import lazy_module
+
+pd = lazy_module("pandas")  # imported when points are read: a cached run never does
 
 FORMAT_VERSION = 1
 CSV_NAME = "profile.csv"

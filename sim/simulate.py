@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
-import pandas as pd
 
 from policies import Policy, PolicyError, make_policy
 from policies.explain import Explaining
 from sim.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, SharedAlphaSampler, TraceSampler,
                             acceptance_scale, accepted_per_position, per_request_steps, position_rates,
                             read_acceptance_trace)
+from sim.cache import fitted_profile, profile_digest, step_table
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel import CostModel, StepTable
@@ -28,7 +30,7 @@ from sim.errors import InputError
 from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
                          spec_decode_section, summarize)
-from sim.profile import CSV_NAME, META_NAME, Profile, load_profile, resolve_profile_path
+from sim.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
 from sim.scheduler import kv_reserve, make_scheduler
 from sim.serving.clock import simulate_replica
 from sim.serving.loop import ServingLoop
@@ -37,6 +39,10 @@ from sim.serving.queues import ArrivalQueue, ConcurrencyLimitedQueue
 from sim.serving.records import ReplicaRecords
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+Columns = Mapping[str, np.ndarray]  # a table as named columns: a dict of arrays (or a DataFrame)
 
 WORKLOAD, REQUEST_ALPHA, ACCEPTANCE = range(3)  # the run's random streams, in spawn order
 
@@ -94,10 +100,16 @@ class PreparedRun:
 
 @dataclass
 class RunResult:
+    """A run's records as typed columns (written as they are) and its summary.
+
+    ``requests`` and ``steps`` are DataFrames built on first use from the columns, without
+    copying them: the command line writes the columns and never needs pandas.
+    """
+
     config: RunConfig
     profile: Profile
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    request_columns: Columns  # one entry per requests.csv column
+    step_columns: Columns     # one entry per steps.csv column
     summary: dict
     warnings: list[str]
     wall_s: float
@@ -110,11 +122,32 @@ class RunResult:
     spec_decode_requests: list[dict] | None = None  # per request, when asked (spec_decode.jsonl)
     itl: tuple[np.ndarray, np.ndarray] | None = None  # the ITLs as (gap, count) pairs, for distribution tests
 
+    @property
+    def request_count(self) -> int:
+        return len(self.request_columns["request_id"])
+
+    @cached_property
+    def requests(self) -> "pd.DataFrame":
+        return as_frame(self.request_columns)
+
+    @cached_property
+    def steps(self) -> "pd.DataFrame":
+        return as_frame(self.step_columns)
+
+
+def as_frame(columns: Columns) -> "pd.DataFrame":
+    """A DataFrame over the columns, sharing their memory (a DataFrame is returned as is)."""
+    import pandas as pd
+
+    if isinstance(columns, pd.DataFrame):
+        return columns
+    return pd.DataFrame(dict(columns), copy=False)
+
 
 def prepare(config: RunConfig) -> PreparedRun:
     """Everything that can be wrong with the inputs fails here, before the run."""
     try:
-        profile, cost_model = _profile_and_costs(config.profile)
+        profile, cost_model, digest = _profile_and_costs(config.profile)
     except InputError as exc:
         if exc.source is None:  # the name itself was bad: point at where it was given
             raise config.error("profile", exc.message) from None
@@ -163,7 +196,7 @@ def prepare(config: RunConfig) -> PreparedRun:
                                                                  config.engine.gpu_memory_utilization else
                                                                  " (the profile's measured capacity)"))
     reach = _table_reach(config, policy, requests)
-    table = cost_model.tabulate(**reach, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
+    table = step_table(cost_model, reach, digest, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
     try:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
@@ -173,21 +206,24 @@ def prepare(config: RunConfig) -> PreparedRun:
     return prepared
 
 
-def _profile_and_costs(name: str) -> tuple[Profile, CostModel]:
-    """Load and fit a profile once per process: sweeps and capacity searches run hundreds of
-    scenarios on one profile, and fitting its curves costs far more than a small run."""
-    directory = resolve_profile_path(name)
-    stamp = tuple((f.stat().st_mtime_ns, f.stat().st_size) for f in (directory / CSV_NAME, directory / META_NAME)
-                  if f.is_file())
-    return _fitted(str(directory.resolve()), stamp)
+def _profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
+    """Load and fit a profile once per process, and once per machine through the disk cache
+    (:mod:`sim.cache`): sweeps and capacity searches run hundreds of scenarios on one profile,
+    and fitting its curves costs far more than a small run."""
+    directory = resolve_profile_path(name).resolve()
+    digest = profile_digest([directory / CSV_NAME, directory / META_NAME])
+    return (*_fitted(str(directory), digest), digest)
 
 
 @lru_cache(maxsize=8)
-def _fitted(directory: str, stamp: tuple) -> tuple[Profile, CostModel]:
-    profile = load_profile(directory)
+def _fitted(directory: str, digest: str) -> tuple[Profile, CostModel]:
+    return fitted_profile(Path(directory), digest, fit=_fit)
+
+
+def _fit(profile: Profile) -> CostModel:
     try:
         with np.errstate(over="raise", invalid="raise", divide="raise"):  # points that pass every field check yet defeat the fit: one line
-            return profile, CostModel(profile)
+            return CostModel(profile)
     except (ArithmeticError, ValueError, np.linalg.LinAlgError) as exc:
         raise InputError(f"cannot fit cost curves to these points ({exc}); check the latencies",
                          source=profile.path / CSV_NAME, field="profile") from None
@@ -338,8 +374,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         per_request_steps(samplers, len(requests)), run.policy.max_k, detail == "detailed")
     if records.preemptions is not None:  # vllm-v1 (a v0 summary stays as it was)
         summary.update(scheduler_stats(records))
-    table = request_table(requests, run.alphas, records)
-    steps = pd.DataFrame(records.steps)
+    table = request_columns(requests, run.alphas, records)
+    steps = dict(records.steps)
     breakdown = None
     if count > 1:  # a one-replica run's files stay exactly the single replica's
         table["replica"] = cluster.replica_of
@@ -364,13 +400,19 @@ def simulate(config: RunConfig) -> RunResult:
     return execute(prepare(config))
 
 
-def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -> pd.DataFrame:
+def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -> "pd.DataFrame":
+    """:func:`request_columns` as a DataFrame."""
+    return as_frame(request_columns(requests, alphas, rec))
+
+
+def request_columns(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -> dict[str, np.ndarray]:
+    """requests.csv's columns, in its order."""
     ttft = rec.first_token_s - requests.arrival_s
     e2el = rec.finish_s - requests.arrival_s
     out = requests.output_tokens
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2el - ttft) / (out - 1), np.nan)
-    return pd.DataFrame({
+    return {
         "request_id": np.arange(len(requests)),
         "arrival_s": requests.arrival_s,
         "prompt_tokens": requests.prompt_tokens,
@@ -388,5 +430,5 @@ def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -
         "accepted_tokens": rec.accepted_tokens,
         **({"num_preemptions": rec.preemptions} if rec.preemptions is not None else {}),
         **({"label": requests.label} if requests.label is not None else {}),
-    })
+    }
 

@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.synthetic import make_profile
+
+# The fitted-profile cache (sim/cache.py) of this test session: never the user's own, shared by
+# the xdist workers and the subprocesses they start (an entry is written whole or not at all).
+os.environ.setdefault("SPECBATCH_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"specbatch-test-cache-{os.getuid()}"))
 
 # The shipped defaults as they were before the default moved to the H100 profile (issue 18):
 # tests of scheduling logic layer on these, so that what they check keeps its meaning.

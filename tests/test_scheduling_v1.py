@@ -116,7 +116,7 @@ def test_blocks_running_out_preempt_the_newest_and_recompute_it(cost_model):
     end = s["end_s"]
     # B's 20th token is one inter-token gap from its 19th (end of step 18) to its recompute (step 40)
     gap = end[40] - end[18]
-    assert np.isclose(loop.itl_values, gap).sum() == 1
+    assert np.isclose(loop.records().itl_values, gap).sum() == 1
     assert loop.finish_s[1] == end[-1] and loop.finish_s[0] == end[39]
 
 
@@ -173,9 +173,9 @@ def test_queueing_invariants(cost_model, reqs, block_size, budget, k, spare_bloc
     assert int(s["preemptions"].sum()) == int(loop.preemptions.sum())
     # one inter-token gap per decode step a request emits in (one per token after the first at k = 0),
     # plus one per recompute
-    assert int(np.sum(loop.itl_weights)) <= int((outputs - 1).sum())
+    assert int(np.sum(loop.records().itl_weights)) <= int((outputs - 1).sum())
     if k == 0:
-        assert int(np.sum(loop.itl_weights)) == int((outputs - 1).sum())
+        assert int(np.sum(loop.records().itl_weights)) == int((outputs - 1).sum())
 
 
 def test_the_default_scenario_under_vllm_v1_end_to_end(tmp_path, capsys):
@@ -241,7 +241,7 @@ def test_the_real_replay_refuses_the_v1_scheduler():
 def test_the_step_table_prices_mixed_steps_as_the_cost_model_does(tmp_path):
     from sim.simulate import _profile_and_costs
 
-    _, cm = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    _, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
     table = cm.tabulate(64, 3, 6000, 4096, with_draft=True, chunk_tokens=8192)
     for b, k, c, q in [(0, 0, 0, 512), (0, 0, 0, 8000), (8, 3, 700, 300), (64, 3, 2500, 4000), (32, 0, 100, 1)]:
         d = b * (k + 1)
@@ -260,7 +260,7 @@ def test_the_mixed_step_formula_stays_close_to_the_kernel_composition():
     from sim.commands.compose import pricers_for
     from sim.simulate import _profile_and_costs
 
-    profile, cm = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    profile, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
     target = pricers_for(profile)["target"]
 
     def p(x):

@@ -14,9 +14,12 @@ traceback of either).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Sequence
 
@@ -90,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if debug:
         argv.remove(DEBUG_FLAG)
     try:
-        return _dispatch(argv)
+        with _noting_interrupts() as interrupts:
+            return _dispatch(argv)
     except InputError as exc:
         _print_traceback(exc, debug)
         print(f"error: {exc}", file=sys.stderr)
@@ -99,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted: nothing was written (outputs appear whole or not at all)", file=sys.stderr)
         return 130
     except Exception as exc:
+        if interrupts:  # Ctrl-C inside a lazy import (pandas, scipy) can surface as another error
+            print("interrupted: nothing was written (outputs appear whole or not at all)", file=sys.stderr)
+            return 130
         from policies import plugin_failure
 
         line = plugin_failure(exc)
@@ -110,6 +117,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 DEBUG_FLAG = "--debug"
+
+
+@contextlib.contextmanager
+def _noting_interrupts():
+    """Yields a list that records each SIGINT (then raised as KeyboardInterrupt, as by default).
+
+    pandas and scipy are imported on first use, mid-run; Ctrl-C during a module's import can
+    leave it half-initialised, so the run fails with an ImportError or AttributeError rather
+    than KeyboardInterrupt. A failure after Ctrl-C is still reported as the interrupt."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield seen
+        return
+
+    def note(signum, frame):
+        seen.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _print_traceback(exc: BaseException, debug: bool) -> None:
@@ -154,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
     from sim.config import load_config
     from sim.commands.outputs import check_run_dir, default_output_dir, format_summary, write_run
     from sim.simulate import execute, prepare
-    from sim.commands.timeline import check_writable, commit, stage_timeline
+    from sim.commands.timeline import check_writable, commit, remove_folders, stage_timeline
 
     config = load_config(args.config, run_overrides(args))
     run = prepare(config)
@@ -164,18 +195,19 @@ def _run(args: argparse.Namespace) -> int:
         raise config.error("output.dir", f"cannot write {out}: {problem}")
     check_run_dir(out)
     timeline = config.output.timeline
-    if timeline:
-        check_writable(timeline)
+    timeline_folders = check_writable(timeline) if timeline else []
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     with output_lock(out, error=lambda message: config.error("output.dir", message)):  # a second run to the same folder is refused now
         result = execute(run)
-        staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
+        staged = None
         try:
+            staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
             out = write_run(result, out)
         except BaseException:
             if staged is not None:
                 staged.unlink(missing_ok=True)
+            remove_folders(timeline_folders)
             raise
         if staged is not None:
             commit(staged, timeline)
@@ -184,9 +216,9 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(format_summary(result))
     steps = result.summary["num_steps"]
-    print(f"Simulated {len(result.requests)} requests, {steps} engine steps in {result.wall_s:.2f} s wall "
+    print(f"Simulated {result.request_count} requests, {steps} engine steps in {result.wall_s:.2f} s wall "
           f"({steps / max(result.wall_s, 1e-9):,.0f} steps/s, "
-          f"{len(result.requests) / max(result.wall_s, 1e-9):,.0f} requests/s).")
+          f"{result.request_count / max(result.wall_s, 1e-9):,.0f} requests/s).")
     print(f"Wrote {out}/ (summary.json, config.toml"
           + ("" if config.output.records == "none" else f", requests.{config.output.records}, "
              f"steps.{config.output.records}") + ")")

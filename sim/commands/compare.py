@@ -18,10 +18,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from sim.commands.flags import RUN_FLAGS, add_run_flags, run_overrides
 from sim.errors import InputError
+from sim.lazy import lazy_module
+
+pd = lazy_module("pandas")  # the cli imports this module: a plain run must not pay for pandas
 
 # The file defines the workload: these run flags do not apply.
 WORKLOAD_FLAGS = ("--arrival", "--rate", "--rate-profile", "--burstiness", "--cv", "--duration", "--num-requests",

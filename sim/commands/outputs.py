@@ -3,6 +3,13 @@
 Files are written into a staging folder beside the target and renamed into place,
 so a folder is either a complete run or absent. Nothing in them depends on the
 wall clock, so the same config and seed give the same bytes.
+
+The record tables (requests, steps) are written by pyarrow straight from the run's
+typed columns (:mod:`sim.serving.records`): no DataFrame, no per-row Python. A new
+column is one more entry in those columns; the writer takes them all, in order.
+CSV floats carry 9 significant digits (the precision of the old ``%.9g`` files;
+pyarrow prints the shortest decimal that reads back as the rounded value) and NaN
+is an empty cell.
 """
 
 from __future__ import annotations
@@ -12,12 +19,15 @@ import math
 import os
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
 
 import sim
 from sim.atomic_write import staged_dir
 from sim.errors import InputError
-from sim.simulate import RunResult
+from sim.simulate import Columns, RunResult
+
+CSV_SIGNIFICANT_DIGITS = 9
+SLICE_ROWS = 1 << 20  # rows converted and written at a time
 
 MARKER = "summary.json"
 SPEC_DECODE_FILE = "spec_decode.jsonl"  # per request, vLLM's speculative_decoding objects (when asked)
@@ -60,7 +70,7 @@ def bench_serve_names(result: RunResult) -> dict:
     w, s = result.config.workload, result.summary
     rate = w.rate if w.trace is None and w.trace_vllm is None and w.rate_profile is None else None
     return {
-        "num_prompts": int(result.requests.shape[0]),
+        "num_prompts": result.request_count,
         "request_rate": "inf" if rate == math.inf else rate,
         "burstiness": w.burstiness if w.arrival == "gamma" else 1.0,
         "max_concurrency": w.max_concurrency,
@@ -88,8 +98,8 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
         records = result.config.output.records
         (staging / "config.toml").write_text(result.config.to_toml())
         if records != "none":
-            _write_table(result.requests, staging / f"requests.{records}", records)
-            _write_table(result.steps, staging / f"steps.{records}", records)
+            write_table(result.request_columns, staging / f"requests.{records}", records)
+            write_table(result.step_columns, staging / f"steps.{records}", records)
         if result.spec_decode_requests is not None:
             (staging / SPEC_DECODE_FILE).write_text("".join(
                 json.dumps(r, separators=(",", ":")) + "\n" for r in result.spec_decode_requests))
@@ -97,16 +107,88 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
     return out_dir
 
 
-def _write_table(frame: pd.DataFrame, path: Path, fmt: str) -> None:
-    if fmt == "csv":
-        frame.to_csv(path, index=False, float_format="%.9g", lineterminator="\n")
-    else:
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            raise InputError("parquet output needs pyarrow: pip install 'specbatch[parquet]'",
-                             field="output.records") from None
-        frame.to_parquet(path, index=False)
+def write_table(columns: Columns, path: Path, fmt: str) -> None:
+    """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order.
+
+    Rows go out in slices of :data:`SLICE_ROWS`, so the writer's own memory (the rounded
+    floats, the formatted text) stays a slice's, whatever the run's length.
+    """
+    import pyarrow as pa
+
+    names = list(columns)
+    arrays = {name: np.asarray(columns[name]) for name in names}
+    rows = len(next(iter(arrays.values()))) if arrays else 0
+
+    def table(lo: int, hi: int):
+        return pa.table([_arrow_column(arrays[name][lo:hi], fmt) for name in names], names=names)
+
+    first = table(0, min(rows, SLICE_ROWS))
+    with pa.OSFile(str(path), "wb") as sink:
+        if fmt == "csv":
+            import pyarrow.csv as pacsv
+
+            sink.write((",".join(names) + "\n").encode())  # bare names: they are identifiers
+            writer = pacsv.CSVWriter(sink, first.schema, write_options=_csv_options(arrays))
+        else:
+            import pyarrow.parquet as pq
+
+            writer = pq.ParquetWriter(sink, first.schema)
+        with writer:
+            writer.write_table(first)
+            for lo in range(SLICE_ROWS, rows, SLICE_ROWS):
+                writer.write_table(table(lo, min(rows, lo + SLICE_ROWS)))
+
+
+def _csv_options(arrays: dict[str, np.ndarray]):
+    """No quotes, unless a label holds a comma, quote or line break (then Arrow quotes every label)."""
+    import pyarrow.csv as pacsv
+
+    structural = any(np.char.find(values.astype(str), c).max(initial=-1) >= 0
+                     for values in arrays.values() if values.dtype.kind == "O" for c in ',"\r\n')
+    return pacsv.WriteOptions(include_header=False, quoting_style="needed" if structural else "none")
+
+
+def _arrow_column(values: np.ndarray, fmt: str):
+    """One column as an Arrow array sharing the numpy buffer (``pa.array`` would import pandas,
+    ~0.4 s, to look for pandas types); a CSV's NaN is a null, written as an empty cell."""
+    import pyarrow as pa
+
+    if values.dtype.kind not in "iuf":  # labels: strings (a labelled run has imported pandas anyway)
+        return pa.array(values, type=pa.string() if values.dtype.kind == "O" else None)
+    values = np.ascontiguousarray(values)
+    validity = None
+    if values.dtype.kind == "f" and fmt == "csv":
+        values = round_significant(values, CSV_SIGNIFICANT_DIGITS)
+        nan = np.isnan(values)
+        if nan.any():
+            validity = pa.py_buffer(np.packbits(~nan, bitorder="little"))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [validity, pa.py_buffer(values)])
+
+
+def round_significant(values: np.ndarray, digits: int) -> np.ndarray:
+    """``values`` rounded to ``digits`` significant decimal digits, exactly as ``%.{digits}g`` rounds.
+
+    The scaled value's integer part is exact and the power of ten is exact (<= 1e22), so the
+    division lands on the double nearest the rounded decimal, whose shortest repr (what
+    pyarrow prints) has at most ``digits`` digits. A scaled value at exactly .5 may be a tie
+    only after the scaling's own rounding: those few go through printf, which rounds the
+    exact binary value.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    out = values.copy()
+    live = np.flatnonzero(np.isfinite(values) & (values != 0))
+    x = values[live]
+    shift = (digits - 1 - np.floor(np.log10(np.abs(x)))).astype(np.int64)
+    up = shift >= 0
+    with np.errstate(over="ignore", invalid="ignore"):  # |shift| > 22 is redone by printf below
+        scale = 10.0 ** np.abs(shift)
+        scaled = np.where(up, x * scale, x / scale)
+        whole = np.rint(scaled)
+        out[live] = np.where(up, whole / scale, whole * scale)
+        redo = (np.abs(scaled - whole) == 0.5) | (np.abs(shift) > 22)
+    for i in live[redo]:
+        out[i] = float(f"{values[i]:.{digits}g}")
+    return out
 
 
 def _json_number(value):

@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import pandas as pd
 
 import sim
 from sim.atomic_write import commit, new_staging_file
 from sim.errors import InputError
+from sim.lazy import lazy_module
+
+pd = lazy_module("pandas")  # only when the command runs: building the CLI's parser imports this module
 
 US = 1e6  # trace timestamps are microseconds
 STEP_ARGS = ("batch_size", "running", "k", "drafted_tokens", "accepted_tokens", "emitted_tokens")
@@ -159,15 +161,31 @@ def stage_timeline(result, path: str | os.PathLike[str], window: tuple[float, fl
     return staging
 
 
-def check_writable(path: str | os.PathLike[str]) -> None:
-    """Fail before a long run, not after it, when the timeline could not be written."""
+def check_writable(path: str | os.PathLike[str]) -> list[Path]:
+    """Fail before a long run, not after it, when the timeline could not be written. The folders
+    the check had to create are removed again (staging creates them when the trace is written),
+    so a run interrupted before then leaves nothing; they are returned, deepest first, for
+    :func:`remove_folders` to clear should the writing fail."""
     path = Path(path)
+    created = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
     try:
         with _opened(path) as (staging, _):
             pass
     except OSError as exc:
+        remove_folders(created)
         raise _cannot_write(path, exc) from None
     staging.unlink()
+    remove_folders(created)
+    return created
+
+
+def remove_folders(folders: list[Path]) -> None:
+    """Remove these folders, deepest first, where they are (still) empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
 
 
 @contextlib.contextmanager

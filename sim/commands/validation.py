@@ -32,14 +32,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from sim.atomic_write import staged_dir
 from sim.errors import InputError
+from sim.lazy import lazy_module
 from sim.profile import write_scaled_profile
 from sim.commands.fidelity import (DRIFT_WINDOWS, LATENCIES, compared_metrics, drift, equivalence_test,
                                    group_order, logic_check, merge_logic, noise_floor, pooled_summary,
                                    step_cost_summary, step_costs)
+
+pd = lazy_module("pandas")  # only when the command runs: building the CLI's parser imports this module
 
 INTERRUPTED = 130
 

@@ -44,7 +44,8 @@ import numpy as np
 
 from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
-from sim.serving.records import DECODE, MIXED, PREFILL, STEP_DTYPE, STEP_DTYPE_V1, ReplicaRecords, step_columns
+from sim.serving.records import (DECODE, MIXED, PREFILL, STEP_DTYPE_V1, ReplicaRecords, buffer_array, step_buffer,
+                                 step_columns, value_buffer)
 
 IDLE = -1  # schedule(): nothing to run until a request arrives
 
@@ -106,9 +107,9 @@ class ServingLoop:
         self.decode_count = 0
         self.k_sum = 0
         self.last_decode_end = 0.0
-        self.step_rows: list[tuple] = []  # in sim.serving.records.STEP_DTYPE order
-        self.itl_values: list[float] = []
-        self.itl_weights: list[int] = []
+        self.step_rows = step_buffer()  # append((...)) in sim.serving.records.STEP_DTYPE order
+        self.itl_values = value_buffer(np.float64)  # append(x) / extend(xs), like lists
+        self.itl_weights = value_buffer(np.int64)
         self.view = BatchView(k_max)
         self.feedback = StepFeedback()
         self._ragged = None  # this step's per-sequence k, when the policy returned an array
@@ -305,6 +306,7 @@ class ServingLoop:
     # preemption the next one); preempted rows leave from the tail and wait at the queue head.
 
     def _init_v1(self, n: int) -> None:
+        self.step_rows = step_buffer(STEP_DTYPE_V1)  # its records carry three more columns
         self.schedule, self.start_decode, self.finish_decode = self._schedule_v1, self._start_v1, self._finish_v1
         self.blocks_used = 0  # rows' and partial prefills' blocks, between steps
         self._row_blocks = 0  # the rows' part of it
@@ -530,10 +532,9 @@ class ServingLoop:
     def records(self) -> ReplicaRecords:
         v1 = self.scheduler.name == "vllm-v1"
         return ReplicaRecords(self.scheduled_s, self.first_token_s, self.finish_s, self.decode_steps,
-                              self.drafted, self.accepted,
-                              step_columns(self.step_rows, STEP_DTYPE_V1 if v1 else STEP_DTYPE),
-                              np.asarray(self.itl_values, dtype=np.float64),
-                              np.asarray(self.itl_weights, dtype=np.int64), self.preemptions if v1 else None)
+                              self.drafted, self.accepted, step_columns(self.step_rows),
+                              buffer_array(self.itl_values), buffer_array(self.itl_weights),
+                              self.preemptions if v1 else None)
 
 
 def checked_k(k, k_max: int, policy: Policy, running: int):

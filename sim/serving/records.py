@@ -1,4 +1,13 @@
-"""What a serving loop records: one named row per step, per-request arrays, compact ITLs."""
+"""What a serving loop records: one named row per step, per-request arrays, compact ITLs.
+
+Records live in typed numpy columns, not in Python objects: a million-request run takes
+about six million steps, and a tuple per step (about 150 bytes, plus a boxed float per
+field) would cost more memory than the whole run is allowed. The loop still appends one
+plain tuple per step (the cheapest thing to build in the hot loop); :class:`ColumnBuffer`
+stages at most :data:`CHUNK` of them and moves each full chunk into preallocated
+columns that grow by doubling, so memory per step is the row's width in bytes
+(:data:`STEP_DTYPE`.itemsize, 46 bytes) and no per-step Python object outlives its chunk.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +16,113 @@ from dataclasses import dataclass
 import numpy as np
 
 PREFILL, DECODE, MIXED = 0, 1, 2  # MIXED: a vllm-v1 step of decodes and prefill chunks
+CHUNK = 4096  # rows staged as tuples before they move into the columns
 
-# One step's record. The loop appends plain tuples in this order (a tuple is the cheapest
-# thing to build per step) and :func:`step_columns` names and types them once, at the end.
+# One step's record, in the order the loop appends its fields. Integer widths are what a
+# run can reach (k <= 127; batch sizes and per-step token counts < 2**31), so a step costs
+# 46 bytes; sums over these columns are taken in int64 (numpy widens int32 sums).
 STEP_DTYPE = np.dtype([
     ("start_s", np.float64),             # when the step was scheduled
     ("end_s", np.float64),               # when its tokens were out
-    ("phase", np.int64),                 # PREFILL or DECODE
-    ("batch_size", np.int64),            # charged: admitted prompts, or running (static: the batch's start size)
-    ("running", np.int64),               # sequences decoding after a prefill / in a decode step
-    ("k", np.int64),                     # speculation length (a ragged step: its largest k)
+    ("phase", np.int8),                  # PREFILL or DECODE
+    ("batch_size", np.int32),            # charged: admitted prompts, or running (static: the batch's start size)
+    ("running", np.int32),               # sequences decoding after a prefill / in a decode step
+    ("k", np.int8),                      # speculation length (a ragged step: its largest k)
     ("mean_context_tokens", np.float64),  # prefill: mean prompt; decode: mean context before the step
-    ("drafted_tokens", np.int64),
-    ("accepted_tokens", np.int64),
-    ("emitted_tokens", np.int64),
+    ("drafted_tokens", np.int32),
+    ("accepted_tokens", np.int32),
+    ("emitted_tokens", np.int32),
 ])
 STEP_FIELDS = STEP_DTYPE.names
-# A vllm-v1 step's record adds its prefill chunks' tokens, its KV blocks and its preemptions.
+# A vllm-v1 step's record adds its prefill chunks' tokens, its KV blocks and its preemptions
+# (each < 2**31 per step, so 12 more bytes: 58 a step).
 STEP_DTYPE_V1 = np.dtype(STEP_DTYPE.descr + [
-    ("prefill_tokens", np.int64),        # prompt (or recompute) tokens of the step's chunks
-    ("kv_blocks", np.int64),             # KV blocks in use during the step
-    ("preemptions", np.int64),           # requests preempted at the step's start
+    ("prefill_tokens", np.int32),        # prompt (or recompute) tokens of the step's chunks
+    ("kv_blocks", np.int32),             # KV blocks in use during the step
+    ("preemptions", np.int32),           # requests preempted at the step's start
 ])
 
 
-def step_columns(step_rows: list[tuple], dtype: np.dtype = STEP_DTYPE) -> dict[str, np.ndarray]:
-    """The per-step records (tuples in ``dtype``'s order) as typed, named columns."""
+class ColumnBuffer:
+    """Rows appended one at a time, kept as typed columns that grow by doubling.
+
+    ``append(row)`` takes a tuple in the dtype's field order (for a one-field dtype, the
+    bare value) and ``extend(rows)`` an iterable of them; :meth:`columns` returns views of
+    the filled part, without copying.
+    """
+
+    def __init__(self, dtype: np.dtype, capacity: int = CHUNK) -> None:
+        self.dtype = np.dtype(dtype)
+        self._single = len(self.dtype.names) == 1
+        self._columns = {name: np.empty(capacity, self.dtype[name]) for name in self.dtype.names}
+        self._filled = 0
+        self._staged: list = []
+
+    def append(self, row) -> None:
+        staged = self._staged
+        staged.append(row)
+        if len(staged) >= CHUNK:
+            self._flush()
+
+    def extend(self, rows) -> None:
+        staged = self._staged
+        staged.extend(rows)
+        if len(staged) >= CHUNK:
+            self._flush()
+
+    def __len__(self) -> int:
+        return self._filled + len(self._staged)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The rows so far, one typed array per field (views: valid until the next append)."""
+        self._flush()
+        return {name: column[:self._filled] for name, column in self._columns.items()}
+
+    def _flush(self) -> None:
+        staged = self._staged
+        if not staged:
+            return
+        n, start = len(staged), self._filled
+        end = start + n
+        capacity = next(iter(self._columns.values())).shape[0]
+        if end > capacity:
+            while capacity < end:
+                capacity *= 2
+            for name, column in self._columns.items():
+                grown = np.empty(capacity, column.dtype)
+                grown[:start] = column[:start]
+                self._columns[name] = grown
+        if self._single:
+            (column,) = self._columns.values()
+            column[start:end] = staged
+        else:
+            for column, values in zip(self._columns.values(), zip(*staged)):
+                column[start:end] = values
+        self._filled = end
+        staged.clear()
+
+
+def step_buffer(dtype: np.dtype = STEP_DTYPE) -> ColumnBuffer:
+    """The step records of one loop: ``append((start_s, end_s, phase, ...))`` in ``dtype``'s
+    order (STEP_DTYPE, or STEP_DTYPE_V1 for a vllm-v1 loop)."""
+    return ColumnBuffer(dtype)
+
+
+def value_buffer(dtype) -> ColumnBuffer:
+    """One growing column of plain values (``append(x)``, ``extend(xs)``); ``.array()`` reads it."""
+    return ColumnBuffer(np.dtype([("value", dtype)]))
+
+
+def buffer_array(buffer: ColumnBuffer) -> np.ndarray:
+    """The only column of a :func:`value_buffer` (a view)."""
+    return buffer.columns()["value"]
+
+
+def step_columns(step_rows, dtype: np.dtype = STEP_DTYPE) -> dict[str, np.ndarray]:
+    """The per-step records as typed, named columns: from a :class:`ColumnBuffer` (no copy;
+    its own dtype) or a list of tuples in ``dtype``'s order."""
+    if isinstance(step_rows, ColumnBuffer):
+        return step_rows.columns()
     table = np.array(step_rows, dtype=dtype) if step_rows else np.zeros(0, dtype)
     return {name: np.ascontiguousarray(table[name]) for name in dtype.names}
 

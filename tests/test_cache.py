@@ -1,0 +1,297 @@
+"""The fitted-profile cache (sim/cache.py) and the column records (sim/serving/records.py, outputs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import cache
+from sim.commands.outputs import round_significant, write_run, write_table
+from sim.serving.records import CHUNK, STEP_DTYPE, ColumnBuffer, value_buffer, buffer_array
+from sim.simulate import _fitted, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_bytes(config, out: Path) -> dict[str, bytes]:
+    _fitted.cache_clear()  # the in-process cache would hide the disk cache
+    write_run(simulate(config), out)
+    return {name: (out / name).read_bytes() for name in ("requests.csv", "steps.csv", "summary.json")}
+
+
+def test_results_are_byte_identical_cold_warm_and_uncached(tmp_path, monkeypatch, run_config):
+    config = run_config(workload__num_requests=150, workload__rate=5.0)
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    cold = _run_bytes(config, tmp_path / "cold")
+    entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(entries) == 2  # the fitted model and one step table
+    warm = _run_bytes(config, tmp_path / "warm")
+    monkeypatch.setenv(cache.ENV, "")
+    off = _run_bytes(config, tmp_path / "off")
+    assert cold == warm == off
+
+
+def test_a_vllm_v1_table_caches_its_chunk_row_under_its_token_budget(tmp_path, monkeypatch, run_config):
+    """A vllm-v1 run's step table carries the prefill-chunk prices: cached with them, keyed by the
+    token budget (two budgets, two tables), and read back to the last bit."""
+    def config(budget):
+        return run_config(workload__num_requests=80, workload__rate=20.0, engine__scheduler="vllm-v1",
+                          engine__max_num_batched_tokens=budget)
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    cold = _run_bytes(config(512), tmp_path / "cold")
+    assert b"prefill_tokens" in cold["steps.csv"] and b"num_preemptions" in cold["requests.csv"]
+    warm = _run_bytes(config(512), tmp_path / "warm")
+    _run_bytes(config(1024), tmp_path / "other")
+    assert len(list((tmp_path / "cache").iterdir())) == 3  # the model and one table per budget
+    monkeypatch.setenv(cache.ENV, "")
+    assert cold == warm == _run_bytes(config(512), tmp_path / "off")
+
+
+def test_step_table_arrays_round_trip_with_and_without_chunks(tmp_path, monkeypatch):
+    from sim.costmodel import StepTable
+
+    monkeypatch.setenv(cache.ENV, "")
+    _fitted.cache_clear()
+    from sim.simulate import _profile_and_costs
+
+    _, model, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    for chunk_tokens in (0, 2048):
+        table = model.tabulate(4, 2, 300, 200, True, chunk_tokens=chunk_tokens)
+        back = StepTable.from_arrays(dict(np.load(_saved(tmp_path, table.arrays()))))
+        assert back == table and (back.chunk is None) == (chunk_tokens == 0)
+
+
+def _saved(tmp_path, arrays) -> Path:
+    path = tmp_path / "t.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def test_a_corrupt_or_foreign_entry_is_ignored_and_rewritten(tmp_path, monkeypatch, run_config):
+    config = run_config(workload__num_requests=60, workload__rate=5.0)
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(cache.ENV, str(folder))
+    good = _run_bytes(config, tmp_path / "a")
+    for i, entry in enumerate(sorted(folder.iterdir())):
+        entry.write_bytes(b"not a zip file" if i == 0 else entry.read_bytes()[:100])  # corrupt, truncated
+    assert _run_bytes(config, tmp_path / "b") == good
+    assert all(cache.load(p.stem) is not None for p in folder.iterdir())  # rewritten whole
+    np.savez(folder / sorted(folder.iterdir())[0].name, unrelated=np.arange(3))  # readable, wrong content
+    assert _run_bytes(config, tmp_path / "c") == good
+
+
+def test_an_unwritable_cache_folder_leaves_the_run_uncached(tmp_path, monkeypatch, run_config):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would be")
+    monkeypatch.setenv(cache.ENV, str(blocker / "cache"))
+    config = run_config(workload__num_requests=40, workload__rate=5.0)
+    monkeypatch.setenv(cache.ENV, "")
+    expected = _run_bytes(config, tmp_path / "a")
+    monkeypatch.setenv(cache.ENV, str(blocker / "cache"))
+    assert _run_bytes(config, tmp_path / "b") == expected
+
+
+def test_the_key_follows_the_profile_content(tmp_path, synthetic_profile):
+    import shutil
+
+    copy = tmp_path / "p"
+    shutil.copytree(synthetic_profile, copy)
+    files = lambda d: [d / "profile.csv", d / "profile.json"]  # noqa: E731
+    assert cache.profile_digest(files(copy)) == cache.profile_digest(files(synthetic_profile))
+    with (copy / "profile.csv").open("a") as handle:
+        handle.write("\n")
+    assert cache.profile_digest(files(copy)) != cache.profile_digest(files(synthetic_profile))
+
+
+def test_a_warm_run_imports_neither_pandas_nor_scipy(tmp_path):
+    """Start-up: a run whose profile is cached pays for no fit, no scipy and no pandas."""
+    env = {"SPECBATCH_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    script = ("import sys; from sim.commands.cli import main; "
+              f"main(['run', '--num-requests', '30', '--out', sys.argv[1]]); "
+              "loaded = [m for m in ('pandas', 'scipy') if m in sys.modules "
+              "and type(sys.modules[m]).__name__ != '_LazyModule']; print(loaded)")
+    first = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, check=True)
+    assert "scipy" in first.stdout  # the cold run fitted the curves
+    second = subprocess.run([sys.executable, "-c", script, str(tmp_path / "b")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, check=True)
+    assert second.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / "a" / "requests.csv").read_bytes() == (tmp_path / "b" / "requests.csv").read_bytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(allow_nan=False, width=64), st.floats(allow_nan=False), st.integers(0, 1),
+                          st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, 127),
+                          st.floats(0, 1e6), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1),
+                          st.integers(0, 2**31 - 1)), max_size=3 * CHUNK // 1000),
+       st.integers(1, 3))
+def test_column_buffer_holds_exactly_the_rows_appended(rows, repeat):
+    rows = rows * repeat * 700  # cross chunk and doubling boundaries
+    buffer = ColumnBuffer(STEP_DTYPE, capacity=8)
+    for row in rows:
+        buffer.append(row)
+    assert len(buffer) == len(rows)
+    expected = np.array(rows, dtype=STEP_DTYPE) if rows else np.zeros(0, STEP_DTYPE)
+    columns = buffer.columns()
+    for name in STEP_DTYPE.names:
+        assert columns[name].dtype == STEP_DTYPE[name]
+        assert np.array_equal(columns[name], expected[name])
+
+
+def test_value_buffer_appends_and_extends():
+    buffer = value_buffer(np.float64)
+    buffer.append(1.5)
+    buffer.extend([2.5] * (2 * CHUNK))
+    buffer.extend(np.arange(3.0))
+    values = buffer_array(buffer)
+    assert values.shape == (2 * CHUNK + 4,) and values[0] == 1.5 and values[-1] == 2.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_round_significant_rounds_as_printf(x):
+    assert round_significant(np.array([x]), 9)[0] == float(f"{x:.9g}")
+
+
+def test_round_significant_on_ties_and_specials():
+    values = np.array([0.01063953125, 2.5, 1e-300, -7.5e22, np.nan, np.inf, 0.0, 329.352779])
+    out = round_significant(values, 9)
+    for x, y in zip(values, out):
+        assert (np.isnan(x) and np.isnan(y)) or y == float(f"{x:.9g}")
+
+
+def test_csv_cells_nulls_and_labels(tmp_path):
+    columns = {"request_id": np.arange(3), "tpot_s": np.array([0.123456789123, np.nan, 2.0]),
+               "label": np.array(["chat", "a,b", 'say "hi"'], dtype=object)}
+    write_table(columns, tmp_path / "t.csv", "csv")
+    assert (tmp_path / "t.csv").read_text() == 'request_id,tpot_s,label\n0,0.123456789,"chat"\n1,,"a,b"\n' \
+                                               '2,2,"say ""hi"""\n'
+    plain = {"x": np.array([1.0, 0.5]), "label": np.array(["chat", "code"], dtype=object)}
+    write_table(plain, tmp_path / "p.csv", "csv")
+    assert (tmp_path / "p.csv").read_text() == "x,label\n1,chat\n0.5,code\n"
+
+
+def test_parquet_keeps_full_precision(tmp_path):
+    import pyarrow.parquet as pq
+
+    columns = {"x": np.array([0.1 + 0.2, np.nan]), "k": np.array([1, 2], dtype=np.int8)}
+    write_table(columns, tmp_path / "t.parquet", "parquet")
+    table = pq.read_table(tmp_path / "t.parquet")
+    assert table.column("x").to_pylist()[0] == 0.1 + 0.2 and np.isnan(table.column("x").to_pylist()[1])
+    assert str(table.schema.field("k").type) == "int8"
+
+
+def test_trace_fast_reader_agrees_with_the_line_reader(tmp_path, monkeypatch):
+    """pyarrow's reader (workloads.trace.read_trace_columns) gives what the line-by-line reader gives."""
+    import workloads.trace as trace
+
+    rng = np.random.default_rng(3)
+    n = 500
+    alpha = np.where(rng.random(n) < 0.3, np.nan, rng.uniform(0.05, 0.95, n))
+    requests = trace.Requests(np.sort(rng.uniform(0, 100, n)), rng.integers(1, 999, n), rng.integers(1, 999, n),
+                              alpha=alpha, label=rng.choice(["chat", "code", "long, quoted"], n))
+    path = tmp_path / "t.csv"
+    trace.write_trace(path, requests)
+    text = path.read_text().splitlines()
+    path.write_text("\n".join([text[0], *text[1:][::-1]]) + "\n")  # unsorted: ties keep file order
+    fast = trace.read_trace(path)
+    monkeypatch.setattr(trace, "read_trace_columns", lambda p: None)
+    slow = trace.read_trace(path)
+    for field in ("arrival_s", "prompt_tokens", "output_tokens", "alpha", "label"):
+        a, b = getattr(fast, field), getattr(slow, field)
+        assert a.dtype == b.dtype and (np.array_equal(a, b, equal_nan=True) if a.dtype != object else list(a) == list(b))
+
+
+@pytest.mark.parametrize("body", ["1,2,x\n", "1,2\n", "NA,2,3\n", "-1,2,3\n", "1,0,3\n", "nan,2,3\n", "1,2.5,3\n"])
+def test_trace_fast_reader_leaves_bad_lines_to_the_line_reader(tmp_path, body):
+    import workloads.trace as trace
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,5,5\n" + body)
+    assert trace.read_trace_columns(path) is None
+    with pytest.raises(trace.TraceError) as info:
+        trace.read_trace(path)
+    assert info.value.line == 3
+
+
+@pytest.mark.parametrize("body,field", [
+    ("1e10,2,3\n", "arrival_s"),             # beyond workloads.limits.MAX_TIME_S
+    ("1,2147483648,3\n", "prompt_tokens"),   # beyond MAX_TOKENS (pyarrow reads it as an int64)
+    ("1,2,2147483648\n", "output_tokens"),
+    ("1,\u0661\u0662,3\n", "prompt_tokens"),  # Arabic-Indic digits: Python's int() would read them
+])
+def test_trace_fast_reader_keeps_the_line_readers_bounds(tmp_path, body, field):
+    import workloads.trace as trace
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,5,5\n" + body, encoding="utf-8")
+    assert trace.read_trace_columns(path) is None
+    with pytest.raises(trace.TraceError) as info:
+        trace.read_trace(path)
+    assert (info.value.line, info.value.field) == (3, field)
+
+
+def test_trace_fast_reader_refuses_a_file_not_utf8_even_in_an_ignored_column(tmp_path):
+    import workloads.trace as trace
+
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"arrival_s,prompt_tokens,output_tokens,note\n0,5,5,ok\n1,2,3,caf\xe9\n")
+    assert trace.read_trace_columns(path) is None
+    with pytest.raises(trace.TraceError) as info:
+        trace.read_trace(path)
+    assert info.value.line == 3 and "not UTF-8" in info.value.message
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_tables_written_in_slices_read_back_whole(tmp_path, monkeypatch, fmt):
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    import sim.commands.outputs as outputs
+
+    columns = {"i": np.arange(1000), "x": np.linspace(0, 1, 1000)}
+    monkeypatch.setattr(outputs, "SLICE_ROWS", 64)
+    write_table(columns, tmp_path / f"t.{fmt}", fmt)
+    table = pq.read_table(tmp_path / "t.parquet") if fmt == "parquet" else pacsv.read_csv(tmp_path / "t.csv")
+    assert table.num_rows == 1000 and table.column("i").to_pylist() == list(range(1000))
+    expected = columns["x"] if fmt == "parquet" else round_significant(columns["x"], 9)
+    assert np.array_equal(table.column("x").to_numpy(), expected)
+
+
+def test_the_documented_record_widths_hold():
+    """docs/performance.md states these bytes per step and per ITL entry."""
+    from sim.serving.loop import ServingLoop  # noqa: F401  (the loop's buffers are built from these)
+
+    assert STEP_DTYPE.itemsize == 46
+    assert value_buffer(np.float64).dtype.itemsize + value_buffer(np.int64).dtype.itemsize == 16
+    assert "| 46 |" in (ROOT / "docs" / "performance.md").read_text()
+
+
+
+def test_ctrl_c_inside_a_lazy_import_is_an_interrupt(monkeypatch, capsys):
+    """pandas and scipy are imported on first use, mid-run; Ctrl-C during an import can surface as
+    another error (a half-initialised module). After a SIGINT it is still exit 130 with one line."""
+    import os
+    import signal
+
+    import sim.commands.cli as cli
+
+    def interrupted_import(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs as the call returns
+        except KeyboardInterrupt:
+            pass  # swallowed, as a library's import may
+        raise AttributeError("module 'pandas' has no attribute 'DataFrame'")
+
+    monkeypatch.setattr(cli, "_dispatch", interrupted_import)
+    assert cli.main(["run"]) == 130
+    assert capsys.readouterr().err.startswith("interrupted: nothing was written")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
