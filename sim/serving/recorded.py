@@ -20,6 +20,8 @@ difference is a :class:`LogicDivergence` naming the step.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,7 +97,14 @@ class RecordedBackend:
     def _charge(self, i: int, start: float) -> float:
         until = float(self.steps.until_s[i])
         self.now = until
-        return max(until - start, 0.0)
+        if until <= start:
+            return 0.0
+        dt = until - start
+        for _ in range(64):  # the clock adds dt to start: land on the recorded instant exactly
+            if start + dt == until:
+                break
+            dt = math.nextafter(dt, math.inf if start + dt < until else -math.inf)
+        return dt
 
     def prefill(self, queue, head: int, n: int, mean_prompt: float) -> float:
         i = self._next(PREFILL, n, 0)
