@@ -25,7 +25,9 @@ def linear_latency(phase: str, model: str, b: int, q: int, c: int) -> float:
 
 def make_profile(directory: Path, latency: Latency = linear_latency, *, batch=(1, 2, 4, 8, 16, 32),
                  q_max: int = 8, contexts=(128, 512, 1024, 2048), prompts=(32, 128, 512, 1024),
-                 kv_capacity_tokens: int | None = 1_000_000) -> Path:
+                 kv_capacity_tokens: int | None = 1_000_000, draft_q_max: int = 1,
+                 label: str = "synthetic", dtype: str = "float32") -> Path:
+    """``draft_q_max`` > 1 measures the draft's decode at several q too (its catch-up pass then has a price)."""
     rows = []
 
     def add(phase, model, b, q, c):
@@ -38,14 +40,30 @@ def make_profile(directory: Path, latency: Latency = linear_latency, *, batch=(1
         for b, p in itertools.product(batch, prompts):
             add("prefill", model, b, p, 0)
     for b, c in itertools.product(batch, contexts):
-        add("decode", "draft", b, 1, c)
+        for q in range(1, draft_q_max + 1):
+            add("decode", "draft", b, q, c)
         for q in range(1, q_max + 1):
             add("decode", "target", b, q, c)
     for b, k in itertools.product(batch, range(q_max)):
         add("verify", "target", b, k, 0)
-    meta = {"name": directory.name, "device": {"type": "synthetic", "name": "hand-made"}, "dtype": "float32",
-            "versions": {}, "models": {"target": {"name": "synthetic-target"}, "draft": {"name": "synthetic-draft"}},
+    name = "hand-made" if label == "synthetic" else label
+    meta = {"name": directory.name, "device": {"type": "synthetic", "name": name}, "dtype": dtype,
+            "versions": {}, "models": {"target": {"name": f"{label}-target"}, "draft": {"name": f"{label}-draft"}},
             "grid": {}, "timing": {"method": "synthetic"}, "created_utc": "2026-01-01T00:00:00Z"}
     if kv_capacity_tokens is not None:
         meta["kv_capacity_tokens"] = kv_capacity_tokens
     return write_profile(directory, meta, pd.DataFrame(rows))
+
+
+def step_feedback(k: int, accepted: list[int]):
+    """What the loop tells a policy after a uniform step at k whose sequences kept ``accepted``."""
+    import numpy as np
+
+    from policies.base import StepFeedback
+
+    fb = StepFeedback()
+    fb.k = k
+    fb.accepted_per_sequence = np.asarray(accepted, dtype=np.int64)
+    fb.drafted_tokens = k * len(accepted)
+    fb.accepted_tokens = int(sum(accepted))
+    return fb

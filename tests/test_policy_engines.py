@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from policies import BatchView, PolicyError, StepFeedback, make_policy
+from policies import BatchView, PolicyError, make_policy
 from policies.sglang_adaptive import SglangAdaptive
 from policies.trtllm_schedule import TrtllmSchedule
 from policies.vllm_dynamic import VllmDynamic
 from sim.commands.cli import main
+from tests.synthetic import step_feedback
 
 
 def _view(b: int) -> BatchView:
@@ -112,18 +112,10 @@ def test_trtllm_rejects_bad_schedules(schedule, extra, says):
 
 
 # -------------------------------------------------------------- SGLang
-def _feedback(k: int, accepted: list[int]) -> StepFeedback:
-    fb = StepFeedback()
-    fb.k = k
-    fb.accepted_per_sequence = np.asarray(accepted, dtype=np.int64)
-    fb.drafted_tokens = k * len(accepted)
-    fb.accepted_tokens = int(sum(accepted))
-    return fb
-
 
 def _step(policy, b: int, accepted_each: int) -> int:
     k = policy.choose_k(_view(b))
-    policy.observe(_feedback(k, [min(accepted_each, k)] * b))
+    policy.observe(step_feedback(k, [min(accepted_each, k)] * b))
     return k
 
 
@@ -202,7 +194,7 @@ def test_sglang_rejects_bad_configs(config, extra, says):
 def test_sglang_ignores_k_zero_steps_and_learns_from_speculative_ones():
     policy = SglangAdaptive({"warmup_batches": 0, "update_interval": 1, "ema_alpha": 1.0})
     policy.choose_k(_view(3))
-    policy.observe(_feedback(0, [0, 0, 0]))
+    policy.observe(step_feedback(0, [0, 0, 0]))
     assert policy.ladders[0].verifies == 0
 
 

@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from policies import BatchView, PolicyError, StepFeedback, make_policy
+from policies import BatchView, PolicyError, make_policy
 from policies.goodput import PRIOR_TESTS, Goodput
 from sim.commands.cli import main
 from sim.simulate import execute, prepare
 from tests.conftest import CPU_DEFAULT_FLAGS
+from tests.synthetic import step_feedback
 
 
 class Synthetic:
@@ -86,26 +87,18 @@ def test_each_step_prices_k_max_plus_one_candidates():
     assert cost.calls == 6
 
 
-def _feedback(k: int, accepted: list[int]) -> StepFeedback:
-    fb = StepFeedback()
-    fb.k = k
-    fb.accepted_per_sequence = np.asarray(accepted, dtype=np.int64)
-    fb.drafted_tokens = k * len(accepted)
-    fb.accepted_tokens = int(sum(accepted))
-    return fb
-
 
 def test_observe_averages_accepted_and_tested_tokens_per_sequence_and_skips_k_zero():
     policy = Goodput(alpha_init=0.8, smoothing=0.25, k_max=4)
     policy.bind(7, Synthetic())
-    policy.observe(_feedback(0, [0, 0]))
+    policy.observe(step_feedback(0, [0, 0]))
     assert policy.alpha_hat == 0.8
     # k = 3: one sequence kept all 3 (no rejection seen), one kept 1 and then saw a rejection:
     # per sequence 4 / 2 = 2 accepted out of (4 + 1) / 2 = 2.5 tested.
     accepted, tested = 0.75 * 0.8 + 0.25 * 2.0, 0.75 * 1.0 + 0.25 * 2.5
-    policy.observe(_feedback(3, [3, 1]))
+    policy.observe(step_feedback(3, [3, 1]))
     assert policy.alpha_hat == pytest.approx(accepted / tested)
-    policy.observe(_feedback(2, [0, 0]))  # both rejected at the first token: 0 accepted of 1 tested each
+    policy.observe(step_feedback(2, [0, 0]))  # both rejected at the first token: 0 accepted of 1 tested each
     accepted, tested = 0.75 * accepted, 0.75 * tested + 0.25 * 1.0
     assert policy.alpha_hat == pytest.approx(accepted / tested)
     policy.bind(7, Synthetic())  # a new run starts from alpha_init again
@@ -117,10 +110,10 @@ def test_observe_counts_rejections_exactly_at_any_batch_size(n):
     rng = np.random.default_rng(n)
     accepted = np.minimum(rng.geometric(0.35, n) - 1, 4)
     policy = Goodput(alpha_init=0.5, smoothing=1.0, k_max=4)  # smoothing 1: the last step alone
-    policy.observe(_feedback(4, accepted.tolist()))
+    policy.observe(step_feedback(4, accepted.tolist()))
     rejected = int(np.count_nonzero(accepted < 4))
     assert policy.alpha_hat == pytest.approx(accepted.sum() / (accepted.sum() + rejected))
-    totals_only = _feedback(4, accepted.tolist())
+    totals_only = step_feedback(4, accepted.tolist())
     totals_only.accepted_per_sequence = None  # a driver that gives only totals: accepted / drafted
     policy.observe(totals_only)
     assert policy.alpha_hat == pytest.approx(accepted.sum() / (4 * n))
@@ -231,7 +224,7 @@ def test_per_request_caps_each_k_at_what_the_sequence_still_needs():
 
 def test_per_request_observe_counts_rejections_against_each_sequences_own_k():
     policy = Goodput(alpha_init=0.5, smoothing=1.0, k_max=4, per_request=True)
-    fb = _feedback(3, [3, 1, 0, 2])
+    fb = step_feedback(3, [3, 1, 0, 2])
     fb.k_per_sequence = np.array([3, 2, 0, 2])
     fb.drafted_tokens = 7
     policy.observe(fb)
@@ -295,7 +288,7 @@ def test_position_rates_are_accepted_over_tested_per_position(n, ragged):
     ks = rng.integers(0, k + 1, n) if ragged else np.full(n, k)
     ks[0] = k
     accepted = np.minimum(rng.geometric(0.4, n) - 1, ks)
-    fb = _feedback(k, accepted.tolist())
+    fb = step_feedback(k, accepted.tolist())
     if ragged:
         fb.k_per_sequence, fb.drafted_tokens = ks, int(ks.sum())
     policy = Goodput(alpha_init=0.5, smoothing=1.0, k_max=k_max)  # smoothing 1: this step alone
@@ -326,7 +319,7 @@ def test_position_estimates_follow_rates_that_fall_with_position():
     policy.bind(8, Synthetic())
     for _ in range(600):
         u = rng.random(256)
-        policy.observe(_feedback(4, (u[:, None] < unconditional).sum(axis=1).tolist()))
+        policy.observe(step_feedback(4, (u[:, None] < unconditional).sum(axis=1).tolist()))
     conditional = unconditional / np.r_[1.0, unconditional[:-1]]
     np.testing.assert_allclose(policy.position_rates, conditional, atol=0.06)
     assert policy.expected_tokens(4) == pytest.approx(1 + unconditional.sum(), abs=0.1)
@@ -338,9 +331,9 @@ def test_a_position_no_longer_tested_fades_back_to_the_pooled_rate():
     policy = Goodput(alpha_init=0.7, smoothing=0.2, k_max=4)
     policy.bind(8, Synthetic())
     for _ in range(20):
-        policy.observe(_feedback(4, [3, 3, 3, 3, 3, 3, 4, 0]))  # position 4: 1 kept of 7 tested
+        policy.observe(step_feedback(4, [3, 3, 3, 3, 3, 3, 4, 0]))  # position 4: 1 kept of 7 tested
     assert abs(policy.position_rates[3] - policy.alpha_hat) > 0.1  # position 4 has its own estimate ...
     for _ in range(40):
-        policy.observe(_feedback(1, [1, 0, 1, 1, 0, 1, 1, 1]))
+        policy.observe(step_feedback(1, [1, 0, 1, 1, 0, 1, 1, 1]))
     assert policy.position_rates[3] == pytest.approx(policy.alpha_hat, abs=1e-3)  # ... until its evidence fades
     assert policy.position_rates[0] == pytest.approx(0.75, abs=0.01)  # position 1, still tested: 6 of 8

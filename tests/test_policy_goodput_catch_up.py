@@ -75,7 +75,7 @@ def gpu_like_free_draft_prefill(tmp_path_factory, monkeypatch_module) -> Path:
     `none` does not, so goodput can be held to min(none, best fixed k) itself."""
     import tests.gpu_like as module
 
-    monkeypatch_module.setattr(module, "latency", lambda phase, model, b, q: (
+    monkeypatch_module.setattr(module, "latency", lambda phase, model, b, q, c=0: (
         1e-9 if phase == "prefill" and model == "draft" else latency(phase, model, b, q)))
     return make_gpu_like_profile(tmp_path_factory.mktemp("profiles") / "gpu-like-free-draft-prefill")
 
