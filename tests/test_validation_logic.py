@@ -7,7 +7,6 @@ policy; a step that differs from the record is named.
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -72,10 +71,17 @@ def test_a_simulation_played_back_is_the_simulation(run_config, batching, policy
     backend = RecordedBackend(recorded(original, spy.accepted))
     played = execute(prepare(run.config), backend=backend)
     backend.check_done()
-    for column in ("first_token_s", "finish_s", "scheduled_s", "accepted_tokens", "drafted_tokens"):
+    # Every decision is the same and every count exact; times agree to float rounding only: the clock
+    # wakes at an arrival as now + (arrival - now), which may sit one ulp off the arrival the
+    # playback starts that step from.
+    for column in ("accepted_tokens", "drafted_tokens"):
         np.testing.assert_array_equal(played.requests[column], original.requests[column], err_msg=column)
-    np.testing.assert_array_equal(played.steps.end_s, original.steps.end_s)
-    assert json.dumps(played.summary, sort_keys=True) == json.dumps(original.summary, sort_keys=True)
+    for column in ("first_token_s", "finish_s", "scheduled_s"):
+        np.testing.assert_allclose(played.requests[column], original.requests[column], rtol=1e-12, err_msg=column)
+    np.testing.assert_allclose(played.steps.end_s, original.steps.end_s, rtol=1e-12)
+    assert played.summary.keys() == original.summary.keys()
+    for key, value in original.summary.items():
+        assert played.summary[key] == pytest.approx(value, rel=1e-9, nan_ok=True), key
 
 
 def test_the_first_different_decision_is_named(run_config):
