@@ -141,7 +141,8 @@ def table(doc: dict) -> str:
                     f"| {r['engine_s']:.1f} s | {r['metrics_s']:.2f} s | {r['write_s']:.2f} s "
                     f"| **{r['total_s']:.1f} s** | {r['steps_per_s']:,.0f} | {r['peak_rss_mb']:,.0f} MB |")
     cold = doc.get("cold_start")
-    loads = [r["load_average"] for r in doc["rows"] if "load_average" in r]
+    loads = [f"{r['load_average']:.1f}" for r in doc["rows"] if "load_average" in r]
+    low, high = (min(loads, key=float), max(loads, key=float)) if loads else (None, None)
     rows.append("")
     if cold:
         rows.append(f"Start-up without the fit cache (a profile's first run on a machine): {cold['startup_s']:.2f} s "
@@ -150,7 +151,7 @@ def table(doc: dict) -> str:
     machine = doc["machine"]
     rows.append(f"Measured {doc['date']} with `python benchmarks/scale.py` on {machine['cpu']} ({machine['cores']} "
                 f"cores), Python {machine['python']}, numpy {machine['numpy']}, pyarrow {machine['pyarrow']}"
-                + (f"; the machine was shared, with a 1-minute load average of {min(loads):.0f}–{max(loads):.0f} "
+                + (f"; the machine was shared, with a 1-minute load average of {low if low == high else f'{low}–{high}'} "
                    f"during the runs, so times are upper bounds (peak RSS does not depend on load)" if loads else "")
                 + ".")
     return "\n".join(rows) + "\n"
