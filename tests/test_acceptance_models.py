@@ -198,6 +198,18 @@ def test_per_position_counts_and_per_request_steps_agree_with_the_run():
         assert "per_step_accepted" not in r
 
 
+def test_per_position_counts_survive_the_recorders_folding():
+    """The recorder folds its per-step draws into counts every few thousand steps (a long run's
+    memory stays flat); the per-position counts must be those of every draw, folded or not."""
+    scale = acceptance_scale(np.full(5, 0.7))
+    sampler = RecordingSampler(SharedAlphaSampler(np.random.default_rng(3), float(scale[0])), scale, False)
+    drawn = [sampler.accepted(scale, 1 + step % 4) for step in range(10_000)]
+    kept = np.concatenate(drawn)
+    expected = np.array([np.count_nonzero(kept > j) for j in range(4)])
+    assert np.array_equal(accepted_per_position([sampler], 4), expected)
+    assert len(sampler.accepted_log) < 4096  # folded, not kept
+
+
 def test_per_request_steps_group_rows_by_request_in_step_order():
     sampler = RecordingSampler(SharedAlphaSampler(np.random.default_rng(0), 1.0), np.ones(3), True)
     sampler.accepted(np.array([2.0, 0.0]), 2)
