@@ -35,22 +35,38 @@ import sys
 import time
 from pathlib import Path
 
-WORKLOAD = ["--prompt-tokens", "uniform:16:64", "--output-tokens", "uniform:8:40", "--max-batch-size", "8",
-            "--alpha", "0.7", "--seed", "1"]
+# Two suites: "cpu" (the shipped CPU profile of llama-160m / llama-68m; continuous and static
+# batching x none / fixed k=3 / goodput) and "gpu" (llama-3.1-8b / llama-3.2-1b in bf16 on an
+# H100, profiled eagerly as the replay runs; continuous batching x fixed k=3 / goodput). Loads
+# are request rates (req/s): "high" near 80% of the simulated capacity, "low" near 35%.
+SUITES = {
+    "cpu": {"workload": ["--prompt-tokens", "uniform:16:64", "--output-tokens", "uniform:8:40",
+                         "--max-batch-size", "8", "--alpha", "0.7", "--seed", "1"],
+            "policies": ("none", "fixed-k3", "goodput"),
+            "loads": {"continuous": {"high": 1.5, "low": 0.3}, "static": {"high": 1.0, "low": 0.3}},
+            "profile": "cpu-llama-160m-llama-68m", "requests": 60, "repeat": 5,
+            "results": "benchmarks/results/validation.json"},
+    # capacity of this workload on the eager H100 profile, simulated (fixed k=3, rate inf): 6.7 req/s
+    "gpu": {"workload": ["--prompt-tokens", "uniform:64:512", "--output-tokens", "uniform:16:112",
+                         "--max-batch-size", "16", "--alpha", "0.7", "--seed", "1"],
+            "policies": ("fixed-k3", "goodput"),
+            "loads": {"continuous": {"high": 5.5, "low": 2.5}},
+            "profile": "h100-eager-llama-3.1-8b-llama-3.2-1b", "requests": 150, "repeat": 2,
+            "results": "benchmarks/results/validation-gpu.json"},
+}
 POLICIES = {"none": ["--policy", "none"], "fixed-k3": ["--policy", "fixed", "--k", "3"],
             "goodput": ["--policy", "goodput"]}
-LOADS = {"continuous": {"high": 1.5, "low": 0.3}, "static": {"high": 1.0, "low": 0.3}}  # req/s
 SHOWN = (("mean_e2el_ms", "mean E2EL"), ("p99_e2el_ms", "p99 E2EL"), ("output_throughput", "output tput"))
 BAR = {"mean_e2el_ms": 0.02, "output_throughput": 0.02, "p99_e2el_ms": 0.05}  # the goal, speed-corrected
-DEFAULT_PROFILE = "cpu-llama-160m-llama-68m"
 
 
-def cases() -> list[tuple[str, str, str, float]]:
+def cases(suite: str = "cpu") -> list[tuple[str, str, str, float]]:
     """(name, batching, policy, rate), high loads first (the shortest replays)."""
+    spec = SUITES[suite]
     out = []
     for load in ("high", "low"):
-        for batching, loads in LOADS.items():
-            for policy in POLICIES:
+        for batching, loads in spec["loads"].items():
+            for policy in spec["policies"]:
                 out.append((f"{batching}-{policy}-{load}", batching, policy, loads[load]))
     return out
 
@@ -91,6 +107,7 @@ def _pct(x, digits: int = 1, sign: bool = True) -> str:
 
 def format_table(results: dict) -> str:
     rows = results["cases"]
+    suite = results.get("suite", "cpu")
     lines = [f"{'case':26} {'replays':>7} {'speed':>11} {'drift':>11} {'noise':>6} {'logic':>14} {'step':>6}  "
              + "  ".join(f"{label:>15}" for _, label in SHOWN) + f"  {'TOST':>5} {'bar':>4}",
              f"{'':26} {'':>7} {'':>11} {'':>11} {'CV':>6} {'E2EL (ovh.)':>14} {'cost':>6}  "
@@ -112,7 +129,7 @@ def format_table(results: dict) -> str:
                  "= CV of mean E2EL over the replays; logic = mean E2EL error of the loop fed the measured steps, "
                  "(of which engine overhead between steps); step cost = median |error| of a step's price, "
                  "speed-corrected; TOST p < 0.05: speed-corrected mean E2EL equivalent within 5%)")
-    missing = [name for name, *_ in cases() if name not in {r["case"] for r in rows}]
+    missing = [name for name, *_ in cases(suite) if name not in {r["case"] for r in rows}]
     if missing:
         lines.append(f"not run: {', '.join(missing)} (python benchmarks/validation.py runs what is missing)")
     return "\n".join(lines)
@@ -120,10 +137,13 @@ def format_table(results: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="cpu",
+                        help="cpu: the shipped CPU profile's model pair; gpu: llama-3.1-8b / llama-3.2-1b on CUDA")
     parser.add_argument("--out", default="runs/validation-bench")
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="a CPU profile of llama-160m / llama-68m")
-    parser.add_argument("--requests", type=int, default=60, help="requests per replay (default 60)")
-    parser.add_argument("--repeat", type=int, default=5, help="replays per case, pooled (default 5: 300 requests)")
+    parser.add_argument("--profile", help="the suite's profile (default: cpu-llama-160m-llama-68m for cpu, "
+                                          "h100-eager-llama-3.1-8b-llama-3.2-1b for gpu)")
+    parser.add_argument("--requests", type=int, help="requests per replay (default 60 for cpu, 150 for gpu)")
+    parser.add_argument("--repeat", type=int, help="replays per case, pooled (default 5 for cpu, 2 for gpu)")
     parser.add_argument("--cases", default="*", help="run only the cases matching this pattern (e.g. 'continuous-*')")
     parser.add_argument("--results", help="the results file to add finished cases to (default OUT/results.json)")
     parser.add_argument("--table", metavar="FILE", help="print the table of this results file and stop")
@@ -133,26 +153,31 @@ def main() -> int:
         return 0
     from sim.commands.cli import main as specbatch
 
+    spec = SUITES[args.suite]
+    profile, requests = args.profile or spec["profile"], args.requests or spec["requests"]
+    repeat = args.repeat or spec["repeat"]
+
     out = Path(args.out)
     results_path = Path(args.results) if args.results else out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {"cases": []}
+    results["suite"] = args.suite
     started = time.perf_counter()
-    for name, batching, policy, rate in cases():
+    for name, batching, policy, rate in cases(args.suite):
         if not fnmatch.fnmatch(name, args.cases):
             continue
         case = out / name
         if not (case / "validation.json").is_file():
             load = os.getloadavg()[0]
-            print(f"[{name}] {args.repeat} x {args.requests} requests at {rate:g}/s (load average {load:.1f})",
+            print(f"[{name}] {repeat} x {requests} requests at {rate:g}/s (load average {load:.1f})",
                   file=sys.stderr)
-            code = specbatch(["validate", "--profile", args.profile, "--batching", batching, "--rate", str(rate),
-                              "--num-requests", str(args.requests), "--repeat", str(args.repeat), *WORKLOAD,
+            code = specbatch(["validate", "--profile", profile, "--batching", batching, "--rate", str(rate),
+                              "--num-requests", str(requests), "--repeat", str(repeat), *spec["workload"],
                               *POLICIES[policy], "--out", str(case)])
             if code != 0:
                 return code
         row = case_row(name, batching, policy, rate, json.loads((case / "validation.json").read_text()))
         results["cases"] = [r for r in results["cases"] if r["case"] != name] + [row]
-        order = [c[0] for c in cases()]
+        order = [c[0] for c in cases(args.suite)]
         results["cases"].sort(key=lambda r: order.index(r["case"]))
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")

@@ -16,6 +16,9 @@ os.environ.setdefault("SPECBATCH_CACHE_DIR", os.path.join(tempfile.gettempdir(),
 # tests of scheduling logic layer on these, so that what they check keeps its meaning.
 CPU_DEFAULTS = Path(__file__).parent / "baselines" / "scenarios" / "cpu.toml"
 # The same, as `specbatch run` flags, for CLI tests that also pass a --config of their own.
+# The device the real-model tests (tests/test_replay.py, tests/test_calibrate_model.py) run
+# on: "cpu" in CI; SPECBATCH_TEST_DEVICE=cuda runs the same checks on a GPU.
+TEST_DEVICE = os.environ.get("SPECBATCH_TEST_DEVICE", "cpu")
 CPU_DEFAULT_FLAGS = ["--max-batch-size", "32", "--prompt-tokens", "lognormal:128:0.5:512",
                      "--output-tokens", "lognormal:128:0.5:512"]
 

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 from calibrate.configs import get_config, kv_bytes_per_token, param_count, weight_bytes  # noqa: E402
 from calibrate.kvcache import KVCache  # noqa: E402
 from calibrate.model import Transformer  # noqa: E402
+from tests.conftest import TEST_DEVICE  # noqa: E402
 
 ARCHS = ["tiny-llama", "tiny-opt"]
 ATOL = 1e-5
@@ -16,11 +17,11 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module", params=ARCHS)
 def model(request: pytest.FixtureRequest) -> Transformer:
-    return Transformer(get_config(request.param), seed=0)
+    return Transformer(get_config(request.param), seed=0, device=TEST_DEVICE)
 
 
 def _tokens(model: Transformer, b: int, n: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, model.cfg.vocab_size, (b, n), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, model.cfg.vocab_size, (b, n), generator=torch.Generator().manual_seed(seed)).to(model.device)
 
 
 def test_param_count_and_sizes_match_config(model: Transformer) -> None:
@@ -104,6 +105,6 @@ def test_cache_append_without_model() -> None:
 
 
 def test_random_weights_give_finite_logits_in_half_precision() -> None:
-    model = Transformer(get_config("tiny-llama"), dtype=torch.bfloat16)
-    logits = model(torch.zeros(1, 4, dtype=torch.long), model.new_cache(1, 4))
+    model = Transformer(get_config("tiny-llama"), dtype=torch.bfloat16, device=TEST_DEVICE)
+    logits = model(torch.zeros(1, 4, dtype=torch.long, device=model.device), model.new_cache(1, 4))
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
