@@ -128,6 +128,13 @@ class Policy:
     def observe(self, feedback: StepFeedback) -> None:
         """Learning policies update here; the default ignores feedback."""
 
+    def k_by_batch_size(self, max_batch: int) -> list[int] | None:
+        """The k :meth:`choose_k` returns at each charged batch size 0..max_batch, for a policy whose
+        choice depends on nothing else and that learns nothing; None (the default) otherwise.
+        Answering lets the engine run stretches of decode steps in compiled code without asking
+        (sim.serving.compiled); a subclass that overrides choose_k must override this too."""
+        return None
+
     def params(self) -> dict[str, Any]:
         """Parameters as they would be written in a config (for the resolved config)."""
         return {}

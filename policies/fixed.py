@@ -22,5 +22,8 @@ class FixedK(Policy):
     def choose_k(self, view: BatchView) -> int:
         return self.k
 
+    def k_by_batch_size(self, max_batch: int) -> list[int]:
+        return [self.k] * (max_batch + 1)
+
     def params(self) -> dict[str, Any]:
         return {"k": self.k}

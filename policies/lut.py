@@ -196,6 +196,9 @@ class LookupTable(TablePolicy):
             view.explain["row"] = list(self.table[max(i - 1, 0)]) if self.table else None
         return self._ks[i]
 
+    def k_by_batch_size(self, max_batch: int) -> list[int]:
+        return [self.k_for(b) for b in range(max_batch + 1)]
+
     def params(self) -> dict[str, Any]:
         if self.alpha is None:
             return {"table": [list(row) for row in self.table]}

@@ -14,3 +14,6 @@ class NoSpeculation(Policy):
 
     def choose_k(self, view: BatchView) -> int:
         return 0
+
+    def k_by_batch_size(self, max_batch: int) -> list[int]:
+        return [0] * (max_batch + 1)

@@ -310,24 +310,36 @@ class RecordingSampler:
         self.ids_log: list[np.ndarray] = []
         self.drafted_log: list = []
         self._counts = np.zeros(0, dtype=np.int64)  # rows that kept exactly a tokens, indexed by a
+        self._tallies: list[np.ndarray] = []  # compiled decode runs' counts, folded in by counts()
 
     def counts(self) -> np.ndarray:
         """Rows that kept exactly a draft tokens, indexed by a, over every step so far."""
         if self._per_request:  # the log is kept whole for the per-request tables
             return np.bincount(np.concatenate(self.accepted_log)) if self.accepted_log else self._counts
         self._fold()
+        if self._tallies:
+            for tally in self._tallies:
+                self._add(tally)
+                tally[:] = 0
         return self._counts
+
+    def add_tally(self, tally: np.ndarray) -> None:
+        """A counts array that compiled decode runs (sim.serving.compiled) add their draws to."""
+        self._tallies.append(tally)
 
     def _fold(self) -> None:
         """Tally the steps kept so far into the counts: a long run's memory stays flat."""
         if self.accepted_log and not self._per_request:
-            tally = np.bincount(np.concatenate(self.accepted_log))
-            if tally.shape[0] > self._counts.shape[0]:
-                tally[:self._counts.shape[0]] += self._counts
-                self._counts = tally
-            else:
-                self._counts[:tally.shape[0]] += tally
+            self._add(np.bincount(np.concatenate(self.accepted_log)))
             self.accepted_log.clear()
+
+    def _add(self, tally: np.ndarray) -> None:
+        if tally.shape[0] > self._counts.shape[0]:
+            grown = tally.copy()
+            grown[:self._counts.shape[0]] += self._counts
+            self._counts = grown
+        else:
+            self._counts[:tally.shape[0]] += tally
 
     def accepted(self, values: np.ndarray, k) -> np.ndarray:
         if self._per_request:

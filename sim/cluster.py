@@ -19,6 +19,7 @@ import numpy as np
 
 from sim.router import make_router
 from sim.serving.clock import simulate_cluster
+from sim.serving.compiled import decode_runs_for
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
 from sim.serving.queues import Dispatcher, RoutedQueue
@@ -45,7 +46,7 @@ class ClusterRecords:
 
 def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                 acceptance_scale: np.ndarray, max_k: int, table, parts: list[ReplicaParts],
-                router: str) -> ClusterRecords:
+                router: str, jit: str = "off") -> ClusterRecords:
     """Simulate the replicas and their router until every request has finished."""
     dispatcher = Dispatcher(arrival_s, prompt_tokens, output_tokens, acceptance_scale, max_k, make_router(router))
     loops = []
@@ -53,6 +54,7 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
         queue = RoutedQueue(dispatcher)
         loop = ServingLoop(queue, scheduler=p.scheduler, policy=p.policy, k_max=table.k_max,
                            backend=PricedBackend(table, p.sampler, p.scheduler.prefill))
+        loop.decode_runs = decode_runs_for(loop, table, p.sampler, jit, arrival_s.shape[0])
         dispatcher.add(queue, loop)
         loops.append(loop)
     simulate_cluster(dispatcher, loops)

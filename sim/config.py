@@ -28,6 +28,7 @@ from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKEN
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import ROUTERS
 from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
+from sim.serving.compiled import AUTO_MIN_REQUESTS, JIT_MODES
 from sim.tomlsource import KeyLines, parse_toml
 from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
@@ -167,6 +168,11 @@ def _same(value: Any, section: Any = None) -> Any:
     return value
 
 
+def _never(value: Any, section: Any) -> None:
+    """How the run is computed, not what it computes: left out of config.toml (and its digest)."""
+    return None
+
+
 def _if_v1(value: Any, section: Any) -> Any:
     """The scheduler keys are written only for a vllm-v1 run (a v0 run's config.toml stays as it was)."""
     return None if section.scheduler == "v0" else value
@@ -246,6 +252,8 @@ KEYS: tuple[Key, ...] = (
         "profile's memory figures (instead of --kv-cache-tokens)", "--gpu-memory-utilization"),
     Key("engine.preemption", choice(PREEMPTION), "vllm-v1: what happens to the newest running request when "
         "blocks run out (recompute: back to the waiting head, its KV dropped)", "--preemption", write=_if_v1),
+    Key("engine.jit", choice(JIT_MODES), "compiled decode runs (numba; identical results): auto (runs of "
+        f"{AUTO_MIN_REQUESTS:,}+ requests), on or off", "--jit", write=_never),
     Key("policy.name", text(), "speculation-length policy: none, fixed, lut, goodput, context, adaptive, vllm-dynamic, "
         "sglang-adaptive, trtllm-schedule, or module:Class, "
         "with :KEY=VALUE parameters", "--policy"),

@@ -33,6 +33,7 @@ from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, s
 from sim.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
 from sim.scheduler import kv_reserve, make_scheduler
 from sim.serving.clock import simulate_replica
+from sim.serving.compiled import decode_runs_for
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
 from sim.serving.queues import ArrivalQueue, ConcurrencyLimitedQueue
@@ -346,6 +347,7 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         policies = [wrap(run.policy)]
         loop = ServingLoop(queue, scheduler=scheduler, policy=policies[0], k_max=run.table.k_max,
                            backend=backend or PricedBackend(run.table, samplers[0], scheduler.prefill))
+        loop.decode_runs = decode_runs_for(loop, run.table, samplers[0], config.engine.jit, len(requests))
         engine_started = time.perf_counter()
         simulate_replica(loop)
         engine_wall = time.perf_counter() - engine_started
@@ -362,7 +364,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         engine_started = time.perf_counter()
         cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
                               output_tokens=requests.output_tokens, acceptance_scale=scale, max_k=run.policy.max_k,
-                              table=run.table, parts=parts, router=config.cluster.router)
+                              table=run.table, parts=parts, router=config.cluster.router,
+                              jit=config.engine.jit if backend is None else "off")
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,

@@ -40,6 +40,17 @@ def _process(env: simpy.Environment, loop: ServingLoop, idle):
             release(env.now)
             loop.finish_prefill(n, now, env.now)
         elif n == 0:
+            runs = loop.decode_runs
+            if runs is not None:  # a stretch of decode steps in compiled code (the last may be in flight)
+                end = runs.run(now, loop.queue.next_event_s())
+                delay = exact_delay(now, end)
+                if now + delay != end:  # no one delay lands on `end` exactly: two hops (delay_short_of)
+                    yield timeout(delay_short_of(now, end))
+                    delay = end - env.now
+                yield timeout(delay)
+                release(env.now)
+                runs.finish()
+                continue
             yield timeout(loop.start_decode(now))
             release(env.now)
             loop.finish_decode(now, env.now)
@@ -99,6 +110,18 @@ def exact_delay(now: float, at: float) -> float:
         d = max(d + (at - got), 0.0)  # at - got is exact: the two are within an ulp or two
     while now + d < at:
         d += math.ulp(at)
+    return d
+
+
+def delay_short_of(now: float, at: float) -> float:
+    """A delay landing on the float just short of ``at`` (or on it), for when none lands on ``at``.
+
+    From there ``at - landed`` is exact (the two are within an ulp, Sterbenz) and lands on
+    ``at``: two timeouts reach any time the step-by-step chain of timeouts reached.
+    """
+    d = exact_delay(now, at)
+    while d > 0.0 and now + d > at:
+        d = math.nextafter(d, 0.0)
     return d
 
 

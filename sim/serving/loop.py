@@ -120,6 +120,7 @@ class ServingLoop:
         # every draft was kept (the last one was never fed to the draft), else 1.
         self._lag_after = [np.array([1] * k + [2], dtype=np.int64) for k in range(k_max + 1)]
         self._follows = backend.follows_rows
+        self.decode_runs = None  # sim.serving.compiled.DecodeRuns, when stretches of decode steps run compiled
         self._on_finish = getattr(queue, "finished", None)  # a client with a concurrency limit listens
         self._cap, self._admit = scheduler.max_batch_size, getattr(scheduler, "admit", None)
         self.preemptions = np.zeros(n, dtype=np.int64)

@@ -51,6 +51,10 @@ class ArrivalQueue:
         """When the next request arrives; None once every one has."""
         return self.arrival_s[self.arrived] if self.arrived < self.count else None
 
+    def next_event_s(self) -> float:
+        """The next time anything outside the loop can change what it does (here: an arrival)."""
+        return self.arrival_s[self.arrived] if self.arrived < self.count else math.inf
+
 
 class ConcurrencyLimitedQueue(ArrivalQueue):
     """A client that keeps at most ``limit`` requests outstanding (``vllm bench serve --max-concurrency``).
@@ -110,6 +114,11 @@ class RoutedQueue:
         if dispatcher.next_at <= now:  # route every arrival up to now, before this replica moves on
             dispatcher.advance(now)
         self.arrived = self.count
+
+    def next_event_s(self) -> float:
+        """The next time anything outside the loop can change what it does or read its state:
+        the dispatcher's next routing (whichever replica it picks)."""
+        return self.dispatcher.next_at
 
     def push(self, request: int, arrival_s: float) -> None:
         """Append a request (arriving now, at ``arrival_s``) to this queue."""

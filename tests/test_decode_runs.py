@@ -1,0 +1,133 @@
+"""Compiled decode runs (sim.serving.compiled) give the step-by-step loop's results to the bit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.serving import compiled
+from sim.simulate import execute, prepare
+from tests.synthetic import make_profile
+
+pytestmark = pytest.mark.skipif(not compiled.numba_available(), reason="numba is not installed")
+
+
+@pytest.fixture(scope="module")
+def lagging_profile(tmp_path_factory):
+    """The draft's catch-up has a price (it measured several query lengths), so lags > 2 cost more."""
+    return make_profile(tmp_path_factory.mktemp("profiles") / "lagging", draft_q_max=6, batch=(1, 2, 4, 8))
+
+
+def _both(run_config, **overrides):
+    results = []
+    for jit in ("off", "on"):
+        results.append(execute(prepare(run_config(engine__jit=jit, **overrides))))
+    return results
+
+
+def _text(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)  # NaN == NaN here
+
+
+def assert_identical(off, on):
+    assert _text(off.summary) == _text(on.summary)
+    assert list(off.step_columns) == list(on.step_columns)
+    for name, column in off.step_columns.items():
+        assert column.dtype == on.step_columns[name].dtype, name
+        assert np.array_equal(column, on.step_columns[name]), name
+    for name, column in off.request_columns.items():
+        assert np.array_equal(column, on.request_columns[name], equal_nan=column.dtype.kind == "f"), name
+    assert _text(off.spec_decode) == _text(on.spec_decode)
+    assert _text(off.replicas) == _text(on.replicas)
+
+
+POLICIES = [{"policy__name": "fixed", "policy__k": 3}, {"policy__name": "fixed", "policy__k": 1},
+            {"policy__name": "none"}, {"policy__name": "lut", "policy__table": [[1, 2, 3], [3, 4, 0], [5, 256, 2]]}]
+ACCEPTANCE = [{}, {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
+              {"acceptance__model": "per-position", "acceptance__per_position": [0.8, 0.5, 0.3]},
+              {"acceptance__alpha": 0.97}]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(policy=st.sampled_from(POLICIES), acceptance=st.sampled_from(ACCEPTANCE),
+       batching=st.sampled_from(["continuous", "static"]), replicas=st.sampled_from([1, 1, 2, 3]),
+       router=st.sampled_from(["round-robin", "least-requests", "least-tokens"]),
+       rate=st.sampled_from([0.5, 3.0, 30.0, float("inf")]), max_batch=st.integers(1, 8),
+       kv=st.sampled_from([None, 600, 3000]), seed=st.integers(0, 3))
+def test_decode_runs_change_nothing(run_config, policy, acceptance, batching, replicas, router, rate, max_batch, kv,
+                                    seed):
+    """Every record, the summary and the speculation counters, whatever the policy, acceptance model,
+    batching, cluster, load and KV pressure (requests waiting while rows finish)."""
+    overrides = dict(workload__num_requests=60, workload__rate=rate, engine__batching=batching,
+                     engine__max_batch_size=max_batch, cluster__replicas=replicas, cluster__router=router,
+                     workload__output_tokens="uniform:1:60", workload__prompt_tokens="uniform:8:200", seed=seed,
+                     **policy, **acceptance)
+    if kv is not None:
+        overrides["engine__kv_cache_tokens"] = kv
+    off, on = _both(run_config, **overrides)
+    assert_identical(off, on)
+
+
+def test_lags_beyond_two_are_priced_alike(run_config, lagging_profile):
+    """A table that alternates k = 0 and k > 0 with the batch size lets the draft lag several tokens."""
+    off, on = _both(run_config, profile=str(lagging_profile), workload__num_requests=300, workload__rate=40.0,
+                    engine__max_batch_size=8, policy__name="lut", policy__table=[[1, 2, 3], [3, 5, 0], [6, 8, 4]],
+                    workload__output_tokens="uniform:20:120")
+    assert_identical(off, on)
+    steps = off.step_columns
+    assert {0, 3, 4} <= set(np.unique(steps["k"]).tolist())
+
+
+def test_long_runs_refill_draws_and_record_room(run_config, monkeypatch):
+    """Runs longer than a kernel call's room (records, gaps, the draw block) resume where they stopped."""
+    monkeypatch.setattr(compiled, "RECORD_ROOM", 7)
+    monkeypatch.setattr(compiled, "ITL_ROOM", 5)
+    off, on = _both(run_config, workload__num_requests=400, workload__rate=2.0, engine__max_batch_size=16,
+                    workload__output_tokens="uniform:50:400", policy__name="fixed", policy__k=4)
+    assert_identical(off, on)
+
+
+def test_only_static_k_policies_that_learn_nothing_run_compiled(run_config):
+    from policies.fixed import FixedK
+    from policies.goodput import Goodput
+
+    class Peeking(FixedK):  # overrides choose_k but not k_by_batch_size: not trusted with the table
+        def choose_k(self, view):
+            return 0 if view.mean_context_tokens > 300 else self.k
+
+    class Learning(FixedK):
+        def observe(self, feedback):
+            pass
+
+    assert compiled.static_k_table(FixedK(2), 4, 4).tolist() == [2] * 5
+    assert compiled.static_k_table(Peeking(2), 4, 4) is None
+    assert compiled.static_k_table(Learning(2), 4, 4) is None
+    assert compiled.static_k_table(Goodput(), 4, 4) is None
+
+
+def test_what_does_not_run_compiled(run_config, monkeypatch):
+    """A timeline's reasons, per-request speculation metrics, a concurrency limit, the vllm-v1 scheduler
+    or a learning policy: step by step (a compiled run would raise here)."""
+    def refuse(self, now, stop_at):
+        raise AssertionError("a compiled decode run")
+
+    base = dict(workload__num_requests=30, workload__rate=5.0, engine__jit="on", policy__name="fixed", policy__k=2)
+    execute(prepare(run_config(**base, engine__max_batch_size=4)))  # it does run compiled ...
+    monkeypatch.setattr(compiled.DecodeRuns, "run", refuse)
+    with pytest.raises(AssertionError, match="compiled"):
+        execute(prepare(run_config(**base)))
+    for extra in ({"output__per_request_spec_decode_metrics": "summary"}, {"workload__max_concurrency": 4},
+                  {"engine__scheduler": "vllm-v1"}, {"policy__name": "goodput", "policy__k": None},
+                  {"output__timeline": "timeline.html"}):
+        execute(prepare(run_config(**{**base, **extra})))  # ... and these do not
+
+
+def test_auto_uses_compiled_runs_only_for_large_runs():
+    assert not compiled.wanted("auto", compiled.AUTO_MIN_REQUESTS - 1)
+    assert compiled.wanted("auto", compiled.AUTO_MIN_REQUESTS)
+    assert not compiled.wanted("off", 10**7)
+    assert compiled.wanted("on", 1)
