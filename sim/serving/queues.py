@@ -14,6 +14,7 @@ requests it may see now. Two sources:
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
 
 import numpy as np
@@ -23,12 +24,23 @@ from sim.scheduler import kv_reserve
 PREFIX_FIELDS = ("prompt", "reserve", "multi", "remaining", "final")
 
 
+# Per-request values the loop reads one at a time live in array.array: indexing one costs
+# about what a list's does (and far less than a numpy scalar's), at 8 bytes an entry where a
+# list of Python ints or floats takes 36 (a million requests: ~0.2 GB less per run).
+def _floats(values: np.ndarray) -> array:
+    return array("d", np.ascontiguousarray(values, dtype=np.float64).tobytes())
+
+
+def _ints(values: np.ndarray) -> array:
+    return array("q", np.ascontiguousarray(values, dtype=np.int64).tobytes())
+
+
 class ArrivalQueue:
     """Requests with known arrival times (sorted), each in the queue once the clock passes it."""
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                  acceptance_scale: np.ndarray, max_k: int) -> None:
-        self.arrival_s = arrival_s.tolist()  # bisect on a list is the cheapest clock check
+        self.arrival_s = _floats(arrival_s)  # bisect on it is the cheapest clock check
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         # A sequence's context is final_context - remaining, so only `remaining` moves per step.
@@ -39,7 +51,7 @@ class ArrivalQueue:
         # What a request brings to its row when it joins (request, remaining, final context, accepted).
         self.joining_ints = np.stack([np.arange(self.count), output_tokens - 1, self.final_context,
                                       np.zeros(self.count, np.int64)])
-        self.prefix = {name: np.concatenate(([0], np.cumsum(values))).tolist() for name, values in zip(
+        self.prefix = {name: _ints(np.concatenate(([0], np.cumsum(values)))) for name, values in zip(
             PREFIX_FIELDS, (prompt_tokens, self.kv_reserve, output_tokens > 1, output_tokens - 1, self.final_context))}
         self.head = 0  # requests admitted so far
         self.arrived = 0
@@ -104,7 +116,7 @@ class RoutedQueue:
         self.acceptance_scale = np.zeros(capacity)
         self.joining_ints = np.zeros((4, capacity), dtype=np.int64)
         self.joining_ints[0] = np.arange(capacity)
-        self.prefix = {name: [0] for name in PREFIX_FIELDS}
+        self.prefix = {name: array("q", [0]) for name in PREFIX_FIELDS}
         self.head = 0
         self.arrived = 0
         self.waiter = None  # set by an idle replica's clock: called once when a request is pushed
@@ -148,10 +160,10 @@ class Dispatcher:
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                  acceptance_scale: np.ndarray, max_k: int, router) -> None:
-        self.arrival_s = arrival_s.tolist()
-        self.prompt_tokens, self.output_tokens = prompt_tokens.tolist(), output_tokens.tolist()
-        self.acceptance_scale = acceptance_scale.tolist()
-        self.kv_reserve = kv_reserve(prompt_tokens, output_tokens, max_k).tolist()
+        self.arrival_s = _floats(arrival_s)
+        self.prompt_tokens, self.output_tokens = _ints(prompt_tokens), _ints(output_tokens)
+        self.acceptance_scale = _floats(acceptance_scale)
+        self.kv_reserve = _ints(kv_reserve(prompt_tokens, output_tokens, max_k))
         self.count = len(self.arrival_s)
         self.router = router
         self.routed = 0
