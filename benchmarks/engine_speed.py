@@ -60,6 +60,9 @@ CASES = {
 }
 
 
+COMPILED_POLICIES = ("fixed", "none", "lut")  # k set by the batch size alone: decode runs compile (engine.jit)
+
+
 def flags_of(case: Case, requests: int, max_batch_size: int) -> dict:
     flags = {"workload.num_requests": (requests, "--requests"), "policy.name": (case.policy, "--policy"),
              "engine.max_batch_size": (max_batch_size, "--max-batch-size"), "seed": (0, "--seed"),
@@ -122,6 +125,17 @@ def measure(name: str, case: Case, args) -> dict:
     print(f"engine loop    {row['engine_s']:.3f} s  -> {row['engine_steps_per_s']:,.0f} engine steps/s")
     print(f"whole run      {row['whole_s']:.3f} s  -> {row['whole_steps_per_s']:,.0f} steps/s, "
           f"{row['requests_per_s']:,.0f} simulated requests/s (tabulation, engine and metrics)", flush=True)
+    if case.policy in COMPILED_POLICIES:  # the same run with its decode runs compiled (sim/serving/compiled.py)
+        compiled_config = replace(config, engine=replace(config.engine, jit="on"))
+        compiled = fastest(compiled_config, args.repeats + 1)  # the extra run loads (or compiles) the kernel
+        row["compiled"] = {"engine_s": compiled.engine_wall_s, "whole_s": compiled.wall_s,
+                           "engine_steps_per_s": steps / compiled.engine_wall_s,
+                           "whole_steps_per_s": steps / compiled.wall_s,
+                           "identical": compiled.summary == s}
+        rc = row["compiled"]
+        print(f"compiled       --jit on: engine loop {rc['engine_s']:.3f} s -> {rc['engine_steps_per_s']:,.0f} engine "
+              f"steps/s, whole run {rc['whole_steps_per_s']:,.0f} steps/s; summary identical: {rc['identical']}",
+              flush=True)
     if case.v1 and not args.no_v1:
         v1 = fastest(replace(config, engine=replace(config.engine, scheduler="vllm-v1")), args.repeats)
         s1 = v1.summary
@@ -148,13 +162,15 @@ def rounded(x: float) -> str:
 
 def table(doc: dict) -> str:
     """The README's Speed table and the vllm-v1 sentence (docs/generate.py's ``engine-speed`` block)."""
-    rows = ["| scenario | policy | engine steps | engine loop | whole run (tabulation, engine, metrics) |",
-            "|---|---|---:|---:|---|"]
+    rows = ["| scenario | policy | engine steps | engine loop | compiled (`--jit on`) | whole run (tabulation, "
+            "engine, metrics) |", "|---|---|---:|---:|---:|---|"]
     for r in sorted(doc["rows"], key=lambda r: list(CASES).index(r["case"])):
         bold = "**" if r["case"] == "fixed" else ""
-        rows.append(f"| {r['label']} | {r['policy']} | {r['steps']:,} | {bold}{rounded(r['engine_steps_per_s'])} "
-                    f"steps/s{bold} | {rounded(r['whole_steps_per_s'])} steps/s, {rounded(r['requests_per_s'])} "
-                    f"simulated requests/s |")
+        compiled = (f"{bold}{rounded(r['compiled']['engine_steps_per_s'])} steps/s{bold}" if "compiled" in r
+                    else "step by step")
+        rows.append(f"| {r['label']} | {r['policy']} | {r['steps']:,} | {rounded(r['engine_steps_per_s'])} "
+                    f"steps/s | {compiled} | {rounded(r['whole_steps_per_s'])} steps/s, "
+                    f"{rounded(r['requests_per_s'])} simulated requests/s |")
     rows.append("")
     v0 = next((r for r in doc["rows"] if "v1" in r), None)
     if v0:

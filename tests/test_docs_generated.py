@@ -192,10 +192,12 @@ def test_engine_speed_table_orders_the_cases_and_prices_v1_against_its_own_v0(ge
     v1 = {"steps": 900, "mixed_steps": 90, "engine_steps_per_s": 15_000.0, "whole_steps_per_s": 6_000.0}
     doc = {"date": "2026-01-02", "command": "python benchmarks/engine_speed.py", "requests": 10_000,
            "max_batch_size": 32, "repeats": 3, "machine": {"cpu": "CPU", "cores": 2, "python": "3.11", "numpy": "2"},
-           "rows": [row("cpu-goodput", 9_876.0, 3.0), row("fixed", 20_000.0, 1.04, v1=v1)]}
+           "rows": [row("cpu-goodput", 9_876.0, 3.0),
+                    row("fixed", 20_000.0, 1.04, v1=v1, compiled={"engine_steps_per_s": 301_234.0})]}
     lines = table(doc).splitlines()
-    assert lines[2].startswith("| fixed | `p` | 1,000 | **20,000 steps/s** | 10,000 steps/s, 123 simulated")
-    assert lines[3].startswith("| cpu-goodput | `p` | 1,000 | 9,880 steps/s |")
+    assert lines[2].startswith("| fixed | `p` | 1,000 | 20,000 steps/s | **301,000 steps/s** | 10,000 steps/s, 123 "
+                               "simulated")
+    assert lines[3].startswith("| cpu-goodput | `p` | 1,000 | 9,880 steps/s | step by step |")
     assert "ran 15,000 engine steps/s against the v0 scheduler's 20,000: 0.75×" in lines[5]
     assert lines[6].startswith("Measured 2026-01-02 with `python benchmarks/engine_speed.py` (10,000 requests")
     assert lines[6].endswith("load average of 1.0–3.0 during the runs.")
