@@ -1,13 +1,23 @@
 """The simulator against real replays on this machine: every case, its error in parts, one table.
 
-    python benchmarks/validation.py [--out runs/validation-bench] [--profile DIR] [--requests 60]
-                                    [--repeat 5] [--cases PATTERN] [--results FILE]
-    python benchmarks/validation.py --table FILE     # print the table of a results file, run nothing
+    python benchmarks/validation.py [--suite cpu|gpu] [--out runs/validation-bench] [--profile DIR]
+                                    [--requests N] [--repeat N] [--cases PATTERN] [--results FILE]
+    python benchmarks/validation.py --table FILE     # print the table(s) of a results file, run nothing
+    python benchmarks/validation.py --reprice PROFILE --from OUT [--results FILE]
 
 Runs ``specbatch validate --repeat N`` (N real replays of the same scenario and seed,
-pooled) for continuous and static batching x none / fixed k=3 / goodput x a low and a high
-load, on llama-160m / llama-68m on the CPU (the shipped profile ``cpu-llama-160m-llama-68m``
-unless --profile names another), and prints per case:
+pooled) for every case of a suite:
+
+* ``--suite cpu`` (default): continuous and static batching x none / fixed k=3 / goodput x
+  a low and a high load, on llama-160m / llama-68m on the CPU (the shipped profile
+  ``cpu-llama-160m-llama-68m`` unless --profile names another), 5 x 60 requests a case;
+* ``--suite gpu``: continuous batching x fixed k=3 / goodput x 5.5 and 2.5 req/s, on
+  llama-3.1-8b / llama-3.2-1b in bf16 on CUDA, priced by a profile calibrated eagerly
+  (``--no-cuda-graphs``: the replay runs its passes eagerly; the shipped
+  ``h100-eager-llama-3.1-8b-llama-3.2-1b`` unless --profile names another), 2 x 150
+  requests a case; results in benchmarks/results/validation-gpu.json;
+
+and prints per case:
 
 * the noise floor: the coefficient of variation of mean E2EL over the N replays;
 * the device's speed during the replays (timed passes / their calibrated time) and its
@@ -22,6 +32,15 @@ Each case is stored in its own folder, so a killed run resumes with the missing 
 every finished case is added to the results file (default: OUT/results.json), which is
 what docs/validation.md's table is generated from. The replays are real time: run it on a
 machine with nothing else running, or read the noise floor before the errors.
+
+``--reprice PROFILE --from OUT`` runs nothing for real: it simulates each case folder under
+OUT again (the scenario its replays ran, read from ``real/config.toml``, prefill padded)
+priced by another profile, e.g. the composed ``h100-llama-3.1-8b-llama-3.2-1b``, and
+compares it with the replays' pooled values stored in the folder's validation.json: mean
+and p99 E2EL, output throughput, mean TPOT and TTFT, raw (simulated - real) / real, with
+no speed correction (a user who never calibrated has none). A CPU does it in seconds; the
+results file (default OUT/results.json) keeps it under ``repriced`` and ``--table`` prints
+it as a second table.
 """
 
 from __future__ import annotations
@@ -135,21 +154,121 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# ------------------------------------------------------------ repricing: the same cases, another profile
+# What --reprice compares: (summary key, label, unit), each the replays' pooled value.
+REPRICED = (("mean_e2el_ms", "mean E2EL", "ms"), ("p99_e2el_ms", "p99 E2EL", "ms"),
+            ("output_throughput", "output tput", "tok/s"), ("mean_tpot_ms", "mean TPOT", "ms"),
+            ("mean_ttft_ms", "mean TTFT", "ms"))
+
+
+def repriced_row(name: str, doc: dict, simulated: dict) -> dict:
+    """One case repriced: per metric of REPRICED, the replays' pooled value (validation.json's
+    ``real``), the simulated one and the raw relative error (simulated - real) / real."""
+    real = {m["metric"]: m["real"] for m in doc["metrics"]}
+    row = {"case": name, "repeats": doc["repeats"], "requests": doc["requests_per_replay"]}
+    for key, _, _ in REPRICED:
+        r, sim = real.get(key), simulated.get(key)
+        ok = r is not None and sim is not None and r != 0 and math.isfinite(r) and math.isfinite(sim)
+        row[key] = {"real": r, "simulated": float(sim) if sim is not None and math.isfinite(sim) else None,
+                    "error": (sim - r) / r if ok else None}
+    return row
+
+
+def reprice_case(case: Path, profile: str) -> dict:
+    """Simulate the scenario the case folder's replays ran (``real/config.toml``; prefill padded,
+    as the replay runs it), priced by ``profile``, against the replays' pooled values."""
+    from sim.config import load_config
+    from sim.simulate import simulate
+
+    doc = json.loads((case / "validation.json").read_text())
+    scenario = case / "real" / "config.toml"
+    digest = load_config(scenario).digest()
+    if digest != doc["config_digest"]:
+        raise SystemExit(f"{scenario} is not the scenario {case / 'validation.json'} validated "
+                         f"(digest {digest}, not {doc['config_digest']})")
+    config = load_config(scenario, {"profile": profile, "engine.prefill": "padded"})
+    return repriced_row(case.name, doc, simulate(config).summary)
+
+
+def reprice(source: Path, profile: str, suite: str) -> dict:
+    """Every case folder of ``suite`` under ``source`` (those with a validation.json), repriced."""
+    from sim.profile import load_profile
+
+    loaded = load_profile(profile)
+    rows = [reprice_case(source / name, profile) for name, *_ in cases(suite)
+            if (source / name / "validation.json").is_file()]
+    if not rows:
+        raise SystemExit(f"no case folder with a validation.json under {source}")
+    return {"profile": profile, "name": loaded.name, "composed": "composition" in loaded.meta, "cases": rows}
+
+
+def format_repriced(name: str, entry: dict) -> str:
+    kind = "the composed profile" if entry.get("composed") else "the profile"
+    named = f" ({entry['name']})" if entry.get("name") not in (None, name) else ""
+    lines = [f"The same cases priced by {kind} {name}{named}, raw (no speed correction):",
+             f"{'case':26} " + "  ".join(f"{f'{label} ({unit})':>25}" for _, label, unit in REPRICED),
+             f"{'':26} " + "  ".join(f"{'real':>8} {'sim.':>7} {'error':>8}" for _ in REPRICED)]
+    for row in entry["cases"]:
+        cells = "  ".join(f"{_num(row[key]['real']):>8} {_num(row[key]['simulated']):>7} {_pct(row[key]['error']):>8}"
+                          for key, _, _ in REPRICED)
+        lines.append(f"{row['case']:26} {cells}")
+    lines.append("(error = (simulated - real) / real; real = the replays pooled, as in the table above; "
+                 "simulated = the same scenario and seed priced by this profile)")
+    return "\n".join(lines)
+
+
+def _num(x) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.1f}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+def format_results(results: dict) -> str:
+    """The table of the cases, then one per repriced profile."""
+    parts = [format_table(results)]
+    for name, entry in sorted((results.get("repriced") or {}).items()):
+        parts.append(format_repriced(name, entry))
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="e.g. --suite gpu on an H100 (benchmarks/gpu_session.sh phase validate); then, on any machine, "
+               "--reprice h100-llama-3.1-8b-llama-3.2-1b --from OUT --results benchmarks/results/validation-gpu.json "
+               "prices the same cases by the composed profile (docs/validation.md, 'On an H100 GPU')")
     parser.add_argument("--suite", choices=sorted(SUITES), default="cpu",
-                        help="cpu: the shipped CPU profile's model pair; gpu: llama-3.1-8b / llama-3.2-1b on CUDA")
-    parser.add_argument("--out", default="runs/validation-bench")
+                        help="cpu (default): llama-160m / llama-68m on the CPU, continuous and static batching; "
+                             "gpu: llama-3.1-8b / llama-3.2-1b in bf16 on CUDA, continuous batching, on an eager "
+                             "(--no-cuda-graphs) profile, as the replay runs its passes")
+    parser.add_argument("--out", default="runs/validation-bench", help="one folder per case (default %(default)s)")
     parser.add_argument("--profile", help="the suite's profile (default: cpu-llama-160m-llama-68m for cpu, "
                                           "h100-eager-llama-3.1-8b-llama-3.2-1b for gpu)")
     parser.add_argument("--requests", type=int, help="requests per replay (default 60 for cpu, 150 for gpu)")
     parser.add_argument("--repeat", type=int, help="replays per case, pooled (default 5 for cpu, 2 for gpu)")
     parser.add_argument("--cases", default="*", help="run only the cases matching this pattern (e.g. 'continuous-*')")
     parser.add_argument("--results", help="the results file to add finished cases to (default OUT/results.json)")
-    parser.add_argument("--table", metavar="FILE", help="print the table of this results file and stop")
-    args = parser.parse_args()
+    parser.add_argument("--table", metavar="FILE", help="print the table(s) of this results file and stop")
+    parser.add_argument("--reprice", metavar="PROFILE",
+                        help="run nothing for real: simulate each case folder under --from again priced by PROFILE "
+                             "(e.g. the composed h100-llama-3.1-8b-llama-3.2-1b) and store its raw errors against "
+                             "the folder's replays in the results file")
+    parser.add_argument("--from", dest="source", metavar="OUT",
+                        help="with --reprice: the folder of a finished run (its case folders; default --out)")
+    args = parser.parse_args(argv)
     if args.table:
-        print(format_table(json.loads(Path(args.table).read_text())))
+        print(format_results(json.loads(Path(args.table).read_text())))
+        return 0
+    if args.reprice:
+        source = Path(args.source or args.out)
+        results_path = Path(args.results) if args.results else source / "results.json"
+        results = json.loads(results_path.read_text()) if results_path.is_file() else {"cases": []}
+        suite = results.get("suite", args.suite)
+        results.setdefault("repriced", {})[Path(args.reprice).name] = reprice(source, args.reprice, suite)
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        print(format_results(results))
+        print(f"(results in {results_path})")
         return 0
     from sim.commands.cli import main as specbatch
 
@@ -181,7 +300,7 @@ def main() -> int:
         results["cases"].sort(key=lambda r: order.index(r["case"]))
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    print(format_table(results))
+    print(format_results(results))
     print(f"({time.perf_counter() - started:.0f} s this run; results in {results_path})")
     return 0
 
