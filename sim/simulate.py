@@ -345,6 +345,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         queue = ArrivalQueue(*queue_args) if limit is None else ConcurrencyLimitedQueue(*queue_args, limit)
         samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max)]
         policies = [wrap(run.policy)]
+        if hasattr(backend, "watch"):  # a playback releases the queue at the instants it recorded
+            backend.watch(queue)
         loop = ServingLoop(queue, scheduler=scheduler, policy=policies[0], k_max=run.table.k_max,
                            backend=backend or PricedBackend(run.table, samplers[0], scheduler.prefill))
         loop.decode_runs = decode_runs_for(loop, run.table, samplers[0], config.engine.jit, len(requests))

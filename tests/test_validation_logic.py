@@ -158,3 +158,51 @@ def test_step_cost_error_per_phase_and_k():
         pytest.approx(-0.05)
     assert rows["decode k=0"]["median_error"] == pytest.approx(1.0)
     assert rows["all steps"]["steps"] == 4
+
+
+def test_a_replay_that_overslept_past_the_next_arrival_is_reproduced(run_config):
+    """The real replay's ``sleep`` can overshoot past the next arrival; it then admits both on
+    waking, and the playback must admit both too (it releases up to the replay's wake-up)."""
+    import pandas as pd
+
+    from sim.serving.clock import serve_wall_clock
+    from sim.serving.loop import ServingLoop
+    from sim.serving.queues import ArrivalQueue
+    from sim.simulate import acceptance_values
+
+    run = prepare(run_config(policy__name="fixed", policy__k=3, workload__rate=5.0, workload__num_requests=30,
+                             engine__max_batch_size=8, workload__prompt_tokens="uniform:8:32",
+                             workload__output_tokens="uniform:2:12"))
+    now = [0.0]
+    readings: list[float] = []
+
+    class Timed(Spy):  # the wall clock moves by each step's price, as if the step had run
+        def prefill(self, queue, head, n, mean_prompt):
+            dt = super().prefill(queue, head, n, mean_prompt)
+            now[0] += dt
+            return dt
+
+        def decode(self, view, k, ragged, scale, lag):
+            dt, accepted = super().decode(view, k, ragged, scale, lag)
+            now[0] += dt
+            return dt, accepted
+
+    def clock() -> float:
+        readings.append(now[0])
+        return now[0]
+
+    def oversleep(seconds: float) -> None:
+        now[0] += seconds + 0.4  # 0.4 s late: past the next arrival (0.2 s apart on average)
+
+    backend = Timed(run)
+    requests = run.requests
+    queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
+                         acceptance_values(run.config, run.alphas), run.policy.max_k)
+    loop = ServingLoop(queue, scheduler=scheduler_for(run), policy=run.policy, backend=backend, k_max=run.table.k_max)
+    serve_wall_clock(loop, clock, oversleep)
+    steps = RecordedSteps.from_replay(pd.DataFrame(loop.records().steps), np.array(readings), backend.accepted)
+    woke_to_several = steps.idle_before & (steps.phase == PREFILL) & (steps.batch > 1)
+    assert woke_to_several.any()  # the case this test is about happened
+    playback = RecordedBackend(steps)
+    execute(prepare(run.config), backend=playback)
+    playback.check_done()

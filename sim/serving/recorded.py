@@ -12,7 +12,9 @@ replay's loop next read its clock (the step's end plus the loop's own work after
 applying the step, the next schedule's release), so the simulated clock cannot drift
 and the queue is released at the replay's instants. A step that followed an idle spell
 starts, in simulated time, at the arrival that woke the replica (the replay wakes a
-little later: its ``sleep`` overshoots), and is charged from there.
+little later: its ``sleep`` overshoots), and is charged from there; the requests it admits
+are those the replay found on waking (:meth:`RecordedBackend.watch`), which an overshoot
+past the next arrival makes more than one.
 
 Each step is checked against the record (phase, batch, k) before it is played: the first
 difference is a :class:`LogicDivergence` naming the step.
@@ -51,6 +53,7 @@ class RecordedSteps:
     until_s: np.ndarray  # when the replay's loop next read its clock after the step
     idle_before: np.ndarray  # the replay went idle (slept for an arrival) just before this step
     accepted: tuple  # per step: accepted draft tokens per running row (None: prefill or k = 0)
+    start_s: np.ndarray | None = None  # the replay's reading each step started at (after idling: its wake-up)
 
     @classmethod
     def from_replay(cls, steps, readings: np.ndarray, accepted) -> RecordedSteps:
@@ -67,7 +70,7 @@ class RecordedSteps:
         previous = np.concatenate(([readings[0] if readings.size else 0.0], until[:-1]))
         idle_before = start != previous
         return cls(phase, batch.astype(np.int64), np.asarray(steps["k"], np.int64), until, idle_before,
-                   tuple(accepted))
+                   tuple(accepted), start)
 
     def __len__(self) -> int:
         return self.phase.shape[0]
@@ -82,6 +85,22 @@ class RecordedBackend:
         self.steps = steps
         self.played = 0
         self.now = 0.0  # the simulated time the current step starts at
+
+    def watch(self, queue) -> None:
+        """Release ``queue`` as the replay did: before a step that followed an idle spell, up to
+        the replay's wake-up reading. The replay's ``sleep`` can overshoot past the next
+        arrival, and it then admitted every request that had arrived by the time it woke."""
+        release, steps = queue.release, self.steps
+
+        def release_as_replayed(now: float) -> None:
+            i = self.played
+            if i < len(steps) and steps.idle_before[i] and steps.start_s is not None:
+                due = queue.next_arrival_s()
+                if due is not None and due <= now:  # waking for an arrival (not the release after a step)
+                    now = max(now, float(steps.start_s[i]))
+            release(now)
+
+        queue.release = release_as_replayed
 
     def _next(self, phase: int, batch: int, k: int) -> int:
         i, steps = self.played, self.steps
