@@ -36,8 +36,9 @@ def listing(root: Path) -> list[str]:
 
 @pytest.fixture
 def scenario(tmp_path, synthetic_profile) -> list[str]:
-    """A run of a couple of seconds (long enough to be interrupted in the middle)."""
-    return ["run", "--profile", str(synthetic_profile), "--num-requests", "6000", "--rate", "40",
+    """A run of several seconds (long enough to be interrupted in the middle: 6,000 requests took
+    3 s before the loop got faster and under 1 s after, when most signals landed after the work)."""
+    return ["run", "--profile", str(synthetic_profile), "--num-requests", "60000", "--rate", "40",
             "--prompt-tokens", "64", "--output-tokens", "32", "--max-batch-size", "16"]
 
 
@@ -54,6 +55,8 @@ def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path, scenario):
         lines = [line for line in err.splitlines() if not line.startswith("warning: ")]
         if process.returncode == 0:  # finished before the signal: nothing to check at this moment
             continue
+        if process.returncode == -signal.SIGINT and not lines and "o/summary.json" in listing(tmp_path):
+            continue  # the signal landed in interpreter teardown, after the whole run was written
         assert process.returncode == 130 and len(lines) == 1 and lines[0].startswith("interrupted"), err
         assert listing(tmp_path) == [], f"left behind at {moment:.2f} s: {listing(tmp_path)}"
 
