@@ -104,10 +104,10 @@ def read_trace_columns(path: Path) -> Requests | None:
         return None
     types = {"arrival_s": pa.float64(), "prompt_tokens": pa.int64(), "output_tokens": pa.int64(),
              "alpha": pa.float64(), "label": pa.string()}
-    try:
-        with pacsv.open_csv(path) as first_block:  # the header, without reading the whole file
-            header = first_block.schema.names
-    except (pa.ArrowInvalid, OSError):
+    try:  # the header alone (pyarrow's streaming reader would hold a block and its threads' memory)
+        with open(path, encoding="utf-8", newline="") as handle:
+            header = next(csv.reader(handle), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
         return None
     wanted = [c for c in TRACE_COLUMNS + OPTIONAL_COLUMNS if c in header]
     if any(c not in header for c in TRACE_COLUMNS) or len(set(header)) != len(header) or not _is_utf8(path):
@@ -115,7 +115,8 @@ def read_trace_columns(path: Path) -> Requests | None:
     options = pacsv.ConvertOptions(column_types={c: types[c] for c in wanted}, include_columns=wanted,
                                    null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False)
     try:
-        table = pacsv.read_csv(path, convert_options=options)
+        # one thread: on a few cores as fast, and no per-thread buffers left behind for the run
+        table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(use_threads=False), convert_options=options)
     except (pa.ArrowInvalid, OSError):
         return None
     if table.num_rows == 0 or any(table[c].null_count for c in TRACE_COLUMNS):
