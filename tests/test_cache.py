@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sim import cache
 from sim.commands.outputs import round_significant, write_run, write_table
-from sim.serving.records import CHUNK, STEP_DTYPE, ColumnBuffer, value_buffer, buffer_array
+from sim.serving.records import CHUNK, STEP_DTYPE, RowBuffer, value_buffer, buffer_array
 from sim.simulate import _fitted, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,9 +133,9 @@ def test_a_warm_run_imports_neither_pandas_nor_scipy(tmp_path):
                           st.floats(0, 1e6), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1),
                           st.integers(0, 2**31 - 1)), max_size=3 * CHUNK // 1000),
        st.integers(1, 3))
-def test_column_buffer_holds_exactly_the_rows_appended(rows, repeat):
+def test_row_buffer_holds_exactly_the_rows_appended(rows, repeat):
     rows = rows * repeat * 700  # cross chunk and doubling boundaries
-    buffer = ColumnBuffer(STEP_DTYPE, capacity=8)
+    buffer = RowBuffer(STEP_DTYPE, capacity=8)
     for row in rows:
         buffer.append(row)
     assert len(buffer) == len(rows)

@@ -3,12 +3,12 @@
 Records live in typed numpy arrays, not in Python objects: a million-request run takes
 about four million steps, and a tuple per step (about 150 bytes, plus a boxed float per
 field) would cost more memory than the whole run is allowed. The loop still appends one
-plain tuple per step (the cheapest thing to build in the hot loop); :class:`StepBuffer`
+plain tuple per step (the cheapest thing to build in the hot loop); :class:`RowBuffer`
 stages at most :data:`CHUNK` of them and moves each full chunk into a preallocated packed
 structured array that grows by doubling (compiled decode runs write their rows into it
 directly), so memory per step is the row's width in bytes (:data:`STEP_DTYPE`.itemsize,
-46 bytes) and no per-step Python object outlives its chunk. :class:`ColumnBuffer` does
-the same for single columns (the inter-token gaps).
+46 bytes) and no per-step Python object outlives its chunk. The inter-token gaps use the
+same buffer with a one-field dtype.
 """
 
 from __future__ import annotations
@@ -45,18 +45,20 @@ STEP_DTYPE_V1 = np.dtype(STEP_DTYPE.descr + [
 ])
 
 
-class ColumnBuffer:
-    """Rows appended one at a time, kept as typed columns that grow by doubling.
+class RowBuffer:
+    """Rows as one packed structured array (a row is the dtype's width) growing by doubling.
 
-    ``append(row)`` takes a tuple in the dtype's field order (for a one-field dtype, the
-    bare value) and ``extend(rows)`` an iterable of them; :meth:`columns` returns views of
-    the filled part, without copying.
+    Python code ``append``s a row (a tuple in the dtype's field order; for a one-field
+    dtype, the bare value) or ``extend``s many; they are staged and moved in by one slice
+    assignment per :data:`CHUNK`. Compiled decode runs (:mod:`sim.serving.compiled`) write
+    rows in place after :meth:`open_rows`. :meth:`columns` returns each field as a view.
     """
 
     def __init__(self, dtype: np.dtype, capacity: int = CHUNK) -> None:
         self.dtype = np.dtype(dtype)
-        self._single = len(self.dtype.names) == 1
-        self._columns = {name: np.empty(capacity, self.dtype[name]) for name in self.dtype.names}
+        self.rows = np.empty(capacity, self.dtype)
+        # one field: bare values go in through the field's view (twice as fast as into the records)
+        self._field = self.dtype.names[0] if len(self.dtype.names) == 1 else None
         self._filled = 0
         self._staged: list = []
 
@@ -75,79 +77,11 @@ class ColumnBuffer:
     def __len__(self) -> int:
         return self._filled + len(self._staged)
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """The rows so far, one typed array per field (views: valid until the next append)."""
-        self._flush()
-        return {name: column[:self._filled] for name, column in self._columns.items()}
-
-    def open_rows(self, n: int) -> tuple[int, dict[str, np.ndarray]]:
-        """Room for ``n`` rows written in place (by compiled code): the first free row and the
-        whole columns; :meth:`close_rows` then keeps the rows written."""
-        self._flush()
-        self._grow(self._filled + n)
-        return self._filled, self._columns
-
-    def close_rows(self, written: int) -> None:
-        self._filled += written
-
-    def _grow(self, end: int) -> None:
-        capacity = next(iter(self._columns.values())).shape[0]
-        if end > capacity:
-            while capacity < end:
-                capacity *= 2
-            start = self._filled
-            for name, column in self._columns.items():
-                grown = np.empty(capacity, column.dtype)
-                grown[:start] = column[:start]
-                self._columns[name] = grown
-
-    def _flush(self) -> None:
-        staged = self._staged
-        if not staged:
-            return
-        n, start = len(staged), self._filled
-        end = start + n
-        self._grow(end)
-        if self._single:
-            (column,) = self._columns.values()
-            column[start:end] = staged
-        else:
-            for column, values in zip(self._columns.values(), zip(*staged)):
-                column[start:end] = values
-        self._filled = end
-        staged.clear()
-
-
-class StepBuffer:
-    """Step records as one packed structured array (a row is the dtype's width) growing by doubling.
-
-    Python steps ``append`` a tuple, staged and moved in by one slice assignment per
-    :data:`CHUNK`; compiled decode runs (:mod:`sim.serving.compiled`) write rows in place
-    after :meth:`open_rows`. :meth:`columns` returns each field as a (strided) view.
-    """
-
-    def __init__(self, dtype: np.dtype = STEP_DTYPE, capacity: int = CHUNK) -> None:
-        self.dtype = np.dtype(dtype)
-        self.rows = np.empty(capacity, self.dtype)
-        self._filled = 0
-        self._staged: list = []
-
-    def append(self, row) -> None:
-        staged = self._staged
-        staged.append(row)
-        if len(staged) >= CHUNK:
-            self._flush()
-
-    def __len__(self) -> int:
-        return self._filled + len(self._staged)
-
     def open_rows(self, n: int) -> tuple[int, np.ndarray]:
         """Room for ``n`` rows written in place: the first free row and the whole array;
         :meth:`close_rows` then keeps the rows written."""
-        if self._staged:
-            self._flush()
-        if self._filled + n > self.rows.shape[0]:
-            self._grow(self._filled + n)
+        self._flush()
+        self._grow(self._filled + n)
         return self._filled, self.rows
 
     def close_rows(self, written: int) -> None:
@@ -161,43 +95,44 @@ class StepBuffer:
 
     def _grow(self, end: int) -> None:
         capacity = self.rows.shape[0]
-        while capacity < end:
-            capacity *= 2
-        grown = np.empty(capacity, self.dtype)
-        grown[:self._filled] = self.rows[:self._filled]
-        self.rows = grown
+        if end > capacity:
+            while capacity < end:
+                capacity *= 2
+            grown = np.empty(capacity, self.dtype)
+            grown[:self._filled] = self.rows[:self._filled]
+            self.rows = grown
 
     def _flush(self) -> None:
         staged = self._staged
         if staged:
             start, end = self._filled, self._filled + len(staged)
-            if end > self.rows.shape[0]:
-                self._grow(end)
-            self.rows[start:end] = staged
+            self._grow(end)
+            target = self.rows if self._field is None else self.rows[self._field]
+            target[start:end] = staged
             self._filled = end
             staged.clear()
 
 
-def step_buffer(dtype: np.dtype = STEP_DTYPE) -> StepBuffer:
+def step_buffer(dtype: np.dtype = STEP_DTYPE) -> RowBuffer:
     """The step records of one loop: ``append((start_s, end_s, phase, ...))`` in ``dtype``'s
     order (STEP_DTYPE, or STEP_DTYPE_V1 for a vllm-v1 loop)."""
-    return StepBuffer(dtype)
+    return RowBuffer(dtype)
 
 
-def value_buffer(dtype) -> ColumnBuffer:
+def value_buffer(dtype) -> RowBuffer:
     """One growing column of plain values (``append(x)``, ``extend(xs)``); ``.array()`` reads it."""
-    return ColumnBuffer(np.dtype([("value", dtype)]))
+    return RowBuffer(np.dtype([("value", dtype)]))
 
 
-def buffer_array(buffer: ColumnBuffer) -> np.ndarray:
+def buffer_array(buffer: RowBuffer) -> np.ndarray:
     """The only column of a :func:`value_buffer` (a view)."""
     return buffer.columns()["value"]
 
 
 def step_columns(step_rows, dtype: np.dtype = STEP_DTYPE) -> dict[str, np.ndarray]:
-    """The per-step records as typed, named columns: from a :class:`ColumnBuffer` (no copy;
+    """The per-step records as typed, named columns: from a :class:`RowBuffer` (no copy;
     its own dtype) or a list of tuples in ``dtype``'s order."""
-    if isinstance(step_rows, (ColumnBuffer, StepBuffer)):
+    if isinstance(step_rows, RowBuffer):
         return step_rows.columns()
     table = np.array(step_rows, dtype=dtype) if step_rows else np.zeros(0, dtype)
     return {name: np.ascontiguousarray(table[name]) for name in dtype.names}
