@@ -325,4 +325,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sim.errors import InputError
+
+    try:
+        sys.exit(main())
+    except InputError as exc:  # a bad profile name: one line, as the CLI answers
+        sys.exit(f"error: {exc}")

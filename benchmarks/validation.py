@@ -273,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     from sim.commands.cli import main as specbatch
 
     spec = SUITES[args.suite]
-    profile, requests = args.profile or spec["profile"], args.requests or spec["requests"]
-    repeat = args.repeat or spec["repeat"]
+    profile = args.profile or spec["profile"]
+    requests = spec["requests"] if args.requests is None else args.requests
+    repeat = spec["repeat"] if args.repeat is None else args.repeat
+    if requests < 1 or repeat < 1:
+        parser.error(f"--{'requests' if requests < 1 else 'repeat'} must be at least 1")
 
     out = Path(args.out)
     results_path = Path(args.results) if args.results else out / "results.json"
@@ -306,4 +309,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sim.errors import InputError
+
+    try:
+        sys.exit(main())
+    except InputError as exc:  # a bad profile name or scenario: one line, as the CLI answers
+        sys.exit(f"error: {exc}")

@@ -140,3 +140,12 @@ def test_the_report_names_every_section_and_the_measured_profile_s_facts(cvm, ca
     assert "1131 points: 978 ok, 153 oom, 0 error" in out and "(0 fallbacks)" in out
     cvm.main([])
     assert capsys.readouterr().out == out  # deterministic
+
+
+def test_an_unknown_profile_is_one_error_line():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "composed_vs_measured.py"), "--measured", "nope"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: profile:")

@@ -123,3 +123,14 @@ def test_reprice_refuses_a_folder_whose_scenario_is_not_the_validated_one(bench,
         bench.reprice(tmp_path, "cpu-llama-160m-llama-68m", "cpu")
     with pytest.raises(SystemExit, match="no case folder"):
         bench.reprice(tmp_path / "none", "cpu-llama-160m-llama-68m", "cpu")
+
+
+def test_a_bad_count_or_profile_is_one_error_line():
+    import subprocess
+    import sys
+
+    script = str(Path(__file__).resolve().parents[1] / "benchmarks" / "validation.py")
+    zero = subprocess.run([sys.executable, script, "--suite", "gpu", "--requests", "0"], capture_output=True, text=True)
+    assert zero.returncode == 2 and "--requests must be at least 1" in zero.stderr
+    bad = subprocess.run([sys.executable, script, "--reprice", "nope", "--from", "."], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: profile:")
