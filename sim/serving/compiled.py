@@ -95,8 +95,9 @@ class DecodeRuns:
         self.loop = loop
         self.sampler = sampler  # the RecordingSampler: its inner sampler's buffer is read in place
         self.inner = sampler.inner
-        self.kind = {"SharedAlphaSampler": SHARED, "AcceptanceSampler": SCALED,
-                     "PositionSampler": POSITIONS}[type(self.inner).__name__]
+        from sim.acceptance import AcceptanceSampler, PositionSampler, SharedAlphaSampler
+
+        self.kind = {SharedAlphaSampler: SHARED, AcceptanceSampler: SCALED, PositionSampler: POSITIONS}[type(self.inner)]
         self.k_by_batch = k_by_batch
         self.decode = np.asarray(table.decode, dtype=np.float64)
         self.lag2 = np.asarray(table.decode_lag2, dtype=np.float64)
