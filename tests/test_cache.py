@@ -202,6 +202,7 @@ def test_trace_fast_reader_agrees_with_the_line_reader(tmp_path, monkeypatch):
     trace.write_trace(path, requests)
     text = path.read_text().splitlines()
     path.write_text("\n".join([text[0], *text[1:][::-1]]) + "\n")  # unsorted: ties keep file order
+    assert trace.read_trace_columns(path) is not None  # the fast reader took it (no silent fallback)
     fast = trace.read_trace(path)
     monkeypatch.setattr(trace, "read_trace_columns", lambda p: None)
     slow = trace.read_trace(path)
