@@ -46,7 +46,10 @@ def assert_identical(off, on):
 
 
 POLICIES = [{"policy__name": "fixed", "policy__k": 3}, {"policy__name": "fixed", "policy__k": 1},
-            {"policy__name": "none"}, {"policy__name": "lut", "policy__table": [[1, 2, 3], [3, 4, 0], [5, 256, 2]]}]
+            {"policy__name": "none"}, {"policy__name": "lut", "policy__table": [[1, 2, 3], [3, 4, 0], [5, 256, 2]]},
+            {"policy__name": "goodput", "policy__k": None},
+            {"policy__name": "goodput", "policy__k": None, "policy__k_max": 3, "policy__smoothing": 0.5,
+            "policy__alpha_init": 0.3, "policy__tie_break": 0.05}]
 ACCEPTANCE = [{}, {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
               {"acceptance__model": "per-position", "acceptance__per_position": [0.8, 0.5, 0.3]},
               {"acceptance__alpha": 0.97}]
@@ -91,6 +94,33 @@ def test_long_runs_refill_draws_and_record_room(run_config, monkeypatch):
     assert_identical(off, on)
 
 
+def test_goodput_learns_in_the_kernel_as_it_does_in_python(run_config, lagging_profile):
+    """goodput's choices and estimates, stepped in the kernel, are the policy's own to the bit: every
+    record, and the policy object's state after the run (a run can go on step by step from it)."""
+    from sim.serving.loop import ServingLoop
+
+    states = []
+    original = ServingLoop.records
+
+    def keep_state(self):
+        p = self.policy
+        states.append((p._accepted_avg, p._tested_avg, p._alpha, p._rates.tolist(), list(p._expected),
+                       p._position_accepted.tolist(), p._position_tested.tolist()))
+        return original(self)
+
+    for profile in (None, str(lagging_profile)):
+        states.clear()
+        extra = {} if profile is None else {"profile": profile}
+        overrides = dict(workload__num_requests=300, workload__rate=40.0, engine__max_batch_size=8,
+                         policy__name="goodput", policy__k=None, workload__output_tokens="uniform:20:120", **extra)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(ServingLoop, "records", keep_state)
+            off, on = _both(run_config, **overrides)
+        assert_identical(off, on)
+        assert states[0] == states[1]
+        assert len(set(on.step_columns["k"].tolist())) > 1  # it did choose, not sit at one k
+
+
 def test_only_static_k_policies_that_learn_nothing_run_compiled(run_config):
     from policies.fixed import FixedK
     from policies.goodput import Goodput
@@ -110,18 +140,21 @@ def test_only_static_k_policies_that_learn_nothing_run_compiled(run_config):
 
 
 def test_what_does_not_run_compiled(run_config, monkeypatch):
-    """A timeline's reasons, per-request speculation metrics, a concurrency limit, the vllm-v1 scheduler
-    or a learning policy: step by step (a compiled run would raise here)."""
+    """A timeline's reasons, per-request speculation metrics, a concurrency limit, the vllm-v1 scheduler,
+    a learning policy other than goodput or goodput per request: step by step (a compiled run would raise
+    here)."""
     def refuse(self, now, stop_at):
         raise AssertionError("a compiled decode run")
 
     base = dict(workload__num_requests=30, workload__rate=5.0, engine__jit="on", policy__name="fixed", policy__k=2)
     execute(prepare(run_config(**base, engine__max_batch_size=4)))  # it does run compiled ...
     monkeypatch.setattr(compiled.DecodeRuns, "run", refuse)
-    with pytest.raises(AssertionError, match="compiled"):
-        execute(prepare(run_config(**base)))
+    for runs in ({}, {"policy__name": "goodput", "policy__k": None}):
+        with pytest.raises(AssertionError, match="compiled"):
+            execute(prepare(run_config(**{**base, **runs})))
     for extra in ({"output__per_request_spec_decode_metrics": "summary"}, {"workload__max_concurrency": 4},
-                  {"engine__scheduler": "vllm-v1"}, {"policy__name": "goodput", "policy__k": None},
+                  {"engine__scheduler": "vllm-v1"}, {"policy__name": "adaptive", "policy__k": None},
+                  {"policy__name": "goodput", "policy__k": None, "policy__per_request": True},
                   {"output__timeline": "timeline.html"}):
         execute(prepare(run_config(**{**base, **extra})))  # ... and these do not
 

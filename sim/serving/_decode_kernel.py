@@ -2,17 +2,21 @@
 
 Each step is :meth:`ServingLoop._choose_k` + ``PricedBackend.decode`` + ``_apply_decode`` +
 ``_retire`` written row by row, with the same float operations in the same order, so its
-records are the step-by-step loop's to the bit. Keep the two in step: a change to one is
-a change to the other (``tests/test_decode_runs.py`` fails otherwise).
+records are the step-by-step loop's to the bit; for ``goodput`` the same holds of
+``Goodput.choose_k`` and ``Goodput.observe`` (:func:`_goodput_k`, :func:`_goodput_observe`).
+Keep the two in step: a change to one is a change to the other (``tests/test_decode_runs.py``
+fails otherwise).
 """
 
 from __future__ import annotations
 
 from numba import njit
 
-from sim.serving.decode_state import (ADMIT, ARRIVAL, DECODE_COUNT, DRAW_POS, FRESH, IDLE, ITL_END, ITL_POS, K_SUM,
-                                  KV_USED, LAST_DECODE_END, LIMIT, NOW, PENDING_END, POSITIONS, REC_END, REC_POS, REFILL,
-                                  RUNNING, SHARED, STEPS, TOTAL_FINAL_CONTEXT, TOTAL_REMAINING)
+from sim.serving.decode_state import (ACCEPTED_AVG, ADMIT, ALPHA, ARRIVAL, DECODE_COUNT, DRAW_POS, EXPECTED, FRESH,
+                                      GOODPUT_K, IDLE, ITL_END, ITL_POS, K_SUM, KV_USED, LAST_DECODE_END, LIMIT, MARGIN,
+                                      NOW, PENDING_END, POS_ACCEPTED, POS_RATES, POS_TESTED, POSITIONS, PRICES_CATCH_UP,
+                                      PRIOR, REC_END, REC_POS, REFILL, RUNNING, SHARED, SMOOTHING, STEPS, TESTED_AVG,
+                                      TOTAL_FINAL_CONTEXT, TOTAL_REMAINING)
 from sim.serving.records import DECODE
 
 # Rows of the loop's int block (ServingLoop._int_rows) and float block.
@@ -42,10 +46,61 @@ def _catch_up(rows, lag, x):
 
 
 @njit(cache=True, nogil=True)
+def _goodput_k(gp, gp_rows, decode, catch_up, charged, x, lag):
+    """Goodput.choose_k (batch-level): the k with the most expected tokens per second of step."""
+    extra = 0.0
+    if gp[PRICES_CATCH_UP] != 0.0 and lag > 1:
+        extra = _catch_up(catch_up[charged], lag, x)
+    expected = gp_rows[EXPECTED]
+    best_k = 0
+    best = 1.0 / _blend(decode[charged, 0], x)
+    margin = gp[MARGIN]
+    for k in range(1, expected.shape[0]):
+        g = expected[k] / (_blend(decode[charged, k], x) + extra)
+        if g > best * margin:
+            best_k = k
+            best = g
+    return best_k
+
+
+@njit(cache=True, nogil=True)
+def _goodput_observe(gp, gp_rows, kept, k, n, accepted):
+    """Goodput.observe for a uniform step at k >= 1 of n sequences, ``kept[m]`` of which kept m drafts;
+    then Goodput._price_positions."""
+    k_max = gp_rows.shape[1] - 1
+    s = gp[SMOOTHING]
+    tested = accepted + n - kept[k]
+    a = gp[ACCEPTED_AVG] = gp[ACCEPTED_AVG] + s * (accepted / n - gp[ACCEPTED_AVG])
+    t = gp[TESTED_AVG] = gp[TESTED_AVG] + s * (tested / n - gp[TESTED_AVG])
+    alpha = gp[ALPHA] = a / t
+    # at_least[m] (sequences that kept m drafts or more), from the top down
+    at_least = 0
+    for m in range(k_max + 1, 0, -1):
+        at_least += kept[m]  # now at_least[m]
+        j = m - 1  # position m is column m - 1
+        if m <= k_max:
+            gp_rows[POS_ACCEPTED, j] += s * (at_least - gp_rows[POS_ACCEPTED, j])
+        # position m was tested by those that kept m - 1 or more, if it was drafted (m <= k)
+        if j < k_max:
+            tested_m = at_least + kept[m - 1] if m <= k else 0
+            gp_rows[POS_TESTED, j] += s * (tested_m - gp_rows[POS_TESTED, j])
+    prior = gp[PRIOR]
+    shrink = prior * alpha
+    product = 1.0
+    total = 0.0
+    for j in range(k_max):
+        r = (gp_rows[POS_ACCEPTED, j] + shrink) / (gp_rows[POS_TESTED, j] + prior)
+        gp_rows[POS_RATES, j] = r
+        product = r if j == 0 else product * r
+        total = product if j == 0 else total + product
+        gp_rows[EXPECTED, j + 1] = 1.0 + total
+
+
+@njit(cache=True, nogil=True)
 def decode_run(ints, floats, st, ft, k_by_batch, static_charged, decode, lag2, catch_up, context_step, kind,
                draws_i, draws_f, neg_rates, counts, track_lag,
                finish_s, decode_steps, drafted_req, accepted_req, kv_reserve, records, itl_values, itl_weights,
-               stop_at, waiting, max_steps):
+               stop_at, waiting, max_steps, policy_kind, gp, gp_rows, kept_count):
     """Decode steps until a stop (sim.serving.compiled); returns the reason. ``st``/``ft`` carry the
     loop's scalars in and out; rows, request arrays and records are updated in place. A step that
     would end at or after ``stop_at`` is not taken: its end is left in ``ft[PENDING_END]``."""
@@ -61,17 +116,20 @@ def decode_run(ints, floats, st, ft, k_by_batch, static_charged, decode, lag2, c
         if st[REC_POS] >= st[REC_END] or st[ITL_POS] + b + 1 > st[ITL_END] or st[DRAW_POS] + b > n_draws:
             return REFILL
         charged = b if static_charged == 0 else static_charged
-        k = k_by_batch[charged]
         mean_context = (st[TOTAL_FINAL_CONTEXT] - st[TOTAL_REMAINING]) / b
         x = mean_context / context_step
+        lag = 1
+        if track_lag:
+            for i in range(b):
+                if ints[LAG, i] > lag:
+                    lag = ints[LAG, i]
+        if policy_kind == GOODPUT_K:
+            k = _goodput_k(gp, gp_rows, decode, catch_up, charged, x, lag)
+        else:
+            k = k_by_batch[charged]
         if k == 0:
             dt = _blend(decode[charged, 0], x)
         else:
-            lag = 1
-            if track_lag:
-                for i in range(b):
-                    if ints[LAG, i] > lag:
-                        lag = ints[LAG, i]
             if lag <= 1:
                 dt = _blend(decode[charged, k], x)
             elif lag == 2:
@@ -87,6 +145,8 @@ def decode_run(ints, floats, st, ft, k_by_batch, static_charged, decode, lag2, c
         accepted_total = 0
         emitted_total = b
         finishing = False
+        if policy_kind == GOODPUT_K:
+            kept_count[:] = 0
         for i in range(b):
             if k:
                 if kind == SHARED:
@@ -106,6 +166,8 @@ def decode_run(ints, floats, st, ft, k_by_batch, static_charged, decode, lag2, c
                         v = k
                     a = int(v)
                 counts[a] += 1
+                if policy_kind == GOODPUT_K:
+                    kept_count[a] += 1
                 ints[ACCEPTED, i] += a
                 accepted_total += a
                 left = ints[REMAINING, i] - (a + 1)
@@ -161,6 +223,8 @@ def decode_run(ints, floats, st, ft, k_by_batch, static_charged, decode, lag2, c
                             floats[f, kept] = floats[f, i]
                     kept += 1
             st[RUNNING] = kept
+        if policy_kind == GOODPUT_K and k:
+            _goodput_observe(gp, gp_rows, kept_count, k, b, accepted_total)
         record = records[st[REC_POS]]
         record.start_s = now
         record.end_s = end

@@ -1,8 +1,9 @@
 """Decode runs: stretches of decode steps in compiled code, when nothing outside the replica can change them.
 
 Between two arrivals a replica mostly just decodes: the same rows, a k that depends on
-the batch size alone (``fixed``, ``none``, a batch-size table), acceptance drawn from a
-stream, a price looked up. Stepping that through Python costs ~25 µs a step, most of
+the batch size alone (``fixed``, ``none``, a batch-size table) or ``goodput``'s argmax
+over the step table with its acceptance estimates learnt step by step, acceptance drawn
+from a stream, a price looked up. Stepping that through Python costs ~25 µs a step, most of
 it numpy's per-call overhead on arrays of a few dozen rows. :func:`decode_run` runs those
 steps in one numba-compiled call instead, applying each exactly as
 :meth:`ServingLoop._apply_decode <sim.serving.loop.ServingLoop>` and ``_retire`` do
@@ -17,7 +18,8 @@ steps in one numba-compiled call instead, applying each exactly as
 The clock then waits the whole run out in one timeout. Results are byte-identical to
 the step-by-step loop (``tests/test_decode_runs.py`` compares every record); what a run
 needs is checked by :func:`decode_runs_for`, which answers None (step by step) for
-anything else: a policy that looks at more than the batch size or learns, a timeline,
+anything else: any other policy that looks at more than the batch size or learns (or
+``goodput`` with ``per_request``, or a subclass of it), a timeline,
 the vllm-v1 scheduler, a client with a concurrency limit, the trace acceptance model or
 per-request speculation metrics, a real replay.
 
@@ -33,8 +35,10 @@ import math
 
 import numpy as np
 
-from sim.serving.decode_state import (ARRIVAL, DRAW_POS, ITL_POS, LAST_DECODE_END, MANY, N_INT_STATE, NOW,
-                                      PENDING_END, POSITIONS, REC_POS, REFILL, SCALED, SHARED)
+from sim.serving.decode_state import (ACCEPTED_AVG, ALPHA, ARRIVAL, DRAW_POS, EXPECTED, GOODPUT_K, ITL_POS,
+                                      LAST_DECODE_END, MANY, MARGIN, N_GOODPUT_STATE, N_INT_STATE, NOW, PENDING_END,
+                                      POS_ACCEPTED, POS_RATES, POS_TESTED, POSITIONS, PRICES_CATCH_UP, PRIOR, REC_POS,
+                                      REFILL, SCALED, SHARED, SMOOTHING, STATIC_K, TESTED_AVG)
 
 JIT_MODES = ("auto", "on", "off")
 AUTO_MIN_REQUESTS = 20_000  # measured (docs/performance.md): below this, loading the code costs more than it saves
@@ -88,17 +92,62 @@ def static_k_table(policy, max_batch: int, k_max: int) -> np.ndarray | None:
     return np.array([checked_k(k, k_max, policy, 1) for k in ks], dtype=np.int64)
 
 
+def compiled_goodput(policy, table) -> bool:
+    """Whether the kernel can stand in for this policy: ``goodput`` itself (not a subclass), batch-level
+    (``per_request`` answers per sequence), pricing with this very step table."""
+    from policies.goodput import Goodput
+
+    return (type(policy) is Goodput and not policy.per_request and policy._step_time == table.step_time
+            and policy._catch_up in (None, table.catch_up_time))
+
+
+class GoodputState:
+    """Goodput's learnt state as the kernel reads and updates it, and back (:meth:`store`)."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.scalars = np.zeros(N_GOODPUT_STATE)
+        self.rows = np.zeros((4, policy.k_max + 1))
+        self.kept = np.zeros(policy.k_max + 2, dtype=np.int64)  # the kernel's per-step tally
+        self.load()
+
+    def load(self) -> None:
+        p, g, rows = self.policy, self.scalars, self.rows
+        g[ACCEPTED_AVG], g[TESTED_AVG], g[ALPHA] = p._accepted_avg, p._tested_avg, p._alpha
+        g[SMOOTHING], g[PRIOR], g[MARGIN] = p.smoothing, p._prior, p._margin
+        g[PRICES_CATCH_UP] = p._catch_up is not None
+        k_max = p.k_max
+        rows[POS_ACCEPTED, :k_max], rows[POS_TESTED, :k_max] = p._position_accepted, p._position_tested
+        rows[POS_RATES, :k_max] = p._rates
+        rows[EXPECTED] = p._expected
+
+    def store(self) -> None:
+        p, g, rows = self.policy, self.scalars, self.rows
+        p._accepted_avg, p._tested_avg, p._alpha = float(g[ACCEPTED_AVG]), float(g[TESTED_AVG]), float(g[ALPHA])
+        k_max = p.k_max
+        p._position_accepted[:], p._position_tested[:] = rows[POS_ACCEPTED, :k_max], rows[POS_TESTED, :k_max]
+        p._rates = rows[POS_RATES, :k_max].copy()
+        p._expected = rows[EXPECTED].tolist()
+
+
 class DecodeRuns:
     """One loop's compiled decode runs: what the kernel needs besides the loop's own arrays."""
 
-    def __init__(self, loop, table, sampler, k_by_batch: np.ndarray) -> None:
+    def __init__(self, loop, table, sampler, k_by_batch: np.ndarray | None) -> None:
         self.loop = loop
         self.sampler = sampler  # the RecordingSampler: its inner sampler's buffer is read in place
         self.inner = sampler.inner
         from sim.acceptance import AcceptanceSampler, PositionSampler, SharedAlphaSampler
 
         self.kind = {SharedAlphaSampler: SHARED, AcceptanceSampler: SCALED, PositionSampler: POSITIONS}[type(self.inner)]
-        self.k_by_batch = k_by_batch
+        if k_by_batch is None:  # goodput: the kernel makes the policy's choices and does its learning
+            self.goodput = GoodputState(loop.policy)
+            self.policy_kind, self.k_by_batch = GOODPUT_K, np.zeros(1, dtype=np.int64)
+            self._goodput_args = (self.goodput.scalars, self.goodput.rows, self.goodput.kept)
+        else:  # k by the batch size
+            self.goodput = None
+            self.policy_kind, self.k_by_batch = STATIC_K, k_by_batch
+            self._goodput_args = (np.zeros(N_GOODPUT_STATE), np.zeros((4, 1)), np.zeros(2, dtype=np.int64))
         self.decode = np.asarray(table.decode, dtype=np.float64)
         self.lag2 = np.asarray(table.decode_lag2, dtype=np.float64)
         self.catch_up = np.asarray(table.catch_up, dtype=np.float64)
@@ -151,7 +200,10 @@ class DecodeRuns:
                 draws if self.kind == SHARED else self._empty_i, self._empty_f if self.kind == SHARED else draws,
                 self.neg_rates, self.counts, loop._tracks_lag,
                 loop.finish_s, loop.decode_steps, loop.drafted, loop.accepted, queue.kv_reserve,
-                records, values["value"], weights["value"], stop_at, waiting, max_steps)
+                records, values["value"], weights["value"], stop_at, waiting, max_steps, self.policy_kind,
+                *self._goodput_args)
+            if self.goodput is not None:
+                self.goodput.store()
             (loop.running, loop.kv_used, loop.fresh, loop.total_remaining, loop.total_final_context,
              loop.decode_count, loop.k_sum, inner._pos) = ints[:DRAW_POS + 1].tolist()
             written = int(ints[REC_POS]) - rec_start
@@ -184,6 +236,8 @@ def decode_runs_for(loop, table, sampler, mode: str, num_requests: int) -> Decod
         return None
     if type(sampler.inner) not in (SharedAlphaSampler, AcceptanceSampler, PositionSampler):
         return None
+    if compiled_goodput(loop.policy, table):
+        return DecodeRuns(loop, table, sampler, None)
     ks = static_k_table(loop.policy, loop.scheduler.max_batch_size, loop.k_max)
     if ks is None:
         return None
