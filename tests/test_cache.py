@@ -280,14 +280,15 @@ def test_the_documented_record_widths_hold():
 def test_ctrl_c_inside_a_lazy_import_is_an_interrupt(monkeypatch, capsys):
     """pandas and scipy are imported on first use, mid-run; Ctrl-C during an import can surface as
     another error (a half-initialised module). After a SIGINT it is still exit 130 with one line."""
-    import os
     import signal
 
     import sim.commands.cli as cli
 
     def interrupted_import(argv):
         try:
-            os.kill(os.getpid(), signal.SIGINT)  # the handler runs as the call returns
+            # raise(3), to this thread: os.kill may land on another thread (pyarrow's, numba's) and
+            # the handler then runs after the error below, which made this test flaky
+            signal.raise_signal(signal.SIGINT)
         except KeyboardInterrupt:
             pass  # swallowed, as a library's import may
         raise AttributeError("module 'pandas' has no attribute 'DataFrame'")
