@@ -60,7 +60,7 @@ CASES = {
 }
 
 
-COMPILED_POLICIES = ("fixed", "none", "lut")  # k set by the batch size alone: decode runs compile (engine.jit)
+COMPILED_POLICIES = ("fixed", "none", "lut", "goodput")  # decode runs compile (engine.jit; sim/serving/compiled.py)
 
 
 def flags_of(case: Case, requests: int, max_batch_size: int) -> dict:
