@@ -216,18 +216,35 @@ class CostModel:
                                       "prefill_overhead": self.prefill_overhead, **chunk})
 
 
+class Rows(dict):
+    """A table's rows by batch size, each made a (nested) list on first use: a scalar look-up in a
+    list is several times faster than in an array, but the whole table as lists would take ~50 MB
+    (a boxed float per entry) where most runs visit a few batch sizes, and compiled decode runs
+    read the array itself (:attr:`array`)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__()
+        self.array = array
+
+    def __missing__(self, batch_size: int) -> list:
+        row = self[batch_size] = self.array[batch_size].tolist()
+        return row
+
+
 @dataclass(frozen=True)
 class StepTable:
-    """Pre-tabulated step costs; lists rather than arrays because scalar look-ups are faster."""
+    """Pre-tabulated step costs, indexed ``[b][...]`` (:class:`Rows`: lists, made per batch size on use)."""
 
-    decode: list  # [b][k][context column]
-    prefill: list  # [b][prompt column]
+    decode: Rows  # [b][k][context column]
+    prefill: Rows  # [b][prompt column]
     context_step: float
     prompt_step: float
     max_batch: int
     k_max: int
-    catch_up: list  # [b][lag][context column]: extra cost of the draft's first pass
-    decode_lag2: list  # [b][k][context column]: decode plus the catch-up at lag 2, the common case
+    catch_up: Rows  # [b][lag][context column]: extra cost of the draft's first pass
+    decode_lag2: Rows  # [b][k][context column]: decode plus the catch-up at lag 2, the common case
     chunk: list | None = None  # [token column]: P(x), for vllm-v1 prefill chunks (module docstring)
     chunk_step: float = 1.0  # tokens per column of ``chunk``
     prefill_overhead: float = 0.0  # what a step of chunks alone pays beyond P
@@ -268,7 +285,7 @@ class StepTable:
     def arrays(self) -> dict[str, np.ndarray]:
         """The table as named arrays (what :mod:`sim.cache` stores); :meth:`from_arrays` reads them back.
         A vllm-v1 table's ``chunk`` row is stored with it; a v0 table has none (and stores none)."""
-        out = {name: np.asarray(getattr(self, name), dtype=np.float64) for name in self._TABLES}
+        out = {name: getattr(self, name).array for name in self._TABLES}
         out.update(context_step=np.float64(self.context_step), prompt_step=np.float64(self.prompt_step),
                    max_batch=np.int64(self.max_batch), k_max=np.int64(self.k_max),
                    chunk_step=np.float64(self.chunk_step), prefill_overhead=np.float64(self.prefill_overhead))
@@ -279,7 +296,7 @@ class StepTable:
     @classmethod
     def from_arrays(cls, arrays) -> "StepTable":
         chunk = arrays.get("chunk")
-        return cls(**{name: np.asarray(arrays[name], dtype=np.float64).tolist() for name in cls._TABLES},
+        return cls(**{name: Rows(np.ascontiguousarray(arrays[name], dtype=np.float64)) for name in cls._TABLES},
                    context_step=float(arrays["context_step"]), prompt_step=float(arrays["prompt_step"]),
                    max_batch=int(arrays["max_batch"]), k_max=int(arrays["k_max"]),
                    chunk=None if chunk is None else np.asarray(chunk, dtype=np.float64).tolist(),

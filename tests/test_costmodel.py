@@ -102,6 +102,21 @@ def test_step_table_agrees_with_exact_evaluation(roofline_model):
         assert table.prefill_time(b, p) == pytest.approx(exact_prefill, rel=5e-3)
 
 
+def test_step_table_rows_become_lists_only_when_used(roofline_model):
+    """A table's rows are made lists per batch size on first look-up (memory); their values are the
+    array's, and what the cache stores is the array itself, visited rows or not."""
+    table = roofline_model.tabulate(max_batch=64, k_max=3, max_context=5000, max_prompt=3000, with_draft=True)
+    assert len(table.decode) == len(table.catch_up) == 0  # nothing converted yet
+    before = table.arrays()
+    t = table.decode_time_at_lag(7, 2, 1234.5, 5)
+    assert set(table.decode) == set(table.catch_up) == {7} and len(table.decode_lag2) == 0
+    assert table.decode[7] == before["decode"][7].tolist()
+    assert t == table.decode_time(7, 2, 1234.5) + table.catch_up_time(7, 5, 1234.5)
+    after = table.arrays()
+    assert all(np.array_equal(before[name], after[name]) for name in ("decode", "catch_up", "decode_lag2"))
+    assert after["decode"].shape == (65, 4, before["decode"].shape[2])
+
+
 def test_range_warnings_name_the_axis_beyond_the_grid(linear_model):
     inside = linear_model.range_warnings(max_batch=32, k_max=7, max_context=2048, max_prompt=1024, with_draft=True)
     assert inside == []

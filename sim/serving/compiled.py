@@ -148,9 +148,7 @@ class DecodeRuns:
             self.goodput = None
             self.policy_kind, self.k_by_batch = STATIC_K, k_by_batch
             self._goodput_args = (np.zeros(N_GOODPUT_STATE), np.zeros((4, 1)), np.zeros(2, dtype=np.int64))
-        self.decode = np.asarray(table.decode, dtype=np.float64)
-        self.lag2 = np.asarray(table.decode_lag2, dtype=np.float64)
-        self.catch_up = np.asarray(table.catch_up, dtype=np.float64)
+        self.decode, self.lag2, self.catch_up = table.decode.array, table.decode_lag2.array, table.catch_up.array
         self.context_step = float(table.context_step)
         self.neg_rates = getattr(self.inner, "_neg_rates", np.zeros(0))
         self.counts = np.zeros(table.k_max + 1, dtype=np.int64)  # accepted-count tally, folded into the sampler's
