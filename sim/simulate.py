@@ -338,24 +338,13 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     explain = config.output.timeline is not None  # the timeline shows why each k was chosen
     wrap = Explaining if explain else (lambda policy: policy)
     scale = acceptance_values(config, run.alphas)
-    limit = config.workload.max_concurrency
     if not (count > 1 if routed is None else routed):
-        scheduler = scheduler_for(run)
-        queue_args = (requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale, run.policy.max_k)
-        queue = ArrivalQueue(*queue_args) if limit is None else ConcurrencyLimitedQueue(*queue_args, limit)
         samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max)]
         policies = [wrap(run.policy)]
-        if hasattr(backend, "watch"):  # a playback releases the queue at the instants it recorded
-            backend.watch(queue)
-        loop = ServingLoop(queue, scheduler=scheduler, policy=policies[0], k_max=run.table.k_max,
-                           backend=backend or PricedBackend(run.table, samplers[0], scheduler.prefill))
-        loop.decode_runs = decode_runs_for(loop, run.table, samplers[0], config.engine.jit, len(requests))
-        engine_started = time.perf_counter()
-        simulate_replica(loop)
-        engine_wall = time.perf_counter() - engine_started
-        records, cluster = loop.records(), None
-        if limit is not None:  # latencies run from when the client sent each request, as vLLM measures them
-            requests = replace(requests, arrival_s=queue.sent_s)
+        records, sent_s, engine_wall = _run_replica(run, scale, samplers[0], policies[0], backend)
+        cluster = None
+        if sent_s is not None:  # latencies run from when the client sent each request, as vLLM measures them
+            requests = replace(requests, arrival_s=sent_s)
     else:
         parts = [ReplicaParts(scheduler_for(run),
                               wrap(run.policy if index == 0 else _fresh_policy(run)),
@@ -386,12 +375,33 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         table["replica"] = cluster.replica_of
         steps["replica"] = cluster.step_replica
         breakdown = replica_breakdown(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
-                                      cluster.request_ids, cluster.per_replica, summary["duration_s"])
+                                      cluster.request_ids, cluster.per_replica(), summary["duration_s"])
     return RunResult(config, run.profile, table, steps, summary, list(run.warnings),
                      time.perf_counter() - started, engine_wall, by_label(table), breakdown,
                      spec_decode=spec_decode, spec_decode_requests=per_request,
                      itl=(records.itl_values, records.itl_weights),
                      reasons=[policy.reasons for policy in policies] if explain else None)
+
+
+def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, backend):
+    """One replica's engine run: its records, the client's send times (None without a concurrency
+    limit) and the engine's wall time. The queue and the loop end here, before the metrics and
+    the writing need their memory (about 100 bytes a request)."""
+    config, requests = run.config, run.requests
+    limit = config.workload.max_concurrency
+    scheduler = scheduler_for(run)
+    queue_args = (requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale, run.policy.max_k)
+    queue = ArrivalQueue(*queue_args) if limit is None else ConcurrencyLimitedQueue(*queue_args, limit)
+    if hasattr(backend, "watch"):  # a playback releases the queue at the instants it recorded
+        backend.watch(queue)
+    loop = ServingLoop(queue, scheduler=scheduler, policy=policy, k_max=run.table.k_max,
+                       backend=backend or PricedBackend(run.table, sampler, scheduler.prefill))
+    loop.decode_runs = decode_runs_for(loop, run.table, sampler, config.engine.jit, len(requests))
+    started = time.perf_counter()
+    simulate_replica(loop)
+    engine_wall = time.perf_counter() - started
+    loop.decode_runs = None  # it refers back to the loop: a cycle would keep the queue until the GC ran
+    return loop.records(), (queue.sent_s if limit is not None else None), engine_wall
 
 
 def _fresh_policy(run: PreparedRun) -> Policy:
