@@ -13,6 +13,8 @@ acceptance random stream, so results do not depend on the order replicas run in.
 
 from __future__ import annotations
 
+import gc
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +43,19 @@ class ClusterRecords:
     replica_of: np.ndarray      # request id -> the replica that served it
     step_replica: np.ndarray    # merged step -> its replica
     request_ids: list[np.ndarray]       # per replica: its requests, in its queue order
-    per_replica: list[ReplicaRecords]   # per replica, indexed like request_ids
+    itl_bounds: np.ndarray      # replica i's inter-token gaps are merged.itl_*[itl_bounds[i]:itl_bounds[i + 1]]
+
+    def per_replica(self):
+        """Each replica's own records, indexed like ``request_ids``: built one at a time from the
+        merged ones (a replica's steps are the merged steps it ran, in their order)."""
+        m = self.merged
+        for index, ids in enumerate(self.request_ids):
+            mine = self.step_replica == index
+            lo, hi = self.itl_bounds[index], self.itl_bounds[index + 1]
+            yield ReplicaRecords(m.scheduled_s[ids], m.first_token_s[ids], m.finish_s[ids], m.decode_steps[ids],
+                                 m.drafted_tokens[ids], m.accepted_tokens[ids],
+                                 {f: v[mine] for f, v in m.steps.items()}, m.itl_values[lo:hi], m.itl_weights[lo:hi],
+                                 None if m.preemptions is None else m.preemptions[ids])
 
 
 def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
@@ -58,34 +72,58 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
         dispatcher.add(queue, loop)
         loops.append(loop)
     simulate_cluster(dispatcher, loops)
+    # Reference cycles (dispatcher <-> queues and loads, queue <-> loop, loop <-> its decode runs,
+    # an idle replica's clock process waiting on its queue) would keep every replica's buffers
+    # until the GC ran: break them and collect the clock's, so that _merge frees each in turn.
+    dispatcher.queues.clear()
+    dispatcher.loads.clear()
+    for loop in loops:
+        loop.decode_runs = loop.queue.on_grow = loop.queue.waiter = None
+    gc.collect()
     return _merge(loops, arrival_s.shape[0])
 
 
 def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
+    """The replicas' records as the cluster's; each loop's records are moved out and the loop
+    dropped from ``loops`` in turn, so that memory holds about one copy of the steps, not two."""
     ids = [loop.queue.request_ids[:loop.queue.count] for loop in loops]
-    local = [_trimmed(loop.records(), loop.queue.count) for loop in loops]
     replica_of = np.zeros(n, dtype=np.int64)
     per_request = {name: np.full(n, np.nan) for name in ("scheduled_s", "first_token_s", "finish_s")}
     per_request.update({name: np.zeros(n, dtype=np.int64)
                         for name in ("decode_steps", "drafted_tokens", "accepted_tokens")})
-    for index, (req, rec) in enumerate(zip(ids, local)):
+    v1 = loops[0].scheduler.name == "vllm-v1"
+    preemptions = np.zeros(n, dtype=np.int64) if v1 else None
+    counts = [len(loop.step_rows) for loop in loops]
+    itl_counts = [len(loop.itl_values) for loop in loops]
+    step_replica = np.repeat(np.arange(len(loops), dtype=np.int64), counts)
+    itl_bounds = np.concatenate(([0], np.cumsum(itl_counts)))
+    steps = itl_values = itl_weights = None
+    row = 0
+    for index, req in enumerate(ids):
+        loop = loops[index]
+        rec = _trimmed(loop.records(), loop.queue.count)
         replica_of[req] = index
         for name, values in per_request.items():
             values[req] = getattr(rec, name)
-    step_replica = np.concatenate([np.full(rec.steps["start_s"].shape[0], i, dtype=np.int64)
-                                   for i, rec in enumerate(local)])
-    steps = {f: np.concatenate([rec.steps[f] for rec in local]) for f in local[0].steps}
-    order = np.lexsort((step_replica, steps["start_s"]))  # by start time, then replica
-    steps = {f: v[order] for f, v in steps.items()}
-    preemptions = None
-    if local[0].preemptions is not None:  # vllm-v1
-        preemptions = np.zeros(n, dtype=np.int64)
-        for req, rec in zip(ids, local):
+        if v1:
             preemptions[req] = rec.preemptions
-    merged = ReplicaRecords(**per_request, steps=steps,
-                            itl_values=np.concatenate([rec.itl_values for rec in local]),
-                            itl_weights=np.concatenate([rec.itl_weights for rec in local]), preemptions=preemptions)
-    return ClusterRecords(merged, replica_of, step_replica[order], ids, local)
+        if steps is None:
+            steps = {f: np.empty(step_replica.shape[0], v.dtype) for f, v in rec.steps.items()}
+            itl_values = np.empty(itl_bounds[-1], rec.itl_values.dtype)
+            itl_weights = np.empty(itl_bounds[-1], rec.itl_weights.dtype)
+        for f, v in rec.steps.items():
+            steps[f][row:row + v.shape[0]] = v
+        row += counts[index]
+        itl_values[itl_bounds[index]:itl_bounds[index + 1]] = rec.itl_values
+        itl_weights[itl_bounds[index]:itl_bounds[index + 1]] = rec.itl_weights
+        del rec, loop
+        loops[index] = None  # its buffers go now
+    order = np.lexsort((step_replica, steps["start_s"]))  # by start time, then replica
+    for f in steps:
+        steps[f] = steps[f][order]
+    merged = ReplicaRecords(**per_request, steps=steps, itl_values=itl_values, itl_weights=itl_weights,
+                            preemptions=preemptions)
+    return ClusterRecords(merged, replica_of, step_replica[order], ids, itl_bounds)
 
 
 def _trimmed(rec: ReplicaRecords, count: int) -> ReplicaRecords:

@@ -216,3 +216,52 @@ def test_cli_cluster_run_reports_replicas(capsys, tmp_path, synthetic_profile):
     # The resolved config reruns the same cluster.
     assert main(["run", "--config", str(out / "config.toml"), "--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "requests.csv").read_bytes() == (out / "requests.csv").read_bytes()
+
+
+@pytest.mark.parametrize("scheduler,jit", [("continuous", "off"), ("continuous", "on"), ("vllm-v1", "off")])
+def test_queues_that_grow_change_nothing(run_config, monkeypatch, scheduler, jit):
+    """A routed queue and its loop's per-request arrays start small and double as requests come:
+    from two entries, a one-replica cluster still reproduces the arrival-array replica to the bit."""
+    from sim.serving import compiled
+    from sim.serving.queues import RoutedQueue
+
+    if jit == "on" and not compiled.numba_available():
+        pytest.skip("numba is not installed")
+    overrides = dict(**SMALL, workload__rate=6.0, engine__max_batch_size=8, engine__jit=jit)
+    if scheduler == "vllm-v1":  # preemptions: the v1 loop's own per-request arrays grow too
+        overrides.update(engine__scheduler="vllm-v1", engine__kv_cache_tokens=1200)
+    config = run_config(**overrides)
+    direct = execute(prepare(config))
+    monkeypatch.setattr(RoutedQueue, "INITIAL_CAPACITY", 2)
+    routed = execute(prepare(config), routed=True)
+    assert same_result(direct, routed)
+
+
+def test_each_replicas_records_are_rebuilt_from_the_merged_ones(run_config, monkeypatch):
+    """The per-replica breakdown reads each replica's records back from the merged ones (the
+    loops' own are freed as they merge): they are the loops' records, value for value."""
+    import sim.cluster as cluster
+
+    own, rebuilt = [], []
+    merge = cluster._merge
+
+    def keep(loops, n):
+        for loop in loops:
+            rec = cluster._trimmed(loop.records(), loop.queue.count)
+            own.append({name: np.array(getattr(rec, name), copy=True) if name != "steps" else
+                        {f: v.copy() for f, v in rec.steps.items()}
+                        for name in ("first_token_s", "finish_s", "decode_steps", "steps", "itl_values",
+                                     "itl_weights")})
+        records = merge(loops, n)
+        rebuilt.extend(records.per_replica())
+        return records
+
+    monkeypatch.setattr(cluster, "_merge", keep)
+    execute(prepare(run_config(**SMALL, workload__rate=30.0, cluster__replicas=3, engine__max_batch_size=4)))
+    assert len(own) == len(rebuilt) == 3
+    for mine, back in zip(own, rebuilt):
+        for name, values in mine.items():
+            if name == "steps":
+                assert all(np.array_equal(v, back.steps[f]) for f, v in values.items())
+            else:
+                assert np.array_equal(values, getattr(back, name), equal_nan=True), name

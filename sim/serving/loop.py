@@ -89,6 +89,8 @@ class ServingLoop:
         self.decode_steps = np.zeros(n, dtype=np.int64)
         self.drafted = np.zeros(n, dtype=np.int64)
         self.accepted = np.zeros(n, dtype=np.int64)
+        if hasattr(queue, "on_grow"):  # a routed queue grows as requests come: so do the arrays above
+            queue.on_grow = self._grow_requests
         cap = scheduler.max_batch_size
         # Row state lives in two field-major blocks so that retiring rows compacts every
         # field with one fancy-indexed copy per block; the names below are views into them.
@@ -128,6 +130,18 @@ class ServingLoop:
         self.requeued: list[int] = []  # vllm-v1: preempted requests, at the head of the waiting queue
         if scheduler.name == "vllm-v1":  # the same loop; a step is a mixed step (section "vllm-v1" below)
             self._init_v1(n)
+
+    # Per-request arrays (indexed by queue position) and what a request's entry starts as.
+    _PER_REQUEST = {"scheduled_s": np.nan, "first_token_s": np.nan, "finish_s": np.nan, "decode_steps": 0,
+                    "drafted": 0, "accepted": 0, "preemptions": 0, "preempted_remaining": 0, "last_emit_s": 0.0}
+
+    def _grow_requests(self, capacity: int) -> None:
+        for name, start in self._PER_REQUEST.items():
+            old = getattr(self, name, None)
+            if old is not None:
+                grown = np.full(capacity, start, dtype=old.dtype)
+                grown[:old.shape[0]] = old
+                setattr(self, name, grown)
 
     # ------------------------------------------------------------ schedule
     def schedule(self) -> int:

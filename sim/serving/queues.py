@@ -101,21 +101,22 @@ class ConcurrencyLimitedQueue(ArrivalQueue):
 class RoutedQueue:
     """A cluster replica's queue: grown one request at a time by the dispatcher, in routing order.
 
-    ``request_ids`` maps a queue position back to the cluster's request id. Arrays are
-    sized for every request of the run (a replica may be given all of them).
+    ``request_ids`` maps a queue position back to the cluster's request id. Arrays grow
+    by doubling as requests are pushed (a replica of four gets about a quarter of them),
+    and :attr:`on_grow`, set by the replica's loop, grows its per-request arrays alike.
     """
 
+    INITIAL_CAPACITY = 1024
+
     def __init__(self, dispatcher: "Dispatcher") -> None:
-        capacity = dispatcher.count
         self.dispatcher = dispatcher
-        self.capacity, self.count = capacity, 0
-        ints = np.zeros(capacity, dtype=np.int64)
-        self.request_ids = ints.copy()
-        self.prompt_tokens, self.output_tokens, self.final_context, self.kv_reserve = (
-            ints.copy(), ints.copy(), ints.copy(), ints.copy())
+        capacity = self.capacity = min(self.INITIAL_CAPACITY, max(dispatcher.count, 1))
+        self.count = 0
+        self.request_ids, self.prompt_tokens, self.output_tokens, self.final_context, self.kv_reserve = (
+            np.zeros(capacity, dtype=np.int64) for _ in range(5))
         self.acceptance_scale = np.zeros(capacity)
         self.joining_ints = np.zeros((4, capacity), dtype=np.int64)
-        self.joining_ints[0] = np.arange(capacity)
+        self.on_grow = None  # called with the new capacity after the queue's arrays grew
         self.prefix = {name: array("q", [0]) for name in PREFIX_FIELDS}
         self.head = 0
         self.arrived = 0
@@ -135,12 +136,14 @@ class RoutedQueue:
     def push(self, request: int, arrival_s: float) -> None:
         """Append a request (arriving now, at ``arrival_s``) to this queue."""
         d, j = self.dispatcher, self.count
+        if j == self.capacity:
+            self._grow()
         prompt, output, reserve = d.prompt_tokens[request], d.output_tokens[request], d.kv_reserve[request]
         final = prompt + output - 1
         self.request_ids[j] = request
         self.prompt_tokens[j], self.output_tokens[j], self.final_context[j] = prompt, output, final
         self.acceptance_scale[j], self.kv_reserve[j] = d.acceptance_scale[request], reserve
-        self.joining_ints[1, j], self.joining_ints[2, j] = output - 1, final
+        self.joining_ints[0, j], self.joining_ints[1, j], self.joining_ints[2, j] = j, output - 1, final
         for name, value in zip(PREFIX_FIELDS, (prompt, reserve, int(output > 1), output - 1, final)):
             cum = self.prefix[name]
             cum.append(cum[-1] + value)
@@ -148,6 +151,21 @@ class RoutedQueue:
         if self.waiter is not None:
             waiter, self.waiter = self.waiter, None
             waiter(arrival_s)
+
+
+    def _grow(self) -> None:
+        capacity = self.capacity = 2 * self.capacity
+        for name in ("request_ids", "prompt_tokens", "output_tokens", "final_context", "kv_reserve",
+                     "acceptance_scale"):
+            old = getattr(self, name)
+            grown = np.zeros(capacity, dtype=old.dtype)
+            grown[:old.shape[0]] = old
+            setattr(self, name, grown)
+        grown = np.zeros((4, capacity), dtype=np.int64)
+        grown[:, :self.joining_ints.shape[1]] = self.joining_ints
+        self.joining_ints = grown
+        if self.on_grow is not None:
+            self.on_grow(capacity)
 
 
 class Dispatcher:
