@@ -73,26 +73,23 @@ def _goodput_observe(gp, gp_rows, kept, k, n, accepted):
     a = gp[ACCEPTED_AVG] = gp[ACCEPTED_AVG] + s * (accepted / n - gp[ACCEPTED_AVG])
     t = gp[TESTED_AVG] = gp[TESTED_AVG] + s * (tested / n - gp[TESTED_AVG])
     alpha = gp[ALPHA] = a / t
-    # at_least[m] (sequences that kept m drafts or more), from the top down
-    at_least = 0
-    for m in range(k_max + 1, 0, -1):
-        at_least += kept[m]  # now at_least[m]
-        j = m - 1  # position m is column m - 1
-        if m <= k_max:
-            gp_rows[POS_ACCEPTED, j] += s * (at_least - gp_rows[POS_ACCEPTED, j])
-        # position m was tested by those that kept m - 1 or more, if it was drafted (m <= k)
-        if j < k_max:
-            tested_m = at_least + kept[m - 1] if m <= k else 0
-            gp_rows[POS_TESTED, j] += s * (tested_m - gp_rows[POS_TESTED, j])
+    at_least = kept[k_max + 1]  # sequences that kept more than k_max drafts: none
+    for m in range(k_max, 0, -1):
+        at_least += kept[m]  # at_least[m]: sequences that kept m drafts or more
+        j = m - 1  # position m's column
+        gp_rows[POS_ACCEPTED, j] += s * (at_least - gp_rows[POS_ACCEPTED, j])
+        # position m was tested by those that kept m - 1 or more, where it was drafted (m <= k)
+        tested_m = at_least + kept[m - 1] if m <= k else 0
+        gp_rows[POS_TESTED, j] += s * (tested_m - gp_rows[POS_TESTED, j])
     prior = gp[PRIOR]
     shrink = prior * alpha
-    product = 1.0
+    product = 1.0  # the cumulative product and sum of Goodput._price_positions (1.0 * r and 0.0 + p are exact)
     total = 0.0
     for j in range(k_max):
         r = (gp_rows[POS_ACCEPTED, j] + shrink) / (gp_rows[POS_TESTED, j] + prior)
         gp_rows[POS_RATES, j] = r
-        product = r if j == 0 else product * r
-        total = product if j == 0 else total + product
+        product *= r
+        total += product
         gp_rows[EXPECTED, j + 1] = 1.0 + total
 
 
