@@ -164,3 +164,39 @@ def test_auto_uses_compiled_runs_only_for_large_runs():
     assert compiled.wanted("auto", compiled.AUTO_MIN_REQUESTS)
     assert not compiled.wanted("off", 10**7)
     assert compiled.wanted("on", 1)
+
+
+def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
+    """The kernel's argmax against Goodput.choose_k on one table: random prices, lags and contexts,
+    and prices that make every k's goodput exactly equal (the tie goes to the smallest k, as the
+    policy's docstring says; a >= in place of > would give k_max)."""
+    from policies.base import BatchView
+    from policies.goodput import Goodput
+    from sim.costmodel import StepTable
+    from sim.serving._decode_kernel import _goodput_k
+
+    rng = np.random.default_rng(3)
+    k_max, batches, columns, lags = 4, 5, 6, 4
+    tied = np.broadcast_to((np.arange(k_max + 1) + 1.0)[None, :, None] * 2.0 ** -6, (batches, k_max + 1, columns))
+    for decode in (rng.uniform(0.01, 0.05, (batches, k_max + 1, columns)), tied):
+        table = StepTable.from_arrays({
+            "decode": decode, "decode_lag2": decode, "prefill": np.ones((batches, columns)),
+            "catch_up": rng.uniform(0.0, 0.01, (batches, lags, columns)) * (decode is not tied),
+            "context_step": 10.0, "prompt_step": 10.0, "max_batch": batches - 1, "k_max": k_max,
+            "chunk_step": 1.0, "prefill_overhead": 0.0})
+        policy = Goodput(alpha_init=0.999999, k_max=k_max) if decode is tied else Goodput(k_max=k_max)
+        policy.bind(k_max, table)
+        if decode is tied:  # E[tokens](k) = k + 1, so tokens per second is the same for every k
+            policy._expected = [float(k + 1) for k in range(k_max + 1)]
+        state = compiled.GoodputState(policy)
+        view = BatchView(k_max)
+        for _ in range(200):
+            b, lag = int(rng.integers(1, batches)), int(rng.integers(1, lags + 2))
+            view.batch_size, view.mean_context_tokens = b, float(rng.uniform(0, 60))
+            view.lag_tokens = np.array([1, lag])
+            expected = policy.choose_k(view)
+            got = _goodput_k(state.scalars, state.rows, table.decode.array, table.catch_up.array, b,
+                             view.mean_context_tokens / table.context_step, lag)
+            assert got == expected
+            if decode is tied:
+                assert got == 0
