@@ -14,7 +14,6 @@ acceptance random stream, so results do not depend on the order replicas run in.
 from __future__ import annotations
 
 import gc
-
 from dataclasses import dataclass
 
 import numpy as np

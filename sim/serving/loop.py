@@ -44,8 +44,8 @@ import numpy as np
 
 from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
-from sim.serving.records import (DECODE, MIXED, PREFILL, STEP_DTYPE_V1, ReplicaRecords, buffer_array, step_buffer,
-                                 step_columns, value_buffer)
+from sim.serving.records import (DECODE, MIXED, PREFILL, STEP_DTYPE_V1, ReplicaRecords, buffer_array, grown,
+                                 step_buffer, step_columns, value_buffer)
 
 IDLE = -1  # schedule(): nothing to run until a request arrives
 
@@ -137,11 +137,8 @@ class ServingLoop:
 
     def _grow_requests(self, capacity: int) -> None:
         for name, start in self._PER_REQUEST.items():
-            old = getattr(self, name, None)
-            if old is not None:
-                grown = np.full(capacity, start, dtype=old.dtype)
-                grown[:old.shape[0]] = old
-                setattr(self, name, grown)
+            if hasattr(self, name):  # the v1 mode's own arrays exist only in v1 loops
+                setattr(self, name, grown(getattr(self, name), capacity, start))
 
     # ------------------------------------------------------------ schedule
     def schedule(self) -> int:

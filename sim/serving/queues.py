@@ -20,6 +20,7 @@ from bisect import bisect_right
 import numpy as np
 
 from sim.scheduler import kv_reserve
+from sim.serving.records import grown
 
 PREFIX_FIELDS = ("prompt", "reserve", "multi", "remaining", "final")
 
@@ -152,18 +153,11 @@ class RoutedQueue:
             waiter, self.waiter = self.waiter, None
             waiter(arrival_s)
 
-
     def _grow(self) -> None:
         capacity = self.capacity = 2 * self.capacity
         for name in ("request_ids", "prompt_tokens", "output_tokens", "final_context", "kv_reserve",
-                     "acceptance_scale"):
-            old = getattr(self, name)
-            grown = np.zeros(capacity, dtype=old.dtype)
-            grown[:old.shape[0]] = old
-            setattr(self, name, grown)
-        grown = np.zeros((4, capacity), dtype=np.int64)
-        grown[:, :self.joining_ints.shape[1]] = self.joining_ints
-        self.joining_ints = grown
+                     "acceptance_scale", "joining_ints"):
+            setattr(self, name, grown(getattr(self, name), capacity))
         if self.on_grow is not None:
             self.on_grow(capacity)
 

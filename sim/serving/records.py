@@ -113,6 +113,14 @@ class RowBuffer:
             staged.clear()
 
 
+def grown(array: np.ndarray, capacity: int, fill=0) -> np.ndarray:
+    """``array`` with its last axis extended to ``capacity``, the new entries ``fill``: per-request
+    arrays that double as a cluster replica is given requests (queues and loops alike)."""
+    out = np.full(array.shape[:-1] + (capacity,), fill, dtype=array.dtype)
+    out[..., :array.shape[-1]] = array
+    return out
+
+
 def step_buffer(dtype: np.dtype = STEP_DTYPE) -> RowBuffer:
     """The step records of one loop: ``append((start_s, end_s, phase, ...))`` in ``dtype``'s
     order (STEP_DTYPE, or STEP_DTYPE_V1 for a vllm-v1 loop)."""
