@@ -1,6 +1,6 @@
 """The simulator against real replays on this machine: every case, its error in parts, one table.
 
-    python benchmarks/validation.py [--suite cpu|gpu] [--out runs/validation-bench] [--profile DIR]
+    python benchmarks/validation.py [--suite cpu|gpu] [--out runs/validation-bench] [--profile DIR | --calibrate]
                                     [--requests N] [--repeat N] [--cases PATTERN] [--results FILE]
     python benchmarks/validation.py --table FILE     # print the table(s) of a results file, run nothing
     python benchmarks/validation.py --reprice PROFILE --from OUT [--results FILE]
@@ -27,6 +27,11 @@ and prints per case:
 * the cost model alone: the median absolute error of a step's price (speed-corrected);
 * end to end: mean E2EL, p99 E2EL and output throughput, raw and speed-corrected, and the
   TOST p-value (±5% on mean E2EL, speed-corrected).
+
+``--calibrate`` calibrates a fresh profile on the suite's grid right before each case (into
+OUT/profiles/CASE; about a minute on the CPU) and validates against it: calibration and
+replays interleaved in time, so the raw errors measure the simulator and its cost model,
+not how much faster or slower the machine runs than on the day the shipped profile was made.
 
 Each case is stored in its own folder, so a killed run resumes with the missing cases;
 every finished case is added to the results file (default: OUT/results.json), which is
@@ -64,14 +69,24 @@ SUITES = {
             "policies": ("none", "fixed-k3", "goodput"),
             "loads": {"continuous": {"high": 1.5, "low": 0.3}, "static": {"high": 1.0, "low": 0.3}},
             "profile": "cpu-llama-160m-llama-68m", "requests": 60, "repeat": 5,
-            "results": "benchmarks/results/validation.json"},
+            "results": "benchmarks/results/validation.json",
+            # the grid the shipped profile was calibrated on (docs/validation.md); ~1 min on this CPU
+            "calibrate": ["--target", "llama-160m", "--draft", "llama-68m", "--device", "cpu",
+                          "--batch-sizes", "1,2,4,8", "--k-max", "4", "--contexts", "16,64,128",
+                          "--prompts", "16,32,64", "--threads", "1"]},
     # capacity of this workload on the eager H100 profile, simulated (fixed k=3, rate inf): 6.7 req/s
     "gpu": {"workload": ["--prompt-tokens", "uniform:64:512", "--output-tokens", "uniform:16:112",
                          "--max-batch-size", "16", "--alpha", "0.7", "--seed", "1"],
             "policies": ("fixed-k3", "goodput"),
             "loads": {"continuous": {"high": 5.5, "low": 2.5}},
             "profile": "h100-eager-llama-3.1-8b-llama-3.2-1b", "requests": 150, "repeat": 2,
-            "results": "benchmarks/results/validation-gpu.json"},
+            "results": "benchmarks/results/validation-gpu.json",
+            # benchmarks/gpu_session.sh's "eager" phase: ~5 min on an H100
+            "calibrate": ["--target", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--device", "cuda",
+                          "--dtype", "bfloat16", "--no-cuda-graphs", "--batch-sizes", "1,2,4,8,16", "--k-max", "4",
+                          "--contexts", "64,128,256,512,1024", "--prompts", "32,64,128,256,512",
+                          "--max-prefill-tokens", "8192", "--warmup", "2", "--repeats", "10",
+                          "--point-budget", "0.3"]},
 }
 POLICIES = {"none": ["--policy", "none"], "fixed-k3": ["--policy", "fixed", "--k", "3"],
             "goodput": ["--policy", "goodput"]}
@@ -99,6 +114,7 @@ def case_row(name: str, batching: str, policy: str, rate: float, doc: dict) -> d
     speeds = [r["pass_speed_ratio"] for r in doc["replays"]]
     drift = [x for d in doc["drift"] for x in d["speed_ratio"]]
     row = {"case": name, "batching": batching, "policy": policy, "rate": rate, "repeats": doc["repeats"],
+           "profile": doc["profile"], "profile_created_utc": doc.get("profile_created_utc"),
            "requests": doc["requests_per_replay"], "speed_min": min(speeds), "speed_max": max(speeds),
            "drift_min": min(drift), "drift_max": max(drift), "noise_cv_mean_e2el": floor["mean_e2el_ms"]["cv"],
            "noise_range_mean_e2el": floor["mean_e2el_ms"]["range"],
@@ -148,6 +164,15 @@ def format_table(results: dict) -> str:
                  "= CV of mean E2EL over the replays; logic = mean E2EL error of the loop fed the measured steps, "
                  "(of which engine overhead between steps); step cost = median |error| of a step's price, "
                  "speed-corrected; TOST p < 0.05: speed-corrected mean E2EL equivalent within 5%)")
+    calibrated: dict[str, set] = {}
+    for r in rows:
+        if r.get("profile"):
+            calibrated.setdefault(r["profile"], set()).add(r.get("profile_created_utc") or "at an unrecorded time")
+    if calibrated:
+        lines.append("priced by " + "; ".join(
+            f"{name} (calibrated {min(when)})" if len(when) == 1 else
+            f"{name} (calibrated before each case: {len(when)} times, {min(when)} to {max(when)})"
+            for name, when in sorted(calibrated.items())))
     missing = [name for name, *_ in cases(suite) if name not in {r["case"] for r in rows}]
     if missing:
         lines.append(f"not run: {', '.join(missing)} (python benchmarks/validation.py runs what is missing)")
@@ -244,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/validation-bench", help="one folder per case (default %(default)s)")
     parser.add_argument("--profile", help="the suite's profile (default: cpu-llama-160m-llama-68m for cpu, "
                                           "h100-eager-llama-3.1-8b-llama-3.2-1b for gpu)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="calibrate a fresh profile on this machine right before each case runs (the suite's "
+                             "grid, into OUT/profiles/CASE) and validate against it, so the raw errors are not the "
+                             "shipped profile's age; ~1 min a case on the CPU")
     parser.add_argument("--requests", type=int, help="requests per replay (default 60 for cpu, 150 for gpu)")
     parser.add_argument("--repeat", type=int, help="replays per case, pooled (default 5 for cpu, 2 for gpu)")
     parser.add_argument("--cases", default="*", help="run only the cases matching this pattern (e.g. 'continuous-*')")
@@ -273,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     from sim.commands.cli import main as specbatch
 
     spec = SUITES[args.suite]
+    if args.calibrate and args.profile:
+        parser.error("--calibrate calibrates each case's profile: leave out --profile")
     profile = args.profile or spec["profile"]
     requests = spec["requests"] if args.requests is None else args.requests
     repeat = spec["repeat"] if args.repeat is None else args.repeat
@@ -289,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         case = out / name
         if not (case / "validation.json").is_file():
+            if args.calibrate:
+                profile = str(out / "profiles" / name)
+                print(f"[{name}] calibrating {profile} (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
+                code = specbatch(["calibrate", *spec["calibrate"], "--fresh", "--quiet", "--out", profile])
+                if code != 0:
+                    return code
             load = os.getloadavg()[0]
             print(f"[{name}] {repeat} x {requests} requests at {rate:g}/s (load average {load:.1f})",
                   file=sys.stderr)

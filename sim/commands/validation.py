@@ -368,7 +368,8 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
                       ignore_index=True)
     cost_rows = step_cost_summary(costs)
     drifts = [drift(m) for _, m in replays]
-    document = {"profile": profile.name, "acceptance": acceptance, "config_digest": config.digest(),
+    document = {"profile": profile.name, "profile_created_utc": profile.meta.get("created_utc"),
+                "acceptance": acceptance, "config_digest": config.digest(),
                 "repeats": len(replays), "requests_per_replay": len(first.requests),
                 "metrics": _records(table), "ks_tests": _records(tests), "ks_tests_corrected": _records(corrected_tests),
                 "tost": tost, "noise_floor": _records(noise), "step_cost": cost_rows,

@@ -1,0 +1,87 @@
+"""benchmarks/validation.py --calibrate, without torch: the order of what it asks specbatch to do.
+
+A fresh profile must be calibrated right before each case it runs, into OUT/profiles/CASE,
+and that case validated against it (not against the shipped profile); a failed calibration
+stops the benchmark before any replay.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+import sim.commands.cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def bench():
+    spec = importlib.util.spec_from_file_location("validation_bench_calibrate", ROOT / "benchmarks" / "validation.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def _recording(monkeypatch, answers: dict[str, int]) -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def fake(argv):
+        calls.append(list(argv))
+        return answers[argv[0]]
+
+    monkeypatch.setattr(sim.commands.cli, "main", fake)
+    return calls
+
+
+def _value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_each_case_is_validated_against_a_profile_calibrated_just_before_it(bench, monkeypatch, tmp_path):
+    # validate "fails" so the benchmark stops after the first case: what matters is what it asked.
+    calls = _recording(monkeypatch, {"calibrate": 0, "validate": 3})
+    code = bench.main(["--calibrate", "--out", str(tmp_path), "--cases", "static-none-low"])
+    assert code == 3
+    assert [c[0] for c in calls] == ["calibrate", "validate"]
+    calibrate, validate = calls
+    profile = str(tmp_path / "profiles" / "static-none-low")
+    # the suite's grid, from scratch (--fresh: no earlier partial calibration is resumed)
+    assert calibrate == ["calibrate", *bench.SUITES["cpu"]["calibrate"], "--fresh", "--quiet", "--out", profile]
+    assert _value(calibrate, "--target") == "llama-160m" and _value(calibrate, "--draft") == "llama-68m"
+    assert _value(validate, "--profile") == profile
+    assert _value(validate, "--out") == str(tmp_path / "static-none-low")
+
+
+def test_a_failed_calibration_stops_before_any_replay(bench, monkeypatch, tmp_path):
+    calls = _recording(monkeypatch, {"calibrate": 2, "validate": 0})
+    assert bench.main(["--calibrate", "--out", str(tmp_path), "--cases", "continuous-*"]) == 2
+    assert [c[0] for c in calls] == ["calibrate"]
+
+
+def test_without_calibrate_the_shipped_profile_is_validated(bench, monkeypatch, tmp_path):
+    calls = _recording(monkeypatch, {"calibrate": 0, "validate": 3})
+    assert bench.main(["--out", str(tmp_path), "--cases", "static-none-low"]) == 3
+    assert [c[0] for c in calls] == ["validate"]
+    assert _value(calls[0], "--profile") == bench.SUITES["cpu"]["profile"]
+
+
+def test_calibrate_and_a_named_profile_are_refused_together(bench, monkeypatch, tmp_path, capsys):
+    calls = _recording(monkeypatch, {"calibrate": 0, "validate": 0})
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--calibrate", "--profile", "cpu-llama-160m-llama-68m", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and calls == []
+    assert "--calibrate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suite", ["cpu", "gpu"])
+def test_each_suite_calibrates_with_flags_calibrate_accepts(bench, tmp_path, suite):
+    from calibrate.cli import build_parser
+
+    args = build_parser().parse_args([*bench.SUITES[suite]["calibrate"], "--fresh", "--quiet", "--out", str(tmp_path)])
+    assert args.target and args.draft and args.device == ("cpu" if suite == "cpu" else "cuda")
