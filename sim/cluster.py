@@ -23,7 +23,7 @@ from sim.serving.clock import simulate_cluster
 from sim.serving.compiled import decode_runs_for
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
-from sim.serving.queues import Dispatcher, RoutedQueue
+from sim.serving.queues import Dispatcher, LimitedRoutedQueue, RoutedQueue
 from sim.serving.records import ReplicaRecords
 
 
@@ -43,6 +43,7 @@ class ClusterRecords:
     step_replica: np.ndarray    # merged step -> its replica
     request_ids: list[np.ndarray]       # per replica: its requests, in its queue order
     itl_bounds: np.ndarray      # replica i's inter-token gaps are merged.itl_*[itl_bounds[i]:itl_bounds[i + 1]]
+    sent_s: np.ndarray | None = None  # with a concurrency limit: when the client sent each request
 
     def per_replica(self):
         """Each replica's own records, indexed like ``request_ids``: built one at a time from the
@@ -59,27 +60,34 @@ class ClusterRecords:
 
 def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                 acceptance_scale: np.ndarray, max_k: int, table, parts: list[ReplicaParts],
-                router: str, jit: str = "off") -> ClusterRecords:
-    """Simulate the replicas and their router until every request has finished."""
-    dispatcher = Dispatcher(arrival_s, prompt_tokens, output_tokens, acceptance_scale, max_k, make_router(router))
+                router: str, jit: str = "off", max_concurrency: int | None = None) -> ClusterRecords:
+    """Simulate the replicas and their router until every request has finished.
+    ``max_concurrency``: the client keeps at most that many requests outstanding over the cluster."""
+    dispatcher = Dispatcher(arrival_s, prompt_tokens, output_tokens, acceptance_scale, max_k, make_router(router),
+                            limit=max_concurrency)
+    queue_type = RoutedQueue if max_concurrency is None else LimitedRoutedQueue
     loops = []
     for p in parts:
-        queue = RoutedQueue(dispatcher)
+        queue = queue_type(dispatcher)
         loop = ServingLoop(queue, scheduler=p.scheduler, policy=p.policy, k_max=table.k_max,
                            backend=PricedBackend(table, p.sampler, p.scheduler.prefill))
         loop.decode_runs = decode_runs_for(loop, table, p.sampler, jit, arrival_s.shape[0])
         dispatcher.add(queue, loop)
         loops.append(loop)
     simulate_cluster(dispatcher, loops)
+    sent_s = dispatcher.sent_s
     # Reference cycles (dispatcher <-> queues and loads, queue <-> loop, loop <-> its decode runs,
     # an idle replica's clock process waiting on its queue) would keep every replica's buffers
     # until the GC ran: break them and collect the clock's, so that _merge frees each in turn.
     dispatcher.queues.clear()
     dispatcher.loads.clear()
+    dispatcher.on_unblock = None
     for loop in loops:
         loop.decode_runs = loop.queue.on_grow = loop.queue.waiter = None
     gc.collect()
-    return _merge(loops, arrival_s.shape[0])
+    merged = _merge(loops, arrival_s.shape[0])
+    merged.sent_s = sent_s
+    return merged
 
 
 def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:

@@ -292,7 +292,7 @@ KEYS: tuple[Key, ...] = (
     Key("workload.trace_vllm", text(optional=True), "replay the requests of a `vllm bench serve --save-result "
         "--save-detailed` JSON file (lengths, and start times where present)", "--trace-vllm"),
     Key("workload.max_concurrency", integer(minimum=1, optional=True, maximum=MAX_TOKENS), "the client keeps at most N requests "
-        "outstanding (vllm bench serve --max-concurrency)", "--max-concurrency"),
+        "outstanding (vllm bench serve --max-concurrency), over all the replicas", "--max-concurrency"),
     Key("output.goodput", Value(dict, parse_goodput, optional=True), "request goodput SLOs in ms, as vllm bench "
         "serve --goodput: ttft:MS tpot:MS e2el:MS", "--goodput"),
     Key("output.per_request_spec_decode_metrics", choice(SPEC_DECODE_DETAIL), "none, summary or detailed: "
@@ -522,9 +522,6 @@ def _settle_vllm_options(read: dict[str, Any], sources: dict[str, Source]) -> No
             raise error_at(sources, key, f"applies only to --acceptance-model {needs} (the model is {model})")
     if read["workload.trace_vllm"] is not None and read["workload.trace"] is not None:
         raise error_at(sources, "workload.trace_vllm", "give either trace or trace_vllm, not both")
-    if read["workload.max_concurrency"] is not None and read["cluster.replicas"] > 1:
-        raise error_at(sources, "workload.max_concurrency", "a concurrency limit is simulated for one replica "
-                       "only (cluster.replicas is 1)")
 
 
 def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:

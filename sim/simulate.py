@@ -356,9 +356,12 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
                               output_tokens=requests.output_tokens, acceptance_scale=scale, max_k=run.policy.max_k,
                               table=run.table, parts=parts, router=config.cluster.router,
-                              jit=config.engine.jit if backend is None else "off")
+                              jit=config.engine.jit if backend is None else "off",
+                              max_concurrency=config.workload.max_concurrency)
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged
+        if cluster.sent_s is not None:
+            requests = replace(requests, arrival_s=cluster.sent_s)
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
                         records.finish_s, records.itl_values, records.itl_weights, records.steps,
                         config.output.goodput)

@@ -39,6 +39,23 @@ def test_a_one_replica_cluster_is_the_single_replica(run_config, router, policy,
     assert direct.replicas is None and "replica" not in direct.requests
 
 
+@pytest.mark.parametrize("limit,rate", [(1, 6.0), (3, 6.0), (8, float("inf")), (4, 30.0)])
+@pytest.mark.parametrize("scheduler", ["continuous", "static", "vllm-v1"])
+def test_a_one_replica_cluster_behind_a_concurrency_limit_is_the_single_replica(run_config, limit, rate, scheduler):
+    """The cluster's client (its slots freed by finishes reported through the dispatcher) sends
+    and serves exactly as the single replica's concurrency-limited queue."""
+    overrides = dict(**SMALL, workload__rate=rate, workload__max_concurrency=limit, engine__max_batch_size=8,
+                     acceptance__distribution="beta")
+    if scheduler == "static":
+        overrides.update(engine__batching="static")
+    elif scheduler == "vllm-v1":
+        overrides.update(engine__scheduler="vllm-v1", engine__kv_cache_tokens=1200)
+    config = run_config(**overrides)
+    direct = execute(prepare(config))
+    routed = execute(prepare(config), routed=True)
+    assert same_result(direct, routed)
+
+
 def test_one_replica_run_folder_is_unchanged_by_cluster_settings(capsys, tmp_path, synthetic_profile):
     common = ["run", "--profile", str(synthetic_profile), "--num-requests", "80", "--rate", "5"]
     assert main([*common, "--out", str(tmp_path / "plain")]) == 0

@@ -80,9 +80,23 @@ def test_a_limit_that_never_binds_changes_nothing():
     assert free.summary == limited.summary
 
 
-def test_max_concurrency_is_refused_for_a_cluster():
-    with pytest.raises(InputError, match="one replica"):
-        specbatch.run(rate=2, replicas=2, max_concurrency=3, **SMALL)
+@given(st.integers(1, 12), st.sampled_from([5.0, 40.0, math.inf]), st.integers(2, 4),
+       st.sampled_from(["round-robin", "least-requests", "least-tokens"]))
+@settings(max_examples=12, deadline=None)
+def test_the_client_of_a_cluster_never_has_more_than_n_requests_outstanding(limit, rate, replicas, router):
+    """One client in front of the whole cluster (vllm bench serve through a router): request i
+    is sent at max(arrival_i, the (i - N)-th finish over every replica), and served once."""
+    free = specbatch.run(rate=rate, num_requests=60, seed=limit, replicas=replicas, router=router)
+    run = specbatch.run(rate=rate, max_concurrency=limit, num_requests=60, seed=limit, replicas=replicas,
+                        router=router)
+    t = run.requests
+    assert _max_outstanding(t) <= limit
+    assert t.finish_s.notna().all() and run.summary["completed"] == 60
+    sent, arrived = t.arrival_s.to_numpy(), free.requests.arrival_s.to_numpy()
+    finishes = np.sort(t.finish_s.to_numpy())
+    assert np.array_equal(sent[:limit], arrived[:limit])
+    assert np.array_equal(sent[limit:], np.maximum(arrived[limit:], finishes[:60 - limit]))
+    assert int(run.steps.emitted_tokens.sum()) == int(t.output_tokens.sum())
 
 
 # ---------------------------------------------------------------------------------- goodput

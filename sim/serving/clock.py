@@ -86,11 +86,18 @@ def _until_routed(env: simpy.Environment, loop: ServingLoop):
 
 
 def router_process(env: simpy.Environment, dispatcher: Dispatcher):
-    """Wake at every arrival's time so that it is routed even while every replica is idle."""
+    """Wake at every arrival's time so that it is routed even while every replica is idle.
+    Behind a concurrency limit the next send time may wait on a finish: sleep until one
+    makes it known."""
     while True:
         at = dispatcher.next_arrival_s()
         if at is None:
             return
+        if at == math.inf:
+            unblocked = env.event()
+            dispatcher.on_unblock = unblocked.succeed
+            yield unblocked
+            continue
         if at > env.now:
             yield env.timeout(exact_delay(env.now, at))
         dispatcher.advance(env.now)

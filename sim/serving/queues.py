@@ -8,7 +8,8 @@ requests it may see now. Two sources:
 * :class:`ArrivalQueue`: one replica, every request's arrival time known up front; a
   request is there once the clock has passed its arrival.
 * :class:`RoutedQueue`: a replica of a cluster; a :class:`Dispatcher` pushes each
-  request at its arrival time, to the replica its router picks.
+  request at its arrival time (with a concurrency limit, at its send time), to the
+  replica its router picks.
 """
 
 from __future__ import annotations
@@ -162,16 +163,32 @@ class RoutedQueue:
             self.on_grow(capacity)
 
 
+class LimitedRoutedQueue(RoutedQueue):
+    """A replica's queue behind a client with a concurrency limit over the whole cluster: the
+    loop reports its finishes (which free the client's slots) through :meth:`finished`."""
+
+    def finished(self, count: int, now: float) -> None:
+        self.dispatcher.finished(count, now)
+        self.arrived = self.count  # what the finish sent here, this replica may admit now
+
+
 class Dispatcher:
     """Routes each request, at its arrival time, to one replica's :class:`RoutedQueue`.
 
     Routing is lazy and exact: whichever comes first at or after an arrival's time (the
     clock's router wake-up or a replica's step ending) routes it, before any replica
     applies a step ending at that instant, with the replicas' state at that moment.
+
+    With ``limit`` (``vllm bench serve --max-concurrency`` in front of the cluster), request i
+    is sent, and routed, at max(arrival_i, F[i - limit]), F being the cluster's finish times
+    in finishing order (as :class:`ConcurrencyLimitedQueue` for one replica); ``sent_s`` holds
+    the send times. Until enough requests have finished, the next send time is unknown
+    (``next_at`` is inf) and :attr:`on_unblock`, set by the clock's router process, is called
+    when a finish makes it known.
     """
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 acceptance_scale: np.ndarray, max_k: int, router) -> None:
+                 acceptance_scale: np.ndarray, max_k: int, router, limit: int | None = None) -> None:
         self.arrival_s = _floats(arrival_s)
         self.prompt_tokens, self.output_tokens = _ints(prompt_tokens), _ints(output_tokens)
         self.acceptance_scale = _floats(acceptance_scale)
@@ -179,15 +196,28 @@ class Dispatcher:
         self.count = len(self.arrival_s)
         self.router = router
         self.routed = 0
-        self.next_at = self.arrival_s[0] if self.count else math.inf  # the next arrival not yet routed
+        self.next_at = self.arrival_s[0] if self.count else math.inf  # the next send not yet routed
         self.queues: list[RoutedQueue] = []
         self.loads: list = []  # what the router reads: one per queue, with outstanding_requests/_tokens
+        self.limit = limit
+        self.sent_s = np.array(arrival_s, dtype=np.float64) if limit is not None else None
+        self.finish_order: list[float] = []  # with a limit: the cluster's finish times, in finishing order
+        self.on_unblock = None
+
+    def _send_s(self, i: int) -> float:
+        """When request i is sent: at its arrival, or once the (i - limit)-th finish frees a slot."""
+        if self.limit is None or i < self.limit:
+            return self.arrival_s[i]
+        j = i - self.limit
+        return max(self.arrival_s[i], self.finish_order[j]) if j < len(self.finish_order) else math.inf
 
     def add(self, queue: RoutedQueue, load) -> None:
         self.queues.append(queue)
         self.loads.append(load)
 
     def advance(self, now: float) -> None:
+        if self.limit is not None:
+            return self._advance_limited(now)
         arrivals, i = self.arrival_s, self.routed
         while i < self.count and arrivals[i] <= now:
             self.routed = i + 1
@@ -195,5 +225,26 @@ class Dispatcher:
             self.queues[self.router.choose(self.loads)].push(i, arrivals[i])
             i += 1
 
+    def _advance_limited(self, now: float) -> None:
+        i = self.routed
+        while i < self.count and (sent := self._send_s(i)) <= now:
+            self.sent_s[i] = sent
+            self.routed = i + 1
+            self.next_at = self._send_s(i + 1) if i + 1 < self.count else math.inf
+            self.queues[self.router.choose(self.loads)].push(i, sent)
+            i += 1
+
+    def finished(self, count: int, now: float) -> None:
+        """``count`` requests finished at ``now`` (limit only): their slots go to the next ones."""
+        self.finish_order.extend([now] * count)
+        if self.routed < self.count and self.next_at == math.inf:
+            self.next_at = self._send_s(self.routed)
+            if self.on_unblock is not None and self.next_at < math.inf:
+                wake, self.on_unblock = self.on_unblock, None
+                wake()
+        if self.next_at <= now:
+            self._advance_limited(now)
+
     def next_arrival_s(self) -> float | None:
-        return self.arrival_s[self.routed] if self.routed < self.count else None
+        """When the next request is routed (inf: when enough finish); None once every one is."""
+        return self.next_at if self.routed < self.count else None
