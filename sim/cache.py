@@ -7,7 +7,8 @@ the code that computes them and (for the table) the reach of the run, so they ar
 on disk under a key that hashes exactly those:
 
 * the fitted model: ``<profile digest>.npz``, the digest over ``profile.csv``,
-  ``profile.json`` and :data:`CODE_VERSION`;
+  ``profile.json`` and :data:`CODE_VERSION` (the code, numpy's and scipy's versions and
+  the CPU model and its instruction-set flags);
 * a step table: ``<profile digest>-<reach digest>.npz``.
 
 The folder is ``$SPECBATCH_CACHE_DIR`` if set (empty: no cache), else
@@ -22,6 +23,7 @@ is the computed one to the last bit, so results are byte-identical with or witho
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -45,7 +47,29 @@ def _code_version() -> str:
     here = Path(__file__).parent
     for name in _SOURCES:
         digest.update((here / name).read_bytes())
+    digest.update(_numerics())
     return digest.hexdigest()[:16]
+
+
+def _numerics() -> bytes:
+    """What else decides a fit's last bits: numpy's and scipy's builds (their version files, read
+    without importing scipy) and the CPU (BLAS picks its kernels by instruction set), so that a
+    cache folder shared between machines, or kept across an upgrade, never hands back a fit
+    this machine would not compute."""
+    parts = [np.__version__.encode(), os.uname().machine.encode() if hasattr(os, "uname") else b""]
+    spec = importlib.util.find_spec("scipy")
+    version_file = Path(spec.origin).parent / "version.py" if spec is not None and spec.origin else None
+    parts.append(version_file.read_bytes() if version_file is not None and version_file.is_file() else b"")
+    try:
+        with open("/proc/cpuinfo", "rb") as info:  # the first CPU's lines are enough
+            for line in info:
+                if line.startswith((b"model name", b"flags")):
+                    parts.append(line)
+                elif not line.strip():
+                    break
+    except OSError:
+        pass
+    return b"\0".join(parts)
 
 
 CODE_VERSION = _code_version()

@@ -26,6 +26,19 @@ def _run_bytes(config, out: Path) -> dict[str, bytes]:
     return {name: (out / name).read_bytes() for name in ("requests.csv", "steps.csv", "summary.json")}
 
 
+def test_the_key_covers_numpy_scipy_and_the_cpu(monkeypatch):
+    """A fit computed with another numpy or scipy, or on another CPU (a cache folder shared between
+    machines), is not this machine's to the last bit: each is part of the code version."""
+    import scipy
+
+    numerics = cache._numerics()
+    assert np.__version__.encode() in numerics and scipy.__version__.encode() in numerics
+    if Path("/proc/cpuinfo").is_file():
+        assert b"model name" in numerics or b"flags" in numerics
+    monkeypatch.setattr(cache, "_numerics", lambda: numerics.replace(np.__version__.encode(), b"0.0.0"))
+    assert cache._code_version() != cache.CODE_VERSION
+
+
 def test_results_are_byte_identical_cold_warm_and_uncached(tmp_path, monkeypatch, run_config):
     config = run_config(workload__num_requests=150, workload__rate=5.0)
     monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
