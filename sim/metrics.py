@@ -162,17 +162,22 @@ def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
     }
 
 
+# What only a vllm-v1 run's summary has (scheduler_stats' keys).
+SCHEDULER_STATS = ("num_preemptions", "num_preempted_requests", "num_mixed_steps", "num_prefill_tokens",
+                   "peak_kv_blocks")
+
+
 def scheduler_stats(records) -> dict[str, float | int]:
     """The vllm-v1 scheduler's own figures: preemptions, mixed steps, prefill chunks, peak KV blocks."""
     steps = records.steps
     mixed = steps["phase"] == 2
-    return {
-        "num_preemptions": int(records.preemptions.sum()),
-        "num_preempted_requests": int(np.count_nonzero(records.preemptions)),
-        "num_mixed_steps": int(mixed.sum()),
-        "num_prefill_tokens": int(steps["prefill_tokens"].sum(dtype=np.int64)),
-        "peak_kv_blocks": int(steps["kv_blocks"].max()) if steps["kv_blocks"].size else 0,
-    }
+    return dict(zip(SCHEDULER_STATS, (
+        int(records.preemptions.sum()),
+        int(np.count_nonzero(records.preemptions)),
+        int(mixed.sum()),
+        int(steps["prefill_tokens"].sum(dtype=np.int64)),
+        int(steps["kv_blocks"].max()) if steps["kv_blocks"].size else 0,
+    )))
 
 
 def by_label(table) -> dict | None:

@@ -281,6 +281,9 @@ BAD = [
     ("[[scenario]]\nname = 'a'\n[scenario.overrides]\nworkload.num_requests = 5\npolicy.name = 'lut'\n"
      "policy.table = [\n  [1, 4, 2],\n  [5, 8, 1]\n]\npolicy.bogus = 1\n[scenario.expected]\ncompleted = 5\n", 10,
      "policy.bogus: policy 'lut' takes no parameter 'bogus'"),  # lines of a multi-line array are not headers
+    ("[[scenario]]\nname = 'a'\n[scenario.overrides]\nworkload.num_requests = 5\n[scenario.expected]\n"
+     "completed = 5\nnum_preemptions = 0\n", 7, "scenario[0].expected.num_preemptions: 'num_preemptions' is not a "
+     "metric of this scenario's runs (only a vllm-v1 run reports it"),  # a v1 figure, known, in a v0 scenario
     ("[tolerance]\np99_ttf_ms = { rel = 0.1 }\n[[scenario]]\nname = 'a'\n[scenario.overrides]\n"
      "workload.num_requests = 5\n[scenario.expected]\ncompleted = 5\n", 2, "tolerance.p99_ttf_ms: 'p99_ttf_ms' is not"),
 ]
