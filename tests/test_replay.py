@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -194,3 +195,24 @@ def test_a_workload_longer_than_the_models_accept_is_one_error_line(tiny_profile
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "workload.output_tokens" in err and "positions" in err
+
+
+def test_a_concurrency_limited_client_is_replayed_and_its_logic_reproduced(tiny_profile, tmp_path, capsys):
+    """vllm bench serve's --max-concurrency, for real: a request is sent when it has arrived and a
+    finish freed a slot, latencies run from the send, and the simulator fed the replay's steps
+    takes the same decisions (the finishes it reports free the same slots)."""
+    out = tmp_path / "val"
+    code = main(["validate", "--profile", str(tiny_profile), "--num-requests", "14", "--rate", "inf",
+                 "--max-concurrency", "3", "--prompt-tokens", "uniform:4:24", "--output-tokens", "uniform:4:24",
+                 "--max-batch-size", "4", "--policy", "fixed", "--k", "2", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    real = pd.read_csv(out / "real" / "requests.csv")
+    sent, finish = real.arrival_s.to_numpy(), np.sort(real.finish_s.to_numpy())
+    assert (sent[:3] == 0).all() and np.allclose(sent[3:], finish[:-3])  # rate inf: all arrived at t = 0
+    assert (real.queue_s >= 0).all()
+    events = sorted([(t, 1) for t in sent] + [(t, -1) for t in real.finish_s], key=lambda e: (e[0], e[1]))
+    assert max(np.cumsum([step for _, step in events])) <= 3
+    doc = json.loads((out / "validation.json").read_text())
+    assert doc["logic"]["passed"], doc["logic"]
+    simulated = pd.read_csv(out / "simulated" / "requests.csv")
+    assert (simulated.arrival_s[:3] == 0).all() and (simulated.arrival_s[3:] > 0).all()

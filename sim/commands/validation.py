@@ -250,9 +250,6 @@ def _main(args: argparse.Namespace, *, validate: bool) -> int:
     config = load_config(args.config, run_overrides(args))
     if config.cluster.replicas != 1:
         raise config.error("cluster.replicas", "the real replay serves one replica")
-    if config.workload.max_concurrency is not None:
-        raise config.error("workload.max_concurrency", "the real replay does not apply a client concurrency limit "
-                                                       "yet; simulate it with specbatch run")
     try:
         from calibrate.replay import replay_config
     except ImportError as exc:
