@@ -282,3 +282,27 @@ def test_each_replicas_records_are_rebuilt_from_the_merged_ones(run_config, monk
                 assert all(np.array_equal(v, back.steps[f]) for f, v in values.items())
             else:
                 assert np.array_equal(values, getattr(back, name), equal_nan=True), name
+
+
+@pytest.mark.parametrize("limit", [None, 2, 3, 5])
+@pytest.mark.parametrize("output", ["8", "uniform:1:6"])
+@pytest.mark.parametrize("router", ["least-requests", "least-tokens"])
+@pytest.mark.parametrize("scheduler", ["continuous", "vllm-v1"])
+def test_results_do_not_depend_on_the_order_simpy_runs_replicas_in(run_config, monkeypatch, limit, output, router,
+                                                                   scheduler):
+    """Replicas' steps that end at the same instant (equal fixed lengths make many) are applied in
+    SimPy's order; what the router sees must not depend on it, with or without a client limit
+    (whose finishes free sends at those very instants)."""
+    import sim.cluster as cluster
+    from sim.serving.clock import simulate_cluster
+
+    overrides = dict(workload__num_requests=30, workload__rate=float("inf"), workload__prompt_tokens="16",
+                     workload__output_tokens=output, engine__max_batch_size=4, policy__name="none",
+                     cluster__replicas=2, cluster__router=router, workload__max_concurrency=limit)
+    if scheduler == "vllm-v1":
+        overrides.update(engine__scheduler="vllm-v1")
+    config = run_config(**overrides)
+    forward = execute(prepare(config))
+    monkeypatch.setattr(cluster, "simulate_cluster", lambda dispatcher, loops: simulate_cluster(dispatcher, loops[::-1]))
+    backward = execute(prepare(config))
+    assert same_result(forward, backward)

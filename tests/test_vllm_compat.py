@@ -289,13 +289,6 @@ def test_an_edited_vllm_result_or_acceptance_trace_is_a_new_run(tmp_path):
     assert len({before, after_trace, load_config(None, flags).digest()}) == 3
 
 
-@pytest.mark.parametrize("command", ["replay", "validate"])
-def test_the_real_replay_refuses_a_concurrency_limit_before_any_work(command, capsys, tmp_path):
-    assert main([command, "--num-requests", "3", "--max-concurrency", "2", "--out", str(tmp_path / "r")]) == 2
-    assert "workload.max_concurrency: the real replay does not apply" in capsys.readouterr().err
-    assert not (tmp_path / "r").exists()
-
-
 def test_a_simulation_compared_with_itself_has_no_error(tmp_path):
     """A vLLM-format file written from a simulated run (no metrics of its own: they are computed
     from its lists) compares at zero error: the two sides use one set of definitions."""

@@ -24,10 +24,16 @@ from sim.serving.loop import ServingLoop
 from sim.serving.queues import ArrivalQueue, Dispatcher
 
 
-def _process(env: simpy.Environment, loop: ServingLoop, idle):
+def _process(env: simpy.Environment, loop: ServingLoop, idle, settle: bool = False):
     """Run ``loop``'s steps; when it has nothing to do, ``yield from idle(env)`` (which returns
-    False once no request will ever come)."""
+    False once no request will ever come).
+
+    ``settle`` (a cluster behind a concurrency limit, stepped one at a time): after applying a
+    step, wait out a zero delay, by which time every replica's step ending at this instant is
+    applied (their events were queued before it), then release: the sends their finishes
+    freed are routed before any replica starts its next step."""
     timeout, release = env.timeout, loop.queue.release
+    before = (lambda now: None) if settle else release
     release(env.now)
     # Steps are split into a start (schedule, execute) and a finish (apply) around one
     # timeout, in one flat generator, to keep SimPy's per-step overhead minimal. The queue
@@ -37,8 +43,11 @@ def _process(env: simpy.Environment, loop: ServingLoop, idle):
         n = loop.schedule()
         if n > 0:
             yield timeout(loop.start_prefill(n, now))
-            release(env.now)
+            before(env.now)
             loop.finish_prefill(n, now, env.now)
+            if settle:
+                yield timeout(0)
+                release(env.now)
         elif n == 0:
             runs = loop.decode_runs
             if runs is not None:  # a stretch of decode steps in compiled code (the last may be in flight)
@@ -52,8 +61,11 @@ def _process(env: simpy.Environment, loop: ServingLoop, idle):
                 runs.finish()
                 continue
             yield timeout(loop.start_decode(now))
-            release(env.now)
+            before(env.now)
             loop.finish_decode(now, env.now)
+            if settle:
+                yield timeout(0)
+                release(env.now)
         else:
             more = yield from idle(env, loop)
             if not more:
@@ -100,6 +112,8 @@ def router_process(env: simpy.Environment, dispatcher: Dispatcher):
             continue
         if at > env.now:
             yield env.timeout(exact_delay(env.now, at))
+        if dispatcher.limit is not None:  # after the replicas' steps ending now (see _process's settle)
+            yield env.timeout(0)
         dispatcher.advance(env.now)
 
 
@@ -144,7 +158,7 @@ def simulate_cluster(dispatcher: Dispatcher, loops: list[ServingLoop]) -> None:
     env = simpy.Environment()
     env.process(router_process(env, dispatcher))
     for loop in loops:
-        env.process(_process(env, loop, _until_routed))
+        env.process(_process(env, loop, _until_routed, settle=dispatcher.limit is not None))
     env.run()
 
 

@@ -165,11 +165,16 @@ class RoutedQueue:
 
 class LimitedRoutedQueue(RoutedQueue):
     """A replica's queue behind a client with a concurrency limit over the whole cluster: the
-    loop reports its finishes (which free the client's slots) through :meth:`finished`."""
+    loop reports its finishes (which free the client's slots) through :meth:`finished`.
+
+    What is sent at an instant is routed once every replica's step ending then is applied
+    and before any replica starts its next step (:func:`sim.serving.clock.simulate_cluster`
+    calls :meth:`release` only then), so the router sees every replica in the same state
+    whatever order SimPy runs them in.
+    """
 
     def finished(self, count: int, now: float) -> None:
         self.dispatcher.finished(count, now)
-        self.arrived = self.count  # what the finish sent here, this replica may admit now
 
 
 class Dispatcher:
@@ -235,15 +240,14 @@ class Dispatcher:
             i += 1
 
     def finished(self, count: int, now: float) -> None:
-        """``count`` requests finished at ``now`` (limit only): their slots go to the next ones."""
+        """``count`` requests finished at ``now`` (limit only): their slots go to the next ones,
+        routed at the next :meth:`advance` (not here, in the middle of a replica's step)."""
         self.finish_order.extend([now] * count)
         if self.routed < self.count and self.next_at == math.inf:
             self.next_at = self._send_s(self.routed)
             if self.on_unblock is not None and self.next_at < math.inf:
                 wake, self.on_unblock = self.on_unblock, None
                 wake()
-        if self.next_at <= now:
-            self._advance_limited(now)
 
     def next_arrival_s(self) -> float | None:
         """When the next request is routed (inf: when enough finish); None once every one is."""
