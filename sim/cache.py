@@ -7,8 +7,8 @@ the code that computes them and (for the table) the reach of the run, so they ar
 on disk under a key that hashes exactly those:
 
 * the fitted model: ``<profile digest>.npz``, the digest over ``profile.csv``,
-  ``profile.json`` and :data:`CODE_VERSION` (the code, numpy's and scipy's versions and
-  the CPU model and its instruction-set flags);
+  ``profile.json`` and :data:`CODE_VERSION` (the code, numpy's build and the SIMD
+  extensions it found, scipy's version and the CPU model);
 * a step table: ``<profile digest>-<reach digest>.npz``.
 
 The folder is ``$SPECBATCH_CACHE_DIR`` if set (empty: no cache), else
@@ -52,18 +52,21 @@ def _code_version() -> str:
 
 
 def _numerics() -> bytes:
-    """What else decides a fit's last bits: numpy's and scipy's builds (their version files, read
-    without importing scipy) and the CPU (BLAS picks its kernels by instruction set), so that a
-    cache folder shared between machines, or kept across an upgrade, never hands back a fit
-    this machine would not compute."""
-    parts = [np.__version__.encode(), os.uname().machine.encode() if hasattr(os, "uname") else b""]
+    """What else decides a fit's last bits: numpy's build (its BLAS and the SIMD extensions it
+    found on this CPU), scipy's version (its version file, read without importing scipy) and
+    the CPU model (BLAS picks its kernels by it), so that a cache folder shared between
+    machines, or kept across an upgrade, never hands back a fit this machine would not compute."""
+    config = np.show_config(mode="dicts")
+    parts = [np.__version__.encode(), os.uname().machine.encode() if hasattr(os, "uname") else b"",
+             json.dumps({key: config.get(key) for key in ("Build Dependencies", "SIMD Extensions")},
+                        sort_keys=True, default=str).encode()]
     spec = importlib.util.find_spec("scipy")
     version_file = Path(spec.origin).parent / "version.py" if spec is not None and spec.origin else None
     parts.append(version_file.read_bytes() if version_file is not None and version_file.is_file() else b"")
     try:
-        with open("/proc/cpuinfo", "rb") as info:  # the first CPU's lines are enough
+        with open("/proc/cpuinfo", "rb") as info:  # the first CPU's lines are enough (x86: model name; Arm: part)
             for line in info:
-                if line.startswith((b"model name", b"flags")):
+                if line.startswith((b"model name", b"CPU implementer", b"CPU part", b"CPU variant")):
                     parts.append(line)
                 elif not line.strip():
                     break
