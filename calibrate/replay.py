@@ -432,6 +432,7 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     wall_s = time.perf_counter() - started
     rec = loop.records()
     if limit is not None:  # latencies run from when the client sent each request, as vLLM measures them
+        # (after Ctrl-C, a request never sent keeps its planned arrival: it has no latency either way)
         requests = replace(requests, arrival_s=np.array(queue.sent_s))
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, rec.first_token_s,
                         rec.finish_s, rec.itl_values, rec.itl_weights, rec.steps)

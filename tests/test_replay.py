@@ -213,6 +213,7 @@ def test_a_concurrency_limited_client_is_replayed_and_its_logic_reproduced(tiny_
     events = sorted([(t, 1) for t in sent] + [(t, -1) for t in real.finish_s], key=lambda e: (e[0], e[1]))
     assert max(np.cumsum([step for _, step in events])) <= 3
     doc = json.loads((out / "validation.json").read_text())
-    assert doc["logic"]["passed"], doc["logic"]
+    assert doc["logic"]["passed"] and doc["logic"]["client_send_error_s"] == 0.0, doc["logic"]
+    assert "every request sent at max(its arrival" in capsys.readouterr().out
     simulated = pd.read_csv(out / "simulated" / "requests.csv")
     assert (simulated.arrival_s[:3] == 0).all() and (simulated.arrival_s[3:] > 0).all()

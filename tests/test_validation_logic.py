@@ -60,10 +60,10 @@ def simulated(run_config, **overrides):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batching=st.sampled_from(["continuous", "static"]), policy=st.sampled_from(["none", "fixed", "goodput"]),
-       rate=st.sampled_from([0.5, 4.0, 40.0]), seed=st.integers(0, 50))
-def test_a_simulation_played_back_is_the_simulation(run_config, batching, policy, rate, seed):
+       rate=st.sampled_from([0.5, 4.0, 40.0]), seed=st.integers(0, 50), limit=st.sampled_from([None, None, 2, 5]))
+def test_a_simulation_played_back_is_the_simulation(run_config, batching, policy, rate, seed, limit):
     overrides = {"engine__batching": batching, "policy__name": policy, "workload__rate": rate, "seed": seed,
-                 "workload__num_requests": 40, "engine__max_batch_size": 8,
+                 "workload__num_requests": 40, "engine__max_batch_size": 8, "workload__max_concurrency": limit,
                  "workload__prompt_tokens": "uniform:8:64", "workload__output_tokens": "uniform:1:40"}
     if policy == "fixed":
         overrides["policy__k"] = 3
@@ -206,3 +206,17 @@ def test_a_replay_that_overslept_past_the_next_arrival_is_reproduced(run_config)
     playback = RecordedBackend(steps)
     execute(prepare(run.config), backend=playback)
     playback.check_done()
+
+
+def test_the_client_rule_is_checked_on_both_sides_of_the_logic_check():
+    """Sends at max(arrival, the (i - N)-th finish in time order); an off send is measured."""
+    from sim.commands.fidelity import _client_rule_error
+
+    planned = np.array([0.0, 0.0, 0.0, 5.0, 5.0])
+    finish = np.array([3.0, 2.0, 7.0, 9.0, 8.0])
+    good = pd.DataFrame({"arrival_s": [0.0, 0.0, 2.0, 5.0, 7.0], "finish_s": finish})  # N = 2: finishes 2, 3, 7
+    assert _client_rule_error(planned, good, 2) == 0.0
+    late = good.assign(arrival_s=[0.0, 0.0, 2.0, 5.5, 7.0])
+    assert _client_rule_error(planned, late, 2) == pytest.approx(0.5)
+    assert _client_rule_error(planned, good.assign(arrival_s=planned), 10) == 0.0  # a limit that never binds
+

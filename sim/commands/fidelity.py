@@ -122,7 +122,12 @@ def logic_check(real, measured) -> dict:
     worst = 0.0
     # Behind a concurrency limit a request is sent when a finish frees a slot, and the playback's
     # finishes carry that same term: latencies run from a send moved by it (0 for open arrivals).
+    # The residual below then no longer sees the sends, so both sides' are checked on their own.
     sent_shift = played.requests.arrival_s.to_numpy() - real.requests.arrival_s.to_numpy()
+    limit = real.config.workload.max_concurrency
+    if limit is not None:
+        planned = prepare(real.config).requests.arrival_s
+        out["client_send_error_s"] = max(_client_rule_error(planned, side.requests, limit) for side in (real, played))
     for name, column, emitted in (("ttft", "ttft_s", "first_token_s"), ("e2el", "e2el_s", "finish_s")):
         r, p = real.requests[column].to_numpy(), played.requests[column].to_numpy()
         at = np.minimum(np.searchsorted(ends, real.requests[emitted].to_numpy()), ends.size - 1)
@@ -142,9 +147,18 @@ def logic_check(real, measured) -> dict:
                           "max": 1e3 * float(wake.max()) if wake.size else 0.0, "idle_wakes": int(wake.size)}
     # The logic passes when it reproduces the replay's decisions and times exactly (the residual);
     # the overhead between steps is not the logic's but the engine's, shown apart.
-    out["passed"] = bool(worst <= LOGIC_RESIDUAL)
+    out["passed"] = bool(worst <= LOGIC_RESIDUAL and out.get("client_send_error_s", 0.0) == 0.0)
     out["within_tolerance"] = bool(all(abs(out[n]["mean_error"]) <= LOGIC_TOLERANCE for n in ("ttft", "e2el")))
     return out
+
+
+def _client_rule_error(planned: np.ndarray, requests: pd.DataFrame, limit: int) -> float:
+    """How far a run's send times are from its client's rule: request i sent at
+    max(arrival_i, the (i - limit)-th finish), finishes in time order (0.0 when obeyed)."""
+    sent, finishes = requests.arrival_s.to_numpy(), np.sort(requests.finish_s.to_numpy())
+    expected = planned.astype(np.float64, copy=True)
+    expected[limit:] = np.maximum(planned[limit:], finishes[:max(len(finishes) - limit, 0)])
+    return float(np.abs(sent - expected).max()) if len(sent) else 0.0
 
 
 def merge_logic(checks: list[dict]) -> dict:

@@ -125,6 +125,11 @@ def format_logic(logic: dict) -> str:
                  f"(outside the passes; median), {logic['between_steps_ms']['median']:.2f} ms between steps "
                  f"(median; mean {logic['between_steps_ms']['mean']:.2f}); waking for an arrival "
                  f"{logic['wake_lag_ms']['median']:.2f} ms late (median of {logic['wake_lag_ms']['idle_wakes']})")
+    if "client_send_error_s" in logic:
+        error = logic["client_send_error_s"]
+        lines.append("  client (concurrency limit): every request sent at max(its arrival, the finish that freed its "
+                     "slot), in the replay and played back" if error == 0.0 else
+                     f"  client (concurrency limit): sends off the rule by up to {1e3 * error:.3f} ms")
     return "\n".join(lines)
 
 
