@@ -105,8 +105,9 @@ def cases(suite: str = "cpu") -> list[tuple[str, str, str, float]]:
     return out
 
 
-def case_row(name: str, batching: str, policy: str, rate: float, doc: dict) -> dict:
-    """What the table shows of one case's validation.json."""
+def case_row(name: str, batching: str, policy: str, rate: float, doc: dict, folder: Path | None = None) -> dict:
+    """What the table shows of one case's validation.json (and, for a case validated before
+    validate wrote its decode bias by batch size, of the folder's step_costs.csv)."""
     metrics = {m["metric"]: m for m in doc["metrics"]}
     floor = {m["metric"]: m for m in doc["noise_floor"]}
     logic = doc.get("logic") or {}
@@ -129,9 +130,35 @@ def case_row(name: str, batching: str, policy: str, rate: float, doc: dict) -> d
     for key, _ in SHOWN:
         row[f"{key}_raw"] = metrics[key]["relative_error"]
         row[f"{key}_corrected"] = metrics[key]["speed_corrected_error"]
+    row["step_cost_by_batch"] = doc.get("step_cost_by_batch") or _by_batch(folder)
     row["meets_bar"] = all(row[f"{key}_corrected"] is not None and abs(row[f"{key}_corrected"]) <= bar
                            for key, bar in BAR.items())
     return row
+
+
+def _by_batch(folder: Path | None) -> list[dict] | None:
+    if folder is None or not (folder / "step_costs.csv").is_file():
+        return None
+    import pandas as pd
+
+    from sim.commands.fidelity import step_cost_by_batch
+
+    return step_cost_by_batch(pd.read_csv(folder / "step_costs.csv"))
+
+
+def format_by_batch(results: dict) -> str | None:
+    """Per case, the decode steps' speed-corrected price bias at each batch size."""
+    rows = [r for r in results["cases"] if r.get("step_cost_by_batch")]
+    if not rows:
+        return None
+    sizes = sorted({b["batch_size"] for r in rows for b in r["step_cost_by_batch"]})
+    lines = ["Decode steps by batch size: the price's median error against the measured step, speed-corrected "
+             "(a size the curve misprices stands out):",
+             f"{'case':26} " + " ".join(f"{f'b={b}':>7}" for b in sizes)]
+    for r in rows:
+        bias = {b["batch_size"]: b["corrected_median_error"] for b in r["step_cost_by_batch"]}
+        lines.append(f"{r['case']:26} " + " ".join(f"{_pct(bias.get(b)):>7}" for b in sizes))
+    return "\n".join(lines)
 
 
 def _pct(x, digits: int = 1, sign: bool = True) -> str:
@@ -251,6 +278,9 @@ def _num(x) -> str:
 def format_results(results: dict) -> str:
     """The table of the cases, then one per repriced profile."""
     parts = [format_table(results)]
+    by_batch = format_by_batch(results)
+    if by_batch:
+        parts.append(by_batch)
     for name, entry in sorted((results.get("repriced") or {}).items()):
         parts.append(format_repriced(name, entry))
     return "\n\n".join(parts)
@@ -334,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                               *POLICIES[policy], "--out", str(case)])
             if code != 0:
                 return code
-        row = case_row(name, batching, policy, rate, json.loads((case / "validation.json").read_text()))
+        row = case_row(name, batching, policy, rate, json.loads((case / "validation.json").read_text()), case)
         results["cases"] = [r for r in results["cases"] if r["case"] != name] + [row]
         order = [c[0] for c in cases(args.suite)]
         results["cases"].sort(key=lambda r: order.index(r["case"]))

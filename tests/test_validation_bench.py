@@ -85,3 +85,20 @@ def test_each_suite_calibrates_with_flags_calibrate_accepts(bench, tmp_path, sui
 
     args = build_parser().parse_args([*bench.SUITES[suite]["calibrate"], "--fresh", "--quiet", "--out", str(tmp_path)])
     assert args.target and args.draft and args.device == ("cpu" if suite == "cpu" else "cuda")
+
+
+def test_the_decode_bias_by_batch_size_is_read_from_a_case_folder_and_tabled(bench, tmp_path):
+    import pandas as pd
+
+    pd.DataFrame({"group": ["decode k=0", "decode k=0", "prefill", "decode k=3"], "batch_size": [1, 3, 3, 3],
+                  "predicted_s": [1.0, 0.5, 1.0, 0.7], "corrected_s": [1.1, 0.6, 1.0, 0.8],
+                  "measured_s": [1.0, 1.0, 1.0, 1.0]}).to_csv(tmp_path / "step_costs.csv", index=False)
+    rows = bench._by_batch(tmp_path)
+    assert [(r["batch_size"], r["steps"]) for r in rows] == [(1, 1), (3, 2)]
+    assert bench._by_batch(tmp_path / "absent") is None
+    table = bench.format_by_batch({"cases": [{"case": "static-none-low", "step_cost_by_batch": rows},
+                                             {"case": "static-none-high", "step_cost_by_batch": None}]})
+    lines = table.splitlines()
+    assert lines[1].split() == ["case", "b=1", "b=3"] and len(lines) == 3
+    assert lines[2].split() == ["static-none-low", "+10.0%", "-30.0%"]
+    assert bench.format_by_batch({"cases": [{"case": "x"}]}) is None

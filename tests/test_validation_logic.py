@@ -160,6 +160,19 @@ def test_step_cost_error_per_phase_and_k():
     assert rows["all steps"]["steps"] == 4
 
 
+def test_step_cost_bias_by_batch_size_shows_a_mispriced_size():
+    from sim.commands.fidelity import step_cost_by_batch
+
+    frame = pd.DataFrame({"group": ["prefill", "decode k=0", "decode k=0", "decode k=2", "decode k=0"],
+                          "batch_size": [3, 1, 1, 3, 3],
+                          "predicted_s": [9.0, 1.1, 1.1, 0.5, 0.6], "corrected_s": [9.0, 1.0, 1.0, 0.6, 0.6],
+                          "measured_s": [1.0, 1.0, 1.0, 1.0, 1.0]})
+    rows = step_cost_by_batch(frame)  # decode steps only: the prefill at batch 3 is not counted
+    assert [(r["batch_size"], r["steps"]) for r in rows] == [(1, 2), (3, 2)]
+    assert rows[0]["corrected_median_error"] == 0 and rows[0]["median_error"] == pytest.approx(0.1)
+    assert rows[1]["corrected_median_error"] == pytest.approx(-0.4)
+
+
 def test_a_replay_that_overslept_past_the_next_arrival_is_reproduced(run_config):
     """The real replay's ``sleep`` can overshoot past the next arrival; it then admits both on
     waking, and the playback must admit both too (it releases up to the replay's wake-up)."""

@@ -214,6 +214,19 @@ def step_cost_summary(frame: pd.DataFrame) -> list[dict]:
     return rows
 
 
+def step_cost_by_batch(frame: pd.DataFrame) -> list[dict]:
+    """Decode steps by batch size: the median signed error of the price, raw and speed-corrected.
+    A profile measured at some batch sizes prices the others by its fitted curve; a size the
+    hardware runs unevenly slower (an odd GEMM shape) shows here as a bias of its own."""
+    decode = frame[frame.group != "prefill"]
+    rows = []
+    for batch, part in decode.groupby("batch_size", sort=True):
+        rows.append({"batch_size": int(batch), "steps": len(part),
+                     "median_error": float(((part.predicted_s - part.measured_s) / part.measured_s).median()),
+                     "corrected_median_error": float(((part.corrected_s - part.measured_s) / part.measured_s).median())})
+    return rows
+
+
 def group_order(group: str) -> tuple:
     """Sort key of a step-cost group: prefill first, then decode by k."""
     return (0, 0) if group == "prefill" else (1, int(group.rsplit("=", 1)[1]))

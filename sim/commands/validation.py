@@ -39,7 +39,7 @@ from sim.lazy import lazy_module
 from sim.profile import write_scaled_profile
 from sim.commands.fidelity import (DRIFT_WINDOWS, LATENCIES, compared_metrics, drift, equivalence_test,
                                    group_order, logic_check, merge_logic, noise_floor, pooled_summary,
-                                   step_cost_summary, step_costs)
+                                   step_cost_by_batch, step_cost_summary, step_costs)
 
 pd = lazy_module("pandas")  # only when the command runs: building the CLI's parser imports this module
 
@@ -133,7 +133,7 @@ def format_logic(logic: dict) -> str:
     return "\n".join(lines)
 
 
-def format_step_cost(rows: list[dict]) -> str:
+def format_step_cost(rows: list[dict], by_batch: list[dict] | None = None) -> str:
     lines = ["cost model per step (the profile's price vs the measured step; absolute % error):",
              f"  {'phase':12} {'steps':>6} {'median':>8} {'p90':>8} {'bias':>8}   {'speed-corrected: median':>23} "
              f"{'p90':>8} {'bias':>8}"]
@@ -142,6 +142,10 @@ def format_step_cost(rows: list[dict]) -> str:
                      f"{_pct(r['p90_ape'], sign=False):>8} {_pct(r['median_error']):>8}   "
                      f"{_pct(r['corrected_median_ape'], sign=False):>23} {_pct(r['corrected_p90_ape'], sign=False):>8} "
                      f"{_pct(r['corrected_median_error']):>8}")
+    if by_batch:
+        lines.append("  decode by batch size, speed-corrected bias (steps): "
+                     + ", ".join(f"{r['batch_size']}: {_pct(r['corrected_median_error'])} ({r['steps']})"
+                                 for r in by_batch))
     return "\n".join(lines)
 
 
@@ -368,13 +372,13 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
                                                                                                 corrected.requests)}
     costs = pd.concat([step_costs(m, profile, speed).assign(replay=i + 1) for i, (_, m) in enumerate(replays)],
                       ignore_index=True)
-    cost_rows = step_cost_summary(costs)
+    cost_rows, by_batch = step_cost_summary(costs), step_cost_by_batch(costs)
     drifts = [drift(m) for _, m in replays]
     document = {"profile": profile.name, "profile_created_utc": profile.meta.get("created_utc"),
                 "acceptance": acceptance, "config_digest": config.digest(),
                 "repeats": len(replays), "requests_per_replay": len(first.requests),
                 "metrics": _records(table), "ks_tests": _records(tests), "ks_tests_corrected": _records(corrected_tests),
-                "tost": tost, "noise_floor": _records(noise), "step_cost": cost_rows,
+                "tost": tost, "noise_floor": _records(noise), "step_cost": cost_rows, "step_cost_by_batch": by_batch,
                 "drift": drifts, "speed_ratio": speed, "replay": first.extra["replay"],
                 "replays": [r.extra["replay"] for r, _ in replays]}
     if logic:
@@ -405,7 +409,7 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
              format_table(table, tests, corrected_tests),
              "TOST equivalence test, mean E2EL within ±5% (paired by request):",
              format_tost(tost["raw"], "raw            "), format_tost(tost["speed_corrected"], "speed-corrected"),
-             "", format_step_cost(cost_rows)]
+             "", format_step_cost(cost_rows, by_batch)]
     if logic:
         lines += ["", format_logic(document["logic"])]
     return _clean(document), "\n".join(lines)
