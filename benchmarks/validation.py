@@ -70,9 +70,10 @@ SUITES = {
             "loads": {"continuous": {"high": 1.5, "low": 0.3}, "static": {"high": 1.0, "low": 0.3}},
             "profile": "cpu-llama-160m-llama-68m", "requests": 60, "repeat": 5,
             "results": "benchmarks/results/validation.json",
-            # the grid the shipped profile was calibrated on (docs/validation.md); ~1 min on this CPU
+            # every batch size the cases run (on this CPU a pass at batch 2 or 3 costs more than at 4:
+            # a curve through 1, 2, 4, 8 prices 3 about a third low); ~1.5 min on this CPU
             "calibrate": ["--target", "llama-160m", "--draft", "llama-68m", "--device", "cpu",
-                          "--batch-sizes", "1,2,4,8", "--k-max", "4", "--contexts", "16,64,128",
+                          "--batch-sizes", "1,2,3,4,5,6,7,8", "--k-max", "4", "--contexts", "16,64,128",
                           "--prompts", "16,32,64", "--threads", "1"]},
     # capacity of this workload on the eager H100 profile, simulated (fixed k=3, rate inf): 6.7 req/s
     "gpu": {"workload": ["--prompt-tokens", "uniform:64:512", "--output-tokens", "uniform:16:112",
@@ -116,6 +117,7 @@ def case_row(name: str, batching: str, policy: str, rate: float, doc: dict, fold
     drift = [x for d in doc["drift"] for x in d["speed_ratio"]]
     row = {"case": name, "batching": batching, "policy": policy, "rate": rate, "repeats": doc["repeats"],
            "profile": doc["profile"], "profile_created_utc": doc.get("profile_created_utc"),
+           "profile_batch_sizes": doc.get("profile_batch_sizes") or _grid_batch_sizes(folder),
            "requests": doc["requests_per_replay"], "speed_min": min(speeds), "speed_max": max(speeds),
            "drift_min": min(drift), "drift_max": max(drift), "noise_cv_mean_e2el": floor["mean_e2el_ms"]["cv"],
            "noise_range_mean_e2el": floor["mean_e2el_ms"]["range"],
@@ -136,6 +138,19 @@ def case_row(name: str, batching: str, policy: str, rate: float, doc: dict, fold
     return row
 
 
+def _grid_batch_sizes(folder: Path | None) -> list[int] | None:
+    """The batch sizes the case's profile was measured at (for a case validated before validate
+    recorded them): its replay's config names the profile."""
+    if folder is None or not (folder / "real" / "config.toml").is_file():
+        return None
+    import tomllib
+
+    from sim.profile import load_profile
+
+    name = tomllib.loads((folder / "real" / "config.toml").read_text()).get("profile")
+    return load_profile(name).meta.get("grid", {}).get("batch_sizes") if name else None
+
+
 def _by_batch(folder: Path | None) -> list[dict] | None:
     if folder is None or not (folder / "step_costs.csv").is_file():
         return None
@@ -154,10 +169,11 @@ def format_by_batch(results: dict) -> str | None:
     sizes = sorted({b["batch_size"] for r in rows for b in r["step_cost_by_batch"]})
     lines = ["Decode steps by batch size: the price's median error against the measured step, speed-corrected "
              "(a size the curve misprices stands out):",
-             f"{'case':26} " + " ".join(f"{f'b={b}':>7}" for b in sizes)]
+             f"{'case':26} " + " ".join(f"{f'b={b}':>7}" for b in sizes) + "  calibrated at batch"]
     for r in rows:
         bias = {b["batch_size"]: b["corrected_median_error"] for b in r["step_cost_by_batch"]}
-        lines.append(f"{r['case']:26} " + " ".join(f"{_pct(bias.get(b)):>7}" for b in sizes))
+        grid = ",".join(map(str, r.get("profile_batch_sizes") or [])) or "?"
+        lines.append(f"{r['case']:26} " + " ".join(f"{_pct(bias.get(b)):>7}" for b in sizes) + f"  {grid}")
     return "\n".join(lines)
 
 

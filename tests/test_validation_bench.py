@@ -99,6 +99,6 @@ def test_the_decode_bias_by_batch_size_is_read_from_a_case_folder_and_tabled(ben
     table = bench.format_by_batch({"cases": [{"case": "static-none-low", "step_cost_by_batch": rows},
                                              {"case": "static-none-high", "step_cost_by_batch": None}]})
     lines = table.splitlines()
-    assert lines[1].split() == ["case", "b=1", "b=3"] and len(lines) == 3
-    assert lines[2].split() == ["static-none-low", "+10.0%", "-30.0%"]
+    assert lines[1].split() == ["case", "b=1", "b=3", "calibrated", "at", "batch"] and len(lines) == 3
+    assert lines[2].split() == ["static-none-low", "+10.0%", "-30.0%", "?"]
     assert bench.format_by_batch({"cases": [{"case": "x"}]}) is None

@@ -375,6 +375,7 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
     cost_rows, by_batch = step_cost_summary(costs), step_cost_by_batch(costs)
     drifts = [drift(m) for _, m in replays]
     document = {"profile": profile.name, "profile_created_utc": profile.meta.get("created_utc"),
+                "profile_batch_sizes": profile.meta.get("grid", {}).get("batch_sizes"),
                 "acceptance": acceptance, "config_digest": config.digest(),
                 "repeats": len(replays), "requests_per_replay": len(first.requests),
                 "metrics": _records(table), "ks_tests": _records(tests), "ks_tests_corrected": _records(corrected_tests),
