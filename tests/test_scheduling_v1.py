@@ -292,3 +292,31 @@ def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_profiles_memory(caps
     assert main(["run", "--gpu-memory-utilization", "0.5", "--kv-cache-tokens", "9000", "--num-requests", "5",
                  "--out", str(tmp_path / "y")]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+_ALTERNATING_KS = '''
+import numpy as np
+from policies import Policy
+
+class Alternating(Policy):
+    """k = 2 on odd rows, 0 on even ones: ragged, and after a preemption that leaves one row, uniform."""
+    name, max_k = "alternating-ks", 2
+
+    def choose_k(self, view):
+        return np.array([2 * (i % 2) for i in range(view.running)], dtype=np.int64)
+'''
+
+
+def test_per_sequence_ks_cut_by_a_preemption_are_the_survivors(tmp_path, monkeypatch):
+    """A preemption drops rows after the policy answered: the step drafts the survivors' ks, is
+    charged at their largest (a single survivor: its own k)."""
+    (tmp_path / "alternating_ks.py").write_text(_ALTERNATING_KS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = specbatch.run(scheduler="vllm-v1", policy="alternating_ks:Alternating", kv_cache_tokens=6000,
+                        num_requests=80, rate=40.0, max_num_seqs=16, max_num_batched_tokens=512)
+    assert run.summary["num_preemptions"] > 0 and run.summary["completed"] == 80
+    decoding = run.steps[run.steps.running > 0]
+    rows = decoding.running.to_numpy()
+    np.testing.assert_array_equal(decoding.drafted_tokens.to_numpy(), 2 * (rows // 2))
+    np.testing.assert_array_equal(decoding.k.to_numpy(), np.where(rows >= 2, 2, 0))
+    assert (rows == 1).any() and (rows >= 2).any()

@@ -353,12 +353,8 @@ class ServingLoop:
                 need -= int(np.add.reduce(ends[b - m:] - held[b - m:]))
                 self._preempt_rows(m)
                 b = self.running
-                if ragged is not None:
-                    ragged = ragged[:b] if b else None
-                    if ragged is not None:
-                        k = int(np.maximum.reduce(ragged))
-                        if int(np.minimum.reduce(ragged)) == k:
-                            ragged = None
+                if ragged is not None:  # the survivors' ks: one k again if they agree
+                    k, ragged = collapsed(ragged[:b]) if b else (k, None)
                 self._ragged = ragged
             free -= need
             budget -= b + (k * b if ragged is None else int(np.add.reduce(ragged)))
@@ -577,6 +573,12 @@ def checked_ks(ks: np.ndarray, k_max: int, policy: Policy, running: int):
     if lo < 0 or hi > k_max:
         raise InputError(f"{where} in {lo}..{hi}, outside 0..{k_max} "
                          "(its max_k, within what the profile measured)", field="policy.name")
-    if lo == hi:
-        return hi
-    return ks.astype(np.int64)  # a copy: the policy may reuse its array
+    k, ragged = collapsed(ks)
+    return k if ragged is None else ragged.astype(np.int64)  # a copy: the policy may reuse its array
+
+
+def collapsed(ks: np.ndarray) -> tuple[int, np.ndarray | None]:
+    """Per-sequence ks as (k, ragged): one k when every sequence has the same, else the largest
+    (what the step is charged at) and the array."""
+    hi = int(np.maximum.reduce(ks))
+    return (hi, None) if int(np.minimum.reduce(ks)) == hi else (hi, ks)
