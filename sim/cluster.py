@@ -83,7 +83,8 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
     dispatcher.loads.clear()
     dispatcher.on_unblock = None
     for loop in loops:
-        loop.decode_runs = loop.queue.on_grow = loop.queue.waiter = None
+        loop.close()
+        loop.queue.waiter = None
     gc.collect()
     merged = _merge(loops, arrival_s.shape[0])
     merged.sent_s = sent_s

@@ -403,7 +403,7 @@ def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, b
     started = time.perf_counter()
     simulate_replica(loop)
     engine_wall = time.perf_counter() - started
-    loop.decode_runs = None  # it refers back to the loop: a cycle would keep the queue until the GC ran
+    loop.close()  # cycles back to the loop would keep its arrays and the queue until the GC ran
     return loop.records(), (queue.sent_s if limit is not None else None), engine_wall
 
 

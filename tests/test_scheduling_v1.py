@@ -320,3 +320,25 @@ def test_per_sequence_ks_cut_by_a_preemption_are_the_survivors(tmp_path, monkeyp
     np.testing.assert_array_equal(decoding.drafted_tokens.to_numpy(), 2 * (rows // 2))
     np.testing.assert_array_equal(decoding.k.to_numpy(), np.where(rows >= 2, 2, 0))
     assert (rows == 1).any() and (rows >= 2).any()
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_a_closed_v1_loop_is_freed_without_the_garbage_collector(cost_model, close):
+    """The v1 mode binds its step methods on the loop (a reference cycle): close() breaks it, so
+    that a finished run's per-request arrays go when the loop is dropped, not at the next full GC."""
+    import gc
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        loop = serve(cost_model, [40] * 6, [5] * 6, k=2)
+        if close:
+            loop.close()
+        gone = weakref.ref(loop)
+        del loop
+        assert (gone() is None) == close
+    finally:
+        gc.collect()
+        if enabled:
+            gc.enable()

@@ -131,6 +131,16 @@ class ServingLoop:
         if scheduler.name == "vllm-v1":  # the same loop; a step is a mixed step (section "vllm-v1" below)
             self._init_v1(n)
 
+    def close(self) -> None:
+        """Break the references that point back at this loop (its compiled decode runs, the queue's
+        growth hook, the vllm-v1 mode's bound step methods), so that dropping the loop frees its
+        arrays at once instead of at the garbage collector's next full pass."""
+        self.decode_runs = None
+        if getattr(self.queue, "on_grow", None) is not None:
+            self.queue.on_grow = None
+        for name in ("schedule", "start_decode", "finish_decode"):
+            self.__dict__.pop(name, None)
+
     # Per-request arrays (indexed by queue position) and what a request's entry starts as.
     _PER_REQUEST = {"scheduled_s": np.nan, "first_token_s": np.nan, "finish_s": np.nan, "decode_steps": 0,
                     "drafted": 0, "accepted": 0, "preemptions": 0, "preempted_remaining": 0, "last_emit_s": 0.0}
