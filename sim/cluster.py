@@ -13,7 +13,6 @@ acceptance random stream, so results do not depend on the order replicas run in.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,16 +75,15 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
         loops.append(loop)
     simulate_cluster(dispatcher, loops)
     sent_s = dispatcher.sent_s
-    # Reference cycles (dispatcher <-> queues and loads, queue <-> loop, loop <-> its decode runs,
-    # an idle replica's clock process waiting on its queue) would keep every replica's buffers
-    # until the GC ran: break them and collect the clock's, so that _merge frees each in turn.
+    # Reference cycles (dispatcher <-> queues and loads, queue <-> loop, loop <-> its decode runs)
+    # would keep every replica's buffers until the GC ran: break them, so that _merge frees each
+    # replica in turn.
     dispatcher.queues.clear()
     dispatcher.loads.clear()
     dispatcher.on_unblock = None
     for loop in loops:
         loop.close()
         loop.queue.waiter = None
-    gc.collect()
     merged = _merge(loops, arrival_s.shape[0])
     merged.sent_s = sent_s
     return merged

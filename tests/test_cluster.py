@@ -306,3 +306,37 @@ def test_results_do_not_depend_on_the_order_simpy_runs_replicas_in(run_config, m
     monkeypatch.setattr(cluster, "simulate_cluster", lambda dispatcher, loops: simulate_cluster(dispatcher, loops[::-1]))
     backward = execute(prepare(config))
     assert same_result(forward, backward)
+
+
+@pytest.mark.parametrize("limit", [None, 3])
+@pytest.mark.parametrize("scheduler", ["continuous", "vllm-v1"])
+def test_each_replica_is_freed_as_it_merges_without_the_garbage_collector(run_config, monkeypatch, limit, scheduler):
+    """No cycle keeps a finished replica: not the dispatcher's, the loop's hooks, nor an idle
+    replica's clock process still waiting for a request when the run ends (its generator is closed)."""
+    import gc
+    import weakref
+
+    import sim.cluster as cluster
+
+    refs = []
+    merge = cluster._merge
+
+    def watching(loops, n):
+        refs.extend(weakref.ref(loop) for loop in loops)
+        return merge(loops, n)
+
+    monkeypatch.setattr(cluster, "_merge", watching)
+    overrides = dict(**SMALL, workload__rate=2.0, cluster__replicas=4, engine__max_batch_size=4,
+                     workload__max_concurrency=limit)
+    if scheduler == "vllm-v1":
+        overrides.update(engine__scheduler="vllm-v1", engine__kv_cache_tokens=4000)
+    config = run_config(**overrides)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        execute(prepare(config))
+        assert len(refs) == 4 and all(ref() is None for ref in refs)
+    finally:
+        gc.collect()
+        if enabled:
+            gc.enable()

@@ -156,10 +156,13 @@ def simulate_replica(loop: ServingLoop) -> None:
 def simulate_cluster(dispatcher: Dispatcher, loops: list[ServingLoop]) -> None:
     """Run routed replicas and their dispatcher in one simulated time."""
     env = simpy.Environment()
-    env.process(router_process(env, dispatcher))
-    for loop in loops:
-        env.process(_process(env, loop, _until_routed, settle=dispatcher.limit is not None))
+    processes = [router_process(env, dispatcher)]
+    processes += [_process(env, loop, _until_routed, settle=dispatcher.limit is not None) for loop in loops]
+    for process in processes:
+        env.process(process)
     env.run()
+    for process in processes:  # a replica idle at the end waits on an event forever: let its frame go
+        process.close()
 
 
 def serve_wall_clock(loop: ServingLoop, clock: Callable[[], float], sleep: Callable[[float], None] = time.sleep
