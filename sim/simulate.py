@@ -338,7 +338,10 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     explain = config.output.timeline is not None  # the timeline shows why each k was chosen
     wrap = Explaining if explain else (lambda policy: policy)
     scale = acceptance_values(config, run.alphas)
-    if not (count > 1 if routed is None else routed):
+    routed = count > 1 if routed is None else routed
+    if routed and backend is not None:  # a recorded backend plays one replica's steps back
+        raise ValueError("a step backend drives one replica; this run is routed over a cluster")
+    if not routed:
         samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max)]
         policies = [wrap(run.policy)]
         records, sent_s, engine_wall = _run_replica(run, scale, samplers[0], policies[0], backend)
@@ -356,7 +359,7 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
                               output_tokens=requests.output_tokens, acceptance_scale=scale, max_k=run.policy.max_k,
                               table=run.table, parts=parts, router=config.cluster.router,
-                              jit=config.engine.jit if backend is None else "off",
+                              jit=config.engine.jit,
                               max_concurrency=config.workload.max_concurrency)
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged

@@ -233,3 +233,11 @@ def test_the_client_rule_is_checked_on_both_sides_of_the_logic_check():
     assert _client_rule_error(planned, late, 2) == pytest.approx(0.5)
     assert _client_rule_error(planned, good.assign(arrival_s=planned), 10) == 0.0  # a limit that never binds
 
+
+
+def test_a_step_backend_is_refused_for_a_cluster(run_config):
+    run, original, spy = simulated(run_config, workload__num_requests=10, workload__rate=4.0)
+    backend = RecordedBackend(recorded(original, spy.accepted))
+    with pytest.raises(ValueError, match="one replica"):
+        execute(prepare(run_config(workload__num_requests=10, workload__rate=4.0, cluster__replicas=2)),
+                backend=backend)
