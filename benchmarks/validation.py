@@ -132,10 +132,30 @@ def case_row(name: str, batching: str, policy: str, rate: float, doc: dict, fold
     for key, _ in SHOWN:
         row[f"{key}_raw"] = metrics[key]["relative_error"]
         row[f"{key}_corrected"] = metrics[key]["speed_corrected_error"]
+    if not doc.get("simulated_pooled") and doc["repeats"] > 1 and folder is not None:
+        row.update(_pooled_errors(folder, doc["repeats"], {key: metrics[key]["real"] for key, _ in SHOWN}))
     row["step_cost_by_batch"] = doc.get("step_cost_by_batch") or _by_batch(folder)
     row["meets_bar"] = all(row[f"{key}_corrected"] is not None and abs(row[f"{key}_corrected"]) <= bar
                            for key, bar in BAR.items())
     return row
+
+
+def _pooled_errors(folder: Path, repeats: int, real: dict[str, float]) -> dict:
+    """For a case validated before ``validate`` pooled the simulated side like the replays
+    (sim.commands.fidelity.as_pooled): its errors recomputed from the folder's simulated and
+    speed-corrected runs, each over ``repeats`` copies of its requests."""
+    import pandas as pd
+
+    from sim.commands.fidelity import as_pooled
+
+    out = {"simulated_pooled_from_folder": True}
+    for suffix, run in (("raw", folder / "simulated"), ("corrected", folder / "speed-corrected" / "run")):
+        summary = {key: math.nan if value is None else value  # JSON keeps a NaN metric as null
+                   for key, value in json.loads((run / "summary.json").read_text())["metrics"].items()}
+        pooled = as_pooled(summary, pd.read_csv(run / "requests.csv"), repeats)
+        for key, value in real.items():
+            out[f"{key}_{suffix}"] = (pooled[key] - value) / value
+    return out
 
 
 def _grid_batch_sizes(folder: Path | None) -> list[int] | None:

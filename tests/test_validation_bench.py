@@ -8,6 +8,7 @@ stops the benchmark before any replay.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -102,3 +103,22 @@ def test_the_decode_bias_by_batch_size_is_read_from_a_case_folder_and_tabled(ben
     assert lines[1].split() == ["case", "b=1", "b=3", "calibrated", "at", "batch"] and len(lines) == 3
     assert lines[2].split() == ["static-none-low", "+10.0%", "-30.0%", "?"]
     assert bench.format_by_batch({"cases": [{"case": "x"}]}) is None
+
+
+def test_a_case_validated_before_pooling_the_simulation_gets_its_errors_recomputed(bench, tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    e2el = np.concatenate((np.linspace(1.0, 2.0, 58), [3.0, 10.0]))
+    for run in (tmp_path / "simulated", tmp_path / "speed-corrected" / "run"):
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"metrics": {"output_throughput": 7.0,
+                                                                  "mean_acceptance_length": None}}))
+        pd.DataFrame({"e2el_s": e2el, "ttft_s": e2el / 10, "tpot_s": e2el / 100}).to_csv(run / "requests.csv",
+                                                                                          index=False)
+    real = {"mean_e2el_ms": 1e3 * e2el.mean(), "p99_e2el_ms": 10_000.0, "output_throughput": 7.0}
+    errors = bench._pooled_errors(tmp_path, 5, real)
+    for suffix in ("raw", "corrected"):
+        assert errors[f"p99_e2el_ms_{suffix}"] == pytest.approx(0.0)  # the worst request, as pooled replays
+        assert errors[f"mean_e2el_ms_{suffix}"] == pytest.approx(0.0)
+        assert errors[f"output_throughput_{suffix}"] == 0.0

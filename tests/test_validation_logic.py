@@ -241,3 +241,19 @@ def test_a_step_backend_is_refused_for_a_cluster(run_config):
     with pytest.raises(ValueError, match="one replica"):
         execute(prepare(run_config(workload__num_requests=10, workload__rate=4.0, cluster__replicas=2)),
                 backend=backend)
+
+
+def test_the_simulation_is_pooled_like_the_replays():
+    """p99 over 5 x 60 pooled replays is not p99 over 60: the simulated side is computed over as
+    many copies of its requests, so the two percentiles are the same statistic."""
+    from sim.commands.fidelity import as_pooled
+
+    e2el = np.concatenate((np.linspace(1.0, 2.0, 58), [3.0, 10.0]))  # one request far worse than the rest
+    requests = pd.DataFrame({"e2el_s": e2el, "ttft_s": e2el / 10, "tpot_s": e2el / 100})
+    summary = {"output_throughput": 7.0}
+    assert as_pooled(summary, requests, 1) is summary
+    pooled = as_pooled(summary, requests, 5)
+    assert pooled["p99_e2el_ms"] == pytest.approx(1e3 * np.percentile(np.tile(e2el, 5), 99))
+    assert pooled["p99_e2el_ms"] == pytest.approx(10_000)  # the worst request, as in 5 replays pooled
+    assert np.percentile(e2el, 99) < 7.2  # one run's p99 sits between the two worst
+    assert pooled["output_throughput"] == 7.0 and pooled["mean_e2el_ms"] == pytest.approx(1e3 * e2el.mean())

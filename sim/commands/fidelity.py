@@ -66,6 +66,14 @@ def equivalence_test(real: pd.DataFrame, simulated: pd.DataFrame, margin: float 
 
 
 # ------------------------------------------------------------ the noise floor
+def as_pooled(summary: dict, requests: pd.DataFrame, repeats: int) -> dict:
+    """A simulation's metrics computed as the replays' pooled ones are: over ``repeats`` copies of
+    its requests. Every replay serves the same requests, and a percentile over 5 x 60 pooled
+    values is not the same statistic as one over 60 (p99 of 60 leans on the second-worst request,
+    p99 of 300 pooled on the worst one's five versions), so the two sides must be alike."""
+    return summary if repeats == 1 else pooled_summary([summary] * repeats, [requests] * repeats)
+
+
 def pooled_summary(summaries: list[dict], requests: list[pd.DataFrame]) -> dict:
     """The compared metrics over repeats pooled: latency statistics over every request of every
     repeat (so p99 is not one request's), the other metrics averaged over the repeats."""

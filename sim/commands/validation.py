@@ -38,7 +38,7 @@ from sim.errors import InputError
 from sim.lazy import lazy_module
 from sim.profile import write_scaled_profile
 from sim.commands.fidelity import (DRIFT_WINDOWS, LATENCIES, compared_metrics, drift, equivalence_test,
-                                   group_order, logic_check, merge_logic, noise_floor, pooled_summary,
+                                   as_pooled, group_order, logic_check, merge_logic, noise_floor, pooled_summary,
                                    step_cost_by_batch, step_cost_summary, step_costs)
 
 pd = lazy_module("pandas")  # only when the command runs: building the CLI's parser imports this module
@@ -351,7 +351,7 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
     requests = [r.requests for r, _ in replays]
     real_summary = summaries[0] if len(replays) == 1 else pooled_summary(summaries, requests)
     pooled = pd.concat(requests, ignore_index=True)
-    table = compare(real_summary, sim.summary)
+    table = compare(real_summary, as_pooled(sim.summary, sim.requests, len(replays)))
     # The same simulation on the profile scaled by the speed the device ran the passes at
     # during the replays: what remains is the model's error, not the machine's drift.
     speeds = [m_extra["pass_speed_ratio"] for m_extra in (r.extra["replay"] for r, _ in replays)]
@@ -359,7 +359,7 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
     scaled = write_scaled_profile(profile, speed, staging / "speed-corrected" / "profile")
     corrected = simulate(replace(config, profile=str(scaled)))
     write_run(corrected, staging / "speed-corrected" / "run")
-    fixed = compare(real_summary, corrected.summary)
+    fixed = compare(real_summary, as_pooled(corrected.summary, corrected.requests, len(replays)))
     table["speed_corrected"] = fixed["simulated"]
     table["speed_corrected_error"] = fixed["relative_error"]
     noise = noise_floor(summaries)
@@ -374,7 +374,7 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
                       ignore_index=True)
     cost_rows, by_batch = step_cost_summary(costs), step_cost_by_batch(costs)
     drifts = [drift(m) for _, m in replays]
-    document = {"profile": profile.name, "profile_created_utc": profile.meta.get("created_utc"),
+    document = {"simulated_pooled": True, "profile": profile.name, "profile_created_utc": profile.meta.get("created_utc"),
                 "profile_batch_sizes": profile.meta.get("grid", {}).get("batch_sizes"),
                 "acceptance": acceptance, "config_digest": config.digest(),
                 "repeats": len(replays), "requests_per_replay": len(first.requests),
