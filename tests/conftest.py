@@ -41,3 +41,19 @@ def run_config(synthetic_profile):
         return load_config(CPU_DEFAULTS, flags)
 
     return build
+
+
+@pytest.fixture()
+def validation_bench():
+    """benchmarks/validation.py as a module (it is a script, not a package)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validation.py"
+    spec = importlib.util.spec_from_file_location("validation_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+

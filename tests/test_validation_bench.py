@@ -7,26 +7,17 @@ stops the benchmark before any replay.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 import sim.commands.cli
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
-def bench():
-    spec = importlib.util.spec_from_file_location("validation_bench_calibrate", ROOT / "benchmarks" / "validation.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def bench(validation_bench):
+    return validation_bench
 
 
 def _recording(monkeypatch, answers: dict[str, int]) -> list[list[str]]:

@@ -8,9 +8,7 @@ the replay runs it) and compare with the replays' stored pooled values, raw.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,14 +22,9 @@ COMPOSED = "h100-llama-3.1-8b-llama-3.2-1b"
 GPU_CASES = ("continuous-fixed-k3-high", "continuous-goodput-high", "continuous-fixed-k3-low", "continuous-goodput-low")
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("validation_bench", ROOT / "benchmarks" / "validation.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+@pytest.fixture()
+def bench(validation_bench):
+    return validation_bench
 
 
 def test_the_shipped_gpu_results_print_both_tables(bench, capsys):
