@@ -70,6 +70,16 @@ class ArrivalQueue:
         return self.arrival_s[self.arrived] if self.arrived < self.count else math.inf
 
 
+def client_send_s(arrival_s, finish_order: list[float], i: int, limit: int) -> float:
+    """When a client that keeps at most ``limit`` requests outstanding sends request i: once it
+    has arrived and the (i - limit)-th finish (in finishing order) has freed a slot; inf while
+    that finish has not happened."""
+    if i < limit:
+        return arrival_s[i]
+    j = i - limit
+    return max(arrival_s[i], finish_order[j]) if j < len(finish_order) else math.inf
+
+
 class ConcurrencyLimitedQueue(ArrivalQueue):
     """A client that keeps at most ``limit`` requests outstanding (``vllm bench serve --max-concurrency``).
 
@@ -90,8 +100,7 @@ class ConcurrencyLimitedQueue(ArrivalQueue):
     def release(self, now: float) -> None:
         reached = min(bisect_right(self.arrival_s, now, self.arrived), len(self.finish_order) + self.limit)
         for i in range(self.arrived, reached):  # once per request, not per step
-            if i >= self.limit:
-                self.sent_s[i] = max(self.arrival_s[i], self.finish_order[i - self.limit])
+            self.sent_s[i] = client_send_s(self.arrival_s, self.finish_order, i, self.limit)
         self.arrived = max(reached, self.arrived)
 
     def finished(self, count: int, now: float) -> None:
@@ -168,8 +177,8 @@ class LimitedRoutedQueue(RoutedQueue):
     loop reports its finishes (which free the client's slots) through :meth:`finished`.
 
     What is sent at an instant is routed once every replica's step ending then is applied
-    and before any replica starts its next step (:func:`sim.serving.clock.simulate_cluster`
-    calls :meth:`release` only then), so the router sees every replica in the same state
+    and before any replica starts its next step (the clock's ``settle``, in
+    :func:`sim.serving.clock.simulate_cluster`, calls :meth:`release` only then), so the router sees every replica in the same state
     whatever order SimPy runs them in.
     """
 
@@ -210,11 +219,7 @@ class Dispatcher:
         self.on_unblock = None
 
     def _send_s(self, i: int) -> float:
-        """When request i is sent: at its arrival, or once the (i - limit)-th finish frees a slot."""
-        if self.limit is None or i < self.limit:
-            return self.arrival_s[i]
-        j = i - self.limit
-        return max(self.arrival_s[i], self.finish_order[j]) if j < len(self.finish_order) else math.inf
+        return client_send_s(self.arrival_s, self.finish_order, i, self.limit)
 
     def add(self, queue: RoutedQueue, load) -> None:
         self.queues.append(queue)
