@@ -54,7 +54,7 @@ from sim.errors import InputError
 from sim.metrics import by_label, summarize
 from sim.serving.clock import serve_wall_clock
 from sim.serving.loop import ServingLoop
-from sim.serving.queues import ArrivalQueue, ConcurrencyLimitedQueue
+from sim.serving.queues import arrival_queue
 from sim.serving.recorded import RecordedSteps
 from sim.serving.records import DECODE, PREFILL
 from sim.simulate import (PreparedRun, RunResult, acceptance_values, make_sampler, prepare, request_table,
@@ -409,9 +409,8 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     # With a concurrency limit the client sends a request when a finish frees a slot, as the
     # simulation's client does (the loop reports finishes to the queue, in real time here).
     limit = run.config.workload.max_concurrency
-    queue_args = (requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
-                  acceptance_values(run.config, run.alphas), run.policy.max_k)
-    queue = ArrivalQueue(*queue_args) if limit is None else ConcurrencyLimitedQueue(*queue_args, limit)
+    queue = arrival_queue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
+                          acceptance_values(run.config, run.alphas), run.policy.max_k, limit)
     loop = ServingLoop(queue, scheduler=scheduler, policy=run.policy, backend=backend, k_max=run.table.k_max)
     if on_start is not None:
         on_start()

@@ -36,7 +36,7 @@ from sim.serving.clock import simulate_replica
 from sim.serving.compiled import decode_runs_for
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
-from sim.serving.queues import ArrivalQueue, ConcurrencyLimitedQueue
+from sim.serving.queues import arrival_queue
 from sim.serving.records import ReplicaRecords
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
 
@@ -396,8 +396,8 @@ def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, b
     config, requests = run.config, run.requests
     limit = config.workload.max_concurrency
     scheduler = scheduler_for(run)
-    queue_args = (requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale, run.policy.max_k)
-    queue = ArrivalQueue(*queue_args) if limit is None else ConcurrencyLimitedQueue(*queue_args, limit)
+    queue = arrival_queue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale,
+                          run.policy.max_k, limit)
     if hasattr(backend, "watch"):  # a playback releases the queue at the instants it recorded
         backend.watch(queue)
     loop = ServingLoop(queue, scheduler=scheduler, policy=policy, k_max=run.table.k_max,

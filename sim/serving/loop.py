@@ -583,12 +583,14 @@ def checked_ks(ks: np.ndarray, k_max: int, policy: Policy, running: int):
     if lo < 0 or hi > k_max:
         raise InputError(f"{where} in {lo}..{hi}, outside 0..{k_max} "
                          "(its max_k, within what the profile measured)", field="policy.name")
-    k, ragged = collapsed(ks)
-    return k if ragged is None else ragged.astype(np.int64)  # a copy: the policy may reuse its array
+    if lo == hi:
+        return hi
+    return ks.astype(np.int64)  # a copy: the policy may reuse its array
 
 
 def collapsed(ks: np.ndarray) -> tuple[int, np.ndarray | None]:
     """Per-sequence ks as (k, ragged): one k when every sequence has the same, else the largest
-    (what the step is charged at) and the array."""
+    (what the step is charged at) and the array (as :func:`checked_ks` answers, which has its
+    bounds already)."""
     hi = int(np.maximum.reduce(ks))
     return (hi, None) if int(np.minimum.reduce(ks)) == hi else (hi, ks)

@@ -109,6 +109,13 @@ class ConcurrencyLimitedQueue(ArrivalQueue):
         self.release(now)
 
 
+def arrival_queue(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                  acceptance_scale: np.ndarray, max_k: int, limit: int | None) -> ArrivalQueue:
+    """One replica's queue: every request at its arrival, or behind a client's concurrency limit."""
+    args = (arrival_s, prompt_tokens, output_tokens, acceptance_scale, max_k)
+    return ArrivalQueue(*args) if limit is None else ConcurrencyLimitedQueue(*args, limit)
+
+
 class RoutedQueue:
     """A cluster replica's queue: grown one request at a time by the dispatcher, in routing order.
 
