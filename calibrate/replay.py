@@ -53,12 +53,10 @@ from sim.config import RunConfig
 from sim.errors import InputError
 from sim.metrics import by_label, summarize
 from sim.serving.clock import serve_wall_clock
-from sim.serving.loop import ServingLoop
 from sim.serving.queues import arrival_queue
 from sim.serving.recorded import RecordedSteps
 from sim.serving.records import DECODE, PREFILL
-from sim.simulate import (PreparedRun, RunResult, acceptance_values, make_sampler, prepare, request_table,
-                          scheduler_for)
+from sim.simulate import PreparedRun, RunResult, acceptance_values, make_sampler, prepare, request_table
 
 ACCEPTANCE_MODES = ("synthetic", "real")
 
@@ -193,8 +191,9 @@ class TorchBackend:
 
     # ----------------------------------------------------------------- decode
     def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
-               lag: np.ndarray | None) -> tuple[None, np.ndarray | None]:
+               max_lag: int) -> tuple[None, np.ndarray | None]:
         b = self.used  # rows in the batch: live ones, plus a static batch's finished padding
+        lag = view.lag_tokens if self.speculates else None
         live = self.row_live[:b].copy()
         # The loop's per-row values, spread over the batch's rows (padding rows: k 0, lag 1, nothing left).
         ragged_rows = None
@@ -303,6 +302,12 @@ class TorchBackend:
         self._passes += time.perf_counter() - started
         return out
 
+    def chunks(self, decode_tokens: int, chunk_tokens: int) -> float:
+        raise RuntimeError("the real replay runs the v0 scheduler only (checked before the run)")
+
+    def watch(self, queue) -> None:
+        """The real clock releases the queue."""
+
     def commit(self) -> None:
         """Write the step's tokens and roll both caches back to what each row kept."""
         b, k, live, accepted, final, remaining = self._step
@@ -404,14 +409,14 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     ``on_start`` is called once every input has been checked, just before the real clock starts.
     """
     requests = run.requests
-    scheduler = scheduler_for(run)
-    backend = TorchBackend(run, target, draft, acceptance=acceptance, seed=seed, static=scheduler.name == "static")
+    backend = TorchBackend(run, target, draft, acceptance=acceptance, seed=seed,
+                           static=run.config.engine.batching == "static")
     # With a concurrency limit the client sends a request when a finish frees a slot, as the
     # simulation's client does (the loop reports finishes to the queue, in real time here).
     limit = run.config.workload.max_concurrency
-    queue = arrival_queue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
-                          acceptance_values(run.config, run.alphas), run.policy.max_k, limit)
-    loop = ServingLoop(queue, scheduler=scheduler, policy=run.policy, backend=backend, k_max=run.table.k_max)
+    queue = arrival_queue(requests.arrival_s, run.replica.inputs(requests.prompt_tokens, requests.output_tokens, None),
+                          acceptance_values(run.config, run.alphas), limit)
+    loop = run.replica.loop(queue, run.policy, backend.sampler, backend)
     if on_start is not None:
         on_start()
     backend.warm_up()
@@ -436,7 +441,7 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, rec.first_token_s,
                         rec.finish_s, rec.itl_values, rec.itl_weights, rec.steps)
     table = request_table(requests, run.alphas, rec)
-    steps = len(loop.step_rows)  # an interrupted step has no record: drop its timings too
+    steps = len(loop.state.buffers)  # an interrupted step has no record: drop its timings too
     return ReplayResult(table, pd.DataFrame(rec.steps), summary, acceptance, partial, wall_s,
                         np.asarray(backend.passes_s[:steps]), np.asarray(backend.predicted_s[:steps]),
                         by_label(table), np.asarray(readings, dtype=np.float64),

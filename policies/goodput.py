@@ -72,7 +72,9 @@ from typing import Any
 
 import numpy as np
 
+from policies import goodput_rules as rules
 from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback, check_k_max
+from policies.goodput_rules import ACCEPTED_AVG, ALPHA, EXPECTED, MARGIN, PRIOR, RATES, SMOOTHING, TESTED_AVG
 
 # Each position's estimate counts the pooled alpha_hat as this many tests on top of its own
 # evidence (EMA(tested_j) / smoothing tests' worth): a position with little evidence is priced
@@ -89,6 +91,9 @@ def _number(value: Any, param: str, lo: float, hi: float, lo_open: bool, hi_open
 
 
 class Goodput(Policy):
+    """The module docstring; its learnt state lives in two arrays (policies/goodput_rules.py),
+    which :meth:`state_arrays` hands to a compiled run to read and update in place."""
+
     name = "goodput"
     max_k_param = "k_max"
 
@@ -101,9 +106,10 @@ class Goodput(Policy):
         if not isinstance(per_request, bool):
             raise PolicyError(f"per_request must be true or false, got {per_request!r}", field="per_request")
         self.per_request = per_request
-        self._step_time = None
-        self._candidates = tuple(range(1, k_max + 1))
-        self._margin = 1.0 + self.tie_break
+        self.step_time = None  # the cost model's step price (bind)
+        self.catch_up_time = None  # ... and the draft's catch-up, when it prices one
+        self._prices = np.zeros(self.k_max + 1)
+        self._scratch = np.zeros((2, self.k_max + 2), dtype=np.int64)
         self._reset()
 
     @property
@@ -115,75 +121,69 @@ class Goodput(Policy):
         if cost_model is None:
             raise PolicyError("goodput prices every candidate k with a cost model, and none was given",
                               field="name")
-        self._step_time = cost_model.step_time
+        self.step_time = cost_model.step_time
         # The draft's catch-up (see the module docstring); a cost model without it prices none.
-        self._catch_up = getattr(cost_model, "catch_up_time", None) if self.k_max > 0 else None
+        self.catch_up_time = getattr(cost_model, "catch_up_time", None) if self.k_max > 0 else None
         self._reset()  # a policy object reused for a second run starts afresh
 
     def _reset(self) -> None:
+        scalars = self._scalars = np.zeros(rules.N_SCALARS)
         # The prior: one tested token per sequence, accepted with probability alpha_init.
-        self._accepted_avg, self._tested_avg = self.alpha_init, 1.0
-        self._alpha = self.alpha_init
+        scalars[ACCEPTED_AVG], scalars[TESTED_AVG], scalars[ALPHA] = self.alpha_init, 1.0, self.alpha_init
+        scalars[SMOOTHING], scalars[PRIOR] = self.smoothing, PRIOR_TESTS * self.smoothing  # PRIOR in the EMAs' units
+        scalars[MARGIN] = 1.0 + self.tie_break
         # Per position j = 1..k_max: EMAs of the sequences that tested j and that accepted it (none yet).
-        self._position_accepted = np.zeros(self.k_max)
-        self._position_tested = np.zeros(self.k_max)
-        self._prior = PRIOR_TESTS * self.smoothing  # in the EMAs' units
-        self._price_positions()
+        self._rows = np.zeros((rules.N_ROWS, self.k_max + 1))
+        rules.price_positions(self._scalars, self._rows, self.k_max)
 
-    def _price_positions(self) -> None:
-        """r_j (each position's estimate, shrunk towards alpha_hat) and E[tokens](k) for every k."""
-        prior = self._prior
-        rates = (self._position_accepted + prior * self._alpha) / (self._position_tested + prior)
-        self._rates = rates
-        # E[tokens](k) = 1 + sum_{j <= k} prod_{i <= j} r_i, k = 0..k_max.
-        self._expected = [1.0, *(1.0 + np.cumsum(np.cumprod(rates))).tolist()]
+    def state_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The learnt state (scalars, per-position rows) a compiled run reads and updates in place."""
+        return self._scalars, self._rows
 
     @property
     def alpha_hat(self) -> float:
         """The pooled estimate of the per-token acceptance rate."""
-        return self._alpha
+        return float(self._scalars[ALPHA])
 
     @property
     def position_rates(self) -> np.ndarray:
         """r_j, j = 1..k_max, as priced: each position's own estimate, or alpha_hat where evidence is short."""
-        return self._rates.copy()
+        return self._rows[RATES, :self.k_max].copy()
 
     def expected_tokens(self, k: int) -> float:
         """E[tokens](k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k: what one sequence is expected to emit."""
-        return self._expected[k]
+        return float(self._rows[EXPECTED, k])
 
     def expected_goodput(self, batch_size: int, k: int, context_tokens: float, max_lag: int = 1) -> float:
         """batch_size * E[tokens](k) / the step's price: generated tokens per second of this step."""
-        return batch_size * self._expected[k] / self.priced_time(batch_size, k, context_tokens, max_lag)
+        return batch_size * self.expected_tokens(k) / self.priced_time(batch_size, k, context_tokens, max_lag)
 
     def priced_time(self, batch_size: int, k: int, context_tokens: float, max_lag: int = 1) -> float:
         """What the engine charges for the step: step_time, plus the draft's catch-up when k >= 1."""
-        t = self._step_time(batch_size, k, context_tokens)
-        if k and max_lag > 1 and self._catch_up is not None:
-            t += self._catch_up(batch_size, max_lag, context_tokens)
+        t = self.step_time(batch_size, k, context_tokens)
+        if k and max_lag > 1 and self.catch_up_time is not None:
+            t += self.catch_up_time(batch_size, max_lag, context_tokens)
         return t
 
     def choose_k(self, view: BatchView) -> int | np.ndarray:
-        b, c, step_time, expected = view.batch_size, view.mean_context_tokens, self._step_time, self._expected
+        b, c, step_time, prices = view.batch_size, view.mean_context_tokens, self.step_time, self._prices
         catch_up = 0.0  # what a speculative step pays on top for the tokens the draft has not seen
-        if self._catch_up is not None:
+        if self.catch_up_time is not None:
             lag = view.max_lag
             if lag > 1:
-                catch_up = self._catch_up(b, lag, c)
-        # b multiplies every candidate alike, so the argmax compares E[tokens] / step_time.
-        best_k, best = 0, 1.0 / step_time(b, 0, c)
-        margin = self._margin
-        explain = view.explain
-        if explain is not None:
-            explain.update(alpha_hat=round(self._alpha, 6), position_rates=[round(r, 6) for r in self._rates.tolist()],
-                           max_lag=view.max_lag if self._catch_up else None,
-                           catch_up_ms=round(catch_up * 1e3, 6), tokens_per_s={"0": round(b * best, 3)})
-        for k in self._candidates:
-            g = expected[k] / (step_time(b, k, c) + catch_up)
-            if explain is not None:
-                explain["tokens_per_s"][str(k)] = round(b * g, 3)
-            if g > best * margin:
-                best_k, best = k, g
+                catch_up = self.catch_up_time(b, lag, c)
+        prices[0] = step_time(b, 0, c)
+        for k in range(1, self.k_max + 1):
+            prices[k] = step_time(b, k, c) + catch_up
+        expected = self._rows[EXPECTED]
+        best_k = rules.best_k(expected, prices, self._scalars[MARGIN], self.k_max)
+        if view.explain is not None:  # b multiplies every candidate alike; the timeline shows tokens/s
+            view.explain.update(alpha_hat=round(self.alpha_hat, 6),
+                                position_rates=[round(r, 6) for r in self.position_rates.tolist()],
+                                max_lag=view.max_lag if self.catch_up_time else None,
+                                catch_up_ms=round(catch_up * 1e3, 6),
+                                tokens_per_s={str(k): round(b * float(expected[k] / prices[k]), 3)
+                                              for k in range(self.k_max + 1)})
         if best_k and self.per_request:
             return self.per_sequence_k(view, best_k)
         return best_k
@@ -200,41 +200,15 @@ class Goodput(Policy):
         k, drafted = feedback.k, feedback.drafted_tokens
         if k == 0 or drafted == 0:
             return
-        accepted, per_sequence = feedback.accepted_tokens, feedback.accepted_per_sequence
-        ks = getattr(feedback, "k_per_sequence", None)
+        per_sequence, ks = feedback.accepted_per_sequence, feedback.k_per_sequence
         if ks is None and (per_sequence is None or per_sequence.shape[0] != drafted // k):
             # A driver that reports only totals: accepted / drafted, and nothing per position.
-            self._update(accepted, drafted, drafted // k)
-            self._price_positions()
+            rules.update_pooled(self._scalars, feedback.accepted_tokens, drafted, drafted // k)
+            rules.price_positions(self._scalars, self._rows, self.k_max)
             return
-        # kept[m] = sequences that kept m drafts; at_least[m] = those that kept m or more.
-        kept = np.bincount(per_sequence, minlength=self.k_max + 2)
-        at_least = np.cumsum(kept[::-1])[::-1]
-        position_accepted = at_least[1:self.k_max + 1]
-        # Position j was tested by the sequences that kept j - 1 or more, less those whose own k was
-        # j - 1 (they kept all of it and drafted no j-th token). A sequence that kept fewer than its
-        # own k saw one rejection.
-        if ks is None:  # a uniform step: every sequence drafted k
-            n = per_sequence.shape[0]
-            tested = accepted + n - int(kept[k])
-            position_tested = at_least[:self.k_max].copy()
-            position_tested[k:] = 0
-        else:  # a ragged step: only sequences that drafted tested anything
-            full = per_sequence == ks
-            n = ks.shape[0] - int(np.count_nonzero(ks == 0))
-            tested = accepted + n - int(np.count_nonzero(full & (ks > 0)))
-            position_tested = at_least[:self.k_max] - np.bincount(ks[full], minlength=self.k_max + 1)[:self.k_max]
-        self._update(accepted, tested, n)
-        s = self.smoothing
-        self._position_accepted += s * (position_accepted - self._position_accepted)
-        self._position_tested += s * (position_tested - self._position_tested)
-        self._price_positions()
-
-    def _update(self, accepted: int, tested: int, n: int) -> None:
-        s = self.smoothing
-        a = self._accepted_avg = self._accepted_avg + s * (accepted / n - self._accepted_avg)
-        t = self._tested_avg = self._tested_avg + s * (tested / n - self._tested_avg)
-        self._alpha = a / t
+        m = per_sequence.shape[0]
+        ks = np.full(m, k, dtype=np.int64) if ks is None else ks
+        rules.observe_rows(self._scalars, self._rows, per_sequence, ks, m, self.k_max, self._scratch)
 
     def params(self) -> dict[str, Any]:
         params = {"alpha_init": self.alpha_init, "smoothing": self.smoothing, "k_max": self.k_max,

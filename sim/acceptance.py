@@ -87,31 +87,72 @@ def acceptance_scale(alphas: np.ndarray) -> np.ndarray:
     return 1.0 / -np.log(alphas)
 
 
-class AcceptanceSampler:
-    """Draws accepted-token counts for a batch, one step at a time."""
+DRAW_BLOCK = 1 << 16  # draws made at a time (any size draws the same stream: the generator's values in order)
 
-    def __init__(self, rng: np.random.Generator, block: int = 1 << 16) -> None:
+
+class AcceptanceSampler:
+    """Draws accepted-token counts for a batch, one step at a time.
+
+    The draws come from a buffer refilled in blocks from the seeded generator; what a row keeps
+    is :func:`sim.serving.rules.count_accepted` of its draw (``kind`` says how), the rule the
+    compiled runs apply to the same buffer: :meth:`reserve` hands them the buffer and
+    :meth:`advance` takes back how far they read, so one stream of draws serves both paths.
+    """
+
+    kind = 1  # sim.serving.layout.SCALED: an exponential times the row's 1 / -ln(alpha)
+    keyed = False
+
+    def __init__(self, rng: np.random.Generator, block: int | None = None) -> None:
         self._rng = rng
-        self._block = block
+        self._block = block = block or DRAW_BLOCK
         self._buffer = self._fresh(block)
         self._pos = 0
+        self._count = _count_rule(False)
+        self.negative_rates = np.zeros(0)  # POSITIONS only
+
+    def compile_rules(self, on: bool) -> None:
+        """Count with the compiled rule (sim/jit.py) or the interpreted one."""
+        self._count = _count_rule(on)
 
     def _fresh(self, n: int) -> np.ndarray:
         return self._rng.standard_exponential(n)
 
-    def _take(self, n: int) -> np.ndarray:
+    def reserve(self, n: int) -> tuple[np.ndarray, int]:
+        """The draw buffer and the position of the next draw, with at least ``n`` draws there
+        (refilled exactly as drawing them would)."""
         if self._pos + n > self._buffer.shape[0]:
             self._buffer = np.concatenate((self._buffer[self._pos:], self._fresh(max(self._block, n))))
             self._pos = 0
-        draws = self._buffer[self._pos:self._pos + n]
-        self._pos += n
-        return draws
+        return self._buffer, self._pos
 
-    def accepted(self, scale: np.ndarray, k: int) -> np.ndarray:
-        """Accepted draft tokens per sequence, each in [0, k]; ``scale`` from :func:`acceptance_scale`."""
-        draws = self._take(scale.shape[0]) * scale
-        np.minimum(draws, k, out=draws)
-        return draws.astype(np.int64)
+    def advance(self, position: int) -> None:
+        """The next draw is at ``position`` of the buffer :meth:`reserve` handed out."""
+        self._pos = position
+
+    def accepted(self, scale: np.ndarray, k) -> np.ndarray:
+        """Accepted draft tokens per sequence, each in [0, k] (k: an int, or one per sequence);
+        ``scale`` from :func:`acceptance_scale`."""
+        n = scale.shape[0]
+        buffer, pos = self.reserve(n)
+        ks = np.full(n, k, dtype=np.int64) if isinstance(k, int) else k
+        out = np.empty(n, dtype=np.int64)
+        shared = buffer.dtype.kind == "i"
+        self._count(self.kind, buffer if shared else _NO_INTS, _NO_FLOATS if shared else buffer, pos,
+                    np.ascontiguousarray(scale, dtype=np.float64), ks, n, self.negative_rates, out)
+        self._pos = pos + n
+        return out
+
+
+_NO_INTS, _NO_FLOATS = np.zeros(0, dtype=np.int64), np.zeros(0)
+
+
+def _count_rule(compiled_rules: bool):
+    from sim.serving.rules import count_accepted
+
+    if compiled_rules:
+        from sim.jit import compiled
+        return compiled(count_accepted)
+    return count_accepted
 
 
 class SharedAlphaSampler(AcceptanceSampler):
@@ -121,15 +162,14 @@ class SharedAlphaSampler(AcceptanceSampler):
     at the cost of one clip per step instead of a multiply, a clip and a cast.
     """
 
-    def __init__(self, rng: np.random.Generator, scale: float, block: int = 1 << 16) -> None:
+    kind = 0  # sim.serving.layout.SHARED
+
+    def __init__(self, rng: np.random.Generator, scale: float, block: int | None = None) -> None:
         self._scale = scale
         super().__init__(rng, block)
 
     def _fresh(self, n: int) -> np.ndarray:
         return (self._rng.standard_exponential(n) * self._scale).astype(np.int64)
-
-    def accepted(self, scale: np.ndarray, k: int) -> np.ndarray:
-        return np.minimum(self._take(scale.shape[0]), k)
 
 
 class PositionSampler(AcceptanceSampler):
@@ -138,16 +178,14 @@ class PositionSampler(AcceptanceSampler):
     With the rates non-increasing that set is a prefix, so P(a >= j) = rate[j - 1] exactly.
     """
 
-    def __init__(self, rng: np.random.Generator, rates: np.ndarray, block: int = 1 << 16) -> None:
-        self._neg_rates = -np.asarray(rates, dtype=float)  # ascending, for searchsorted
+    kind = 2  # sim.serving.layout.POSITIONS
+
+    def __init__(self, rng: np.random.Generator, rates: np.ndarray, block: int | None = None) -> None:
         super().__init__(rng, block)
+        self.negative_rates = -np.asarray(rates, dtype=float)  # ascending: a draw keeps those below it
 
     def _fresh(self, n: int) -> np.ndarray:
         return -self._rng.random(n)
-
-    def accepted(self, scale: np.ndarray, k) -> np.ndarray:
-        kept = np.searchsorted(self._neg_rates, self._take(scale.shape[0]), side="left")
-        return np.minimum(kept, k)
 
 
 def position_rates(rates: tuple[float, ...], k_max: int) -> np.ndarray:
@@ -267,13 +305,18 @@ class TraceSampler(AcceptanceSampler):
     keyed = True
 
     def __init__(self, rng: np.random.Generator, trace: AcceptanceTrace, num_requests: int,
-                 block: int = 1 << 16) -> None:
+                 block: int | None = None) -> None:
         record = np.arange(num_requests) % len(trace)
         self._acc, self._drf = trace.accepted, trace.drafted
         self._start, self._length = trace.start[record], trace.length[record]
         self._tail_scale = acceptance_scale(trace.record_alpha[record])
         self._cursor = np.zeros(num_requests, dtype=np.int64)
         super().__init__(rng, block)
+
+    def _take(self, n: int) -> np.ndarray:
+        buffer, pos = self.reserve(n)
+        self._pos = pos + n
+        return buffer[pos:pos + n]
 
     def accepted(self, keys: np.ndarray, k) -> np.ndarray:
         ids = keys.astype(np.int64)
@@ -323,8 +366,12 @@ class RecordingSampler:
                 tally[:] = 0
         return self._counts
 
+    def compile_rules(self, on: bool) -> None:
+        """Count with the compiled rule or the interpreted one (sim/jit.py)."""
+        self.inner.compile_rules(on)
+
     def add_tally(self, tally: np.ndarray) -> None:
-        """A counts array that compiled decode runs (sim.serving.compiled) add their draws to."""
+        """A counts array that compiled runs (sim.serving.compiled) add their draws to."""
         self._tallies.append(tally)
 
     def _fold(self) -> None:

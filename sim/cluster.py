@@ -17,20 +17,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.replica import ReplicaPlan
 from sim.router import make_router
 from sim.serving.clock import simulate_cluster
-from sim.serving.compiled import decode_runs_for
 from sim.serving.loop import ServingLoop
-from sim.serving.priced import PricedBackend
 from sim.serving.queues import Dispatcher, LimitedRoutedQueue, RoutedQueue
 from sim.serving.records import ReplicaRecords
 
 
 @dataclass
 class ReplicaParts:
-    """What one replica owns: nothing here is shared between replicas."""
+    """What one replica owns besides its scheduler and queue: nothing here is shared between replicas."""
 
-    scheduler: object
     policy: object
     sampler: object
 
@@ -54,28 +52,26 @@ class ClusterRecords:
             yield ReplicaRecords(m.scheduled_s[ids], m.first_token_s[ids], m.finish_s[ids], m.decode_steps[ids],
                                  m.drafted_tokens[ids], m.accepted_tokens[ids],
                                  {f: v[mine] for f, v in m.steps.items()}, m.itl_values[lo:hi], m.itl_weights[lo:hi],
-                                 None if m.preemptions is None else m.preemptions[ids])
+                                 None if m.preemptions is None else m.preemptions[ids],
+                                 None if m.cached_tokens is None else m.cached_tokens[ids])
 
 
-def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                acceptance_scale: np.ndarray, max_k: int, table, parts: list[ReplicaParts],
-                router: str, jit: str = "off", max_concurrency: int | None = None) -> ClusterRecords:
-    """Simulate the replicas and their router until every request has finished.
-    ``max_concurrency``: the client keeps at most that many requests outstanding over the cluster."""
-    dispatcher = Dispatcher(arrival_s, prompt_tokens, output_tokens, acceptance_scale, max_k, make_router(router),
-                            limit=max_concurrency)
+def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.ndarray, replica: ReplicaPlan,
+                parts: list[ReplicaParts], router: str, max_concurrency: int | None = None) -> ClusterRecords:
+    """Simulate the replicas and their router until every request has finished. ``inputs``: the
+    requests' int block (:meth:`ReplicaPlan.inputs`); ``max_concurrency``: the client keeps at
+    most that many requests outstanding over the cluster."""
+    dispatcher = Dispatcher(arrival_s, inputs, acceptance_scale, make_router(router), limit=max_concurrency)
     queue_type = RoutedQueue if max_concurrency is None else LimitedRoutedQueue
     loops = []
     for p in parts:
         queue = queue_type(dispatcher)
-        loop = ServingLoop(queue, scheduler=p.scheduler, policy=p.policy, k_max=table.k_max,
-                           backend=PricedBackend(table, p.sampler, p.scheduler.prefill))
-        loop.decode_runs = decode_runs_for(loop, table, p.sampler, jit, arrival_s.shape[0])
+        loop = replica.loop(queue, p.policy, p.sampler)
         dispatcher.add(queue, loop)
         loops.append(loop)
     simulate_cluster(dispatcher, loops)
     sent_s = dispatcher.sent_s
-    # Reference cycles (dispatcher <-> queues and loads, queue <-> loop, loop <-> its decode runs)
+    # Reference cycles (dispatcher <-> queues and loads, queue <-> loop, loop <-> its compiled runs)
     # would keep every replica's buffers until the GC ran: break them, so that _merge frees each
     # replica in turn.
     dispatcher.queues.clear()
@@ -97,10 +93,12 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
     per_request = {name: np.full(n, np.nan) for name in ("scheduled_s", "first_token_s", "finish_s")}
     per_request.update({name: np.zeros(n, dtype=np.int64)
                         for name in ("decode_steps", "drafted_tokens", "accepted_tokens")})
-    v1 = loops[0].scheduler.name == "vllm-v1"
+    v1 = loops[0].scheduler.paged
     preemptions = np.zeros(n, dtype=np.int64) if v1 else None
-    counts = [len(loop.step_rows) for loop in loops]
-    itl_counts = [len(loop.itl_values) for loop in loops]
+    cached = np.zeros(n, dtype=np.int64) if v1 else None
+    counters: dict = {}
+    counts = [len(loop.state.buffers) for loop in loops]
+    itl_counts = [loop.state.buffers.itl()[0].shape[0] for loop in loops]
     step_replica = np.repeat(np.arange(len(loops), dtype=np.int64), counts)
     itl_bounds = np.concatenate(([0], np.cumsum(itl_counts)))
     steps = itl_values = itl_weights = None
@@ -113,6 +111,10 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
             values[req] = getattr(rec, name)
         if v1:
             preemptions[req] = rec.preemptions
+            cached[req] = rec.cached_tokens
+            for name, value in rec.scheduler.items():  # totals over the replicas (a peak: the largest)
+                counters[name] = max(counters.get(name, 0), value) if name.startswith("peak") else \
+                    counters.get(name, 0) + value
         if steps is None:
             steps = {f: np.empty(step_replica.shape[0], v.dtype) for f, v in rec.steps.items()}
             itl_values = np.empty(itl_bounds[-1], rec.itl_values.dtype)
@@ -128,7 +130,7 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
     for f in steps:
         steps[f] = steps[f][order]
     merged = ReplicaRecords(**per_request, steps=steps, itl_values=itl_values, itl_weights=itl_weights,
-                            preemptions=preemptions)
+                            preemptions=preemptions, cached_tokens=cached, scheduler=counters if v1 else None)
     return ClusterRecords(merged, replica_of, step_replica[order], ids, itl_bounds)
 
 
@@ -137,4 +139,5 @@ def _trimmed(rec: ReplicaRecords, count: int) -> ReplicaRecords:
     return ReplicaRecords(rec.scheduled_s[:count], rec.first_token_s[:count], rec.finish_s[:count],
                           rec.decode_steps[:count], rec.drafted_tokens[:count], rec.accepted_tokens[:count],
                           rec.steps, rec.itl_values, rec.itl_weights,
-                          None if rec.preemptions is None else rec.preemptions[:count])
+                          None if rec.preemptions is None else rec.preemptions[:count],
+                          None if rec.cached_tokens is None else rec.cached_tokens[:count], rec.scheduler)

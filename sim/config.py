@@ -28,7 +28,7 @@ from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKEN
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import ROUTERS
 from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
-from sim.serving.compiled import AUTO_MIN_REQUESTS, JIT_MODES
+from sim.jit import JIT_MODES
 from sim.tomlsource import KeyLines, parse_toml
 from workloads.lengths import LengthSpec, parse_length_spec
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
@@ -247,13 +247,16 @@ KEYS: tuple[Key, ...] = (
         "(--no-chunked-prefill: a prompt waits until it fits whole)", "--chunked-prefill", write=_if_v1),
     Key("engine.block_size", integer(minimum=1, maximum=MAX_TOKENS), "vllm-v1: tokens per KV-cache block", "--block-size",
         write=_if_v1),
+    Key("engine.enable_prefix_caching", boolean(), "vllm-v1: share and keep full KV blocks of identical prompt "
+        "prefixes (vLLM's automatic prefix caching; trace columns prompt_id, prefix_id + prefix_tokens)",
+        "--enable-prefix-caching", write=_if_v1),
     Key("engine.gpu_memory_utilization", number(inside=(0.0, 1.0001), optional=True),
         "fraction of the GPU's memory for weights and KV cache, as vLLM's; sets the KV capacity from the "
         "profile's memory figures (instead of --kv-cache-tokens)", "--gpu-memory-utilization"),
     Key("engine.preemption", choice(PREEMPTION), "vllm-v1: what happens to the newest running request when "
         "blocks run out (recompute: back to the waiting head, its KV dropped)", "--preemption", write=_if_v1),
-    Key("engine.jit", choice(JIT_MODES), "compiled decode runs (numba; identical results): auto (runs of "
-        f"{AUTO_MIN_REQUESTS:,}+ requests), on or off", "--jit", write=_never),
+    Key("engine.jit", choice(JIT_MODES), "the engine's rules compiled (numba; identical results): auto (when numba "
+        "is installed), on or off (interpreted: slow, for debugging)", "--jit", write=_never),
     Key("policy.name", text(), "speculation-length policy: none, fixed, lut, goodput, context, adaptive, vllm-dynamic, "
         "sglang-adaptive, trtllm-schedule, or module:Class, "
         "with :KEY=VALUE parameters", "--policy"),

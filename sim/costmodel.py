@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.costmodel_rules import blend as _blend
+from sim.costmodel_rules import catch_up_price, chunk_price, decode_price
 from sim.curves import Curve, decode_features, prefill_features, verify_features
 from sim.profile import Profile
 
@@ -259,23 +261,14 @@ class StepTable:
         return _blend(self.decode_lag2[batch_size][k], mean_context / self.context_step)
 
     def decode_time_at_lag(self, batch_size: int, k: int, mean_context: float, lag: int) -> float:
-        """A decode step whose draft lags at most ``lag`` tokens it has not seen: 1 normally (the
-        newest token), 2 after a fully accepted step (one look-up), more after k = 0 steps."""
-        if lag <= 1:
-            return _blend(self.decode[batch_size][k], mean_context / self.context_step)
-        if lag == 2:
-            return _blend(self.decode_lag2[batch_size][k], mean_context / self.context_step)
-        return self.decode_time(batch_size, k, mean_context) + self.catch_up_time(batch_size, lag, mean_context)
+        """A decode step at k >= 1 whose draft lags at most ``lag`` tokens it has not seen: 1 normally
+        (the newest token), 2 after a fully accepted step (one look-up), more after k = 0 steps."""
+        return decode_price(self.decode, self.decode_lag2, self.catch_up, batch_size, k,
+                            mean_context / self.context_step, lag)
 
     def catch_up_time(self, batch_size: int, lag: int, mean_context: float) -> float:
         """Beyond the tabulated lags (a long run of k = 0 steps) the cost grows linearly in lag."""
-        row = self.catch_up[batch_size]
-        if lag < len(row):
-            return _blend(row[lag], mean_context / self.context_step)
-        top = len(row) - 1
-        at_top = _blend(row[top], mean_context / self.context_step)
-        slope = at_top - _blend(row[top - 1], mean_context / self.context_step)
-        return at_top + (lag - top) * slope
+        return catch_up_price(self.catch_up[batch_size], lag, mean_context / self.context_step)
 
     def prefill_time(self, batch_size: int, mean_prompt: float) -> float:
         return _blend(self.prefill[batch_size], mean_prompt / self.prompt_step)
@@ -305,20 +298,7 @@ class StepTable:
     def chunk_time(self, decode_tokens: int, chunk_tokens: int) -> float:
         """What a step's prefill chunks add: P(D + Q) - P(D), or P(Q) plus the prefill overhead
         for a step of chunks alone (D = 0)."""
-        row, step = self.chunk, self.chunk_step
-        if not decode_tokens:
-            return _blend(row, chunk_tokens / step) + self.prefill_overhead
-        return _blend(row, (decode_tokens + chunk_tokens) / step) - _blend(row, decode_tokens / step)
-
-
-def _blend(row: list, x: float) -> float:
-    """Linear interpolation in a row of evenly spaced values at fractional column x."""
-    j = int(x)
-    if j >= len(row) - 1:
-        return row[-1]
-    lo = row[j]
-    return lo + (x - j) * (row[j + 1] - lo)
-
+        return chunk_price(self.chunk, self.chunk_step, self.prefill_overhead, decode_tokens, chunk_tokens)
 
 def _draft_features(x: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return decode_features({**x, "query_tokens": np.ones_like(x["batch_size"])})

@@ -162,22 +162,34 @@ def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
     }
 
 
-# What only a vllm-v1 run's summary has (scheduler_stats' keys).
+# What only a vllm-v1 run's summary has (scheduler_stats' keys); the prefix cache's with caching on.
 SCHEDULER_STATS = ("num_preemptions", "num_preempted_requests", "num_mixed_steps", "num_prefill_tokens",
                    "peak_kv_blocks")
+PREFIX_CACHE_STATS = ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
+                      "resumed_prefix_cache_queries", "resumed_prefix_cache_hits")
 
 
-def scheduler_stats(records) -> dict[str, float | int]:
-    """The vllm-v1 scheduler's own figures: preemptions, mixed steps, prefill chunks, peak KV blocks."""
+def scheduler_stats(records, prefix_caching: bool = False) -> dict[str, float | int]:
+    """The vllm-v1 scheduler's own figures: preemptions, mixed steps, prefill chunks, peak KV blocks;
+    and the prefix cache's, as vLLM counts them: prompt tokens looked up and found when requests
+    are first scheduled (the hit rate is their ratio), and apart from those, the look-ups of
+    preempted requests resumed."""
     steps = records.steps
     mixed = steps["phase"] == 2
-    return dict(zip(SCHEDULER_STATS, (
+    out = dict(zip(SCHEDULER_STATS, (
         int(records.preemptions.sum()),
         int(np.count_nonzero(records.preemptions)),
         int(mixed.sum()),
         int(steps["prefill_tokens"].sum(dtype=np.int64)),
         int(steps["kv_blocks"].max()) if steps["kv_blocks"].size else 0,
     )))
+    if prefix_caching:
+        counters = records.scheduler or {}
+        queries, hits = counters.get("prefix_cache_queries", 0), counters.get("prefix_cache_hits", 0)
+        out.update(zip(PREFIX_CACHE_STATS, (queries, hits, hits / queries if queries else 0.0,
+                                            counters.get("resumed_prefix_cache_queries", 0),
+                                            counters.get("resumed_prefix_cache_hits", 0))))
+    return out
 
 
 def by_label(table) -> dict | None:

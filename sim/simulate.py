@@ -31,11 +31,10 @@ from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
                          spec_decode_section, summarize)
 from sim.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
-from sim.scheduler import kv_reserve, make_scheduler
+from sim.replica import ReplicaPlan
+from sim.scheduler import kv_reserve
+from sim.scheduler.kvcache import blocks_for, prefix_keys
 from sim.serving.clock import simulate_replica
-from sim.serving.compiled import decode_runs_for
-from sim.serving.loop import ServingLoop
-from sim.serving.priced import PricedBackend
 from sim.serving.queues import arrival_queue
 from sim.serving.records import ReplicaRecords
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
@@ -96,6 +95,8 @@ class PreparedRun:
     requests: Requests
     alphas: np.ndarray
     kv_budget_tokens: int
+    replica: ReplicaPlan  # what each replica is built from (sim/replica.py)
+    prefix_keys: np.ndarray | None = None  # vllm-v1 with prefix caching: each request's shared cache keys
     warnings: list[str] = field(default_factory=list)
 
 
@@ -185,10 +186,14 @@ def prepare(config: RunConfig) -> PreparedRun:
     if budget is None:  # neither says: an unlimited cache
         budget = int(reserve.sum())
     v1 = config.engine.scheduler == "vllm-v1"
-    if v1:  # paged: a request alone must fit in whole blocks at its longest (its last step's slots)
+    keys, num_keys, max_blocks = None, 0, 1
+    if v1:  # paged: a request alone must fit in whole blocks at its longest (its last step's slots and lookahead)
         check_v1(config, requests, policy.max_k)
         block = config.engine.block_size
-        reserve = -(-reserve // block) * block
+        reserve = blocks_for(reserve + policy.max_k, block) * block
+        max_blocks = int(blocks_for(int(reserve.max()), block)) + 1
+        if config.engine.enable_prefix_caching:
+            keys, num_keys = prefix_keys(requests, block)
     worst = int(np.argmax(reserve))
     if reserve[worst] > (budget // config.engine.block_size * config.engine.block_size if v1 else budget):
         key = "engine.kv_cache_tokens"
@@ -202,7 +207,8 @@ def prepare(config: RunConfig) -> PreparedRun:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
-    prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget)
+    replica = ReplicaPlan(table, config.engine, budget, policy.max_k, max_blocks, num_keys)
+    prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget, replica, keys)
     prepared.warnings.extend(cost_model.range_warnings(**reach))
     return prepared
 
@@ -232,10 +238,7 @@ def _fit(profile: Profile) -> CostModel:
 
 def scheduler_for(run: PreparedRun):
     """A fresh scheduler for one replica of ``run`` (the simulator's and the real replay's alike)."""
-    e = run.config.engine
-    return make_scheduler(e.batching, e.max_batch_size, run.kv_budget_tokens, e.prefill, e.scheduler,
-                          max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
-                          chunked_prefill=e.chunked_prefill)
+    return run.replica.scheduler()
 
 
 def kv_capacity_at(config: RunConfig, profile: Profile) -> int:
@@ -264,11 +267,10 @@ def check_v1(config: RunConfig, requests: Requests, max_k: int) -> None:
     if e.batching != "continuous":
         raise config.error("engine.scheduler", "the vllm-v1 scheduler batches continuously; "
                                                "give --batching continuous (or --scheduler v0)")
-    decodes = e.max_batch_size * (1 + max_k)
-    if e.max_num_batched_tokens < decodes:
+    if e.max_num_batched_tokens < e.max_batch_size:  # vLLM's own check: every running request gets a token a step
         raise config.error("engine.max_num_batched_tokens",
-                           f"{e.max_num_batched_tokens} tokens cannot hold a full batch's decodes: max_num_seqs "
-                           f"{e.max_batch_size} x (1 + k {max_k}) = {decodes}; give at least that")
+                           f"{e.max_num_batched_tokens} tokens cannot give each of max_num_seqs {e.max_batch_size} "
+                           "running requests a token a step; give at least max_num_seqs (vLLM asks the same)")
     if not e.chunked_prefill:  # a prompt, or a preempted request's recompute, must fit one step whole
         longest = int((requests.prompt_tokens + requests.output_tokens - 1).max())
         if longest > e.max_num_batched_tokens:
@@ -349,18 +351,17 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         if sent_s is not None:  # latencies run from when the client sent each request, as vLLM measures them
             requests = replace(requests, arrival_s=sent_s)
     else:
-        parts = [ReplicaParts(scheduler_for(run),
-                              wrap(run.policy if index == 0 else _fresh_policy(run)),
+        parts = [ReplicaParts(wrap(run.policy if index == 0 else _fresh_policy(run)),
                               make_sampler(config, run.alphas, rng, run.table.k_max))
                  for index, rng in enumerate(replica_streams(config, count))]
         policies = [part.policy for part in parts]
         samplers = [p.sampler for p in parts]
         engine_started = time.perf_counter()
-        cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
-                              output_tokens=requests.output_tokens, acceptance_scale=scale, max_k=run.policy.max_k,
-                              table=run.table, parts=parts, router=config.cluster.router,
-                              jit=config.engine.jit,
-                              max_concurrency=config.workload.max_concurrency)
+        cluster = run_cluster(arrival_s=requests.arrival_s,
+                              inputs=run.replica.inputs(requests.prompt_tokens, requests.output_tokens,
+                                                        run.prefix_keys),
+                              acceptance_scale=scale, replica=run.replica, parts=parts,
+                              router=config.cluster.router, max_concurrency=config.workload.max_concurrency)
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged
         if cluster.sent_s is not None:
@@ -373,7 +374,7 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     per_request = None if detail == "none" else per_request_spec_decode(
         per_request_steps(samplers, len(requests)), run.policy.max_k, detail == "detailed")
     if records.preemptions is not None:  # vllm-v1 (a v0 summary stays as it was)
-        summary.update(scheduler_stats(records))
+        summary.update(scheduler_stats(records, prefix_caching=config.engine.enable_prefix_caching))
     table = request_columns(requests, run.alphas, records)
     steps = dict(records.steps)
     breakdown = None
@@ -395,14 +396,11 @@ def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, b
     the writing need their memory (about 100 bytes a request)."""
     config, requests = run.config, run.requests
     limit = config.workload.max_concurrency
-    scheduler = scheduler_for(run)
-    queue = arrival_queue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, scale,
-                          run.policy.max_k, limit)
-    if hasattr(backend, "watch"):  # a playback releases the queue at the instants it recorded
+    queue = arrival_queue(requests.arrival_s, run.replica.inputs(requests.prompt_tokens, requests.output_tokens,
+                                                                 run.prefix_keys), scale, limit)
+    if backend is not None:  # e.g. a playback, which releases the queue at the instants it recorded
         backend.watch(queue)
-    loop = ServingLoop(queue, scheduler=scheduler, policy=policy, k_max=run.table.k_max,
-                       backend=backend or PricedBackend(run.table, sampler, scheduler.prefill))
-    loop.decode_runs = decode_runs_for(loop, run.table, sampler, config.engine.jit, len(requests))
+    loop = run.replica.loop(queue, policy, sampler, backend)
     started = time.perf_counter()
     simulate_replica(loop)
     engine_wall = time.perf_counter() - started
@@ -450,6 +448,7 @@ def request_columns(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords)
         "drafted_tokens": rec.drafted_tokens,
         "accepted_tokens": rec.accepted_tokens,
         **({"num_preemptions": rec.preemptions} if rec.preemptions is not None else {}),
+        **({"num_cached_tokens": rec.cached_tokens} if rec.cached_tokens is not None else {}),
         **({"label": requests.label} if requests.label is not None else {}),
     }
 

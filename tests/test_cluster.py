@@ -235,14 +235,15 @@ def test_cli_cluster_run_reports_replicas(capsys, tmp_path, synthetic_profile):
     assert (tmp_path / "again" / "requests.csv").read_bytes() == (out / "requests.csv").read_bytes()
 
 
-@pytest.mark.parametrize("scheduler,jit", [("continuous", "off"), ("continuous", "on"), ("vllm-v1", "off")])
+@pytest.mark.parametrize("scheduler,jit", [("continuous", "off"), ("continuous", "on"), ("vllm-v1", "off"),
+                                           ("vllm-v1", "on")])
 def test_queues_that_grow_change_nothing(run_config, monkeypatch, scheduler, jit):
     """A routed queue and its loop's per-request arrays start small and double as requests come:
     from two entries, a one-replica cluster still reproduces the arrival-array replica to the bit."""
-    from sim.serving import compiled
+    from sim.jit import numba_available
     from sim.serving.queues import RoutedQueue
 
-    if jit == "on" and not compiled.numba_available():
+    if jit == "on" and not numba_available():
         pytest.skip("numba is not installed")
     overrides = dict(**SMALL, workload__rate=6.0, engine__max_batch_size=8, engine__jit=jit)
     if scheduler == "vllm-v1":  # preemptions: the v1 loop's own per-request arrays grow too

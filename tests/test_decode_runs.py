@@ -1,4 +1,9 @@
-"""Compiled decode runs (sim.serving.compiled) give the step-by-step loop's results to the bit."""
+"""Compiled runs (sim.serving.compiled) give the step-by-step loop's results to the bit.
+
+``engine.jit = off`` interprets every rule step by step in Python; ``on`` runs the same rules
+compiled, in compiled runs wherever they apply. The two must agree on every record, under both
+schedulers (vllm-v1 with preemption and prefix caching included).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.jit import numba_available
 from sim.serving import compiled
 from sim.simulate import execute, prepare
 from tests.synthetic import make_profile
 
-pytestmark = pytest.mark.skipif(not compiled.numba_available(), reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +69,48 @@ ACCEPTANCE = [{}, {"acceptance__distribution": "beta", "acceptance__concentratio
        kv=st.sampled_from([None, 600, 3000]), seed=st.integers(0, 3))
 def test_decode_runs_change_nothing(run_config, policy, acceptance, batching, replicas, router, rate, max_batch, kv,
                                     seed):
-    """Every record, the summary and the speculation counters, whatever the policy, acceptance model,
-    batching, cluster, load and KV pressure (requests waiting while rows finish)."""
+    """v0: every record, the summary and the speculation counters, whatever the policy, acceptance
+    model, batching, cluster, load and KV pressure (requests waiting while rows finish)."""
     overrides = dict(workload__num_requests=60, workload__rate=rate, engine__batching=batching,
                      engine__max_batch_size=max_batch, cluster__replicas=replicas, cluster__router=router,
                      workload__output_tokens="uniform:1:60", workload__prompt_tokens="uniform:8:200", seed=seed,
                      **policy, **acceptance)
     if kv is not None:
         overrides["engine__kv_cache_tokens"] = kv
+    off, on = _both(run_config, **overrides)
+    assert_identical(off, on)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(policy=st.sampled_from(POLICIES), acceptance=st.sampled_from(ACCEPTANCE), replicas=st.sampled_from([1, 1, 2]),
+       rate=st.sampled_from([0.5, 3.0, 30.0, float("inf")]), max_batch=st.integers(1, 8),
+       kv=st.sampled_from([None, 480, 1600]), budget=st.sampled_from([8, 64, 512]),
+       block=st.sampled_from([1, 16]), prompts=st.sampled_from([None, 3, 40]), caching=st.booleans(),
+       chunked=st.booleans(), seed=st.integers(0, 3))
+def test_v1_runs_change_nothing(run_config, tmp_path_factory, policy, acceptance, replicas, rate, max_batch, kv,
+                                budget, block, prompts, caching, chunked, seed):
+    """vllm-v1: the same, with budgets that cut speculation, preemption under KV pressure and prefix
+    caching over repeated prompts (a trace with prompt ids)."""
+    overrides = dict(workload__num_requests=60, workload__rate=rate, engine__scheduler="vllm-v1",
+                     engine__max_batch_size=max_batch, engine__max_num_batched_tokens=max(budget, max_batch),
+                     engine__block_size=block, engine__enable_prefix_caching=caching,
+                     engine__chunked_prefill=chunked, cluster__replicas=replicas,
+                     workload__output_tokens="uniform:1:60", workload__prompt_tokens="uniform:8:200", seed=seed,
+                     **policy, **acceptance)
+    if not chunked:
+        overrides["engine__max_num_batched_tokens"] = max(overrides["engine__max_num_batched_tokens"], 600)
+    if kv is not None:
+        overrides["engine__kv_cache_tokens"] = kv
+    if prompts is not None:  # the same prompts sent again, behind a shared system prompt
+        trace = tmp_path_factory.mktemp("trace") / "prompts.csv"
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, prompts, 60)
+        lengths = 40 + 7 * ids
+        arrivals = np.cumsum(rng.exponential(1 / min(rate, 100.0), 60))
+        rows = ["arrival_s,prompt_tokens,output_tokens,prompt_id,prefix_id,prefix_tokens"]
+        rows += [f"{float(a)!r},{p},{o},{i},0,24" for a, p, o, i in zip(arrivals, lengths, rng.integers(1, 60, 60), ids)]
+        trace.write_text("\n".join(rows) + "\n")
+        overrides["workload__trace"] = str(trace)
     off, on = _both(run_config, **overrides)
     assert_identical(off, on)
 
@@ -89,6 +129,8 @@ def test_long_runs_refill_draws_and_record_room(run_config, monkeypatch):
     """Runs longer than a kernel call's room (records, gaps, the draw block) resume where they stopped."""
     monkeypatch.setattr(compiled, "RECORD_ROOM", 7)
     monkeypatch.setattr(compiled, "ITL_ROOM", 5)
+    from sim import acceptance
+    monkeypatch.setattr(acceptance, "DRAW_BLOCK", 37)
     off, on = _both(run_config, workload__num_requests=400, workload__rate=2.0, engine__max_batch_size=16,
                     workload__output_tokens="uniform:50:400", policy__name="fixed", policy__k=4)
     assert_identical(off, on)
@@ -103,9 +145,8 @@ def test_goodput_learns_in_the_kernel_as_it_does_in_python(run_config, lagging_p
     original = ServingLoop.records
 
     def keep_state(self):
-        p = self.policy
-        states.append((p._accepted_avg, p._tested_avg, p._alpha, p._rates.tolist(), list(p._expected),
-                       p._position_accepted.tolist(), p._position_tested.tolist()))
+        scalars, rows = self.policy.state_arrays()
+        states.append((scalars.tolist(), rows.tolist()))
         return original(self)
 
     for profile in (None, str(lagging_profile)):
@@ -140,30 +181,28 @@ def test_only_static_k_policies_that_learn_nothing_run_compiled(run_config):
 
 
 def test_what_does_not_run_compiled(run_config, monkeypatch):
-    """A timeline's reasons, per-request speculation metrics, a concurrency limit, the vllm-v1 scheduler,
-    a learning policy other than goodput or goodput per request: step by step (a compiled run would raise
-    here)."""
+    """A timeline's reasons, per-request speculation metrics, a concurrency limit, a learning policy
+    other than goodput or goodput per request: step by step (a compiled run would raise here)."""
     def refuse(self, now, stop_at):
         raise AssertionError("a compiled decode run")
 
     base = dict(workload__num_requests=30, workload__rate=5.0, engine__jit="on", policy__name="fixed", policy__k=2)
     execute(prepare(run_config(**base, engine__max_batch_size=4)))  # it does run compiled ...
-    monkeypatch.setattr(compiled.DecodeRuns, "run", refuse)
-    for runs in ({}, {"policy__name": "goodput", "policy__k": None}):
+    monkeypatch.setattr(compiled.CompiledRuns, "run", refuse)
+    for runs in ({}, {"policy__name": "goodput", "policy__k": None}, {"engine__scheduler": "vllm-v1"}):
         with pytest.raises(AssertionError, match="compiled"):
             execute(prepare(run_config(**{**base, **runs})))
     for extra in ({"output__per_request_spec_decode_metrics": "summary"}, {"workload__max_concurrency": 4},
-                  {"engine__scheduler": "vllm-v1"}, {"policy__name": "adaptive", "policy__k": None},
+                  {"policy__name": "adaptive", "policy__k": None},
                   {"policy__name": "goodput", "policy__k": None, "policy__per_request": True},
                   {"output__timeline": "timeline.html"}):
         execute(prepare(run_config(**{**base, **extra})))  # ... and these do not
 
 
-def test_auto_uses_compiled_runs_only_for_large_runs():
-    assert not compiled.wanted("auto", compiled.AUTO_MIN_REQUESTS - 1)
-    assert compiled.wanted("auto", compiled.AUTO_MIN_REQUESTS)
-    assert not compiled.wanted("off", 10**7)
-    assert compiled.wanted("on", 1)
+def test_auto_compiles_when_numba_is_there():
+    from sim.jit import wants_compiled
+
+    assert wants_compiled("auto") and wants_compiled("on") and not wants_compiled("off")
 
 
 def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
@@ -173,8 +212,11 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
     from policies.base import BatchView
     from policies.goodput import Goodput
     from sim.costmodel import StepTable
-    from sim.serving._decode_kernel import _goodput_k
+    from sim.jit import compiled as compile_rule
+    from sim.serving.kernel import GOODPUT_K, _choose
+    from sim.serving.layout import C_TOTAL_CONTEXT, N_COUNTERS, ROW_INTS, ROW_LAG
 
+    choose = compile_rule(_choose)
     rng = np.random.default_rng(3)
     k_max, batches, columns, lags = 4, 5, 6, 4
     tied = np.broadcast_to((np.arange(k_max + 1) + 1.0)[None, :, None] * 2.0 ** -6, (batches, k_max + 1, columns))
@@ -186,17 +228,23 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
             "chunk_step": 1.0, "prefill_overhead": 0.0})
         policy = Goodput(alpha_init=0.999999, k_max=k_max) if decode is tied else Goodput(k_max=k_max)
         policy.bind(k_max, table)
+        scalars, rows = policy.state_arrays()
         if decode is tied:  # E[tokens](k) = k + 1, so tokens per second is the same for every k
-            policy._expected = [float(k + 1) for k in range(k_max + 1)]
-        state = compiled.GoodputState(policy)
+            rows[3] = np.arange(k_max + 1) + 1.0
         view = BatchView(k_max)
+        engine_rows, ctr = np.zeros((ROW_INTS, 8), dtype=np.int64), np.zeros(N_COUNTERS, dtype=np.int64)
         for _ in range(200):
             b, lag = int(rng.integers(1, batches)), int(rng.integers(1, lags + 2))
-            view.batch_size, view.mean_context_tokens = b, float(rng.uniform(0, 60))
-            view.lag_tokens = np.array([1, lag])
+            total = int(rng.integers(0, 60 * b))
+            view.batch_size, view.mean_context_tokens = b, total / b
+            engine_rows[ROW_LAG, :b] = 1
+            engine_rows[ROW_LAG, b - 1] = lag
+            view.lag_tokens = engine_rows[ROW_LAG, :b]
+            ctr[C_TOTAL_CONTEXT] = total
             expected = policy.choose_k(view)
-            got = _goodput_k(state.scalars, state.rows, table.decode.array, table.catch_up.array, b,
-                             view.mean_context_tokens / table.context_step, lag)
+            got = choose(b, b, engine_rows, ctr, GOODPUT_K, np.zeros(1, np.int64), scalars, rows, np.zeros(k_max + 1),
+                         True, k_max, table.decode.array, table.decode_lag2.array, table.catch_up.array,
+                         table.context_step, True)
             assert got == expected
             if decode is tied:
                 assert got == 0

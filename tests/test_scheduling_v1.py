@@ -22,11 +22,10 @@ from sim.config import load_config
 from sim.costmodel import CostModel
 from sim.errors import InputError
 from sim.profile import load_profile
-from sim.scheduler import ChunkedPrefillScheduler
+from sim.replica import ReplicaPlan
 from sim.serving.clock import simulate_replica
-from sim.serving.loop import ServingLoop
-from sim.serving.priced import PricedBackend
-from sim.serving.queues import ArrivalQueue
+from sim.serving.layout import C_FREE_BLOCKS, C_PREFILLING, C_REQUEUED, C_RUNNING
+from sim.serving.queues import arrival_queue
 from sim.serving.records import DECODE, MIXED, PREFILL
 from sim.simulate import simulate
 from tests.synthetic import make_profile
@@ -39,9 +38,31 @@ def cost_model(tmp_path_factory) -> CostModel:
                                                prompts=(1, 32, 128, 512, 1024))))
 
 
+class Served:
+    """A finished vllm-v1 replica: its records and what its scheduler holds at the end."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        rec = loop.records()
+        self.first_token_s, self.finish_s, self.scheduled_s = rec.first_token_s, rec.finish_s, rec.scheduled_s
+        self.preemptions, self.drafted, self.accepted = rec.preemptions, rec.drafted_tokens, rec.accepted_tokens
+        self.cached = rec.cached_tokens
+        ctr = loop.state.ctr
+        self.blocks_used = loop.scheduler.total_blocks - int(ctr[C_FREE_BLOCKS])
+        self.running, self.prefilling, self.requeued = int(ctr[C_RUNNING]), int(ctr[C_PREFILLING]), int(ctr[C_REQUEUED])
+
+    def records(self):
+        return self.loop.records()
+
+
 def serve(cost_model, prompts, outputs, *, arrivals=None, budget=160, block_size=16, kv_tokens=100_000,
-          max_seqs=8, k=0, alpha=0.7, chunked=True, seed=0):
-    """One replica under the vllm-v1 scheduler; returns the loop after the run."""
+          max_seqs=8, k=0, alpha=0.7, chunked=True, seed=0, jit="off", prompt_ids=None, caching=True):
+    """One replica under the vllm-v1 scheduler; returns it after the run."""
+    from types import SimpleNamespace
+
+    from sim.scheduler.kvcache import prefix_keys
+    from workloads import Requests
+
     prompts, outputs = np.asarray(prompts, np.int64), np.asarray(outputs, np.int64)
     n = prompts.shape[0]
     arrivals = np.zeros(n) if arrivals is None else np.asarray(arrivals, float)
@@ -50,11 +71,20 @@ def serve(cost_model, prompts, outputs, *, arrivals=None, budget=160, block_size
                                 with_draft=k > 0, chunk_tokens=budget)
     policy.bind(cost_model.k_max, table)
     scale = acceptance_scale(np.full(n, alpha))
-    scheduler = ChunkedPrefillScheduler(max_seqs, kv_tokens, budget, block_size, chunked)
-    loop = ServingLoop(ArrivalQueue(arrivals, prompts, outputs, scale, k), scheduler=scheduler, policy=policy,
-                       k_max=k, backend=PricedBackend(table, AcceptanceSampler(np.random.default_rng(seed))))
+    engine = SimpleNamespace(batching="continuous", max_batch_size=max_seqs, prefill="packed", scheduler="vllm-v1",
+                             max_num_batched_tokens=budget, block_size=block_size, chunked_prefill=chunked,
+                             enable_prefix_caching=caching, jit=jit)
+    requests = Requests(arrivals, prompts, outputs, prompt_id=prompt_ids)
+    keys, num_keys = prefix_keys(requests, block_size)
+    longest = int((prompts + outputs).max()) + 2 * k
+    plan = ReplicaPlan(table, engine, kv_tokens, k, longest // block_size + 2, num_keys)
+    queue = arrival_queue(arrivals, plan.inputs(prompts, outputs, keys), scale, None)
+    from sim.acceptance import RecordingSampler
+    sampler = RecordingSampler(AcceptanceSampler(np.random.default_rng(seed)), scale, False)
+    loop = plan.loop(queue, policy, sampler)
     simulate_replica(loop)
-    return loop
+    loop.state.kv.check(loop.state.ctr)
+    return Served(loop)
 
 
 def steps_of(loop):
@@ -102,7 +132,7 @@ def test_blocks_running_out_preempt_the_newest_and_recompute_it(cost_model):
     # 48 (19 tokens out each, after decode step 18): the next token needs a 4th block each, 8 > 6,
     # so B (the newest) is preempted and waits, its recompute of 30 + 19 tokens needing 4 blocks,
     # until A has finished; then B's recompute emits its 20th token and 20 decode steps follow.
-    loop = serve(cost_model, [30, 30], [40, 40], kv_tokens=96)
+    loop = serve(cost_model, [30, 30], [40, 40], kv_tokens=96, caching=False)
     s = steps_of(loop)
     assert loop.preemptions.tolist() == [0, 1]
     assert len(s["phase"]) == 1 + 39 + 1 + 20
@@ -118,6 +148,20 @@ def test_blocks_running_out_preempt_the_newest_and_recompute_it(cost_model):
     gap = end[40] - end[18]
     assert np.isclose(loop.records().itl_values, gap).sum() == 1
     assert loop.finish_s[1] == end[-1] and loop.finish_s[0] == end[39]
+
+
+def test_a_resumed_request_finds_what_is_left_of_its_own_blocks_in_the_cache(cost_model):
+    """The same two requests with prefix caching (vLLM's default). B's 3 full blocks (48 of its 49
+    known tokens) stay cached when it is preempted, freed last block first. A then takes 2 more
+    blocks from the head of the free queue as it grows to 70 tokens: B's blocks 2 and 1. B's
+    recompute finds block 0 (16 tokens) and prefills the other 33."""
+    loop = serve(cost_model, [30, 30], [40, 40], kv_tokens=96)
+    s = steps_of(loop)
+    assert loop.preemptions.tolist() == [0, 1]
+    assert s["prefill_tokens"][40] == 33 and int(s["prefill_tokens"].sum()) == 30 + 30 + 33
+    stats = loop.records().scheduler
+    assert stats["resumed_prefix_cache_queries"] == 49 and stats["resumed_prefix_cache_hits"] == 16
+    assert stats["prefix_cache_hits"] == 0 and loop.cached.tolist() == [0, 0]  # different prompts: no first hit
 
 
 def test_without_chunked_prefill_a_prompt_waits_until_it_fits_whole(cost_model):
@@ -146,10 +190,10 @@ def test_queueing_invariants(cost_model, reqs, block_size, budget, k, spare_bloc
     prompts = np.array([r[0] for r in reqs])
     outputs = np.array([r[1] for r in reqs])
     arrivals = np.array([r[2] for r in reqs])
-    budget = max(budget, max_seqs * (1 + k))  # what the config check asks
+    budget = max(budget, max_seqs)  # what the config check asks (as vLLM: a token a step for every running request)
     if not chunked:
         budget = max(budget, int((prompts + outputs - 1).max()))
-    one = max(math.ceil((p + o + k) / block_size) for p, o in zip(prompts, outputs))
+    one = max(math.ceil((p + o + 2 * k) / block_size) for p, o in zip(prompts, outputs))  # and the lookahead
     kv_tokens = (one + spare_blocks) * block_size
     loop = serve(cost_model, prompts, outputs, arrivals=arrivals, budget=budget, block_size=block_size,
                  kv_tokens=kv_tokens, max_seqs=max_seqs, k=k, chunked=chunked, seed=seed)
@@ -160,7 +204,8 @@ def test_queueing_invariants(cost_model, reqs, block_size, budget, k, spare_bloc
     assert loop.blocks_used == 0 and loop.running == 0 and not loop.prefilling and not loop.requeued
     # blocks in use never exceed the cache; a step never exceeds its token budget
     assert int(s["kv_blocks"].max()) <= kv_tokens // block_size
-    assert (s["prefill_tokens"] + s["running"] * (1 + s["k"]) <= budget).all()
+    assert (s["prefill_tokens"] + s["batch_size"] + s["drafted_tokens"] <= budget).all()
+    assert (s["batch_size"] <= s["running"]).all()  # rows sit a step out when the budget is spent
     # prompt tokens are prefilled once, plus what preemption makes recomputed
     assert int(s["prefill_tokens"].sum()) >= int(prompts.sum())
     if not loop.preemptions.any():
@@ -322,22 +367,22 @@ def test_per_sequence_ks_cut_by_a_preemption_are_the_survivors(tmp_path, monkeyp
     assert (rows == 1).any() and (rows >= 2).any()
 
 
-@pytest.mark.parametrize("close", [True, False])
-def test_a_closed_v1_loop_is_freed_without_the_garbage_collector(cost_model, close):
-    """The v1 mode binds its step methods on the loop (a reference cycle): close() breaks it, so
-    that a finished run's per-request arrays go when the loop is dropped, not at the next full GC."""
+@pytest.mark.parametrize("jit", ["off", "on"])
+def test_a_closed_v1_loop_is_freed_without_the_garbage_collector(cost_model, jit):
+    """Compiled runs point back at their loop (a reference cycle): close() breaks it, so that a
+    finished run's per-request arrays go when the loop is dropped, not at the next full GC."""
     import gc
     import weakref
 
     enabled = gc.isenabled()
     gc.disable()
     try:
-        loop = serve(cost_model, [40] * 6, [5] * 6, k=2)
-        if close:
-            loop.close()
+        loop = serve(cost_model, [40] * 6, [5] * 6, k=2, jit=jit).loop
+        assert (loop.compiled_runs is not None) == (jit == "on")
+        loop.close()
         gone = weakref.ref(loop)
         del loop
-        assert (gone() is None) == close
+        assert gone() is None
     finally:
         gc.collect()
         if enabled:

@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from sim.acceptance import acceptance_scale
 from sim.serving.clock import exact_delay, serve_wall_clock, simulate_replica
+from sim.serving.layout import ROW_LAG
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
-from sim.serving.queues import ArrivalQueue
+from sim.serving.queues import arrival_queue
 from sim.serving.records import STEP_FIELDS
-from sim.simulate import make_sampler, prepare, scheduler_for
+from sim.simulate import make_sampler, prepare
 
 CLOCK = Path(__file__).resolve().parent.parent / "sim" / "serving" / "clock.py"
 
@@ -103,6 +104,12 @@ class VirtualWallClock:
         self.t = self.t + dt
         return None, accepted
 
+    def chunks(self, decode_tokens, chunk_tokens):
+        raise AssertionError("a v0 run has no chunks")
+
+    def watch(self, queue):
+        pass
+
     def commit(self):
         pass
 
@@ -112,10 +119,11 @@ class VirtualWallClock:
 
 def _loop(run, backend_of) -> ServingLoop:
     r = run.requests
-    queue = ArrivalQueue(r.arrival_s, r.prompt_tokens, r.output_tokens, acceptance_scale(run.alphas), run.policy.max_k)
-    scheduler = scheduler_for(run)
-    backend = backend_of(PricedBackend(run.table, make_sampler(run.config, run.alphas), scheduler.prefill))
-    return ServingLoop(queue, scheduler=scheduler, policy=run.policy, backend=backend, k_max=run.table.k_max)
+    queue = arrival_queue(r.arrival_s, run.replica.inputs(r.prompt_tokens, r.output_tokens, None),
+                          acceptance_scale(run.alphas), None)
+    sampler = make_sampler(run.config, run.alphas)
+    return run.replica.loop(queue, run.policy, sampler,
+                            backend_of(PricedBackend(run.table, sampler, run.config.engine.prefill)))
 
 
 @pytest.mark.parametrize("batching,policy", [("continuous", "goodput"), ("static", "fixed"), ("continuous", "none")])
@@ -145,10 +153,10 @@ def test_draft_lag_counts_unseen_tokens(run_config):
                              workload__output_tokens=50))
     loop = _loop(run, lambda priced: priced)
     loop.queue.release(0.0)
-    assert loop.schedule() == 1
-    loop.finish_prefill(1, 0.0, loop.start_prefill(1, 0.0))
-    assert loop.row_lag[0] == 1
-    loop.start_decode(1.0)
-    kept = int(loop._step_accepted[0])
-    loop.finish_decode(1.0, 2.0)
-    assert loop.row_lag[0] == (2 if kept == 2 else 1)
+    assert loop.has_work()
+    loop.finish_step(0.0, loop.start_step(0.0))  # the prefill
+    assert loop.state.rows[ROW_LAG, 0] == 1
+    loop.start_step(1.0)
+    kept = int(loop.state.accepted[0])
+    loop.finish_step(1.0, 2.0)
+    assert loop.state.rows[ROW_LAG, 0] == (2 if kept == 2 else 1)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from sim.commands.fidelity import equivalence_test, noise_floor, pooled_summary, step_cost_summary
 from sim.serving.priced import PricedBackend
+from sim.serving.queues import arrival_queue
 from sim.serving.recorded import LogicDivergence, RecordedBackend, RecordedSteps
 from sim.serving.records import DECODE, PREFILL
 from sim.simulate import execute, make_sampler, prepare, scheduler_for
@@ -209,9 +210,9 @@ def test_a_replay_that_overslept_past_the_next_arrival_is_reproduced(run_config)
 
     backend = Timed(run)
     requests = run.requests
-    queue = ArrivalQueue(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
-                         acceptance_values(run.config, run.alphas), run.policy.max_k)
-    loop = ServingLoop(queue, scheduler=scheduler_for(run), policy=run.policy, backend=backend, k_max=run.table.k_max)
+    queue = arrival_queue(requests.arrival_s, run.replica.inputs(requests.prompt_tokens, requests.output_tokens, None),
+                          acceptance_values(run.config, run.alphas), None)
+    loop = run.replica.loop(queue, run.policy, backend.sampler, backend)
     serve_wall_clock(loop, clock, oversleep)
     steps = RecordedSteps.from_replay(pd.DataFrame(loop.records().steps), np.array(readings), backend.accepted)
     woke_to_several = steps.idle_before & (steps.phase == PREFILL) & (steps.batch > 1)

@@ -16,6 +16,11 @@ class Requests:
     output_tokens: np.ndarray
     alpha: np.ndarray | None = None  # per-request acceptance in (0, 1); NaN where not given
     label: np.ndarray | None = None  # per-request dataset name (object array of str)
+    # Prefix caching (sim/scheduler/kvcache.py): requests with the same prompt_id send the same prompt;
+    # requests with the same prefix_id share their first prefix_tokens tokens (a system prompt). -1: none.
+    prompt_id: np.ndarray | None = None
+    prefix_id: np.ndarray | None = None
+    prefix_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         arrival = np.ascontiguousarray(self.arrival_s, dtype=np.float64)
@@ -38,6 +43,19 @@ class Requests:
             if np.any((given <= 0) | (given >= 1)):
                 raise ValueError("per-request alpha must be inside (0, 1) (NaN: not given)")
             object.__setattr__(self, "alpha", alpha)
+        for name in ("prompt_id", "prefix_id", "prefix_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                value = np.ascontiguousarray(value, dtype=np.int64)
+                if value.shape != arrival.shape:
+                    raise ValueError(f"{name} must have one value per request")
+                object.__setattr__(self, name, value)
+        if (self.prefix_id is None) != (self.prefix_tokens is None):
+            raise ValueError("prefix_id and prefix_tokens come together")
+        if self.prefix_id is not None:
+            shared = self.prefix_id >= 0
+            if np.any(self.prefix_tokens[shared] < 0) or np.any(self.prefix_tokens[shared] > prompt[shared]):
+                raise ValueError("a shared prefix (prefix_tokens) must be within its request's prompt")
         if self.label is not None:
             label = np.asarray(self.label, dtype=object)
             if label.shape != arrival.shape:

@@ -1,8 +1,10 @@
 """Replay of a request trace: a CSV with arrival_s, prompt_tokens, output_tokens.
 
 Optional columns: ``alpha``, the request's acceptance probability in (0, 1) (blank: not
-given, the configured acceptance applies), and ``label``, a dataset name. Other extra
-columns are ignored. Rows may come in any order; they are sorted by arrival
+given, the configured acceptance applies); ``label``, a dataset name; for prefix caching,
+``prompt_id`` (requests with the same id send the same prompt) and ``prefix_id`` with
+``prefix_tokens`` (requests with the same prefix id share their first prefix_tokens tokens, a
+system prompt); an id is any text, blank for none. Other extra columns are ignored. Rows may come in any order; they are sorted by arrival
 (stably, so ties keep file order). Every bad line is reported with its line number.
 
 The file is read as UTF-8 and numbers are written in ASCII (Python would read other
@@ -24,7 +26,8 @@ from workloads.limits import MAX_TIME_S, MAX_TOKENS
 from workloads.requests import Requests
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
-OPTIONAL_COLUMNS = ("alpha", "label")
+OPTIONAL_COLUMNS = ("alpha", "label", "prompt_id", "prefix_id", "prefix_tokens")
+ID_COLUMNS = ("prompt_id", "prefix_id")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _WHOLE = re.compile(r"\+?[0-9]+")
 
@@ -67,6 +70,8 @@ def _read(path: Path) -> Requests:
             raise TraceError(f"missing column(s) {', '.join(missing)}", path, 1, missing[0])
         index = {c: header.index(c) for c in TRACE_COLUMNS + OPTIONAL_COLUMNS if c in header}
         arrival, prompt, output, alpha, label = [], [], [], [], []
+        ids: dict[str, list] = {c: [] for c in ID_COLUMNS}
+        prefix_tokens: list[int] = []
         for row in reader:
             line = reader.line_num
             if not row or all(not cell.strip() for cell in row):
@@ -80,12 +85,53 @@ def _read(path: Path) -> Requests:
                 alpha.append(_alpha(row[index["alpha"]], path, line))
             if "label" in index:
                 label.append(row[index["label"]].strip())
+            for column in ID_COLUMNS:
+                if column in index:
+                    ids[column].append(row[index[column]].strip())
+            if "prefix_tokens" in index or "prefix_id" in index:
+                prefix_tokens.append(_prefix(row, index, prompt[-1], path, line))
     if not arrival:
         raise TraceError("trace has no requests", path, 2)
     order = np.argsort(np.asarray(arrival), kind="stable")
+    prefixed = "prefix_id" in index or "prefix_tokens" in index
     return Requests(np.asarray(arrival)[order], np.asarray(prompt)[order], np.asarray(output)[order],
                     alpha=np.asarray(alpha, dtype=float)[order] if "alpha" in index else None,
-                    label=np.asarray(label, dtype=object)[order] if "label" in index else None)
+                    label=np.asarray(label, dtype=object)[order] if "label" in index else None,
+                    prompt_id=id_numbers(ids["prompt_id"])[order] if "prompt_id" in index else None,
+                    prefix_id=id_numbers(ids["prefix_id"] or [""] * len(arrival))[order] if prefixed else None,
+                    prefix_tokens=np.asarray(prefix_tokens, dtype=np.int64)[order] if prefixed else None)
+
+
+def id_numbers(ids) -> np.ndarray:
+    """Ids (any text; blank: none) as numbers, 0, 1, ... in order of first appearance; -1 for none."""
+    values = np.asarray(ids, dtype=object).astype(str)
+    given = values != ""
+    _, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")  # by first appearance
+    numbers = rank[inverse]
+    if not given.all():  # the blank id takes a rank of its own: renumber the given ones from 0
+        blank_rank = numbers[~given][0]
+        numbers = np.where(numbers > blank_rank, numbers - 1, numbers)
+    return np.where(given, numbers, -1).astype(np.int64)
+
+
+def _prefix(row, index, prompt: int, path: Path, line: int) -> int:
+    """A row's prefix_tokens: given with a prefix_id, within the prompt; 0 where there is none."""
+    has_id = "prefix_id" in index and row[index["prefix_id"]].strip() != ""
+    text = row[index["prefix_tokens"]].strip() if "prefix_tokens" in index else ""
+    if not has_id:
+        if text:
+            raise TraceError("prefix_tokens without a prefix_id: name the shared prefix", path, line, "prefix_id")
+        return 0
+    if not text:
+        raise TraceError("a prefix_id needs its prefix_tokens (how many leading tokens are shared)", path, line,
+                         "prefix_tokens")
+    if not _WHOLE.fullmatch(text):
+        raise TraceError(f"'{text}' is not a whole number of tokens", path, line, "prefix_tokens")
+    value = int(text)
+    if value > prompt:
+        raise TraceError(f"'{text}' is more than the request's {prompt} prompt tokens", path, line, "prefix_tokens")
+    return value
 
 
 def read_trace_columns(path: Path) -> Requests | None:
@@ -112,6 +158,8 @@ def read_trace_columns(path: Path) -> Requests | None:
     wanted = [c for c in TRACE_COLUMNS + OPTIONAL_COLUMNS if c in header]
     if any(c not in header for c in TRACE_COLUMNS) or len(set(header)) != len(header) or not _is_utf8(path):
         return None
+    prefix_columns = [c for c in ("prompt_id", "prefix_id", "prefix_tokens") if c in wanted]
+    wanted = [c for c in wanted if c not in prefix_columns]
     options = pacsv.ConvertOptions(column_types={c: types[c] for c in wanted}, include_columns=wanted,
                                    null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False)
     try:
@@ -135,13 +183,47 @@ def read_trace_columns(path: Path) -> Requests | None:
             return None
     if "label" in wanted:
         label = pc.utf8_trim_whitespace(table["label"]).to_numpy(zero_copy_only=False)
+    ids = _prefix_columns(path, prefix_columns, prompt) if prefix_columns else {}
+    if ids is None:
+        return None
     order = np.argsort(arrival, kind="stable")
     requests = Requests(arrival[order], prompt[order], output[order],
                         alpha=alpha[order] if alpha is not None else None,
-                        label=label[order] if label is not None else None)
+                        label=label[order] if label is not None else None,
+                        **{name: values[order] for name, values in ids.items()})
     del table, arrival, prompt, output
     pa.default_memory_pool().release_unused()  # hand the parser's buffers back: the run needs the memory
     return requests
+
+
+def _prefix_columns(path: Path, columns: list[str], prompt: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The prefix-caching columns read as text by pyarrow and checked; None where any cell is not
+    plainly valid (the line reader then names the line)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    options = pacsv.ConvertOptions(column_types={c: pa.string() for c in columns}, include_columns=columns,
+                                   null_values=[], strings_can_be_null=False)
+    try:
+        table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(use_threads=False), convert_options=options)
+    except (pa.ArrowInvalid, OSError):
+        return None
+    text = {c: np.char.strip(table[c].to_numpy(zero_copy_only=False).astype(str)) for c in columns}
+    out = {}
+    if "prompt_id" in text:
+        out["prompt_id"] = id_numbers(text["prompt_id"])
+    if "prefix_id" in text or "prefix_tokens" in text:
+        has_id = text["prefix_id"] != "" if "prefix_id" in text else np.zeros(prompt.shape, bool)
+        tokens = text.get("prefix_tokens", np.full(prompt.shape, "", dtype=object).astype(str))
+        if not all(t.isdigit() and t.isascii() for t in tokens[has_id]) or (tokens[~has_id] != "").any():
+            return None
+        count = np.zeros(prompt.shape, dtype=np.int64)
+        count[has_id] = tokens[has_id].astype(np.int64)
+        if (count > prompt).any():
+            return None
+        out["prefix_id"] = id_numbers(text.get("prefix_id", np.full(prompt.shape, "", dtype=object).astype(str)))
+        out["prefix_tokens"] = count
+    return out
 
 
 def _is_utf8(path: Path, block: int = 1 << 20) -> bool:
@@ -165,7 +247,9 @@ def write_trace(path: str | os.PathLike[str], requests: Requests) -> None:
         columns = [requests.arrival_s.tolist(), requests.prompt_tokens.tolist(), requests.output_tokens.tolist()]
         columns += [getattr(requests, c).tolist() for c in extra]
         for a, p, o, *more in zip(*columns):
-            cells = {"alpha": lambda x: "" if math.isnan(x) else repr(x), "label": str}
+            cells = {"alpha": lambda x: "" if math.isnan(x) else repr(x), "label": str,
+                     "prompt_id": lambda x: "" if x < 0 else str(x), "prefix_id": lambda x: "" if x < 0 else str(x),
+                     "prefix_tokens": str}
             writer.writerow((repr(a), p, o, *(cells[c](x) for c, x in zip(extra, more))))
 
 

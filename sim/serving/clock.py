@@ -40,36 +40,28 @@ def _process(env: simpy.Environment, loop: ServingLoop, idle, settle: bool = Fal
     # is released (routed to, or read up to the clock) before a step is applied.
     while True:
         now = env.now
-        n = loop.schedule()
-        if n > 0:
-            yield timeout(loop.start_prefill(n, now))
-            before(env.now)
-            loop.finish_prefill(n, now, env.now)
-            if settle:
-                yield timeout(0)
-                release(env.now)
-        elif n == 0:
-            runs = loop.decode_runs
-            if runs is not None:  # a stretch of decode steps in compiled code (the last may be in flight)
-                end = runs.run(now, loop.queue.next_event_s())
-                delay = exact_delay(now, end)
-                if now + delay != end:  # no one delay lands on `end` exactly: two hops (delay_short_of)
-                    yield timeout(delay_short_of(now, end))
-                    delay = end - env.now
-                yield timeout(delay)
-                release(env.now)
-                runs.finish()
-                continue
-            yield timeout(loop.start_decode(now))
-            before(env.now)
-            loop.finish_decode(now, env.now)
-            if settle:
-                yield timeout(0)
-                release(env.now)
-        else:
+        if not loop.has_work():
             more = yield from idle(env, loop)
             if not more:
                 return
+            release(env.now)
+            continue
+        runs = loop.compiled_runs
+        if runs is not None:  # a stretch of steps in compiled code (the last may be in flight)
+            end = runs.run(now, math.inf if loop.queue.timed else loop.queue.next_event_s())
+            delay = exact_delay(now, end)
+            if now + delay != end:  # no one delay lands on `end` exactly: two hops (delay_short_of)
+                yield timeout(delay_short_of(now, end))
+                delay = end - env.now
+            yield timeout(delay)
+            release(env.now)
+            runs.finish()
+            continue
+        yield timeout(loop.start_step(now))
+        before(env.now)
+        loop.finish_step(now, env.now)
+        if settle:
+            yield timeout(0)
             release(env.now)
 
 
@@ -172,13 +164,9 @@ def serve_wall_clock(loop: ServingLoop, clock: Callable[[], float], sleep: Calla
     while True:
         now = clock()
         queue.release(now)
-        n = loop.schedule()
-        if n > 0:
-            loop.start_prefill(n, now)
-            loop.finish_prefill(n, now, clock())
-        elif n == 0:
-            loop.start_decode(now)
-            loop.finish_decode(now, clock())
+        if loop.has_work():
+            loop.start_step(now)
+            loop.finish_step(now, clock())
         else:
             at = queue.next_arrival_s()
             if at is None:

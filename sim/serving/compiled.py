@@ -1,76 +1,31 @@
-"""Decode runs: stretches of decode steps in compiled code, when nothing outside the replica can change them.
+"""Compiled runs: stretches of a replica's steps in one numba call, when nothing outside it needs each step.
 
-Between two arrivals a replica mostly just decodes: the same rows, a k that depends on
-the batch size alone (``fixed``, ``none``, a batch-size table) or ``goodput``'s argmax
-over the step table with its acceptance estimates learnt step by step, acceptance drawn
-from a stream, a price looked up. Stepping that through Python costs ~25 µs a step, most of
-it numpy's per-call overhead on arrays of a few dozen rows. :func:`decode_run` runs those
-steps in one numba-compiled call instead, applying each exactly as
-:meth:`ServingLoop._apply_decode <sim.serving.loop.ServingLoop>` and ``_retire`` do
-(same draws in the same order, same float operations), and returns to the clock:
+Stepping a replica through Python costs some microseconds a step in calls and checks, most
+of it spent on work no one outside the replica looks at: the same rules applied to the same
+arrays step after step. :class:`CompiledRuns` hands the loop's state to
+:func:`sim.serving.kernel.run_steps`, which applies those rules in a loop (one implementation:
+sim/jit.py), and returns to the clock only when something outside the replica must see its
+state (the next routing decision in a cluster), when its buffers need room, or when it is idle.
+A single replica releases its own arrivals, so it runs from its first arrival to its last
+finish in a few calls.
 
-* before a step that would end at or after the next arrival (the clock's next event:
-  a request the scheduler could see, or the router's next decision in a cluster), so
-  nothing outside the replica ever sees a state the step-by-step loop would not show;
-* after a step in which requests finished while others wait (the scheduler may admit);
-* when no row is left, or the draw buffer or the record buffers need refilling.
-
-The clock then waits the whole run out in one timeout. Results are byte-identical to
-the step-by-step loop (``tests/test_decode_runs.py`` compares every record); what a run
-needs is checked by :func:`decode_runs_for`, which answers None (step by step) for
-anything else: any other policy that looks at more than the batch size or learns (or
-``goodput`` with ``per_request``, or a subclass of it), a timeline,
-the vllm-v1 scheduler, a client with a concurrency limit, the trace acceptance model or
-per-request speculation metrics, a real replay.
-
-Compiling costs a few seconds once (cached on disk by numba) and loading the cached
-code ~0.5 s per process, so ``engine.jit = "auto"`` uses it only for runs of at least
-:data:`AUTO_MIN_REQUESTS` requests; ``"on"`` always (when numba is installed), ``"off"``
-never.
+It runs where the kernel can make every decision the step-by-step loop would, identically
+(``tests/test_decode_runs.py`` compares every record): a policy whose k depends on the batch
+size alone (:meth:`~policies.base.Policy.k_by_batch_size`: fixed, none, lut) or ``goodput``
+itself (batch-level, pricing with the run's own step table); the shared-alpha, per-request
+alpha and per-position acceptance models, without per-request speculation metrics; the
+simulator's own step backend; a queue whose sends do not wait on finishes (not a client
+with a concurrency limit). Anything else runs step by step, with the same rules compiled.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from sim.serving.decode_state import (ACCEPTED_AVG, ALPHA, ARRIVAL, DRAW_POS, EXPECTED, GOODPUT_K, ITL_POS,
-                                      LAST_DECODE_END, MANY, MARGIN, N_GOODPUT_STATE, N_INT_STATE, NOW, PENDING_END,
-                                      POS_ACCEPTED, POS_RATES, POS_TESTED, POSITIONS, PRICES_CATCH_UP, PRIOR, REC_POS,
-                                      REFILL, SCALED, SHARED, SMOOTHING, STATIC_K, TESTED_AVG)
-
-JIT_MODES = ("auto", "on", "off")
-AUTO_MIN_REQUESTS = 20_000  # measured (docs/performance.md): below this, loading the code costs more than it saves
-
-RECORD_ROOM = 4096  # step records one kernel call may write before it returns for more room
-ITL_ROOM = 8192  # ... and inter-token gaps (plus one per running row)
-
-_KERNEL = None
-
-
-def kernel():
-    """The compiled :func:`decode_run` (numba imported and the code loaded on first use)."""
-    global _KERNEL
-    if _KERNEL is None:
-        from sim.serving._decode_kernel import decode_run
-        _KERNEL = decode_run
-    return _KERNEL
-
-
-def numba_available() -> bool:
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def wanted(mode: str, num_requests: int) -> bool:
-    """Whether a run of ``num_requests`` under ``engine.jit = mode`` should use decode runs."""
-    if mode == "off" or (mode == "auto" and num_requests < AUTO_MIN_REQUESTS):
-        return False
-    return numba_available()
+from sim.jit import compiled
+from sim.serving import kernel
+from sim.serving.layout import ARRIVAL, C_DRAW_POS, C_STEPS, IDLE, MANY, NOW, PENDING_END, REFILL
+from sim.serving.records import ITL_ROOM, RECORD_ROOM
 
 
 def static_k_table(policy, max_batch: int, k_max: int) -> np.ndarray | None:
@@ -97,146 +52,103 @@ def compiled_goodput(policy, table) -> bool:
     (``per_request`` answers per sequence), pricing with this very step table."""
     from policies.goodput import Goodput
 
-    return (type(policy) is Goodput and not policy.per_request and policy._step_time == table.step_time
-            and policy._catch_up in (None, table.catch_up_time))
+    return (type(policy) is Goodput and not policy.per_request and policy.step_time == table.step_time
+            and policy.catch_up_time in (None, table.catch_up_time))
 
 
-class GoodputState:
-    """Goodput's learnt state as the kernel reads and updates it, and back (:meth:`store`)."""
-
-    def __init__(self, policy) -> None:
-        self.policy = policy
-        self.scalars = np.zeros(N_GOODPUT_STATE)
-        self.rows = np.zeros((4, policy.k_max + 1))
-        self.kept = np.zeros(policy.k_max + 2, dtype=np.int64)  # the kernel's per-step tally
-        self.load()
-
-    def load(self) -> None:
-        p, g, rows = self.policy, self.scalars, self.rows
-        g[ACCEPTED_AVG], g[TESTED_AVG], g[ALPHA] = p._accepted_avg, p._tested_avg, p._alpha
-        g[SMOOTHING], g[PRIOR], g[MARGIN] = p.smoothing, p._prior, p._margin
-        g[PRICES_CATCH_UP] = p._catch_up is not None
-        k_max = p.k_max
-        rows[POS_ACCEPTED, :k_max], rows[POS_TESTED, :k_max] = p._position_accepted, p._position_tested
-        rows[POS_RATES, :k_max] = p._rates
-        rows[EXPECTED] = p._expected
-
-    def store(self) -> None:
-        p, g, rows = self.policy, self.scalars, self.rows
-        p._accepted_avg, p._tested_avg, p._alpha = float(g[ACCEPTED_AVG]), float(g[TESTED_AVG]), float(g[ALPHA])
-        k_max = p.k_max
-        p._position_accepted[:], p._position_tested[:] = rows[POS_ACCEPTED, :k_max], rows[POS_TESTED, :k_max]
-        p._rates = rows[POS_RATES, :k_max].copy()
-        p._expected = rows[EXPECTED].tolist()
-
-
-class DecodeRuns:
-    """One loop's compiled decode runs: what the kernel needs besides the loop's own arrays."""
+class CompiledRuns:
+    """One loop's compiled runs: the kernel's arguments besides the loop's own state."""
 
     def __init__(self, loop, table, sampler, k_by_batch: np.ndarray | None) -> None:
         self.loop = loop
-        self.sampler = sampler  # the RecordingSampler: its inner sampler's buffer is read in place
-        self.inner = sampler.inner
-        from sim.acceptance import AcceptanceSampler, PositionSampler, SharedAlphaSampler
-
-        self.kind = {SharedAlphaSampler: SHARED, AcceptanceSampler: SCALED, PositionSampler: POSITIONS}[type(self.inner)]
+        self.sampler = sampler  # the RecordingSampler: its source's draw buffer is read in place
+        self.source = sampler.inner
+        k_max = table.k_max
         if k_by_batch is None:  # goodput: the kernel makes the policy's choices and does its learning
-            self.goodput = GoodputState(loop.policy)
-            self.policy_kind, self.k_by_batch = GOODPUT_K, np.zeros(1, dtype=np.int64)
-            self._goodput_args = (self.goodput.scalars, self.goodput.rows, self.goodput.kept)
+            self.policy_kind = kernel.GOODPUT_K
+            self.k_by_batch = np.zeros(1, dtype=np.int64)
+            self.gp, self.gp_rows = loop.policy.state_arrays()
+            self.gp_catch_up = loop.policy.catch_up_time is not None
+            k_max = loop.policy.k_max
         else:  # k by the batch size
-            self.goodput = None
-            self.policy_kind, self.k_by_batch = STATIC_K, k_by_batch
-            self._goodput_args = (np.zeros(N_GOODPUT_STATE), np.zeros((4, 1)), np.zeros(2, dtype=np.int64))
-        self.decode, self.lag2, self.catch_up = table.decode.array, table.decode_lag2.array, table.catch_up.array
-        self.context_step = float(table.context_step)
-        self.neg_rates = getattr(self.inner, "_neg_rates", np.zeros(0))
+            self.policy_kind, self.k_by_batch = kernel.STATIC_K, k_by_batch
+            self.gp, self.gp_rows, self.gp_catch_up = np.zeros(6), np.zeros((4, 1)), False
+        self.k_max = k_max
+        self.gp_prices = np.zeros(k_max + 1)
+        self.gp_scratch = np.zeros((2, k_max + 2), dtype=np.int64)
+        self.tables = (table.decode.array, table.decode_lag2.array, table.catch_up.array, table.prefill.array,
+                       np.asarray(table.chunk if table.chunk is not None else [0.0, 0.0], dtype=np.float64),
+                       float(table.context_step), float(table.prompt_step), float(table.chunk_step),
+                       float(table.prefill_overhead))
         self.counts = np.zeros(table.k_max + 1, dtype=np.int64)  # accepted-count tally, folded into the sampler's
         sampler.add_tally(self.counts)
-        self.ints = np.zeros(N_INT_STATE, dtype=np.int64)
-        self.floats = np.zeros(3)
+        queue = loop.queue
+        self.arrivals = queue.arrival_times if queue.timed else np.zeros(0)
         self._pending = False
-        self._empty_i, self._empty_f = np.zeros(0, np.int64), np.zeros(0)
-        self.static = loop.scheduler.name == "static"
-        self._run = kernel()
+        self._no_ints, self._no_floats = np.zeros(0, np.int64), np.zeros(0)
+        self._run, self._finish = compiled(kernel.run_steps), compiled(kernel.finish_pending)
+
+    def _state(self):
+        loop = self.loop
+        st, queue = loop.state, loop.queue
+        return (loop.scheduler.paged, st.rows, st.rowf, queue.reqi, queue.scale, st.reci, st.recf, st.ctr, st.clk,
+                st.sched, st.kv.kv, st.kv.key_block, st.kv.slot_blocks)
 
     def run(self, now: float, stop_at: float) -> float:
-        """Decode from ``now`` until the kernel stops (module docstring). Returns the end of the last
-        step taken: applied, or still in flight when the next one would end at or after ``stop_at``
-        (then :meth:`finish`, called once the clock is there, applies it)."""
-        floats = self.floats
-        floats[NOW], floats[LAST_DECODE_END] = now, self.loop.last_decode_end
-        self._pending = self._steps(stop_at, MANY) == ARRIVAL
-        return float(floats[PENDING_END] if self._pending else floats[NOW])
+        """Step from ``now`` until the kernel stops (the module docstring). Returns the end of the last
+        step taken: applied, or still in flight when it would end at or after ``stop_at`` (then
+        :meth:`finish`, called once the clock is there, applies it)."""
+        loop, st = self.loop, self.loop.state
+        st.clk[NOW] = now
+        st.ctr[C_STEPS] = 0
+        cap = loop.scheduler.max_batch_size
+        itl_room = 2 * cap + 1
+        while True:
+            buffer, pos = self.source.reserve(cap)
+            st.ctr[C_DRAW_POS] = pos
+            st.buffers.room(RECORD_ROOM, ITL_ROOM + itl_room)
+            shared = buffer.dtype.kind == "i"
+            reason = self._run(*self._state(), st.kv.scratch, st.par, st.ks, st.accepted, self.arrivals,
+                               loop.queue.timed, *self.tables, self.source.kind,
+                               buffer if shared else self._no_ints, self._no_floats if shared else buffer,
+                               self.source.negative_rates, self.counts, loop.tracks_lag, self.policy_kind,
+                               self.k_by_batch, self.gp, self.gp_rows, self.gp_prices, self.gp_scratch,
+                               self.gp_catch_up, self.k_max, st.buffers.steps, st.buffers.itl_values,
+                               st.buffers.itl_weights, stop_at, MANY, itl_room)
+            self.source.advance(int(st.ctr[C_DRAW_POS]))
+            if reason != REFILL:
+                break
+        if reason == IDLE and loop.has_work():
+            raise RuntimeError("a waiting request can never be admitted (checked before the run)")
+        self._pending = reason == ARRIVAL
+        return float(st.clk[PENDING_END] if self._pending else st.clk[NOW])
 
     def finish(self) -> None:
-        """Apply the step left in flight by :meth:`run`, if any (its start and draws are as they were)."""
+        """Apply the step left in flight by :meth:`run`, if any (its plan and draws are as they were)."""
         if self._pending:
             self._pending = False
-            self._steps(math.inf, 1)
-
-    def _steps(self, stop_at: float, max_steps: int) -> int:
-        loop, inner, ints, floats = self.loop, self.inner, self.ints, self.floats
-        queue, steps, itl_values, itl_weights = loop.queue, loop.step_rows, loop.itl_values, loop.itl_weights
-        static = loop.scheduler.charged_batch_size(loop.running) if self.static else 0
-        waiting = max_steps > 1 and not self.static and queue.arrived > queue.head  # static admits only when empty
-        while True:
-            b = loop.running
-            if inner._pos + b > inner._buffer.shape[0]:
-                inner._take(b)  # refill exactly as the sampler would, then give the slice back
-                inner._pos -= b
-            rec_start, records = steps.open_rows(RECORD_ROOM)
-            itl_start, values = itl_values.open_rows(ITL_ROOM + b)
-            _, weights = itl_weights.open_rows(ITL_ROOM + b)
-            ints[:] = (b, loop.kv_used, loop.fresh, loop.total_remaining, loop.total_final_context,
-                       loop.decode_count, loop.k_sum, inner._pos, rec_start, rec_start + RECORD_ROOM,
-                       itl_start, itl_start + ITL_ROOM + b, 0)
-            draws = inner._buffer
-            reason = self._run(
-                loop._int_rows, loop._float_rows, ints, floats, self.k_by_batch, static,
-                self.decode, self.lag2, self.catch_up, self.context_step, self.kind,
-                draws if self.kind == SHARED else self._empty_i, self._empty_f if self.kind == SHARED else draws,
-                self.neg_rates, self.counts, loop._tracks_lag,
-                loop.finish_s, loop.decode_steps, loop.drafted, loop.accepted, queue.kv_reserve,
-                records, values["value"], weights["value"], stop_at, waiting, max_steps, self.policy_kind,
-                *self._goodput_args)
-            if self.goodput is not None:
-                self.goodput.store()
-            (loop.running, loop.kv_used, loop.fresh, loop.total_remaining, loop.total_final_context,
-             loop.decode_count, loop.k_sum, inner._pos) = ints[:DRAW_POS + 1].tolist()
-            written = int(ints[REC_POS]) - rec_start
-            steps.close_rows(written)
-            itl_values.close_rows(int(ints[ITL_POS]) - itl_start)
-            itl_weights.close_rows(int(ints[ITL_POS]) - itl_start)
-            if written:
-                loop.last_decode_end = float(floats[LAST_DECODE_END])
-            if reason != REFILL:
-                return reason
-            max_steps -= written
+            st = self.loop.state
+            st.buffers.room(1, 2 * self.loop.scheduler.max_batch_size + 1)
+            self._finish(*self._state(), st.par, st.accepted, st.buffers.steps, st.buffers.itl_values,
+                         st.buffers.itl_weights, self.loop.tracks_lag, self.policy_kind, self.gp, self.gp_rows,
+                         self.gp_scratch, self.k_max)
 
 
-def decode_runs_for(loop, table, sampler, mode: str, num_requests: int) -> DecodeRuns | None:
-    """The loop's decode runs, or None where they do not apply (module docstring) or are not wanted."""
+def compiled_runs_for(loop, table, sampler, jit: bool) -> CompiledRuns | None:
+    """The loop's compiled runs, or None where they do not apply (module docstring) or are not wanted."""
     from sim.acceptance import AcceptanceSampler, PositionSampler, RecordingSampler, SharedAlphaSampler
     from sim.serving.priced import PricedBackend
 
-    if mode == "on" and not numba_available():
-        from sim.errors import InputError
-        raise InputError("engine.jit = on needs numba (pip install numba), which is not installed",
-                         field="engine.jit")
-    if not wanted(mode, num_requests):
-        return None
-    if type(loop.backend) is not PricedBackend:
-        return None
-    if loop.scheduler.name not in ("continuous", "static") or loop._on_finish is not None:
+    if not jit or type(loop.backend) is not PricedBackend or not loop.queue.compilable:
         return None
     if not isinstance(sampler, RecordingSampler) or sampler.keyed:
         return None
     if type(sampler.inner) not in (SharedAlphaSampler, AcceptanceSampler, PositionSampler):
         return None
     if compiled_goodput(loop.policy, table):
-        return DecodeRuns(loop, table, sampler, None)
+        return CompiledRuns(loop, table, sampler, None)
     ks = static_k_table(loop.policy, loop.scheduler.max_batch_size, loop.k_max)
     if ks is None:
         return None
-    return DecodeRuns(loop, table, sampler, ks)
+    return CompiledRuns(loop, table, sampler, ks)
+

@@ -1,15 +1,11 @@
 """The simulator's step backend: a step costs what the step table says; acceptance is drawn.
 
-Nothing runs: a step's duration is looked up (pre-tabulated curves, O(1) per step) and
-the accepted draft tokens are drawn from the acceptance model, so the clock simply
-waits the duration out. A step is priced at the largest lag of its rows
-(:meth:`sim.costmodel.StepTable.decode_time_at_lag`).
-
-A ragged step is priced at its largest k: exactly ``decode_time(b, K, c)``, the price
-of a uniform step at K. The draft passes could in principle shrink to the sequences
-still drafting, but batched drafting keeps the batch's shape and a draft pass at small
-batch is weight-bound; padding also keeps a ragged step priced by the same table a
-policy predicts with.
+Nothing runs: a step's duration is looked up (pre-tabulated curves, O(1) per step;
+:mod:`sim.costmodel_rules`) and the accepted draft tokens are drawn from the acceptance
+model, so the clock simply waits the duration out. A decode step is priced at the largest
+draft lag of its rows (the draft's catch-up), a ragged one at its largest k: exactly the
+price of a uniform step at that k (batched drafting keeps the batch's shape, and padding
+keeps a ragged step priced by the same table a policy predicts with).
 """
 
 from __future__ import annotations
@@ -37,17 +33,20 @@ class PricedBackend:
         return self.table.prefill_time(n, mean_prompt)
 
     def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
-               lag: np.ndarray | None) -> tuple[float, np.ndarray | None]:
+               max_lag: int) -> tuple[float, np.ndarray | None]:
         charged, context = view.batch_size, view.mean_context_tokens
         if not k:
             return self.table.decode_time(charged, 0, context), None
-        dt = self.table.decode_time_at_lag(charged, k, context, np.maximum.reduce(lag) if lag is not None else 1)
+        dt = self.table.decode_time_at_lag(charged, k, context, max_lag)
         return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
 
     def chunks(self, decode_tokens: int, chunk_tokens: int) -> float:
         """What a vllm-v1 step's prefill chunks add to it (sim.costmodel's mixed-step formula):
-        ``decode_tokens`` = b (k + 1) of the step's decodes (0: a step of chunks alone)."""
+        ``decode_tokens`` = the step's decode tokens (0: a step of chunks alone)."""
         return self.table.chunk_time(decode_tokens, chunk_tokens)
+
+    def watch(self, queue) -> None:
+        """The queue is released as the clock moves (a playback releases it its own way)."""
 
     def commit(self) -> None:
         """Nothing to write: the step was only priced."""

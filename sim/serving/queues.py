@@ -1,15 +1,24 @@
 """A replica's waiting queue: the requests it was given, in the order it serves them.
 
-The loop reads a queue's per-position arrays and prefix sums directly (admitting a
-block of the queue head costs O(1) arithmetic), advances ``head`` as it admits, and
-calls :meth:`release` whenever its clock moves, so that ``arrived`` counts the
-requests it may see now. Two sources:
+Every queue holds the inputs of its requests by queue position (``reqi``: prompt and output
+tokens, the v0 reservation and the prefix-cache keys; ``scale``: what the acceptance sampler
+reads per request) and moves two of the replica's counters: ``C_ARRIVED`` (requests the replica
+may see now) on :meth:`release`, ``C_HEAD`` being the scheduler's (requests taken from it).
+The protocol the loop and the clock use, on every queue:
 
-* :class:`ArrivalQueue`: one replica, every request's arrival time known up front; a
-  request is there once the clock has passed its arrival.
-* :class:`RoutedQueue`: a replica of a cluster; a :class:`Dispatcher` pushes each
-  request at its arrival time (with a concurrency limit, at its send time), to the
-  replica its router picks.
+* ``release(now)``: count what has arrived by ``now``;
+* ``next_arrival_s()`` / ``next_event_s()``: when the replica next has something new to see;
+* ``finished(count, now)``: requests finished (a client with a concurrency limit sends more);
+* ``on_grow``: called with the new capacity when the queue's arrays grew (routed queues).
+
+Three sources:
+
+* :class:`ArrivalQueue`: one replica, every request's arrival known up front (``timed``: a
+  compiled run may release them itself, sim/serving/kernel.py);
+* :class:`ConcurrencyLimitedQueue`: one replica behind a client that keeps at most N requests
+  outstanding (``vllm bench serve --max-concurrency``);
+* :class:`RoutedQueue`: a replica of a cluster; a :class:`Dispatcher` pushes each request at
+  its arrival (or send) time, to the replica its router picks.
 """
 
 from __future__ import annotations
@@ -20,54 +29,81 @@ from bisect import bisect_right
 
 import numpy as np
 
-from sim.scheduler import kv_reserve
+from sim.serving.layout import C_ARRIVED, C_HEAD, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE
 from sim.serving.records import grown
 
-PREFIX_FIELDS = ("prompt", "reserve", "multi", "remaining", "final")
+REQ_INPUTS = 7  # rows of reqi (sim/serving/layout.py REQ_*)
 
 
-# Per-request values the loop reads one at a time live in array.array: indexing one costs
-# about what a list's does (and far less than a numpy scalar's), at 8 bytes an entry where a
-# list of Python ints or floats takes 36 (a million requests: ~0.2 GB less per run).
-def _floats(values: np.ndarray) -> array:
-    return array("d", np.ascontiguousarray(values, dtype=np.float64).tobytes())
-
-
-def _ints(values: np.ndarray) -> array:
-    return array("q", np.ascontiguousarray(values, dtype=np.int64).tobytes())
+def request_inputs(prompt_tokens: np.ndarray, output_tokens: np.ndarray, reserve: np.ndarray,
+                   prefix_keys: np.ndarray | None) -> np.ndarray:
+    """The int block a queue holds per request: prompt, output, v0 reservation, prefix-cache keys
+    (four rows from :func:`sim.scheduler.kvcache.prefix_keys`, or none shared)."""
+    n = prompt_tokens.shape[0]
+    reqi = np.zeros((REQ_INPUTS, n), dtype=np.int64)
+    reqi[REQ_PROMPT], reqi[REQ_OUTPUT], reqi[REQ_RESERVE] = prompt_tokens, output_tokens, reserve
+    if prefix_keys is not None:
+        reqi[REQ_RESERVE + 1:] = prefix_keys
+    return reqi
 
 
 class ArrivalQueue:
     """Requests with known arrival times (sorted), each in the queue once the clock passes it."""
 
-    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 acceptance_scale: np.ndarray, max_k: int) -> None:
-        self.arrival_s = _floats(arrival_s)  # bisect on it is the cheapest clock check
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        # A sequence's context is final_context - remaining, so only `remaining` moves per step.
-        self.final_context = prompt_tokens + output_tokens - 1
-        self.acceptance_scale = acceptance_scale
-        self.kv_reserve = kv_reserve(prompt_tokens, output_tokens, max_k)
-        self.capacity = self.count = prompt_tokens.shape[0]
-        # What a request brings to its row when it joins (request, remaining, final context, accepted).
-        self.joining_ints = np.stack([np.arange(self.count), output_tokens - 1, self.final_context,
-                                      np.zeros(self.count, np.int64)])
-        self.prefix = {name: _ints(np.concatenate(([0], np.cumsum(values)))) for name, values in zip(
-            PREFIX_FIELDS, (prompt_tokens, self.kv_reserve, output_tokens > 1, output_tokens - 1, self.final_context))}
-        self.head = 0  # requests admitted so far
-        self.arrived = 0
+    timed = True  # every arrival is known up front: a compiled run releases them itself
+    compilable = True  # compiled runs may take many steps in one call (sim/serving/compiled.py)
+    on_grow = None  # never grows
+
+    def __init__(self, arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray) -> None:
+        self.arrival_times = np.ascontiguousarray(arrival_s, dtype=np.float64)
+        self.arrival_s = array("d", self.arrival_times.tobytes())  # bisect on it is the cheapest clock check
+        self.reqi = reqi
+        self.scale = np.ascontiguousarray(scale, dtype=np.float64)
+        self.capacity = self.count = reqi.shape[1]
+        self.ctr = np.zeros(3, dtype=np.int64)  # replaced by the loop's counters (bind)
+        # prompt + output tokens of the requests before each position: what a router weighs
+        self.cum_tokens = np.concatenate(([0], np.cumsum(reqi[REQ_PROMPT] + reqi[REQ_OUTPUT])))
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        return self.reqi[REQ_PROMPT, :self.count]
+
+    @property
+    def output_tokens(self) -> np.ndarray:
+        return self.reqi[REQ_OUTPUT, :self.count]
+
+    def bind(self, ctr: np.ndarray) -> None:
+        """Use the replica's counters (the loop's state) for ``C_ARRIVED`` and ``C_HEAD``."""
+        self.ctr = ctr
+
+    @property
+    def head(self) -> int:
+        return int(self.ctr[C_HEAD])
+
+    @property
+    def arrived(self) -> int:
+        return int(self.ctr[C_ARRIVED])
 
     def release(self, now: float) -> None:
-        self.arrived = bisect_right(self.arrival_s, now, self.arrived)
+        ctr = self.ctr
+        ctr[C_ARRIVED] = bisect_right(self.arrival_s, now, int(ctr[C_ARRIVED]))
 
     def next_arrival_s(self) -> float | None:
         """When the next request arrives; None once every one has."""
-        return self.arrival_s[self.arrived] if self.arrived < self.count else None
+        arrived = int(self.ctr[C_ARRIVED])
+        return self.arrival_s[arrived] if arrived < self.count else None
 
     def next_event_s(self) -> float:
         """The next time anything outside the loop can change what it does (here: an arrival)."""
-        return self.arrival_s[self.arrived] if self.arrived < self.count else math.inf
+        arrived = int(self.ctr[C_ARRIVED])
+        return self.arrival_s[arrived] if arrived < self.count else math.inf
+
+    def finished(self, count: int, now: float) -> None:
+        """Finishes change nothing for open arrivals."""
+
+    def waiting_tokens(self) -> int:
+        """Prompt and output tokens of the requests given to the replica and not yet taken."""
+        return int(self.cum_tokens[self.count] - self.cum_tokens[int(self.ctr[C_HEAD])])
 
 
 def client_send_s(arrival_s, finish_order: list[float], i: int, limit: int) -> float:
@@ -86,22 +122,25 @@ class ConcurrencyLimitedQueue(ArrivalQueue):
     Request i is sent when it has arrived and a slot is free: at max(arrival_i, F[i - limit]),
     F being the finish times in the order requests finish (first come, first served, as
     the benchmark's semaphore). ``sent_s`` holds the send times, which are what the
-    server sees and what vLLM measures latencies from. The loop reports finishes through
-    :meth:`finished`.
+    server sees and what vLLM measures latencies from.
     """
 
-    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 acceptance_scale: np.ndarray, max_k: int, limit: int) -> None:
-        super().__init__(arrival_s, prompt_tokens, output_tokens, acceptance_scale, max_k)
+    timed = False  # sends wait on finishes
+    compilable = False  # ... reported step by step
+
+    def __init__(self, arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray, limit: int) -> None:
+        super().__init__(arrival_s, reqi, scale)
         self.limit = limit
         self.sent_s = np.array(arrival_s, dtype=np.float64)
         self.finish_order: list[float] = []  # finish times, in finishing order
 
     def release(self, now: float) -> None:
-        reached = min(bisect_right(self.arrival_s, now, self.arrived), len(self.finish_order) + self.limit)
-        for i in range(self.arrived, reached):  # once per request, not per step
+        ctr = self.ctr
+        arrived = int(ctr[C_ARRIVED])
+        reached = min(bisect_right(self.arrival_s, now, arrived), len(self.finish_order) + self.limit)
+        for i in range(arrived, reached):  # once per request, not per step
             self.sent_s[i] = client_send_s(self.arrival_s, self.finish_order, i, self.limit)
-        self.arrived = max(reached, self.arrived)
+        ctr[C_ARRIVED] = max(reached, arrived)
 
     def finished(self, count: int, now: float) -> None:
         """``count`` requests finished at ``now``: their slots go to the next ones waiting."""
@@ -109,62 +148,69 @@ class ConcurrencyLimitedQueue(ArrivalQueue):
         self.release(now)
 
 
-def arrival_queue(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                  acceptance_scale: np.ndarray, max_k: int, limit: int | None) -> ArrivalQueue:
+def arrival_queue(arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray, limit: int | None) -> ArrivalQueue:
     """One replica's queue: every request at its arrival, or behind a client's concurrency limit."""
-    args = (arrival_s, prompt_tokens, output_tokens, acceptance_scale, max_k)
-    return ArrivalQueue(*args) if limit is None else ConcurrencyLimitedQueue(*args, limit)
+    return ArrivalQueue(arrival_s, reqi, scale) if limit is None else ConcurrencyLimitedQueue(arrival_s, reqi,
+                                                                                               scale, limit)
 
 
 class RoutedQueue:
     """A cluster replica's queue: grown one request at a time by the dispatcher, in routing order.
 
-    ``request_ids`` maps a queue position back to the cluster's request id. Arrays grow
-    by doubling as requests are pushed (a replica of four gets about a quarter of them),
-    and :attr:`on_grow`, set by the replica's loop, grows its per-request arrays alike.
+    ``request_ids`` maps a queue position back to the cluster's request id. Arrays grow by
+    doubling as requests are pushed (a replica of four gets about a quarter of them), and
+    :attr:`on_grow`, set by the replica's loop, grows its per-request arrays alike.
     """
 
     INITIAL_CAPACITY = 1024
+    timed = False  # the dispatcher routes: a compiled run stops at its next routing
+    compilable = True
 
     def __init__(self, dispatcher: "Dispatcher") -> None:
         self.dispatcher = dispatcher
         capacity = self.capacity = min(self.INITIAL_CAPACITY, max(dispatcher.count, 1))
         self.count = 0
-        self.request_ids, self.prompt_tokens, self.output_tokens, self.final_context, self.kv_reserve = (
-            np.zeros(capacity, dtype=np.int64) for _ in range(5))
-        self.acceptance_scale = np.zeros(capacity)
-        self.joining_ints = np.zeros((4, capacity), dtype=np.int64)
+        self.request_ids = np.zeros(capacity, dtype=np.int64)
+        self.reqi = np.zeros((dispatcher.reqi.shape[0], capacity), dtype=np.int64)
+        self.scale = np.zeros(capacity)
         self.on_grow = None  # called with the new capacity after the queue's arrays grew
-        self.prefix = {name: array("q", [0]) for name in PREFIX_FIELDS}
-        self.head = 0
-        self.arrived = 0
         self.waiter = None  # set by an idle replica's clock: called once when a request is pushed
+        self.ctr = np.zeros(3, dtype=np.int64)
+        self.cum_tokens = array("q", [0])
+
+    bind = ArrivalQueue.bind
+    head = ArrivalQueue.head
+    arrived = ArrivalQueue.arrived
+    prompt_tokens = ArrivalQueue.prompt_tokens
+    output_tokens = ArrivalQueue.output_tokens
+    waiting_tokens = ArrivalQueue.waiting_tokens
 
     def release(self, now: float) -> None:
         dispatcher = self.dispatcher
         if dispatcher.next_at <= now:  # route every arrival up to now, before this replica moves on
             dispatcher.advance(now)
-        self.arrived = self.count
+        self.ctr[C_ARRIVED] = self.count
 
     def next_event_s(self) -> float:
         """The next time anything outside the loop can change what it does or read its state:
         the dispatcher's next routing (whichever replica it picks)."""
         return self.dispatcher.next_at
 
+    def next_arrival_s(self) -> float | None:
+        return self.dispatcher.next_arrival_s()
+
+    def finished(self, count: int, now: float) -> None:
+        """Finishes change nothing for open arrivals."""
+
     def push(self, request: int, arrival_s: float) -> None:
         """Append a request (arriving now, at ``arrival_s``) to this queue."""
         d, j = self.dispatcher, self.count
         if j == self.capacity:
             self._grow()
-        prompt, output, reserve = d.prompt_tokens[request], d.output_tokens[request], d.kv_reserve[request]
-        final = prompt + output - 1
         self.request_ids[j] = request
-        self.prompt_tokens[j], self.output_tokens[j], self.final_context[j] = prompt, output, final
-        self.acceptance_scale[j], self.kv_reserve[j] = d.acceptance_scale[request], reserve
-        self.joining_ints[0, j], self.joining_ints[1, j], self.joining_ints[2, j] = j, output - 1, final
-        for name, value in zip(PREFIX_FIELDS, (prompt, reserve, int(output > 1), output - 1, final)):
-            cum = self.prefix[name]
-            cum.append(cum[-1] + value)
+        self.reqi[:, j] = d.reqi[:, request]
+        self.scale[j] = d.scale[request]
+        self.cum_tokens.append(self.cum_tokens[-1] + int(d.reqi[REQ_PROMPT, request] + d.reqi[REQ_OUTPUT, request]))
         self.count = j + 1
         if self.waiter is not None:
             waiter, self.waiter = self.waiter, None
@@ -172,9 +218,8 @@ class RoutedQueue:
 
     def _grow(self) -> None:
         capacity = self.capacity = 2 * self.capacity
-        for name in ("request_ids", "prompt_tokens", "output_tokens", "final_context", "kv_reserve",
-                     "acceptance_scale", "joining_ints"):
-            setattr(self, name, grown(getattr(self, name), capacity))
+        self.request_ids, self.reqi, self.scale = (grown(a, capacity) for a in (self.request_ids, self.reqi,
+                                                                                  self.scale))
         if self.on_grow is not None:
             self.on_grow(capacity)
 
@@ -185,9 +230,11 @@ class LimitedRoutedQueue(RoutedQueue):
 
     What is sent at an instant is routed once every replica's step ending then is applied
     and before any replica starts its next step (the clock's ``settle``, in
-    :func:`sim.serving.clock.simulate_cluster`, calls :meth:`release` only then), so the router sees every replica in the same state
-    whatever order SimPy runs them in.
+    :func:`sim.serving.clock.simulate_cluster`, calls :meth:`release` only then), so the router
+    sees every replica in the same state whatever order SimPy runs them in.
     """
+
+    compilable = False  # finishes free the client's slots, reported step by step
 
     def finished(self, count: int, now: float) -> None:
         self.dispatcher.finished(count, now)
@@ -208,12 +255,11 @@ class Dispatcher:
     when a finish makes it known.
     """
 
-    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 acceptance_scale: np.ndarray, max_k: int, router, limit: int | None = None) -> None:
-        self.arrival_s = _floats(arrival_s)
-        self.prompt_tokens, self.output_tokens = _ints(prompt_tokens), _ints(output_tokens)
-        self.acceptance_scale = _floats(acceptance_scale)
-        self.kv_reserve = _ints(kv_reserve(prompt_tokens, output_tokens, max_k))
+    def __init__(self, arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray, router,
+                 limit: int | None = None) -> None:
+        self.arrival_s = array("d", np.ascontiguousarray(arrival_s, dtype=np.float64).tobytes())
+        self.reqi = reqi
+        self.scale = np.ascontiguousarray(scale, dtype=np.float64)
         self.count = len(self.arrival_s)
         self.router = router
         self.routed = 0

@@ -139,6 +139,9 @@ class RecordedBackend:
             raise LogicDivergence(i, "the replay recorded no accepted count per running row for this step")
         return self._charge(i, self.now), (accepted if k else None)
 
+    def chunks(self, decode_tokens: int, chunk_tokens: int) -> float:
+        raise RuntimeError("a replay's steps are v0 steps: no prefill chunks to play back")
+
     def commit(self) -> None:
         """Nothing to write: the step was only played back."""
 

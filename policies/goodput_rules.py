@@ -1,0 +1,94 @@
+"""goodput's choice and its learning, as rules: plain functions over its state's arrays.
+
+:class:`policies.goodput.Goodput` calls them step by step; the simulator's compiled runs
+(sim/serving/kernel.py) call the same functions, compiled by numba, on the same arrays (the
+policy hands them over with :meth:`~policies.goodput.Goodput.state_arrays`), so there is one
+implementation of each (sim/jit.py). The formulas are policies/goodput.py's docstring.
+
+State: ``scalars`` (the EMAs, alpha_hat, the parameters) and ``rows[field, j]`` (per position
+j = 1..k_max: the EMAs of accepted and tested, the rates r_j; and E[tokens](k), k = 0..k_max).
+"""
+
+from __future__ import annotations
+
+ACCEPTED_AVG, TESTED_AVG, ALPHA, SMOOTHING, PRIOR, MARGIN = range(6)
+N_SCALARS = 6
+POS_ACCEPTED, POS_TESTED, RATES, EXPECTED = range(4)
+N_ROWS = 4
+
+
+def best_k(expected, prices, margin, k_max):
+    """The k with the most expected tokens per second of step (``prices[k]``: the step's price at k);
+    a larger k wins only by more than the margin, so ties go to the smaller k."""
+    best = 1.0 / prices[0]  # E[tokens](0) = 1
+    chosen = 0
+    for k in range(1, k_max + 1):
+        g = expected[k] / prices[k]
+        if g > best * margin:
+            chosen = k
+            best = g
+    return chosen
+
+
+def price_positions(scalars, rows, k_max):
+    """r_j, each position's estimate shrunk towards alpha_hat, and E[tokens](k) = 1 + r_1 + r_1 r_2 + ..."""
+    shrink = scalars[PRIOR] * scalars[ALPHA]
+    prior = scalars[PRIOR]
+    product = 1.0
+    total = 0.0
+    rows[EXPECTED, 0] = 1.0
+    for j in range(k_max):
+        r = (rows[POS_ACCEPTED, j] + shrink) / (rows[POS_TESTED, j] + prior)
+        rows[RATES, j] = r
+        product *= r
+        total += product
+        rows[EXPECTED, j + 1] = 1.0 + total
+
+
+def update_pooled(scalars, accepted, tested, n):
+    """The EMAs of accepted and tested tokens per sequence, and alpha_hat their ratio."""
+    s = scalars[SMOOTHING]
+    a = scalars[ACCEPTED_AVG] + s * (accepted / n - scalars[ACCEPTED_AVG])
+    t = scalars[TESTED_AVG] + s * (tested / n - scalars[TESTED_AVG])
+    scalars[ACCEPTED_AVG] = a
+    scalars[TESTED_AVG] = t
+    scalars[ALPHA] = a / t
+
+
+def observe_rows(scalars, rows, kept, ks, m, k_max, scratch):
+    """Learn from a step whose m rows drafted ``ks[i]`` and kept ``kept[i]`` tokens (a row with
+    k = 0 drafted nothing). Position j was tested by the rows that drafted at least j and kept
+    the first j - 1; a row that kept fewer than its own k saw one rejection. ``scratch``: 2 x
+    (k_max + 2) ints."""
+    for j in range(k_max + 2):
+        scratch[0, j] = 0  # rows that kept exactly j
+        scratch[1, j] = 0  # rows that kept all of their own k = j
+    accepted = 0
+    n = 0
+    full = 0
+    for i in range(m):
+        a = kept[i]
+        scratch[0, a] += 1
+        accepted += a
+        if a == ks[i]:
+            scratch[1, a] += 1
+        if ks[i] > 0:
+            n += 1
+            if a == ks[i]:
+                full += 1
+    if n == 0:
+        return
+    update_pooled(scalars, accepted, accepted + n - full, n)
+    s = scalars[SMOOTHING]
+    at_least = 0
+    for j in range(k_max + 1, -1, -1):
+        at_least += scratch[0, j]  # rows that kept j or more
+        if j <= k_max and j >= 1:
+            rows[POS_ACCEPTED, j - 1] += s * (at_least - rows[POS_ACCEPTED, j - 1])
+        if j < k_max:
+            tested = at_least - scratch[1, j]
+            rows[POS_TESTED, j] += s * (tested - rows[POS_TESTED, j])
+    price_positions(scalars, rows, k_max)
+
+
+RULES = (best_k, price_positions, update_pooled, observe_rows)

@@ -1,0 +1,54 @@
+"""A step's price looked up in a step table (:class:`sim.costmodel.StepTable`), as one set of rules.
+
+The same functions price a step for :class:`~sim.costmodel.StepTable` (Python, on its rows as
+lists) and inside compiled runs (numba, on the table's arrays): a row is indexed and measured
+with ``len``, so both work (sim/jit.py). The formulas are docs/cost-model.md's.
+"""
+
+from __future__ import annotations
+
+
+def blend(row, x):
+    """Linear interpolation in a row of evenly spaced values at fractional column x."""
+    j = int(x)
+    if j >= len(row) - 1:
+        return row[len(row) - 1]
+    lo = row[j]
+    return lo + (x - j) * (row[j + 1] - lo)
+
+
+def catch_up_price(rows, lag, x):
+    """The draft's first pass beyond q = 1 at ``lag`` (one batch size's rows [lag][column]);
+    past the tabulated lags it grows linearly."""
+    if lag < len(rows):
+        return blend(rows[lag], x)
+    top = len(rows) - 1
+    at_top = blend(rows[top], x)
+    slope = at_top - blend(rows[top - 1], x)
+    return at_top + (lag - top) * slope
+
+
+def decode_price(decode, lag2, catch_up, b, k, x, lag):
+    """A decode step of b sequences at k (x: mean context in table columns) whose draft lags at
+    most ``lag`` tokens: the table, the table at lag 2 (one look-up), or the catch-up added."""
+    if k == 0 or lag <= 1:
+        return blend(decode[b][k], x)
+    if lag == 2:
+        return blend(lag2[b][k], x)
+    return blend(decode[b][k], x) + catch_up_price(catch_up[b], lag, x)
+
+
+def chunk_price(chunk, step, overhead, decode_tokens, chunk_tokens):
+    """What a vllm-v1 step's prefill chunks add: P(D + Q) - P(D), or P(Q) plus the prefill
+    overhead for a step of chunks alone (D = 0)."""
+    if decode_tokens == 0:
+        return blend(chunk, chunk_tokens / step) + overhead
+    return blend(chunk, (decode_tokens + chunk_tokens) / step) - blend(chunk, decode_tokens / step)
+
+
+def prefill_price(prefill, b, prompt_column):
+    """A v0 prefill step of b prompts at ``prompt_column`` (the mean prompt, or the longest when padded)."""
+    return blend(prefill[b], prompt_column)
+
+
+RULES = (blend, catch_up_price, decode_price, chunk_price, prefill_price)

@@ -1,0 +1,273 @@
+"""The vllm-v1 scheduler's KV-cache manager: paged blocks and prefix caching, as vLLM V1 keeps them.
+
+The cache is ``P_BLOCKS`` blocks of ``P_BLOCK`` tokens. A request holding KV (running, or
+partially prefilled) has a *slot*: its block table, ``slot_blocks[slot]`` = (blocks held,
+blocks registered in the cache, block ids...). The interface the scheduler uses:
+
+* :func:`lookup`: how many of a request's leading blocks the cache already holds;
+* :func:`admit_slot` / :func:`grow_slot`: allocate what a step writes (touching cache hits);
+* :func:`cache_slot`: register the request's blocks that are now full of known tokens;
+* :func:`free_slot`: a finished or preempted request gives its blocks back.
+
+**Prefix caching** (vLLM's automatic prefix caching). A full block is identified by its
+contents and everything before them (vLLM hashes a chain of block contents); the simulator
+knows no tokens, so it identifies blocks by *keys* fixed before the run
+(sim/serving/queues.py: :func:`prefix_keys`): block j of a request whose first
+``REQ_PREFIX_BLOCKS`` blocks are a shared prefix (a system prompt) has key ``REQ_PREFIX_KEY + j``,
+block j of a shared prompt (the same ``prompt_id``) has ``REQ_PROMPT_KEY + j``, and every other
+block is the request's own (it can only be found again by the request itself, after a
+preemption). ``key_block[key]`` is the block holding a key, or -1.
+
+Blocks are reference-counted: requests whose prompts share a prefix share its blocks. A block
+whose count falls to 0 goes to the tail of the *free queue* (a doubly linked list through
+``kv[KV_PREV]`` and ``kv[KV_NEXT]``, with a sentinel at index ``P_BLOCKS``) and keeps its
+contents; allocation takes blocks from the head, evicting whatever they held (least recently
+freed first; a request's blocks are freed last block first, so its tail goes before its
+shared prefix). A hit on a free block takes it back out of the queue. Blocks are registered
+when they are *scheduled* full (vLLM caches at allocation), so a second request with the same
+prompt admitted in the same step finds the first one's blocks. At most ``(tokens - 1) //
+P_BLOCK`` blocks can hit: the last token is always computed (its logits are needed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.serving.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, KV_FIELDS, KV_KEY, KV_NEXT, KV_PREV, KV_REF, NO_KEY,
+                                P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS, REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY,
+                                REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY, S_FREE_SLOT)
+
+SLOT_HELD, SLOT_CACHED = 0, 1  # slot_blocks[slot, 0]: blocks held; [slot, 1]: blocks registered
+SLOT_FIRST = 2  # slot_blocks[slot, 2 + j]: the request's block j
+
+
+def key_of(reqi, r, j, max_blocks):
+    """Block j of request r: a shared key (>= 0) or the request's own (<= -2)."""
+    if j < reqi[REQ_PREFIX_BLOCKS, r]:
+        return reqi[REQ_PREFIX_KEY, r] + j
+    if j < reqi[REQ_PROMPT_BLOCKS, r]:
+        return reqi[REQ_PROMPT_KEY, r] + j
+    return -2 - (r * max_blocks + j)
+
+
+def blocks_for(tokens, block):
+    return (tokens + block - 1) // block
+
+
+def _unlink(kv, blk):
+    prev, nxt = kv[KV_PREV, blk], kv[KV_NEXT, blk]
+    kv[KV_NEXT, prev] = nxt
+    kv[KV_PREV, nxt] = prev
+
+
+def _push_free(kv, blk, ctr, par):
+    """``blk`` goes to the tail of the free queue (evicted last)."""
+    sentinel = par[P_BLOCKS]
+    tail = kv[KV_PREV, sentinel]
+    kv[KV_NEXT, tail] = blk
+    kv[KV_PREV, blk] = tail
+    kv[KV_NEXT, blk] = sentinel
+    kv[KV_PREV, sentinel] = blk
+    ctr[C_FREE_BLOCKS] += 1
+
+
+def _pop_free(kv, key_block, ctr, par):
+    """The block at the head of the free queue, its contents evicted."""
+    blk = kv[KV_NEXT, par[P_BLOCKS]]
+    _unlink(kv, blk)
+    ctr[C_FREE_BLOCKS] -= 1
+    key = kv[KV_KEY, blk]
+    if key >= 0 and key_block[key] == blk:
+        key_block[key] = -1
+    kv[KV_KEY, blk] = NO_KEY
+    kv[KV_REF, blk] = 1
+    return blk
+
+
+def lookup(reqi, r, num_tokens, resumed, kv, key_block, scratch, par):
+    """How many leading blocks of request r's ``num_tokens`` known tokens the cache holds (their
+    ids go to ``scratch[0]``). A resumed request may find its own blocks too (``scratch[1]`` maps
+    its block index to the block still holding it)."""
+    if not par[P_CACHING]:
+        return 0
+    block, max_blocks = par[P_BLOCK], par[P_MAX_BLOCKS]
+    most = (num_tokens - 1) // block
+    if resumed:  # which of its own blocks are still cached: one pass over the cache
+        for j in range(most):
+            scratch[1, j] = -1
+        hi = -2 - r * max_blocks
+        lo = hi - (max_blocks - 1)
+        for blk in range(par[P_BLOCKS]):
+            key = kv[KV_KEY, blk]
+            if lo <= key <= hi:
+                j = hi - key
+                if j < most:
+                    scratch[1, j] = blk
+    hits = 0
+    for j in range(most):
+        key = key_of(reqi, r, j, max_blocks)
+        if key >= 0:
+            blk = key_block[key]
+        elif resumed:
+            blk = scratch[1, j]
+        else:
+            break
+        if blk < 0:
+            break
+        scratch[0, hits] = blk
+        hits += 1
+    return hits
+
+
+def admit_slot(hits, tokens, kv, key_block, slot_blocks, sched, scratch, ctr, par):
+    """A block table for a request whose first ``hits`` blocks (in ``scratch[0]``) are cached and
+    whose step fills ``tokens`` slots in all; -1 when the free blocks do not cover it. A hit on a
+    free block counts as an allocation (it leaves the free queue)."""
+    need = blocks_for(tokens, par[P_BLOCK])
+    evictable = 0
+    for h in range(hits):
+        if kv[KV_REF, scratch[0, h]] == 0:
+            evictable += 1
+    if need - hits + evictable > ctr[C_FREE_BLOCKS]:
+        return -1
+    ctr[C_FREE_SLOTS] -= 1
+    slot = sched[S_FREE_SLOT, ctr[C_FREE_SLOTS]]
+    for h in range(hits):
+        blk = scratch[0, h]
+        if kv[KV_REF, blk] == 0:
+            _unlink(kv, blk)
+            ctr[C_FREE_BLOCKS] -= 1
+        kv[KV_REF, blk] += 1
+        slot_blocks[slot, SLOT_FIRST + h] = blk
+    slot_blocks[slot, SLOT_HELD] = hits
+    slot_blocks[slot, SLOT_CACHED] = hits
+    grow_slot(slot, tokens, kv, key_block, slot_blocks, ctr, par)
+    return slot
+
+
+def shortfall(slot, tokens, slot_blocks, ctr, par):
+    """Blocks missing for the slot to hold ``tokens`` slots (<= 0: it fits now)."""
+    return blocks_for(tokens, par[P_BLOCK]) - slot_blocks[slot, SLOT_HELD] - ctr[C_FREE_BLOCKS]
+
+
+def grow_slot(slot, tokens, kv, key_block, slot_blocks, ctr, par):
+    """Allocate blocks until the slot holds ``tokens`` slots (a table never shrinks, as in vLLM)."""
+    need = blocks_for(tokens, par[P_BLOCK])
+    held = slot_blocks[slot, SLOT_HELD]
+    while held < need:
+        slot_blocks[slot, SLOT_FIRST + held] = _pop_free(kv, key_block, ctr, par)
+        held += 1
+    slot_blocks[slot, SLOT_HELD] = held
+
+
+def cache_slot(slot, reqi, r, known_tokens, kv, key_block, slot_blocks, par):
+    """Register the slot's blocks now full of known tokens. A shared key already held by another
+    block is left to that one (this block stays unregistered)."""
+    if not par[P_CACHING]:
+        return
+    full = known_tokens // par[P_BLOCK]
+    held = slot_blocks[slot, SLOT_HELD]
+    if full > held:
+        full = held
+    max_blocks = par[P_MAX_BLOCKS]
+    for j in range(slot_blocks[slot, SLOT_CACHED], full):
+        blk = slot_blocks[slot, SLOT_FIRST + j]
+        if kv[KV_KEY, blk] != NO_KEY:
+            continue
+        key = key_of(reqi, r, j, max_blocks)
+        if key >= 0:
+            if key_block[key] < 0:
+                key_block[key] = blk
+                kv[KV_KEY, blk] = key
+        else:
+            kv[KV_KEY, blk] = key
+    if full > slot_blocks[slot, SLOT_CACHED]:
+        slot_blocks[slot, SLOT_CACHED] = full
+
+
+def free_slot(slot, kv, slot_blocks, sched, ctr, par):
+    """The slot's blocks go back (last block first: the tail is evicted before the prefix); the
+    slot is free again."""
+    for j in range(slot_blocks[slot, SLOT_HELD] - 1, -1, -1):
+        blk = slot_blocks[slot, SLOT_FIRST + j]
+        kv[KV_REF, blk] -= 1
+        if kv[KV_REF, blk] == 0:
+            _push_free(kv, blk, ctr, par)
+    slot_blocks[slot, SLOT_HELD] = 0
+    slot_blocks[slot, SLOT_CACHED] = 0
+    sched[S_FREE_SLOT, ctr[C_FREE_SLOTS]] = slot
+    ctr[C_FREE_SLOTS] += 1
+
+
+RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, admit_slot, shortfall, grow_slot, cache_slot,
+         free_slot)
+
+
+def prefix_keys(requests, block_size: int) -> tuple[np.ndarray | None, int]:
+    """Each request's shared prefix-cache keys (rows REQ_PREFIX_KEY .. REQ_PROMPT_BLOCKS of a queue's
+    inputs, sim/serving/queues.py) and how many keys there are; (None, 0) when nothing is shared.
+
+    Requests with the same ``prefix_id`` share their first ``prefix_tokens // block_size`` blocks
+    (a system prompt); requests with the same ``prompt_id`` share every full block of their prompt
+    (the same prompt sent again), as far as the group's shortest prompt reaches: a prompt sent
+    twice can come back a token or two longer from the tokenizer, and blocks past the shortest
+    one's are not the same. Each group's keys are a dense range, in order of first appearance."""
+    n = len(requests)
+    prompt_id, prefix_id = requests.prompt_id, requests.prefix_id
+    if prompt_id is None and prefix_id is None:
+        return None, 0
+    keys = np.zeros((4, n), dtype=np.int64)
+    used = 0
+    if prefix_id is not None:
+        given = prefix_id >= 0
+        groups, first, inverse = np.unique(np.where(given, prefix_id, -1), return_index=True, return_inverse=True)
+        blocks = np.where(given, requests.prefix_tokens // block_size, 0)
+        group_blocks = np.zeros(groups.shape[0], dtype=np.int64)
+        np.maximum.at(group_blocks, inverse, blocks)
+        base = used + np.concatenate(([0], np.cumsum(group_blocks)[:-1]))
+        keys[0], keys[1] = base[inverse], blocks
+        used += int(group_blocks.sum())
+    if prompt_id is not None:
+        given = prompt_id >= 0
+        groups, inverse = np.unique(np.where(given, prompt_id, -1), return_inverse=True)
+        shortest = np.full(groups.shape[0], np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(shortest, inverse, requests.prompt_tokens)
+        group_blocks = np.where(groups >= 0, shortest // block_size, 0)
+        base = used + np.concatenate(([0], np.cumsum(group_blocks)[:-1]))
+        keys[2], keys[3] = base[inverse], np.where(given, group_blocks[inverse], 0)
+        used += int(group_blocks.sum())
+    return keys, used
+
+
+class KVCacheManager:
+    """The cache's arrays, as one replica's vllm-v1 scheduler holds them (the rules above work on them)."""
+
+    def __init__(self, num_blocks: int, max_blocks_per_request: int, slots: int, num_keys: int) -> None:
+        self.num_blocks = num_blocks
+        self.kv = np.zeros((KV_FIELDS, num_blocks + 1), dtype=np.int64)
+        self.kv[KV_KEY] = NO_KEY
+        # the free queue: every block, in order, between the sentinel's next and prev
+        order = np.arange(num_blocks + 1, dtype=np.int64)
+        self.kv[KV_NEXT] = (order + 1) % (num_blocks + 1)
+        self.kv[KV_PREV] = (order - 1) % (num_blocks + 1)
+        self.key_block = np.full(max(num_keys, 1), -1, dtype=np.int64)
+        self.slot_blocks = np.zeros((slots, SLOT_FIRST + max_blocks_per_request), dtype=np.int64)
+        self.scratch = np.zeros((2, max_blocks_per_request), dtype=np.int64)
+
+    def check(self, ctr) -> None:
+        """The cache's invariants (tests): counts match the free queue and the tables."""
+        kv, n = self.kv, self.num_blocks
+        walked, blk = 0, kv[KV_NEXT, n]
+        while blk != n:
+            assert kv[KV_REF, blk] == 0, "a block in the free queue is referenced"
+            walked += 1
+            blk = kv[KV_NEXT, blk]
+        assert walked == ctr[C_FREE_BLOCKS], "free-block count and free queue disagree"
+        assert (kv[KV_REF, :n] >= 0).all(), "a negative reference count"
+        held = self.slot_blocks[:, SLOT_HELD]
+        refs = np.zeros(n, dtype=np.int64)
+        for slot in np.flatnonzero(held):
+            np.add.at(refs, self.slot_blocks[slot, SLOT_FIRST:SLOT_FIRST + held[slot]], 1)
+        assert (refs == kv[KV_REF, :n]).all(), "reference counts and block tables disagree"
+        mapped = np.flatnonzero(self.key_block >= 0)
+        assert (kv[KV_KEY, self.key_block[mapped]] == mapped).all(), "a key maps to a block that holds another"
