@@ -274,7 +274,7 @@ def reprice_case(case: Path, profile: str) -> dict:
     if digest != doc["config_digest"]:
         raise SystemExit(f"{scenario} is not the scenario {case / 'validation.json'} validated "
                          f"(digest {digest}, not {doc['config_digest']})")
-    config = load_config(scenario, {"profile": profile, "engine.prefill": "padded"})
+    config = load_config(scenario, {"profile": profile, "engine.scheduler": "v0", "engine.prefill": "padded"})
     return repriced_row(case.name, doc, simulate(config).summary)
 
 

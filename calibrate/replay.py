@@ -452,12 +452,16 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
                   on_start=None) -> tuple[RunResult, ReplayResult]:
     """Replay ``config`` on the device and model pair its profile was calibrated with.
 
-    The replay pads a prefill batch to its longest prompt, so the run is priced that way too
+    The replay runs the v0 scheduler (its torch backend runs prefill-only and decode-only steps,
+    not vllm-v1's mixed ones; a scheduler left at the default is v0 here, vllm-v1 asked for is an
+    error) and pads a prefill batch to its longest prompt, so the run is priced that way too
     (``engine.prefill = "padded"``); threads, dtype and denormal flushing follow calibration.
     """
     if config.engine.scheduler != "v0":  # TorchBackend runs prefill-only and decode-only steps
-        raise config.error("engine.scheduler", "the real replay runs the v0 scheduler only (no mixed steps "
-                                               "of decodes and prefill chunks yet); give --scheduler v0")
+        if config.sources.get("engine.scheduler") is not None and config.sources["engine.scheduler"].where != "defaults":
+            raise config.error("engine.scheduler", "the real replay runs the v0 scheduler only (no mixed steps "
+                                                   "of decodes and prefill chunks yet); give --scheduler v0")
+        config = replace(config, engine=replace(config.engine, scheduler="v0"))  # its own default
     config = replace(config, engine=replace(config.engine, prefill="padded"))
     run = prepare(config)
     meta = run.profile.meta

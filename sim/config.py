@@ -31,6 +31,7 @@ from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
 from sim.jit import JIT_MODES
 from sim.tomlsource import KeyLines, parse_toml
 from workloads.lengths import LengthSpec, parse_length_spec
+from workloads.shared_prefix import SharedPrefix, parse_shared_prefix
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
 
 ARRIVALS = ("poisson", "gamma")
@@ -174,8 +175,19 @@ def _never(value: Any, section: Any) -> None:
 
 
 def _if_v1(value: Any, section: Any) -> Any:
-    """The scheduler keys are written only for a vllm-v1 run (a v0 run's config.toml stays as it was)."""
+    """The vllm-v1 scheduler's keys are written only for a vllm-v1 run."""
     return None if section.scheduler == "v0" else value
+
+
+def _if_v0(value: Any, section: Any) -> Any:
+    """The v0 scheduler's keys are written only for a v0 run."""
+    return value if section.scheduler == "v0" else None
+
+
+# Keys that only one scheduler reads: giving one to the other is an error, not silently nothing.
+V0_KEYS = ("engine.prefill",)
+V1_KEYS = ("engine.max_num_batched_tokens", "engine.chunked_prefill", "engine.block_size",
+           "engine.enable_prefix_caching", "engine.preemption")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,20 +239,24 @@ KEYS: tuple[Key, ...] = (
         write=_as_dict),
     Key("workload.output_tokens", Value(LengthSpec, parse_length_spec), LENGTH_HELP, "--output-tokens",
         write=_as_dict),
+    Key("workload.shared_prefix", Value(SharedPrefix, parse_shared_prefix, optional=True),
+        "shared-prefix prompts (inference-perf's shared_prefix): GROUPS:PROMPTS:SYSTEM_TOKENS, each request "
+        "sending one of GROUPS x PROMPTS prompts (a group's system prompt, then a question of --prompt-tokens)",
+        "--shared-prefix", write=_as_dict),
     Key("workload.trace", text(optional=True),
         "replay a CSV trace (arrival_s, prompt_tokens, output_tokens[, alpha, label])", "--trace"),
     Key("engine.batching", choice(BATCHING), "continuous or static", "--batching"),
     Key("engine.max_batch_size", integer(minimum=1, maximum=MAX_BATCH, why=" (beyond any serving engine's batch)"),
         "most sequences in a batch", "--max-batch-size", aliases=("--max-num-seqs",)),
-    Key("engine.prefill", choice(PREFILL), "packed (admitted prompts cost as their mean length, as vLLM) or "
-        "padded (as the longest, as a right-padded batch)", "--prefill"),
+    Key("engine.prefill", choice(PREFILL), "v0: packed (admitted prompts cost as their mean length, as vLLM) or "
+        "padded (as the longest, as a right-padded batch)", "--prefill", write=_if_v0),
     Key("engine.kv_cache_tokens", integer(minimum=1, optional=True, maximum=2**62),
         "KV-cache budget in tokens (default: the profile's)", "--kv-cache-tokens"),
-    # The scheduler mode and the vllm-v1 mode's settings (vLLM's names; docs/scheduling.md). config.toml
-    # records them only for a vllm-v1 run, so a v0 run's file and digest are what they always were.
-    Key("engine.scheduler", choice(SCHEDULERS), "v0: whole KV reserved at admission, prefill-only and decode-only "
-        "steps | vllm-v1: paged KV with preemption, chunked prefill in mixed steps", "--scheduler",
-        write=_if_v1),
+    # The scheduler and the vllm-v1 scheduler's settings (vLLM's names; docs/scheduling.md). config.toml
+    # records the v1 settings only for a vllm-v1 run, the v0 ones only for a v0 run.
+    Key("engine.scheduler", choice(SCHEDULERS), "vllm-v1 (vLLM V1: a token budget per step, chunked prefill in "
+        "mixed steps, paged KV with prefix caching and preemption) | v0 (whole KV reserved at admission, "
+        "prefill-only and decode-only steps; static batching)", "--scheduler"),
     Key("engine.max_num_batched_tokens", integer(minimum=1, maximum=MAX_TOKENS), "vllm-v1: tokens per step (decodes with their "
         "speculative tokens, then prefill chunks)", "--max-num-batched-tokens", write=_if_v1),
     Key("engine.chunked_prefill", boolean(), "vllm-v1: split prompts into chunks to fill the step's token budget "
@@ -304,6 +320,7 @@ KEYS: tuple[Key, ...] = (
 )
 
 KNOWN = frozenset(key.name for key in KEYS if key.value is not None)  # policy.* is open: the policy checks it
+KEY_BY_NAME = {key.name: key for key in KEYS}
 
 
 def key_for(name: str) -> str:
@@ -501,6 +518,7 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
                 raise error_at(sources, key.name, str(exc)) from None
     _settle_workload(read, sources)
     _settle_vllm_options(read, sources)
+    _settle_engine(read, sources)
     if read["output.timeline_window"] is not None and read["output.timeline"] is None:
         raise error_at(sources, "output.timeline_window", "applies only to a timeline: give "
                        "--timeline FILE (or timeline in [output]) too")
@@ -525,6 +543,34 @@ def _settle_vllm_options(read: dict[str, Any], sources: dict[str, Source]) -> No
             raise error_at(sources, key, f"applies only to --acceptance-model {needs} (the model is {model})")
     if read["workload.trace_vllm"] is not None and read["workload.trace"] is not None:
         raise error_at(sources, "workload.trace_vllm", "give either trace or trace_vllm, not both")
+
+
+def _settle_engine(read: dict[str, Any], sources: dict[str, Source]) -> None:
+    """A key one scheduler reads, given for the other, is refused rather than ignored: given as a
+    flag or keyword, or in a file with a value other than the shipped default (a file written out
+    from the default scenario names every key)."""
+    scheduler = read["engine.scheduler"]
+    defaults = _shipped_defaults()
+
+    def given(key: str) -> bool:
+        src = sources.get(key, Source("defaults"))
+        if src.where == "defaults":
+            return False
+        return src.line is None or read[key] != KEY_BY_NAME[key].value.read(defaults.get(key))
+
+    given = [key for key in (V0_KEYS if scheduler == "vllm-v1" else V1_KEYS) if given(key)]
+    if given:
+        other = "v0" if scheduler == "vllm-v1" else "vllm-v1"
+        raise error_at(sources, given[0], f"applies only to --scheduler {other} (the scheduler is {scheduler})")
+    if scheduler == "vllm-v1" and read["engine.batching"] == "static":
+        raise error_at(sources, "engine.batching", "static batching runs under --scheduler v0 (the vllm-v1 "
+                       "scheduler batches continuously)")
+
+
+def _shipped_defaults() -> dict[str, Any]:
+    """The shipped default scenario's values, by dotted key."""
+    text = (resources.files("sim") / "scenarios" / DEFAULT_SCENARIO).read_text()
+    return flatten_sections(parse_toml(text, "defaults"))
 
 
 def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:

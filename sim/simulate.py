@@ -264,9 +264,6 @@ def kv_capacity_at(config: RunConfig, profile: Profile) -> int:
 def check_v1(config: RunConfig, requests: Requests, max_k: int) -> None:
     """What the vllm-v1 scheduler needs of its settings, said before the run (docs/scheduling.md)."""
     e = config.engine
-    if e.batching != "continuous":
-        raise config.error("engine.scheduler", "the vllm-v1 scheduler batches continuously; "
-                                               "give --batching continuous (or --scheduler v0)")
     if e.max_num_batched_tokens < e.max_batch_size:  # vLLM's own check: every running request gets a token a step
         raise config.error("engine.max_num_batched_tokens",
                            f"{e.max_num_batched_tokens} tokens cannot give each of max_num_seqs {e.max_batch_size} "
@@ -304,6 +301,9 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
     else:
         arrivals = gamma_arrivals(rng, w.rate, burstiness, duration_s=duration_s, num_requests=w.num_requests)
     n = arrivals.size  # at least one: the first request arrives at t = 0
+    if w.shared_prefix is not None:  # prompts from groups behind system prompts, sent again and again
+        prompts = w.shared_prefix.draw(rng, n, w.prompt_tokens)
+        return Requests(arrivals, output_tokens=w.output_tokens.sample(rng, n), **prompts)
     return Requests(arrivals, w.prompt_tokens.sample(rng, n), w.output_tokens.sample(rng, n))
 
 

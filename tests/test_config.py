@@ -66,7 +66,8 @@ def test_file_overrides_defaults_and_flags_override_the_file(tmp_path):
 
 
 def test_flags_alone_override_defaults():
-    cfg = load_config(None, {"engine.batching": ("static", "--batching"), "acceptance.alpha": (0.55, "--alpha")})
+    cfg = load_config(None, {"engine.batching": ("static", "--batching"), "acceptance.alpha": (0.55, "--alpha"),
+                             "engine.scheduler": ("v0", "--scheduler")})
     assert cfg.engine.batching == "static" and cfg.acceptance.alpha == 0.55
 
 
@@ -222,6 +223,7 @@ prompt_tokens = "uniform:16:512"
 output_tokens = 64
 
 [engine]
+scheduler = "v0"
 batching = "static"
 max_batch_size = 12
 kv_cache_tokens = 40000
@@ -350,7 +352,8 @@ def test_key_for_maps_flag_and_keyword_names(name, key):
 
 
 def test_to_toml_is_byte_identical_to_the_format_before_the_key_table(tmp_path):
-    """The resolved config.toml names run folders (its digest): the table must write it as before."""
+    """The resolved config.toml names run folders (its digest): the table must write it as before (once
+    changed on purpose: a v0 run records its scheduler since vllm-v1 became the default)."""
     from tests.conftest import CPU_DEFAULTS  # the scenario the expected bytes were recorded on
 
     scenario = tmp_path / "cpu.toml"  # less its burstiness line: this config sets cv instead
@@ -363,6 +366,7 @@ def test_to_toml_is_byte_identical_to_the_format_before_the_key_table(tmp_path):
         'seed = 0\nprofile = "cpu-tinyllama-1.1b-llama-68m"\n\n[workload]\narrival = "gamma"\nrate = 0.1\ncv = 2.0\n'
         'duration_s = 1200.0\n\n[workload.prompt_tokens]\ndist = "lognormal"\nmean = 128.0\nsigma = 0.5\nmax = 512\n\n'
         '[workload.output_tokens]\ndist = "lognormal"\nmean = 128.0\nsigma = 0.5\nmax = 512\n\n[engine]\n'
-        'batching = "continuous"\nmax_batch_size = 32\nprefill = "packed"\n\n[policy]\nname = "fixed"\nk = 3\n\n'
+        'batching = "continuous"\nmax_batch_size = 32\nprefill = "packed"\nscheduler = "v0"\n\n[policy]\nname = "fixed"\n'
+        'k = 3\n\n'
         '[acceptance]\nalpha = 0.7\ndistribution = "fixed"\nconcentration = 10.0\n\n[output]\nrecords = "csv"\n'
         'timeline = "t.json"\ntimeline_window = "1.0:2.5"\n\n[cluster]\nreplicas = 2\nrouter = "round-robin"\n')

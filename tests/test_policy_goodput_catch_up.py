@@ -106,8 +106,9 @@ def test_every_decode_step_costs_what_goodput_priced_it_at(gpu_like):
     rates = _rates()
     acceptance = ACCEPTANCE["geometric"]
     sat = rates.saturation_rate(str(gpu_like), num_requests=NUM_REQUESTS, extra={**SHORT, **acceptance})
-    PricedGoodput.prices = []
-    run = prepare(_config(gpu_like, f"{__name__}:PricedGoodput", 0, HIGH_LOAD * sat, acceptance))
+    PricedGoodput.prices = []  # v0: every decode step is the policy's step alone (vllm-v1 adds chunks to some)
+    run = prepare(_config(gpu_like, f"{__name__}:PricedGoodput", 0, HIGH_LOAD * sat, acceptance,
+                          **{"engine.scheduler": "v0"}))
     steps = execute(run).steps
     decode = steps[steps.phase == 1]
     charged = (decode.end_s - decode.start_s).to_numpy()

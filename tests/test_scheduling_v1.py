@@ -238,9 +238,36 @@ def test_the_default_scenario_under_vllm_v1_end_to_end(tmp_path, capsys):
     assert "Preemptions:" in capsys.readouterr().out
 
 
-def test_v0_config_files_do_not_mention_the_v1_keys():
-    toml = load_config(None, {}).to_toml()
-    assert "scheduler" not in toml and "block_size" not in toml and "chunked_prefill" not in toml
+def test_each_schedulers_config_file_mentions_only_its_own_keys():
+    v1 = load_config(None, {}).to_toml()
+    assert 'scheduler = "vllm-v1"' in v1 and "block_size" in v1 and "enable_prefix_caching" in v1
+    assert "\nprefill =" not in v1  # v0's prompt pricing
+    v0 = load_config(None, {"engine.scheduler": "v0"}).to_toml()
+    assert 'scheduler = "v0"' in v0 and 'prefill = "packed"' in v0
+    assert "block_size" not in v0 and "chunked_prefill" not in v0 and "prefix_caching" not in v0
+
+
+@pytest.mark.parametrize("flags, key", [
+    (["--scheduler", "v0", "--block-size", "32"], "engine.block_size"),
+    (["--scheduler", "v0", "--no-enable-prefix-caching"], "engine.enable_prefix_caching"),
+    (["--scheduler", "v0", "--max-num-batched-tokens", "512"], "engine.max_num_batched_tokens"),
+    (["--prefill", "padded"], "engine.prefill"),
+])
+def test_a_key_of_the_other_scheduler_is_refused_naming_it_and_the_scheduler(flags, key, capsys, tmp_path):
+    assert main(["run", "--num-requests", "20", "--out", str(tmp_path / "x"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and key in err and "applies only to --scheduler" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_config_file_written_from_the_defaults_runs_under_either_scheduler(tmp_path):
+    """A file naming every key at its shipped value (config.toml of another run, a copy of the
+    defaults) is not refused for naming the other scheduler's keys."""
+    text = (tmp_path / "all.toml")
+    from importlib import resources
+    text.write_text((resources.files("sim") / "scenarios" / "default.toml").read_text().replace(
+        'scheduler = "vllm-v1"', 'scheduler = "v0"'))
+    assert load_config(text).engine.scheduler == "v0"
 
 
 def test_the_python_api_takes_the_vllm_names():
@@ -264,7 +291,7 @@ def test_a_cluster_of_v1_replicas_conserves_requests():
 
 @pytest.mark.parametrize("flags, key", [
     (["--max-num-batched-tokens", "100"], "engine.max_num_batched_tokens"),  # < 256 seqs x (1 + 3)
-    (["--batching", "static"], "engine.scheduler"),
+    (["--batching", "static"], "engine.batching"),
     (["--no-chunked-prefill", "--max-num-batched-tokens", "2048"], "engine.max_num_batched_tokens"),
     (["--kv-cache-tokens", "1000"], "engine.kv_cache_tokens"),
 ])
@@ -275,11 +302,11 @@ def test_bad_v1_settings_are_one_line_before_the_run(flags, key, capsys, tmp_pat
     assert not (tmp_path / "x").exists()
 
 
-def test_the_real_replay_refuses_the_v1_scheduler():
+def test_the_real_replay_refuses_the_v1_scheduler_asked_for():
     from calibrate.replay import replay_config
 
     with pytest.raises(InputError, match="v0 scheduler only") as info:
-        replay_config(load_config(None, {"engine.scheduler": "vllm-v1", "workload.num_requests": 2}))
+        replay_config(load_config(None, {"engine.scheduler": ("vllm-v1", "--scheduler"), "workload.num_requests": 2}))
     assert info.value.field == "engine.scheduler"
 
 

@@ -72,13 +72,13 @@ def _case_folder(out: Path, name: str, factor: float) -> None:
     it says prefill packed, which --reprice must override (the replay runs it padded)."""
     overrides = {"profile": "/tmp/absent/profile", "workload.num_requests": 20, "workload.rate": 1.0,
                  "workload.prompt_tokens": "uniform:16:64", "workload.output_tokens": "uniform:8:40",
-                 "engine.max_batch_size": 4, "engine.prefill": "packed", "seed": 3}
+                 "engine.max_batch_size": 4, "engine.scheduler": "v0", "engine.prefill": "packed", "seed": 3}
     config = load_config(None, overrides)
     case = out / name
     (case / "real").mkdir(parents=True)
     (case / "real" / "config.toml").write_text(config.to_toml())
     padded = load_config(case / "real" / "config.toml", {"profile": "cpu-llama-160m-llama-68m",
-                                                         "engine.prefill": "padded"})
+                                                         "engine.scheduler": "v0", "engine.prefill": "padded"})
     simulated = simulate(padded).summary
     doc = {"config_digest": config.digest(), "repeats": 2, "requests_per_replay": 20,
            "metrics": [{"metric": key, "real": factor * simulated[key]} for key in simulated

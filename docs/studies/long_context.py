@@ -157,7 +157,7 @@ def simulate_check(profile: str, result: dict, kv_capacity: int | None) -> pd.Da
                     "workload.rate": (SIM_RATE, "--rate"), "workload.num_requests": (n, "--num-requests"),
                     "workload.prompt_tokens": (prompt, "--prompt-tokens"),
                     "workload.output_tokens": (SIM_OUTPUT_TOKENS, "--output-tokens"),
-                    "engine.batching": ("static", "--batching"), "engine.max_batch_size": (b, "--max-batch-size"),
+                    "engine.scheduler": ("v0", "--scheduler"), "engine.batching": ("static", "--batching"), "engine.max_batch_size": (b, "--max-batch-size"),
                     "acceptance.alpha": (result["alpha"], "--alpha"), "output.records": ("none", "--records"),
                     "policy.name": (name, "--policy"), **{f"policy.{k}": (v, f"--{k}") for k, v in params.items()}}
             res = simulate(load_config(None, over))

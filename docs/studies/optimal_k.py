@@ -122,7 +122,7 @@ def simulate_check(profile: str, analysis: dict, batches: list[int], alpha: floa
                     "workload.rate": (SIM_RATE, "--rate"), "workload.num_requests": (n, "--num-requests"),
                     "workload.prompt_tokens": (prompt, "--prompt-tokens"),
                     "workload.output_tokens": (output_tokens, "--output-tokens"),
-                    "engine.batching": ("static", "--batching"), "engine.max_batch_size": (b, "--max-batch-size"),
+                    "engine.scheduler": ("v0", "--scheduler"), "engine.batching": ("static", "--batching"), "engine.max_batch_size": (b, "--max-batch-size"),
                     "acceptance.alpha": (alpha, "--alpha"), "output.records": ("none", "--records")}
             if k == 0:
                 over["policy.name"] = ("none", "--policy")

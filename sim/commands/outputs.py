@@ -249,6 +249,9 @@ def format_summary(result: RunResult) -> str:
         row("Mixed steps (decodes + prefill chunks):", s["num_mixed_steps"])
         row("Preemptions:", s["num_preemptions"])
         row("Peak KV blocks:", s["peak_kv_blocks"])
+        if "prefix_cache_queries" in s:
+            row("Prefix cache hit rate (%):", 100 * s["prefix_cache_hit_rate"])
+            row("Prompt tokens found in the cache:", s["prefix_cache_hits"])
     if result.replicas:
         header(f"{len(result.replicas)} replicas, {cfg.cluster.router} router")
         lines.append(f"{'replica':>7}{'reqs':>6}{'mean E2EL ms':>13}{'p99 E2EL ms':>12}{'batch':>7}{'busy':>7}")
