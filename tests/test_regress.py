@@ -40,6 +40,7 @@ default = { abs = 0.0, rel = 0.0 }   # exact
 name = "small"
 [scenario.overrides]
 profile = "cpu-tinyllama-1.1b-llama-68m"
+engine.scheduler = "v0"
 engine.max_batch_size = 32
 workload.prompt_tokens = "lognormal:128:0.5:512"
 workload.output_tokens = "lognormal:128:0.5:512"
@@ -55,6 +56,7 @@ profile = "cpu-tinyllama-1.1b-llama-68m"
 workload.prompt_tokens = "lognormal:128:0.5:512"
 workload.output_tokens = "lognormal:128:0.5:512"
 workload.num_requests = 16
+engine.scheduler = "v0"
 engine.batching = "static"
 engine.max_batch_size = 4
 policy = { name = "fixed", k = 2 }
@@ -281,8 +283,9 @@ BAD = [
     ("[[scenario]]\nname = 'a'\n[scenario.overrides]\nworkload.num_requests = 5\npolicy.name = 'lut'\n"
      "policy.table = [\n  [1, 4, 2],\n  [5, 8, 1]\n]\npolicy.bogus = 1\n[scenario.expected]\ncompleted = 5\n", 10,
      "policy.bogus: policy 'lut' takes no parameter 'bogus'"),  # lines of a multi-line array are not headers
-    ("[[scenario]]\nname = 'a'\n[scenario.overrides]\nworkload.num_requests = 5\n[scenario.expected]\n"
-     "completed = 5\nnum_preemptions = 0\n", 7, "scenario[0].expected.num_preemptions: 'num_preemptions' is not a "
+    ("[[scenario]]\nname = 'a'\n[scenario.overrides]\nworkload.num_requests = 5\nengine.scheduler = 'v0'\n"
+     "[scenario.expected]\ncompleted = 5\nnum_preemptions = 0\n", 8, "scenario[0].expected.num_preemptions: "
+     "'num_preemptions' is not a "
      "metric of this scenario's runs (only a vllm-v1 run reports it"),  # a v1 figure, known, in a v0 scenario
     ("[tolerance]\np99_ttf_ms = { rel = 0.1 }\n[[scenario]]\nname = 'a'\n[scenario.overrides]\n"
      "workload.num_requests = 5\n[scenario.expected]\ncompleted = 5\n", 2, "tolerance.p99_ttf_ms: 'p99_ttf_ms' is not"),

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from sim.atomic_write import write_file
 from sim.errors import InputError, read_text
-from sim.metrics import SCHEDULER_STATS
+from sim.metrics import PREFIX_CACHE_STATS, SCHEDULER_STATS
 from sim.tomlsource import KeyLines, parse_toml
 
 FORMAT_VERSION = 1
@@ -431,7 +431,8 @@ def _check_own_metrics(base: Baseline, scenario: Scenario, summary: dict[str, An
     at = ("scenario", scenario.index)
     for name in [*scenario.expected, *scenario.tolerances]:
         if name not in summary and name != "default":
-            why = " (only a vllm-v1 run reports it: engine.scheduler = \"vllm-v1\")" if name in SCHEDULER_STATS else ""
+            why = (" (only a vllm-v1 run reports it: engine.scheduler = \"vllm-v1\")" if name in SCHEDULER_STATS else
+                   " (only a vllm-v1 run with prefix caching reports it)" if name in PREFIX_CACHE_STATS else "")
             raise base.error(at + ("expected" if name in scenario.expected else "tolerance", name),
                              f"{name!r} is not a metric of this scenario's runs{why}")
 
@@ -468,7 +469,7 @@ def check_baseline(baseline: str | os.PathLike[str], *, policy: str | type | Non
     for number, scenario in enumerate(chosen):
         run = run_scenario(base, scenario, flags)
         if number == 0:  # every name in the file, before any output (a vllm-v1 scenario has more metrics)
-            _check_names(base, chosen, dict.fromkeys([*run.summary, *SCHEDULER_STATS]))
+            _check_names(base, chosen, dict.fromkeys([*run.summary, *SCHEDULER_STATS, *PREFIX_CACHE_STATS]))
         _check_own_metrics(base, scenario, run.summary)
         if progress:
             progress(f"[{number + 1}/{len(chosen)}] {scenario.name}: {run.wall_s:.2f} s")
