@@ -83,6 +83,9 @@ def _prepare() -> None:
     from numba.extending import register_jitable
 
     folder = _cache_folder()
+    if sys.stderr.isatty() and not (folder.is_dir() and any(folder.rglob("*.nbi"))):  # long work says so
+        print("note: compiling the simulation engine for this machine and code version (once; about ten "
+              "seconds of CPU)", file=sys.stderr)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         numba.config.CACHE_DIR = str(folder)
@@ -105,11 +108,3 @@ def compiled(fn: Callable) -> Callable:
     return twin
 
 
-def cached_entry_points() -> bool:
-    """Whether this code version's compiled code is already on disk (else the first compiled run
-    compiles it: tens of seconds once, worth a note to the user)."""
-    try:
-        folder = _cache_folder()
-    except (ImportError, OSError):
-        return True
-    return folder.is_dir() and any(folder.rglob("*.nbi"))
