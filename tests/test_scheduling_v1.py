@@ -239,15 +239,18 @@ def test_the_real_replay_refuses_the_v1_scheduler():
 
 
 def test_the_step_table_prices_mixed_steps_as_the_cost_model_does(tmp_path):
+    from sim.costmodel import cuda_graph_sizes
     from sim.simulate import _profile_and_costs
 
     _, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
     table = cm.tabulate(64, 3, 6000, 4096, with_draft=True, chunk_tokens=8192)
-    for b, k, c, q in [(0, 0, 0, 512), (0, 0, 0, 8000), (8, 3, 700, 300), (64, 3, 2500, 4000), (32, 0, 100, 1)]:
+    sizes = cuda_graph_sizes(64, 3, 8192)
+    for b, k, c, q, s in [(0, 0, 0, 512, 0), (0, 0, 0, 8000, 0), (8, 3, 700, 300, 0), (64, 3, 2500, 4000, 0),
+                          (32, 0, 100, 1, 0), (8, 3, 700, 17, 560), (0, 0, 0, 2048, 2048), (30, 0, 700, 3, 1700)]:
         d = b * (k + 1)
-        got = (table.decode_time(b, k, c) if b else 0.0) + table.chunk_time(d, q)
-        exact = float(cm.mixed_times(b, k, c, q, with_draft=True))
-        assert got == pytest.approx(exact, rel=2e-3), (b, k, c, q)
+        got = (table.decode_time(b, k, c) if b else 0.0) + table.chunk_time(d, q, s)
+        exact = float(cm.mixed_times(b, k, c, q, with_draft=True, prefix_tokens=s, graph_sizes=sizes, max_batch=64))
+        assert got == pytest.approx(exact, rel=2e-3), (b, k, c, q, s)
     # a whole prompt alone costs what v0 charges one prompt
     assert table.chunk_time(0, 1000) == pytest.approx(float(cm.prefill_times(1, 1000, True)), rel=1e-3)
 
