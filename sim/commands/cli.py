@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sim.commands.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
     "compose": ("sim.commands.compose", "compose a GPU profile from published kernel microbenchmarks (gpu-data extra)"),
     "compare": ("sim.commands.compare", "a real `vllm bench serve` result against the simulation of its requests"),
+    "fit": ("sim.commands.fit", "fit a profile's named overhead terms to per-request measurements (train/test errors)"),
 }
 
 
