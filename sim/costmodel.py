@@ -23,7 +23,7 @@ preparing step n + 1 while the GPU runs step n) a step takes the longer of the t
 t = max(t_passes + t_exposed, t_overhead). t_exposed is per-step time that no overlap
 hides (0 unless given or fitted, ``specbatch fit``).
 
-A vllm-v1 step table also pads steps to vLLM's CUDA-graph capture sizes
+A vllm-v1 step table of a CUDA profile also pads steps to vLLM's CUDA-graph capture sizes
 (:func:`cuda_graph_sizes`): a step of T tokens, T at most the largest size, runs the
 graph of the next size up, so its linear layers work on that many tokens. A decode
 step of b sequences at k is priced at b' = pad(b (k + 1)) / (k + 1) sequences of mean
@@ -101,6 +101,7 @@ class CostModel:
         self.prefill_overhead = profile.engine_overhead_s("prefill")
         self.exposed_overhead = profile.exposed_overhead_s  # t_exposed, per step, never hidden
         self.overlapped = profile.overhead_overlapped
+        self.cuda_graphs = profile.meta.get("device", {}).get("type") == "cuda"  # vLLM pads steps to its graphs
 
     @property
     def curves(self) -> list[Curve]:
@@ -114,7 +115,8 @@ class CostModel:
         out = {"k_max": np.int64(self.k_max), "draft_measures_q": np.bool_(self.draft_measures_q),
                "decode_overhead": np.float64(self.decode_overhead),
                "prefill_overhead": np.float64(self.prefill_overhead),
-               "exposed_overhead": np.float64(self.exposed_overhead), "overlapped": np.bool_(self.overlapped)}
+               "exposed_overhead": np.float64(self.exposed_overhead), "overlapped": np.bool_(self.overlapped),
+               "cuda_graphs": np.bool_(self.cuda_graphs)}
         for attr in self._CURVES:
             curve = getattr(self, attr)
             out[f"{attr}/axes"] = np.array(curve.axes)
@@ -132,6 +134,7 @@ class CostModel:
         model.prefill_overhead = float(state["prefill_overhead"])
         model.exposed_overhead = float(state["exposed_overhead"])
         model.overlapped = bool(state["overlapped"])
+        model.cuda_graphs = bool(state["cuda_graphs"])
         features = {f.__name__: f for f in (decode_features, prefill_features, verify_features, _draft_features)}
         for attr in cls._CURVES:
             prefix = f"{attr}/"
@@ -266,9 +269,10 @@ class CostModel:
                  with_draft: bool, chunk_tokens: int = 0, graph_sizes: tuple[int, ...] | None = None) -> "StepTable":
         """``chunk_tokens``: a vllm-v1 step's token budget; P(x) is then tabulated up to it.
         ``graph_sizes``: the CUDA-graph capture sizes steps are padded to; None: vLLM V1's defaults
-        (:func:`cuda_graph_sizes`) for a vllm-v1 table, no padding for a v0 one."""
+        (:func:`cuda_graph_sizes`) for a vllm-v1 table of a CUDA profile, no padding otherwise (a v0
+        table, or a device without CUDA graphs)."""
         if graph_sizes is None:
-            graph_sizes = cuda_graph_sizes(max_batch, k_max, chunk_tokens) if chunk_tokens else ()
+            graph_sizes = cuda_graph_sizes(max_batch, k_max, chunk_tokens) if chunk_tokens and self.cuda_graphs else ()
         graph_sizes = tuple(int(g) for g in graph_sizes)
         ctx_step = max(1, math.ceil(max_context / TABLE_COLUMNS))
         prompt_step = max(1, math.ceil(max_prompt / TABLE_COLUMNS))

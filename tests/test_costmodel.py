@@ -188,8 +188,10 @@ def test_vllm_v1_cuda_graph_sizes_follow_vllms_defaults():
 def test_a_vllm_v1_table_pads_decode_steps_to_the_graph_sizes(roofline_model):
     from sim.costmodel import cuda_graph_sizes
 
-    table = roofline_model.tabulate(32, 3, 2000, 1000, with_draft=True, chunk_tokens=256)
-    unpadded = roofline_model.tabulate(32, 3, 2000, 1000, with_draft=True, chunk_tokens=256, graph_sizes=())
+    table = roofline_model.tabulate(32, 3, 2000, 1000, with_draft=True, chunk_tokens=256,
+                                    graph_sizes=cuda_graph_sizes(32, 3, 256))
+    unpadded = roofline_model.tabulate(32, 3, 2000, 1000, with_draft=True, chunk_tokens=256)
+    assert not roofline_model.cuda_graphs  # a synthetic profile has no CUDA graphs: no padding by default
     assert cuda_graph_sizes(32, 3, 256)[-1] == 256
     for b, k, c in ((9, 0, 800), (5, 1, 1200), (8, 0, 800), (24, 3, 300)):
         tokens = b * (k + 1)
