@@ -56,12 +56,12 @@ def step_check() -> list[str]:
     return lines
 
 
-def mha_check() -> list[str]:
+def mha_ratios() -> dict[str, pd.DataFrame]:
+    """Per table that measures 32 KV heads: b, step, direct, mapped and their ratio mapped / direct."""
     from sim.compose.data import read_table, systems_dir
 
     root = systems_dir(None)
-    lines = ["", "2. multi-head attention (32 KV heads, head size 128, H100): mapped (4b sequences x 8 KV heads) "
-             "over direct (b x 32), per layer, within each table:"]
+    out = {}
     for framework, version, kernel in DIRECT:
         frame = read_table(root, "h100_sxm", framework, version, ("attention", "generation_attention_perf.parquet"))
         frame = frame[(frame.kernel_source == kernel) & (frame.head_dim == 128) & (frame.kv_cache_dtype == "bfloat16")
@@ -73,10 +73,18 @@ def mha_check() -> list[str]:
 
         direct, mapped = latency(32), latency(8)
         pairs = [(b, step, t, mapped[(4 * b, step)]) for (b, step), t in direct.items() if (4 * b, step) in mapped.index]
-        ratio = np.array([m / t for _, _, t, m in pairs])
         table = pd.DataFrame(pairs, columns=["b", "step", "direct", "mapped"])
-        table["ratio"] = ratio
-        lines.append(f"  {framework} {version} ({kernel}): {len(pairs)} points, mapped / direct median {np.median(ratio):.3f}, "
+        table["ratio"] = table.mapped / table.direct
+        out[f"{framework} {version} ({kernel})"] = table
+    return out
+
+
+def mha_check() -> list[str]:
+    lines = ["", "2. multi-head attention (32 KV heads, head size 128, H100): mapped (4b sequences x 8 KV heads) "
+             "over direct (b x 32), per layer, within each table:"]
+    for name, table in mha_ratios().items():
+        ratio = table.ratio.to_numpy()
+        lines.append(f"  {name}: {len(table)} points, mapped / direct median {np.median(ratio):.3f}, "
                      f"p10-p90 {np.percentile(ratio, 10):.2f}-{np.percentile(ratio, 90):.2f}, "
                      f"range {ratio.min():.2f}-{ratio.max():.2f}")
         for step in (511, 2047):
