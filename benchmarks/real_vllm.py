@@ -159,6 +159,7 @@ def tables(doc: dict) -> str:
     behind = summary["sim_fell_behind_where_real_kept_up"]
     out.append("stages the real engine kept up with but the simulation fell behind in: "
                + (", ".join(behind) if behind else "none"))
+    out.append(f"not covered by a shipped profile: {', '.join(doc['not_covered']) or 'none'}")
     return "\n".join(out)
 
 
@@ -240,7 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     if comparisons:
         figure(comparisons, args.figure)
     print(tables(doc))
-    print(f"\nnot covered by a shipped profile: {', '.join(doc['not_covered']) or 'none'}")
     print(f"wrote {args.results}" + (f" and {args.figure}" if comparisons else ""))
     return 0
 

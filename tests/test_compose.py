@@ -279,8 +279,6 @@ def test_mha_work_units_match_decode_tables_that_measure_multi_head_attention_di
     """The decode equivalence on a kernel that really ran 32 KV heads: SGLang's FlashAttention-3 and
     TensorRT-LLM's generation tables for H100, mapped (4b x 8 KV heads) over direct (b x 32), within
     each table (benchmarks/composed_vs_published.py prints the same; docs/gpu-profiles.md)."""
-    import importlib.util
-
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "composed_vs_published.py"
     spec = importlib.util.spec_from_file_location("composed_vs_published", path)
     module = importlib.util.module_from_spec(spec)
