@@ -133,11 +133,7 @@ def test_the_comparison_is_of_the_same_requests_stage_by_stage(measured):
 
 
 def test_a_slower_engine_shows_as_a_positive_error(measured, tmp_path):
-    slow = tmp_path / "slow"
-    shutil.copytree(specbatch_profile_path(PROFILE), slow)
-    meta = json.loads((slow / "profile.json").read_text())
-    meta["engine_overhead"]["exposed_overhead_s"] = 0.002
-    (slow / "profile.json").write_text(json.dumps(meta))
+    slow = with_exposed_overhead(tmp_path / "slow", 0.002)
     comparison = specbatch.compare(measured, **{**ENGINE, "profile": str(slow)})
     assert (comparison.error("itl", "mean") > 0.05).all() and (comparison.error("e2e", "mean") > 0.05).all()
 
@@ -146,6 +142,15 @@ def specbatch_profile_path(name: str) -> Path:
     from sim.profile import resolve_profile_path
 
     return resolve_profile_path(name)
+
+
+def with_exposed_overhead(folder: Path, seconds: float) -> Path:
+    """A copy of the shipped profile whose steps each cost ``seconds`` more (exposed overhead)."""
+    shutil.copytree(specbatch_profile_path(PROFILE), folder)
+    meta = json.loads((folder / "profile.json").read_text())
+    meta["engine_overhead"]["exposed_overhead_s"] = seconds
+    (folder / "profile.json").write_text(json.dumps(meta))
+    return folder
 
 
 def test_saturation_is_a_growing_ttft():
@@ -159,11 +164,7 @@ def test_saturation_is_a_growing_ttft():
 # --------------------------------------------------------------------------------- fitting
 
 def test_fit_recovers_a_known_exposed_overhead_and_tests_on_the_file_left_out(tmp_path, capsys):
-    truth = tmp_path / "truth"
-    shutil.copytree(specbatch_profile_path(PROFILE), truth)
-    meta = json.loads((truth / "profile.json").read_text())
-    meta["engine_overhead"]["exposed_overhead_s"] = 0.0008
-    (truth / "profile.json").write_text(json.dumps(meta))
+    truth = with_exposed_overhead(tmp_path / "truth", 0.0008)
     files = [simulated_measurements(tmp_path / f"run{i}.csv", str(truth), rates=(3.0 + 3 * i,), seconds=6.0, seed=i)
              for i in range(2)]
     out = tmp_path / "fitted"
