@@ -11,7 +11,8 @@ One row per request sent, as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet`
 * ``ttft_s``, ``e2e_s`` (optional): the measured time to first token and end-to-end latency;
 * ``ok`` (optional, 1 or 0): whether the request succeeded; a failed one (0) may leave its
   latencies and its prompt length empty (0 or blank), the length is then taken from a
-  successful request with the same ``prompt_id``.
+  successful request with the same ``prompt_id`` (one whose length stays unknown is not
+  simulated: :meth:`Measured.simulated_rows`).
 
 Rows are sorted by arrival (stably) and the origin moved to the first arrival. Every bad
 cell is one :class:`~workloads.trace.TraceError` naming the file, the line (CSV; the row
