@@ -27,9 +27,9 @@ A vllm-v1 step table of a CUDA profile also pads steps to vLLM's CUDA-graph capt
 (:func:`cuda_graph_sizes`): a step of T tokens, T at most the largest size, runs the
 graph of the next size up, so its linear layers work on that many rows; the padded rows
 hold no context, so attention and the KV reads are the real rows' alone. A profile holds
-whole passes, not their parts, so what the padded rows add is read off each decode
-curve's fitted roofline (:meth:`CostModel.padding_times`): the linear-layer FLOPs term at
-the padded rows against the real ones, nothing while the pass is memory-bound.
+whole passes, not their parts; the pass whose rows are nearly all linear-layer work is a
+one-prompt prefill, so what the padded rows add is P(b' (k + 1)) - P(b (k + 1))
+(:meth:`CostModel.padding_times`; composed profiles price P from one token up).
 
 A *mixed* step of the vllm-v1 scheduler (docs/scheduling.md) runs the decodes of b
 sequences at k and Q prefill-chunk tokens in one pass. With P(x) = t_prefill_target(1, x)
@@ -161,21 +161,19 @@ class CostModel:
         verify = self.verify(batch_size=b, query_tokens=k)
         return k * draft + target + verify
 
-    def step_times(self, batch_size, k, context_tokens, padded_batch=None) -> np.ndarray:
+    def step_times(self, batch_size, k, context_tokens, padded_batch=None, with_draft: bool = True) -> np.ndarray:
         """A decode step; ``padded_batch``: the rows its passes run on (a CUDA graph's padded size)."""
         passes = self.decode_pass_times(batch_size, k, context_tokens)
         if padded_batch is not None:
-            passes = passes + self.padding_times(batch_size, k, context_tokens, padded_batch)
+            passes = passes + self.padding_times(batch_size, k, padded_batch, with_draft)
         return self.with_overhead(passes, self.decode_overhead)
 
-    def padding_times(self, batch_size, k, context_tokens, padded_batch) -> np.ndarray:
-        """What running a decode step's passes on ``padded_batch`` rows instead of ``batch_size`` adds:
-        per pass, its curve's fitted roofline with the linear layers' FLOPs (b q) at the padded rows
-        and everything else (weights, KV reads, attention FLOPs) at the real ones."""
-        b, k, c, bp = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens,
-                                                                                  padded_batch)))
-        extra = _padded_rows_cost(self.decode_target, b, k + 1, c, bp)
-        return extra + k * _padded_rows_cost(self.decode_draft, b, np.ones_like(k), c, bp)
+    def padding_times(self, batch_size, k, padded_batch, with_draft: bool) -> np.ndarray:
+        """What running a decode step on ``padded_batch`` rows instead of ``batch_size`` adds: the padded
+        rows run the linear layers and nothing else (no context, no attention), which is what they add
+        to a one-prompt prefill pass, P(b' (k + 1)) - P(b (k + 1)) (the module docstring's P)."""
+        b, k, bp = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, padded_batch)))
+        return self.chunk_costs(bp * (k + 1), with_draft) - self.chunk_costs(b * (k + 1), with_draft)
 
     def draft_times(self, batch_size, query_tokens, context_tokens) -> np.ndarray:
         """One draft pass over q tokens per sequence (q > 1: its first pass of a step, catching up).
@@ -272,7 +270,7 @@ class CostModel:
             batch_size, k, context_tokens, chunk_tokens, prefix_tokens)))
         d = b * (k + 1)
         pad = np.vectorize(lambda tokens: float(padded_tokens(tokens, graph_sizes)), otypes=[float])
-        decode = self.step_times(np.maximum(b, 1), k, c, np.maximum(pad(d) / (k + 1), 1))
+        decode = self.step_times(np.maximum(b, 1), k, c, np.maximum(pad(d) / (k + 1), 1), with_draft)
         prefix = self.prefix_attention(q, s, int(max_batch or max(1, int(b.max(initial=1)))))
         with_decodes = decode + self.chunk_costs(pad(d + q), with_draft) - self.chunk_costs(pad(d), with_draft)
         alone = self.with_overhead(self.chunk_costs(pad(q), with_draft) + prefix, self.prefill_overhead)
@@ -294,7 +292,7 @@ class CostModel:
         c = (np.arange(TABLE_COLUMNS + 2) * ctx_step).astype(float)[None, None, :]
         pad = np.array([padded_tokens(t, graph_sizes) for t in range((max_batch + 1) * (k_max + 1))], dtype=float)
         padded = np.maximum(pad[(b * (k + 1)).astype(int)] / (k + 1), 1.0)
-        decode = self.step_times(np.maximum(b, 1), k, c, padded if graph_sizes else None)
+        decode = self.step_times(np.maximum(b, 1), k, c, padded if graph_sizes else None, with_draft)
         decode[0] = 0.0
         bp = np.arange(max_batch + 1, dtype=float)[:, None]
         p = (np.arange(TABLE_COLUMNS + 2) * prompt_step).astype(float)[None, :]
@@ -316,17 +314,6 @@ class CostModel:
                                       "exposed_overhead": self.exposed_overhead, "overlapped": self.overlapped,
                                       "kv_read_cost": self.kv_read_cost(max_batch),
                                       "attention_coefficient": self.attention_coefficient, **chunk})
-
-
-def _padded_rows_cost(curve: Curve, b, q, c, padded_b) -> np.ndarray:
-    """A decode curve's roofline at b sequences of q tokens over context c, its linear-FLOPs feature at
-    ``padded_b`` rows instead, less the same at the real rows (0 while memory-bound)."""
-    real = {"batch_size": b, "query_tokens": q, "context_tokens": c}
-    memory, compute = decode_features(real)
-    padded = compute.copy()
-    padded[..., 0] = padded_b * q
-    floor = memory @ curve.theta_memory
-    return np.maximum(floor, padded @ curve.theta_compute) - np.maximum(floor, compute @ curve.theta_compute)
 
 
 def cuda_graph_sizes(max_num_seqs: int, k: int = 0, max_num_batched_tokens: int | None = None) -> tuple[int, ...]:

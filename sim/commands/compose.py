@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 
 COMPOSE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # powers of two keep the shipped files small
+# Prompts from one token: a vllm-v1 step's chunks and its CUDA-graph padding are priced on the one-prompt
+# prefill curve at a few to a few hundred tokens (sim/costmodel.py), where a GEMM's rows still matter.
+COMPOSE_MIN_PROMPT = 1
 DEFAULT_MAX_LEN = 32768  # longest context composed by default (the models may accept more)
 
 
@@ -68,7 +71,7 @@ def build_request(args: argparse.Namespace):
         raise InputError("must be at least 0", field="k-max")
     grid = default_grid("cuda", max_len, batch_sizes=args.batch_sizes or COMPOSE_BATCHES,
                         query_tokens=args.query_tokens, k_max=args.k_max, contexts=args.contexts,
-                        prompts=args.prompts, max_prefill_tokens=args.max_prefill_tokens)
+                        prompts=args.prompts or compose_prompts(max_len), max_prefill_tokens=args.max_prefill_tokens)
     grid_meta = {k: v for k, v in grid.to_dict().items() if k not in ("warmup", "repeats", "budget_s")}
     return Request(
         gpu=args.gpu, framework=args.framework, framework_version=args.framework_version, dtype=args.dtype,
@@ -81,6 +84,16 @@ def build_request(args: argparse.Namespace):
         f"given on the command line (--engine-overhead-ms {overhead_ms if overhead_ms is not None else ENGINE_OVERHEAD_S * 1e3:g}, "
         f"--engine-overlap {args.engine_overlap or ENGINE_OVERLAP})",
         name=args.name, command=command_line(args))
+
+
+def compose_prompts(max_len: int) -> list[int]:
+    """Powers of two from COMPOSE_MIN_PROMPT up to the models' limit (at most 4096, as calibrate's)."""
+    top = min(4096, max_len)
+    out, p = [], COMPOSE_MIN_PROMPT
+    while p <= top:
+        out.append(p)
+        p *= 2
+    return out
 
 
 def command_line(args: argparse.Namespace) -> str:
