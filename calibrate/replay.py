@@ -302,7 +302,7 @@ class TorchBackend:
         self._passes += time.perf_counter() - started
         return out
 
-    def chunks(self, decode_tokens: int, chunk_tokens: int) -> float:
+    def chunks(self, decode_tokens: int, tokens, prefixes) -> float:
         raise RuntimeError("the real replay runs the v0 scheduler only (checked before the run)")
 
     def watch(self, queue) -> None:

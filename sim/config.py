@@ -187,7 +187,7 @@ def _if_v0(value: Any, section: Any) -> Any:
 # Keys that only one scheduler reads: giving one to the other is an error, not silently nothing.
 V0_KEYS = ("engine.prefill",)
 V1_KEYS = ("engine.max_num_batched_tokens", "engine.chunked_prefill", "engine.block_size",
-           "engine.enable_prefix_caching", "engine.preemption")
+           "engine.enable_prefix_caching", "engine.preemption", "engine.async_scheduling")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,6 +266,9 @@ KEYS: tuple[Key, ...] = (
     Key("engine.enable_prefix_caching", boolean(), "vllm-v1: share and keep full KV blocks of identical prompt "
         "prefixes (vLLM's automatic prefix caching; trace columns prompt_id, prefix_id + prefix_tokens)",
         "--enable-prefix-caching", write=_if_v1),
+    Key("engine.async_scheduling", boolean(), "vllm-v1: schedule the next step while this one runs (vLLM's "
+        "--async-scheduling): the engine's own work hides behind the passes, and a request that arrives during "
+        "a step waits for the step after next", "--async-scheduling", write=_if_v1),
     Key("engine.gpu_memory_utilization", number(inside=(0.0, 1.0001), optional=True),
         "fraction of the GPU's memory for weights and KV cache, as vLLM's; sets the KV capacity from the "
         "profile's memory figures (instead of --kv-cache-tokens)", "--gpu-memory-utilization"),

@@ -16,20 +16,47 @@ engine's own time per step outside the timed passes, measured by calibration wit
 short real replay (0 for profiles that predate it). Every number comes from the
 profile's curves; nothing here is a constant of its own.
 
+How the engine's own work combines with the passes is the profile's too
+(``engine_overhead`` in its sidecar): by default it adds, t = t_passes + t_exposed +
+t_overhead; with ``"overlap": "async"`` (vLLM V1's asynchronous scheduling, the CPU
+preparing step n + 1 while the GPU runs step n) a step takes the longer of the two,
+t = max(t_passes + t_exposed, t_overhead). t_exposed is per-step time that no overlap
+hides (0 unless given or fitted, ``specbatch fit``).
+
+A vllm-v1 step table of a CUDA profile also pads steps to vLLM's CUDA-graph capture sizes
+(:func:`cuda_graph_sizes`): a step of T tokens, T at most the largest size, runs the
+graph of the next size up, so its linear layers work on that many rows; the padded rows
+hold no context, so attention and the KV reads are the real rows' alone. A profile holds
+whole passes, not their parts; the pass whose rows are nearly all linear-layer work is a
+one-prompt prefill, so what the padded rows add is P(b' (k + 1)) - P(b (k + 1))
+(:meth:`CostModel.padding_times`; composed profiles price P from one token up).
+
 A *mixed* step of the vllm-v1 scheduler (docs/scheduling.md) runs the decodes of b
 sequences at k and Q prefill-chunk tokens in one pass. With P(x) = t_prefill_target(1, x)
 (+ t_prefill_draft(1, x) when the run speculates), one x-token prompt's prefill, and
 D = b (k + 1) the decodes' tokens:
 
-    t_mixed = t_decode_step(b, k, c) + P(D + Q) - P(D)      (b > 0)
-    t_mixed = P(Q) + t_overhead_prefill                     (chunks only)
+    t_mixed = t_decode_step(b, k, c) + P(D + Q) - P(D) + X(Q, S)      (b > 0)
+    t_mixed = P(Q) + X(Q, S) + t_overhead_prefill                     (chunks only)
+
+(D and D + Q padded to the CUDA-graph sizes where they fit one), where S is the sum of
+the tokens each chunk's request already has in the KV cache (computed earlier, or found
+by prefix caching) and X is those chunks' attention to them:
+
+    X(Q, S) = max(kappa S, 2 theta Q S)
+
+kappa is the target's cost of reading one more token of KV cache in a decode pass (the
+decode curve's slope over context at the table's largest batch: what a full GPU pays to
+read it) and theta the prefill curve's fitted attention coefficient (t ~ theta p^2 for a
+causal p-token prompt, so Q new tokens after S cached ones add 2 theta Q S): a chunk
+reads its prefix's KV once (memory) and its queries attend to all of it (compute).
 
 The chunks' tokens continue the pass's token axis after the decodes': what they add is
 what Q more tokens cost a pass already at D tokens, so the linear layers are charged at
 the step's total tokens, knee included (a memory-bound pass takes a short chunk almost
-free). Their attention is the prompt curve's, over the step's earlier tokens rather than
-each chunk's own cached prefix. A whole prompt alone costs exactly the v0 prefill of one
-prompt. Against the kernel-composed mixed pass (sim.compose.price.PassPricer.mixed) this
+free). Among themselves their attention is the prompt curve's (P's causal part); X adds
+what they attend to before them. A whole uncached prompt alone costs exactly the v0
+prefill of one prompt. Against the kernel-composed mixed pass (sim.compose.price.PassPricer.mixed) this
 is checked in tests/test_scheduling_v1.py and shown in docs/scheduling.md.
 
 The engine never interpolates per step: :meth:`CostModel.tabulate` evaluates the
@@ -39,13 +66,15 @@ curves once, vectorised, over every (b, k, context) a run can reach, and
 
 from __future__ import annotations
 
+import bisect
+import copy
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from sim.costmodel_rules import blend as _blend
-from sim.costmodel_rules import catch_up_price, chunk_price, decode_price
+from sim.costmodel_rules import catch_up_price, chunk_price, decode_price, padded_step, prefix_attention_price
 from sim.curves import Curve, decode_features, prefill_features, verify_features
 from sim.profile import Profile
 
@@ -75,6 +104,9 @@ class CostModel:
                                         ("batch_size", "query_tokens"), verify_features)
         self.decode_overhead = profile.engine_overhead_s("decode")  # t_overhead, per step
         self.prefill_overhead = profile.engine_overhead_s("prefill")
+        self.exposed_overhead = profile.exposed_overhead_s  # t_exposed, per step, never hidden
+        self.overlapped = profile.overhead_overlapped
+        self.cuda_graphs = profile.meta.get("device", {}).get("type") == "cuda"  # vLLM pads steps to its graphs
 
     @property
     def curves(self) -> list[Curve]:
@@ -87,7 +119,9 @@ class CostModel:
         it without fitting, equal to the last bit."""
         out = {"k_max": np.int64(self.k_max), "draft_measures_q": np.bool_(self.draft_measures_q),
                "decode_overhead": np.float64(self.decode_overhead),
-               "prefill_overhead": np.float64(self.prefill_overhead)}
+               "prefill_overhead": np.float64(self.prefill_overhead),
+               "exposed_overhead": np.float64(self.exposed_overhead), "overlapped": np.bool_(self.overlapped),
+               "cuda_graphs": np.bool_(self.cuda_graphs)}
         for attr in self._CURVES:
             curve = getattr(self, attr)
             out[f"{attr}/axes"] = np.array(curve.axes)
@@ -103,6 +137,9 @@ class CostModel:
         model.draft_measures_q = bool(state["draft_measures_q"])
         model.decode_overhead = float(state["decode_overhead"])
         model.prefill_overhead = float(state["prefill_overhead"])
+        model.exposed_overhead = float(state["exposed_overhead"])
+        model.overlapped = bool(state["overlapped"])
+        model.cuda_graphs = bool(state["cuda_graphs"])
         features = {f.__name__: f for f in (decode_features, prefill_features, verify_features, _draft_features)}
         for attr in cls._CURVES:
             prefix = f"{attr}/"
@@ -112,13 +149,43 @@ class CostModel:
             setattr(model, attr, curve)
         return model
 
+    def without_overlap(self) -> "CostModel":
+        """This model with the engine's work added to every step rather than overlapping it (a run
+        without asynchronous scheduling: the v0 scheduler, or ``--no-async-scheduling``)."""
+        if not self.overlapped:
+            return self
+        model = copy.copy(self)
+        model.overlapped = False
+        return model
+
     # Vectorised, exact evaluation (used to build tables, by policies and by tests).
-    def step_times(self, batch_size, k, context_tokens) -> np.ndarray:
+    def with_overhead(self, passes, overhead: float) -> np.ndarray:
+        """A step's time from its passes' time and the engine's own work per step (module docstring):
+        their sum, or with overlapping (asynchronous) scheduling the longer of the two."""
+        passes = np.asarray(passes, dtype=float) + self.exposed_overhead
+        return np.maximum(passes, overhead) if self.overlapped else passes + overhead
+
+    def decode_pass_times(self, batch_size, k, context_tokens) -> np.ndarray:
+        """The passes of a decode step: k draft passes, the target over k + 1 tokens, verification."""
         b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
         draft = self.draft_times(b, 1, c)
         target = self.decode_target(batch_size=b, query_tokens=k + 1, context_tokens=c)
         verify = self.verify(batch_size=b, query_tokens=k)
-        return k * draft + target + verify + self.decode_overhead
+        return k * draft + target + verify
+
+    def step_times(self, batch_size, k, context_tokens, padded_batch=None, with_draft: bool = True) -> np.ndarray:
+        """A decode step; ``padded_batch``: the rows its passes run on (a CUDA graph's padded size)."""
+        passes = self.decode_pass_times(batch_size, k, context_tokens)
+        if padded_batch is not None:
+            passes = passes + self.padding_times(batch_size, k, padded_batch, with_draft)
+        return self.with_overhead(passes, self.decode_overhead)
+
+    def padding_times(self, batch_size, k, padded_batch, with_draft: bool) -> np.ndarray:
+        """What running a decode step on ``padded_batch`` rows instead of ``batch_size`` adds: the padded
+        rows run the linear layers and nothing else (no context, no attention), which is what they add
+        to a one-prompt prefill pass, P(b' (k + 1)) - P(b (k + 1)) (the module docstring's P)."""
+        b, k, bp = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, padded_batch)))
+        return self.chunk_costs(bp * (k + 1), with_draft) - self.chunk_costs(b * (k + 1), with_draft)
 
     def draft_times(self, batch_size, query_tokens, context_tokens) -> np.ndarray:
         """One draft pass over q tokens per sequence (q > 1: its first pass of a step, catching up).
@@ -146,11 +213,15 @@ class CostModel:
     def step_time(self, batch_size: int, k: int, context_tokens: float) -> float:
         return float(self.step_times(batch_size, k, context_tokens))
 
-    def prefill_times(self, batch_size, prompt_tokens, with_draft: bool) -> np.ndarray:
-        t = self.prefill_target(batch_size=batch_size, query_tokens=prompt_tokens) + self.prefill_overhead
+    def prefill_pass_times(self, batch_size, prompt_tokens, with_draft: bool) -> np.ndarray:
+        t = self.prefill_target(batch_size=batch_size, query_tokens=prompt_tokens)
         if with_draft:
             t = t + self.prefill_draft(batch_size=batch_size, query_tokens=prompt_tokens)
         return t
+
+    def prefill_times(self, batch_size, prompt_tokens, with_draft: bool) -> np.ndarray:
+        return self.with_overhead(self.prefill_pass_times(batch_size, prompt_tokens, with_draft),
+                                  self.prefill_overhead)
 
     def range_warnings(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
                        with_draft: bool) -> list[str]:
@@ -179,27 +250,61 @@ class CostModel:
         """P(x) of the module docstring: a one-prompt prefill of x tokens without the engine's
         per-step overhead (x < 1 is taken as 1)."""
         x = np.maximum(np.asarray(tokens, dtype=float), 1.0)
-        return self.prefill_times(1, x, with_draft) - self.prefill_overhead
+        return self.prefill_pass_times(1, x, with_draft)
 
-    def mixed_times(self, batch_size, k, context_tokens, chunk_tokens, with_draft: bool) -> np.ndarray:
-        """A vllm-v1 step's time, exactly (the module docstring's formula; lag 1)."""
-        b, k, c, q = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens,
-                                                                                 chunk_tokens)))
+    def kv_read_cost(self, max_batch: int) -> float:
+        """kappa of the module docstring: seconds per token of KV cache one more token of context
+        costs a target decode pass, at the largest batch a run reaches (a full GPU's rate),
+        over the curve's measured context range."""
+        b = float(max(1, min(max_batch, self.decode_target.bounds("batch_size")[1])))
+        low, high = self.decode_target.bounds("context_tokens")
+        if high <= low:
+            return 0.0
+        t = self.decode_target(batch_size=b, query_tokens=1.0, context_tokens=np.array([low, high]))
+        return max(0.0, float(t[1] - t[0]) / (b * (high - low)))
+
+    @property
+    def attention_coefficient(self) -> float:
+        """theta of the module docstring: the prefill curve's fitted causal-attention term (t ~ theta p^2)."""
+        return float(self.prefill_target.theta_compute[1])
+
+    def prefix_attention(self, chunk_tokens, prefix_tokens, max_batch: int) -> np.ndarray:
+        """X(Q, S): the chunks' attention to the S tokens their requests already hold in the KV cache."""
+        q, s = (np.asarray(v, dtype=float) for v in (chunk_tokens, prefix_tokens))
+        return np.maximum(self.kv_read_cost(max_batch) * s, 2.0 * self.attention_coefficient * q * s)
+
+    def mixed_times(self, batch_size, k, context_tokens, chunk_tokens, with_draft: bool, prefix_tokens=0.0,
+                    graph_sizes: tuple[int, ...] = (), max_batch: int | None = None) -> np.ndarray:
+        """A vllm-v1 step's time, exactly (the module docstring's formula; lag 1). ``graph_sizes``: the
+        CUDA-graph capture sizes steps are padded to (none: no padding); ``max_batch``: the batch kappa
+        is read at (default: the step's)."""
+        b, k, c, q, s = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (
+            batch_size, k, context_tokens, chunk_tokens, prefix_tokens)))
         d = b * (k + 1)
-        with_decodes = self.step_times(np.maximum(b, 1), k, c) + self.chunk_costs(d + q, with_draft) \
-            - self.chunk_costs(d, with_draft)
-        alone = self.chunk_costs(q, with_draft) + self.prefill_overhead
-        return np.where(b > 0, np.where(q > 0, with_decodes, self.step_times(np.maximum(b, 1), k, c)), alone)
+        pad = np.vectorize(lambda tokens: float(padded_tokens(tokens, graph_sizes)), otypes=[float])
+        decode = self.step_times(np.maximum(b, 1), k, c, np.maximum(pad(d) / (k + 1), 1), with_draft)
+        prefix = self.prefix_attention(q, s, int(max_batch or max(1, int(b.max(initial=1)))))
+        with_decodes = decode + self.chunk_costs(pad(d + q), with_draft) - self.chunk_costs(pad(d), with_draft)
+        alone = self.with_overhead(self.chunk_costs(pad(q), with_draft) + prefix, self.prefill_overhead)
+        return np.where(b > 0, np.where(q > 0, with_decodes + prefix, decode), alone)
 
     def tabulate(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
-                 with_draft: bool, chunk_tokens: int = 0) -> "StepTable":
-        """``chunk_tokens``: a vllm-v1 step's token budget; P(x) is then tabulated up to it."""
+                 with_draft: bool, chunk_tokens: int = 0, graph_sizes: tuple[int, ...] | None = None) -> "StepTable":
+        """``chunk_tokens``: a vllm-v1 step's token budget; P(x) is then tabulated up to it.
+        ``graph_sizes``: the CUDA-graph capture sizes steps are padded to; None: vLLM V1's defaults
+        (:func:`cuda_graph_sizes`) for a vllm-v1 table of a CUDA profile, no padding otherwise (a v0
+        table, or a device without CUDA graphs)."""
+        if graph_sizes is None:
+            graph_sizes = cuda_graph_sizes(max_batch, k_max, chunk_tokens) if chunk_tokens and self.cuda_graphs else ()
+        graph_sizes = tuple(int(g) for g in graph_sizes)
         ctx_step = max(1, math.ceil(max_context / TABLE_COLUMNS))
         prompt_step = max(1, math.ceil(max_prompt / TABLE_COLUMNS))
         b = np.arange(max_batch + 1, dtype=float)[:, None, None]
         k = np.arange(k_max + 1, dtype=float)[None, :, None]
         c = (np.arange(TABLE_COLUMNS + 2) * ctx_step).astype(float)[None, None, :]
-        decode = self.step_times(np.maximum(b, 1), k, c)
+        pad = np.array([padded_tokens(t, graph_sizes) for t in range((max_batch + 1) * (k_max + 1))], dtype=float)
+        padded = np.maximum(pad[(b * (k + 1)).astype(int)] / (k + 1), 1.0)
+        decode = self.step_times(np.maximum(b, 1), k, c, padded if graph_sizes else None, with_draft)
         decode[0] = 0.0
         bp = np.arange(max_batch + 1, dtype=float)[:, None]
         p = (np.arange(TABLE_COLUMNS + 2) * prompt_step).astype(float)[None, :]
@@ -211,11 +316,39 @@ class CostModel:
         catch_up[0] = 0.0
         after_full = decode + catch_up[:, 2:3, :]
         chunk_step = max(1, math.ceil(chunk_tokens / TABLE_COLUMNS))
-        chunk = {"chunk": self.chunk_costs(np.arange(TABLE_COLUMNS + 2) * chunk_step, with_draft)} if chunk_tokens else {}
+        chunk = {"chunk": self.chunk_costs(np.arange(TABLE_COLUMNS + 2) * chunk_step, with_draft),
+                 "graph_pad": np.array([padded_tokens(t, graph_sizes) for t in range(max(graph_sizes, default=0) + 1)],
+                                       dtype=np.int64)} if chunk_tokens else {}
         return StepTable.from_arrays({"chunk_step": float(chunk_step), "decode": decode, "prefill": prefill, "context_step": float(ctx_step),
                                       "prompt_step": float(prompt_step), "max_batch": max_batch, "k_max": k_max,
                                       "catch_up": catch_up, "decode_lag2": after_full,
-                                      "prefill_overhead": self.prefill_overhead, **chunk})
+                                      "prefill_overhead": self.prefill_overhead,
+                                      "exposed_overhead": self.exposed_overhead, "overlapped": self.overlapped,
+                                      "kv_read_cost": self.kv_read_cost(max_batch),
+                                      "attention_coefficient": self.attention_coefficient, **chunk})
+
+
+def cuda_graph_sizes(max_num_seqs: int, k: int = 0, max_num_batched_tokens: int | None = None) -> tuple[int, ...]:
+    """vLLM V1's default CUDA-graph capture sizes, in tokens per step (vllm/config/vllm.py,
+    ``_set_cudagraph_sizes``): 1, 2, 4, then every 8 below 256, then every 16, up to
+    min(2 x max_num_seqs x (1 + speculative tokens), 512, max_num_batched_tokens). A step of
+    more tokens than the largest runs without a graph (eager), unpadded."""
+    top = min(2 * max_num_seqs * (1 + k), 512)
+    if max_num_batched_tokens:
+        top = min(top, max_num_batched_tokens)
+    sizes = [s for s in (1, 2, 4) if s <= top]
+    if top >= 8:
+        sizes += list(range(8, min(top + 1, 256), 8))
+    if top >= 256:
+        sizes += list(range(256, top + 1, 16))
+    return tuple(sizes)
+
+
+def padded_tokens(tokens: int, graph_sizes: tuple[int, ...]) -> int:
+    """The tokens a step of ``tokens`` runs at: the next capture size up, or itself past the largest."""
+    if not graph_sizes or tokens <= 0 or tokens > graph_sizes[-1]:
+        return int(tokens)
+    return int(graph_sizes[bisect.bisect_left(graph_sizes, tokens)])
 
 
 class Rows(dict):
@@ -249,7 +382,12 @@ class StepTable:
     decode_lag2: Rows  # [b][k][context column]: decode plus the catch-up at lag 2, the common case
     chunk: list | None = None  # [token column]: P(x), for vllm-v1 prefill chunks (module docstring)
     chunk_step: float = 1.0  # tokens per column of ``chunk``
-    prefill_overhead: float = 0.0  # what a step of chunks alone pays beyond P
+    prefill_overhead: float = 0.0  # the engine's own work in a step of chunks alone
+    exposed_overhead: float = 0.0  # per-step time no overlap hides
+    overlapped: bool = False  # the engine's work overlaps the passes (max) rather than adding to them
+    kv_read_cost: float = 0.0  # kappa: seconds per token of a chunk's cached prefix read
+    attention_coefficient: float = 0.0  # theta: a chunk's Q tokens after S cached ones attend for 2 theta Q S
+    graph_pad: list | None = None  # [tokens] -> the CUDA-graph size a step of that many tokens runs at
 
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
         return _blend(self.decode[batch_size][k], mean_context / self.context_step)
@@ -281,24 +419,47 @@ class StepTable:
         out = {name: getattr(self, name).array for name in self._TABLES}
         out.update(context_step=np.float64(self.context_step), prompt_step=np.float64(self.prompt_step),
                    max_batch=np.int64(self.max_batch), k_max=np.int64(self.k_max),
-                   chunk_step=np.float64(self.chunk_step), prefill_overhead=np.float64(self.prefill_overhead))
+                   chunk_step=np.float64(self.chunk_step), prefill_overhead=np.float64(self.prefill_overhead),
+                   exposed_overhead=np.float64(self.exposed_overhead), overlapped=np.bool_(self.overlapped),
+                   kv_read_cost=np.float64(self.kv_read_cost),
+                   attention_coefficient=np.float64(self.attention_coefficient))
         if self.chunk is not None:
             out["chunk"] = np.asarray(self.chunk, dtype=np.float64)
+        if self.graph_pad is not None:
+            out["graph_pad"] = np.asarray(self.graph_pad, dtype=np.int64)
         return out
 
     @classmethod
     def from_arrays(cls, arrays) -> "StepTable":
-        chunk = arrays.get("chunk")
+        chunk, pad = arrays.get("chunk"), arrays.get("graph_pad")
         return cls(**{name: Rows(np.ascontiguousarray(arrays[name], dtype=np.float64)) for name in cls._TABLES},
                    context_step=float(arrays["context_step"]), prompt_step=float(arrays["prompt_step"]),
                    max_batch=int(arrays["max_batch"]), k_max=int(arrays["k_max"]),
                    chunk=None if chunk is None else np.asarray(chunk, dtype=np.float64).tolist(),
-                   chunk_step=float(arrays["chunk_step"]), prefill_overhead=float(arrays["prefill_overhead"]))
+                   chunk_step=float(arrays["chunk_step"]), prefill_overhead=float(arrays["prefill_overhead"]),
+                   exposed_overhead=float(arrays.get("exposed_overhead", 0.0)),
+                   overlapped=bool(arrays.get("overlapped", False)),
+                   kv_read_cost=float(arrays.get("kv_read_cost", 0.0)),
+                   attention_coefficient=float(arrays.get("attention_coefficient", 0.0)),
+                   graph_pad=None if pad is None else np.asarray(pad, dtype=np.int64).tolist())
 
-    def chunk_time(self, decode_tokens: int, chunk_tokens: int) -> float:
-        """What a step's prefill chunks add: P(D + Q) - P(D), or P(Q) plus the prefill overhead
-        for a step of chunks alone (D = 0)."""
-        return chunk_price(self.chunk, self.chunk_step, self.prefill_overhead, decode_tokens, chunk_tokens)
+    def padded(self, tokens: int) -> int:
+        """The tokens a step of ``tokens`` runs at (the next CUDA-graph size; itself past the largest)."""
+        return padded_step(self.graph_pad or (), tokens)
+
+    def chunk_time(self, decode_tokens: int, chunk_tokens: int, prefix_tokens: float = 0.0) -> float:
+        """What a step's prefill chunks add: P(D + Q) - P(D) + X(Q, S), or for a step of chunks alone
+        (D = 0) P(Q) + X(Q, S) with the engine's work per step (module docstring); one chunk of Q
+        tokens after S (``prefix_tokens``) its request already holds in the KV cache (computed by
+        earlier chunks or found by prefix caching); S = 0 leaves X out."""
+        return self.chunks_time(decode_tokens, (chunk_tokens,), (prefix_tokens,))
+
+    def chunks_time(self, decode_tokens: int, tokens, prefixes) -> float:
+        """:meth:`chunk_time` for several chunks: ``tokens[i]`` new tokens after ``prefixes[i]`` cached ones."""
+        prefix_cost = prefix_attention_price(self.kv_read_cost, self.attention_coefficient, tokens, prefixes,
+                                             len(tokens))
+        return chunk_price(self.chunk, self.chunk_step, self.prefill_overhead, self.exposed_overhead, self.overlapped,
+                           self.graph_pad or (), decode_tokens, sum(tokens), prefix_cost)
 
 def _draft_features(x: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return decode_features({**x, "query_tokens": np.ones_like(x["batch_size"])})

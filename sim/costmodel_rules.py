@@ -38,12 +38,36 @@ def decode_price(decode, lag2, catch_up, b, k, x, lag):
     return blend(decode[b][k], x) + catch_up_price(catch_up[b], lag, x)
 
 
-def chunk_price(chunk, step, overhead, decode_tokens, chunk_tokens):
-    """What a vllm-v1 step's prefill chunks add: P(D + Q) - P(D), or P(Q) plus the prefill
-    overhead for a step of chunks alone (D = 0)."""
+def padded_step(pad, tokens):
+    """The tokens a step of ``tokens`` runs at: the next CUDA-graph capture size (``pad[tokens]``),
+    or itself past the largest (an empty ``pad``: no graphs)."""
+    return pad[tokens] if tokens < len(pad) else tokens
+
+
+def prefix_attention_price(kv_read, theta, tokens, prefix, n):
+    """X: what n prefill chunks add by attending to the tokens their requests already hold in the KV
+    cache (``tokens[i]`` new ones after ``prefix[i]`` cached ones): per chunk the larger of reading
+    that KV (kv_read per token) and attending to it (2 theta Q S)."""
+    total = 0.0
+    for i in range(n):
+        if prefix[i]:
+            read = kv_read * prefix[i]
+            attend = 2.0 * theta * tokens[i] * prefix[i]
+            total += read if read >= attend else attend
+    return total
+
+
+def chunk_price(chunk, step, overhead, exposed, overlapped, pad, decode_tokens, chunk_tokens, prefix_cost):
+    """What a vllm-v1 step's prefill chunks add: P(pad(D + Q)) - P(pad(D)) + X, or for a step of
+    chunks alone (D = 0) P(pad(Q)) + X with the engine's own work per step: overlapping the passes
+    (the larger of the two) or added to them. X: :func:`prefix_attention_price`."""
     if decode_tokens == 0:
-        return blend(chunk, chunk_tokens / step) + overhead
-    return blend(chunk, (decode_tokens + chunk_tokens) / step) - blend(chunk, decode_tokens / step)
+        passes = blend(chunk, padded_step(pad, chunk_tokens) / step) + prefix_cost + exposed
+        if overlapped:
+            return passes if passes >= overhead else overhead
+        return passes + overhead
+    return (blend(chunk, padded_step(pad, decode_tokens + chunk_tokens) / step)
+            - blend(chunk, padded_step(pad, decode_tokens) / step) + prefix_cost)
 
 
 def prefill_price(prefill, b, prompt_column):
@@ -51,4 +75,4 @@ def prefill_price(prefill, b, prompt_column):
     return blend(prefill[b], prompt_column)
 
 
-RULES = (blend, catch_up_price, decode_price, chunk_price, prefill_price)
+RULES = (blend, catch_up_price, decode_price, padded_step, prefix_attention_price, chunk_price, prefill_price)

@@ -70,6 +70,7 @@ LATENCY_COLUMNS = tuple(c for c in COLUMNS if c.startswith("latency_"))
 
 MAX_COUNT = 2**31 - 1   # batch sizes, token counts, samples: beyond any model, and safe in every dtype
 MAX_LATENCY_S = 3600.0  # one timed pass; more is a unit mistake (ms or us written as seconds)
+OVERLAPS = ("none", "async")  # engine_overhead.overlap: the engine's work adds to a step, or overlaps it (docs/cost-model.md)
 MIN_LATENCY_S = 1e-9    # a timed pass's median: no kernel is faster than a nanosecond (and curves cannot be fitted to 1e-300)
 
 REQUIRED_META = ("format_version", "device", "dtype", "versions", "models", "grid", "timing", "created_utc")
@@ -115,6 +116,19 @@ class Profile:
         scheduler, the policy, sampling bookkeeping, KV-cache rollbacks and moves.
         """
         value = self.meta.get("engine_overhead", {}).get(f"{phase}_overhead_s")
+        return float(value) if value is not None else 0.0
+
+    @property
+    def overhead_overlapped(self) -> bool:
+        """True when the engine's own work overlaps the previous step's passes (``"overlap":
+        "async"``, vLLM V1's asynchronous scheduling): a step then takes the longer of the two,
+        not their sum (docs/cost-model.md)."""
+        return self.meta.get("engine_overhead", {}).get("overlap", "none") == "async"
+
+    @property
+    def exposed_overhead_s(self) -> float:
+        """Seconds per step outside the priced passes that no overlap hides (0 where not given)."""
+        value = self.meta.get("engine_overhead", {}).get("exposed_overhead_s")
         return float(value) if value is not None else 0.0
 
 
@@ -206,6 +220,9 @@ def _check_meta_values(meta: dict[str, Any], path: Path, text: str) -> None:
                 isinstance(value, bool) or not isinstance(value, (int, float))
                 or not 0 <= value <= MAX_LATENCY_S):
             raise fail(f"engine_overhead.{key}", f"expected seconds from 0 to {MAX_LATENCY_S:g}, got {value!r}")
+    overlap = overhead.get("overlap", "none")
+    if overlap not in OVERLAPS:
+        raise fail("engine_overhead.overlap", f"expected one of {', '.join(OVERLAPS)}, got {overlap!r}")
 
 
 def _json_line(text: str, key: str) -> int | None:

@@ -41,7 +41,7 @@ class ReplicaPlan:
         return make_scheduler(e.batching, e.max_batch_size, self.kv_budget_tokens, e.prefill, e.scheduler,
                               max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
                               chunked_prefill=e.chunked_prefill, prefix_caching=e.enable_prefix_caching,
-                              lookahead=self.max_k)
+                              async_scheduling=e.async_scheduling, lookahead=self.max_k)
 
     def inputs(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, prefix_keys: np.ndarray | None
                ) -> np.ndarray:

@@ -202,6 +202,8 @@ def prepare(config: RunConfig) -> PreparedRun:
                                                                  config.engine.gpu_memory_utilization else
                                                                  " (the profile's measured capacity)"))
     reach = _table_reach(config, policy, requests)
+    if not (v1 and config.engine.async_scheduling) and cost_model.overlapped:  # the engine's work is not hidden
+        cost_model, digest = cost_model.without_overlap(), digest + "-sync"
     table = step_table(cost_model, reach, digest, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
     try:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step

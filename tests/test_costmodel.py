@@ -143,3 +143,73 @@ def test_the_profiles_engine_overhead_is_charged_per_step(tmp_path):
     for with_draft in (False, True):
         assert float(charged.prefill_times(4, 100, with_draft)) == pytest.approx(
             float(plain.prefill_times(4, 100, with_draft)) + 0.007)
+
+
+def _with_overhead(tmp_path, name, **overhead):
+    path = make_profile(tmp_path / name)
+    meta = json.loads((path / "profile.json").read_text())
+    meta["engine_overhead"] = overhead
+    (path / "profile.json").write_text(json.dumps(meta))
+    return CostModel(load_profile(path))
+
+
+def test_overlapped_engine_work_costs_the_longer_of_it_and_the_passes(tmp_path):
+    plain = CostModel(load_profile(make_profile(tmp_path / "plain")))
+    passes = plain.step_time(4, 3, 500)
+    for cpu in (0.25 * passes, 4.0 * passes):  # hidden behind the passes, then longer than them
+        async_model = _with_overhead(tmp_path, f"async{cpu}", decode_overhead_s=cpu, prefill_overhead_s=cpu,
+                                     overlap="async")
+        assert async_model.step_time(4, 3, 500) == pytest.approx(max(passes, cpu), rel=1e-12)
+        sync_model = _with_overhead(tmp_path, f"sync{cpu}", decode_overhead_s=cpu, prefill_overhead_s=cpu)
+        assert sync_model.step_time(4, 3, 500) == pytest.approx(passes + cpu, rel=1e-12)
+    # exposed time is never hidden: it adds to the passes before the overlap
+    exposed = _with_overhead(tmp_path, "exposed", decode_overhead_s=0.25 * passes, overlap="async",
+                             exposed_overhead_s=0.001)
+    assert exposed.step_time(4, 3, 500) == pytest.approx(passes + 0.001, rel=1e-12)
+    prefill = float(plain.prefill_times(2, 300, True))
+    assert float(exposed.prefill_times(2, 300, True)) == pytest.approx(prefill + 0.001, rel=1e-12)
+    # the step table charges a step of chunks alone the same way
+    table = exposed.tabulate(8, 3, 1000, 1000, with_draft=True, chunk_tokens=512, graph_sizes=())
+    assert table.chunk_time(0, 300) == pytest.approx(float(exposed.prefill_times(1, 300, True)), rel=2e-3)
+
+
+def test_vllm_v1_cuda_graph_sizes_follow_vllms_defaults():
+    from sim.costmodel import cuda_graph_sizes, padded_tokens
+
+    sizes = cuda_graph_sizes(128, 0, 2048)  # min(2 x 128, 512) = 256
+    assert sizes == (1, 2, 4, *range(8, 256, 8), 256)
+    assert cuda_graph_sizes(512, 0, 8192)[-3:] == (480, 496, 512)  # every 16 past 256, up to 512
+    assert cuda_graph_sizes(128, 3, 300)[-1] == 288  # capped by the token budget (and k widens it)
+    assert cuda_graph_sizes(2, 0, 2048) == (1, 2, 4)
+    assert [padded_tokens(t, sizes) for t in (1, 3, 5, 9, 16, 17, 250, 256, 257, 2000)] == \
+        [1, 4, 8, 16, 16, 24, 256, 256, 257, 2000]
+
+
+def test_a_vllm_v1_table_pads_decode_steps_to_the_graph_sizes(linear_model):
+    """The padded rows run the linear layers only: what they add to a one-prompt prefill pass (the
+    linear profile's prefill costs 1e-5 s per token, the target's and again the draft's)."""
+    from sim.costmodel import cuda_graph_sizes
+
+    sizes = cuda_graph_sizes(32, 3, 256)
+    assert sizes[-1] == 256 and not linear_model.cuda_graphs  # a synthetic profile: no padding by default
+    table = linear_model.tabulate(32, 3, 2000, 1000, with_draft=True, chunk_tokens=256, graph_sizes=sizes)
+    unpadded = linear_model.tabulate(32, 3, 2000, 1000, with_draft=True, chunk_tokens=256)
+    for b, k, c in ((9, 0, 800), (5, 1, 1200), (8, 0, 800), (24, 3, 300), (17, 2, 128), (32, 3, 900)):
+        tokens = b * (k + 1)
+        padded = next(s for s in sizes if s >= tokens)
+        got = table.decode_time(b, k, c) - unpadded.decode_time(b, k, c)
+        assert got == pytest.approx(2 * 1e-5 * (padded - tokens), rel=1e-6, abs=1e-12), (b, k, c)
+        assert unpadded.decode_time(b, k, c) == pytest.approx(linear_model.step_time(b, k, c), rel=1e-9)
+    assert table.padded(9) == 16 and table.padded(300) == 300 and unpadded.padded(9) == 9
+
+
+def test_a_chunks_attention_to_its_cached_prefix_is_the_larger_of_reading_and_computing_it(linear_model,
+                                                                                             roofline_model):
+    # the linear profile's target decode reads 1e-7 s per sequence-token of context
+    assert linear_model.kv_read_cost(32) == pytest.approx(1e-7, rel=1e-9)
+    table = roofline_model.tabulate(32, 0, 2000, 2000, with_draft=False, chunk_tokens=2048, graph_sizes=())
+    kappa, theta = roofline_model.kv_read_cost(32), roofline_model.attention_coefficient
+    assert kappa > 0 and table.kv_read_cost == kappa and table.attention_coefficient == theta
+    for d, q, s in ((64, 16, 560), (0, 2048, 2048), (8, 300, 0)):
+        extra = table.chunk_time(d, q, s) - table.chunk_time(d, q)
+        assert extra == pytest.approx(max(kappa * s, 2 * theta * q * s), rel=1e-9, abs=1e-15)

@@ -86,15 +86,15 @@ def test_decode_runs_change_nothing(run_config, policy, acceptance, batching, re
        rate=st.sampled_from([0.5, 3.0, 30.0, float("inf")]), max_batch=st.integers(1, 8),
        kv=st.sampled_from([None, 480, 1600]), budget=st.sampled_from([8, 64, 512]),
        block=st.sampled_from([1, 16]), prompts=st.sampled_from([None, 3, 40]), caching=st.booleans(),
-       chunked=st.booleans(), seed=st.integers(0, 3))
+       chunked=st.booleans(), asynchronous=st.booleans(), seed=st.integers(0, 3))
 def test_v1_runs_change_nothing(run_config, tmp_path_factory, policy, acceptance, replicas, rate, max_batch, kv,
-                                budget, block, prompts, caching, chunked, seed):
+                                budget, block, prompts, caching, chunked, asynchronous, seed):
     """vllm-v1: the same, with budgets that cut speculation, preemption under KV pressure and prefix
     caching over repeated prompts (a trace with prompt ids)."""
     overrides = dict(workload__num_requests=60, workload__rate=rate, engine__scheduler="vllm-v1",
                      engine__max_batch_size=max_batch, engine__max_num_batched_tokens=max(budget, max_batch),
                      engine__block_size=block, engine__enable_prefix_caching=caching,
-                     engine__chunked_prefill=chunked, cluster__replicas=replicas,
+                     engine__chunked_prefill=chunked, engine__async_scheduling=asynchronous, cluster__replicas=replicas,
                      workload__output_tokens="uniform:1:60", workload__prompt_tokens="uniform:8:200", seed=seed,
                      **policy, **acceptance)
     if not chunked:

@@ -87,7 +87,7 @@ def _serve_with(cost_model, requests, budget=160, block_size=16, kv_tokens=100_0
     scale = acceptance_scale(np.full(len(requests), 0.7))
     engine = SimpleNamespace(batching="continuous", max_batch_size=max_seqs, prefill="packed", scheduler="vllm-v1",
                              max_num_batched_tokens=budget, block_size=block_size, chunked_prefill=True,
-                             enable_prefix_caching=True, jit=jit)
+                             enable_prefix_caching=True, async_scheduling=False, jit=jit)
     keys, num_keys = prefix_keys(requests, block_size)
     plan = ReplicaPlan(table, engine, kv_tokens, k, int((prompts + outputs).max() + 2 * k) // block_size + 2,
                        num_keys)
@@ -185,7 +185,7 @@ def _serve_stepwise(cost_model, requests, *, budget, block_size, kv_tokens, max_
     scale = acceptance_scale(np.full(len(requests), 0.7))
     engine = SimpleNamespace(batching="continuous", max_batch_size=max_seqs, prefill="packed", scheduler="vllm-v1",
                              max_num_batched_tokens=budget, block_size=block_size, chunked_prefill=True,
-                             enable_prefix_caching=True, jit="off")
+                             enable_prefix_caching=True, async_scheduling=False, jit="off")
     keys, num_keys = prefix_keys(requests, block_size)
     plan = ReplicaPlan(table, engine, kv_tokens, k, int((prompts + outputs).max() + 2 * k) // block_size + 2,
                        num_keys)

@@ -56,7 +56,8 @@ class Served:
 
 
 def serve(cost_model, prompts, outputs, *, arrivals=None, budget=160, block_size=16, kv_tokens=100_000,
-          max_seqs=8, k=0, alpha=0.7, chunked=True, seed=0, jit="off", prompt_ids=None, caching=True):
+          max_seqs=8, k=0, alpha=0.7, chunked=True, seed=0, jit="off", prompt_ids=None, caching=True,
+          async_scheduling=False):
     """One replica under the vllm-v1 scheduler; returns it after the run."""
     from types import SimpleNamespace
 
@@ -73,7 +74,7 @@ def serve(cost_model, prompts, outputs, *, arrivals=None, budget=160, block_size
     scale = acceptance_scale(np.full(n, alpha))
     engine = SimpleNamespace(batching="continuous", max_batch_size=max_seqs, prefill="packed", scheduler="vllm-v1",
                              max_num_batched_tokens=budget, block_size=block_size, chunked_prefill=chunked,
-                             enable_prefix_caching=caching, jit=jit)
+                             enable_prefix_caching=caching, async_scheduling=async_scheduling, jit=jit)
     requests = Requests(arrivals, prompts, outputs, prompt_id=prompt_ids)
     keys, num_keys = prefix_keys(requests, block_size)
     longest = int((prompts + outputs).max()) + 2 * k
@@ -115,16 +116,46 @@ def test_two_requests_with_a_tiny_budget_step_exactly(cost_model):
     assert s["kv_blocks"].tolist() == [10, 21, 23, 23]
     assert s["preemptions"].tolist() == [0, 0, 0, 0]
     durations = s["end_s"] - s["start_s"]
+    table = loop.loop.backend.table
+
+    def X(q, cached):  # a chunk's attention to what its request already holds in the KV cache
+        return max(table.kv_read_cost * cached, 2 * table.attention_coefficient * q * cached)
+
     expected = [P(160),                                   # a step of chunks alone costs as one prompt of Q
-                P(40 + 120),                              # A's last 40 and B's first 120
-                decode_cost(1, 200) + (P(1 + 30) - P(1)),  # A's decode (D = 1 token) and B's last 30
+                P(40 + 120) + X(40, 160),                 # A's last 40 (after its first 160) and B's first 120
+                decode_cost(1, 200) + (P(1 + 30) - P(1)) + X(30, 120),  # A's decode (D = 1) and B's last 30
                 decode_cost(2, (201 + 150) / 2)]
+    assert X(40, 160) > 0
     np.testing.assert_allclose(durations, expected, rtol=1e-9)
     end = s["end_s"]
     assert loop.first_token_s.tolist() == [end[1], end[2]]
     assert loop.finish_s.tolist() == [end[3], end[3]]
     assert loop.scheduled_s.tolist() == [0.0, end[0]]
     assert loop.blocks_used == 0 and loop.running == 0 and not loop.prefilling
+
+
+@pytest.mark.parametrize("jit", ["off", "on"])
+def test_with_asynchronous_scheduling_a_request_arriving_mid_step_waits_for_the_step_after_next(cost_model, jit):
+    # A decodes alone (prompt 100, 30 tokens out). B arrives in the middle of A's 5th decode step:
+    # planned synchronously, the next step admits it; with asynchronous scheduling that step was
+    # planned when the 5th started, so B's prefill comes a step later.
+    def first_steps(async_scheduling):
+        alone = serve(cost_model, [100], [30], jit=jit, async_scheduling=async_scheduling)
+        end = steps_of(alone)["end_s"]
+        arrival = (end[4] + end[5]) / 2  # mid-way through A's 5th decode step (step 5)
+        both = serve(cost_model, [100, 40], [30, 3], arrivals=[0.0, arrival], jit=jit,
+                     async_scheduling=async_scheduling)
+        s = steps_of(both)
+        first_chunk = int(np.flatnonzero(s["prefill_tokens"][1:])[0]) + 1
+        return first_chunk, both.scheduled_s[1], s["start_s"]
+
+    sync_step, sync_scheduled, sync_starts = first_steps(False)
+    async_step, async_scheduled, async_starts = first_steps(True)
+    assert sync_step == 6 and async_step == 7
+    assert sync_scheduled == sync_starts[6] and async_scheduled == async_starts[7]
+    # an idle engine plans at once: a request alone is scheduled when it arrives, either way
+    alone = serve(cost_model, [40], [3], arrivals=[1.0], jit=jit, async_scheduling=True)
+    assert alone.scheduled_s[0] == 1.0
 
 
 def test_blocks_running_out_preempt_the_newest_and_recompute_it(cost_model):
@@ -311,15 +342,18 @@ def test_the_real_replay_refuses_the_v1_scheduler_asked_for():
 
 
 def test_the_step_table_prices_mixed_steps_as_the_cost_model_does(tmp_path):
+    from sim.costmodel import cuda_graph_sizes
     from sim.simulate import _profile_and_costs
 
     _, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
     table = cm.tabulate(64, 3, 6000, 4096, with_draft=True, chunk_tokens=8192)
-    for b, k, c, q in [(0, 0, 0, 512), (0, 0, 0, 8000), (8, 3, 700, 300), (64, 3, 2500, 4000), (32, 0, 100, 1)]:
+    sizes = cuda_graph_sizes(64, 3, 8192)
+    for b, k, c, q, s in [(0, 0, 0, 512, 0), (0, 0, 0, 8000, 0), (8, 3, 700, 300, 0), (64, 3, 2500, 4000, 0),
+                          (32, 0, 100, 1, 0), (8, 3, 700, 17, 560), (0, 0, 0, 2048, 2048), (30, 0, 700, 3, 1700)]:
         d = b * (k + 1)
-        got = (table.decode_time(b, k, c) if b else 0.0) + table.chunk_time(d, q)
-        exact = float(cm.mixed_times(b, k, c, q, with_draft=True))
-        assert got == pytest.approx(exact, rel=2e-3), (b, k, c, q)
+        got = (table.decode_time(b, k, c) if b else 0.0) + table.chunk_time(d, q, s)
+        exact = float(cm.mixed_times(b, k, c, q, with_draft=True, prefix_tokens=s, graph_sizes=sizes, max_batch=64))
+        assert got == pytest.approx(exact, rel=2e-3), (b, k, c, q, s)
     # a whole prompt alone costs what v0 charges one prompt
     assert table.chunk_time(0, 1000) == pytest.approx(float(cm.prefill_times(1, 1000, True)), rel=1e-3)
 

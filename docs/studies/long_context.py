@@ -75,7 +75,8 @@ def step_times(cost_model, b, ks, c, draft_window: int | None = None) -> np.ndar
     b, ks, c = np.broadcast_arrays(b, ks, c)
     draft = cost_model.draft_times(b, 1, np.minimum(c, draft_window))
     target = cost_model.decode_target(batch_size=b, query_tokens=ks + 1, context_tokens=c)
-    return ks * draft + target + cost_model.verify(batch_size=b, query_tokens=ks) + cost_model.decode_overhead
+    return cost_model.with_overhead(ks * draft + target + cost_model.verify(batch_size=b, query_tokens=ks),
+                                    cost_model.decode_overhead)
 
 
 def analyse(cost_model, alpha: float = ALPHA, fixed_k: int = FIXED_K, contexts=None, batches=None,

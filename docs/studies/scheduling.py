@@ -85,7 +85,9 @@ def mixed_check(profile: str) -> pd.DataFrame | None:
             d, q = b * (MIXED_K + 1), sum(new for _, new in chunks)
             decode = float(cm.decode_target(batch_size=b, query_tokens=MIXED_K + 1, context_tokens=MIXED_CONTEXT)) if b \
                 else 0.0
-            formula = decode + p(d + q) - p(d) if b else p(q)
+            cached = sum(c for c, _ in chunks)  # X(Q, S): the chunks' attention to their cached prefixes
+            prefix = float(cm.prefix_attention(q, cached, max(MIXED_BATCHES))) if cached else 0.0
+            formula = (decode + p(d + q) - p(d) if b else p(q)) + prefix
             kernels = target.mixed(b, MIXED_K + 1, MIXED_CONTEXT, list(chunks))
             rows.append({"batch": b, "chunks": " + ".join(f"{new}@{cached}" for cached, new in chunks),
                          "formula_ms": formula * 1e3, "kernels_ms": kernels * 1e3, "ratio": formula / kernels})

@@ -354,12 +354,17 @@ def capacity_table(result: Any) -> pd.DataFrame:
 
 def compare(result: str | os.PathLike[str], config: str | os.PathLike[str] | None = None, *,
             overrides: dict[str, Any] | None = None, **settings: Any):
-    """A real ``vllm bench serve --save-result --save-detailed`` file against the simulation of its
-    requests, as ``specbatch compare RESULT.json``: ``specbatch.compare("result.json", k=3)``.
+    """A real run against the simulation of its requests, as ``specbatch compare FILE``:
+    ``specbatch.compare("result.json", k=3)`` or ``specbatch.compare("requests.csv", max_batch_size=128)``.
 
-    Keywords are the run flags that do not define the workload (the file does); returns a
-    :class:`sim.commands.compare.Comparison` (``.table``: metric, real, sim, rel_error; ``.ks``:
-    Kolmogorov-Smirnov tests; ``print()`` it for vLLM's layout).
+    FILE is a ``vllm bench serve --save-result --save-detailed`` JSON, or a per-request
+    measurement file (.csv, .csv.gz, .parquet: arrival_s, prompt_tokens, output_tokens and
+    optionally prompt_id, stage, ttft_s, e2e_s, ok; docs/compare.md). Keywords are the run flags
+    that do not define the workload (the file does): the engine's settings. Returns a
+    :class:`sim.commands.compare.Comparison` for a JSON (``.table``: metric, real, sim,
+    rel_error; ``.ks``: Kolmogorov-Smirnov tests), a :class:`sim.commands.compare.StageComparison`
+    for a measurement file (``.table`` per stage, metric and statistic; ``.stages``: rate and
+    whether each side kept up; ``.samples``: per request); ``print()`` either for its table.
     """
     from sim.commands.compare import COMPARE_FLAGS, compare_file
 

@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sim.commands.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
     "compose": ("sim.commands.compose", "compose a GPU profile from published kernel microbenchmarks (gpu-data extra)"),
     "compare": ("sim.commands.compare", "a real `vllm bench serve` result against the simulation of its requests"),
+    "fit": ("sim.commands.fit", "fit a profile's named overhead terms to per-request measurements (train/test errors)"),
 }
 
 
@@ -252,9 +253,12 @@ def _profiles(name: str | None) -> int:
     print(f"k_max        {profile.k_max}    kv capacity {profile.kv_capacity_tokens} tokens")
     overhead = meta.get("engine_overhead", {})
     if "decode_overhead_s" in overhead:
+        origin = ("fitted (specbatch fit)" if "fitted" in overhead else
+                  "from a published figure" if profile_source(meta) == "composed" else "measured by a short replay")
         print(f"overhead     {1e3 * profile.engine_overhead_s('decode'):.2f} ms per decode step, "
-              f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms per prefill step "
-              f"({'assumed' if profile_source(meta) == 'composed' else 'measured by a short replay'})")
+              f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms per prefill step ({origin})"
+              + (f"; overlapped with the passes (async scheduling), {1e3 * profile.exposed_overhead_s:.2f} ms "
+                 f"exposed" if profile.overhead_overlapped else ""))
     elif overhead:
         print(f"overhead     none charged ({overhead.get('error', 'not measured')})")
     counts = profile.points.groupby(["phase", "model"]).size()

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 
 COMPOSE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # powers of two keep the shipped files small
+# Prompts from one token: a vllm-v1 step's chunks and its CUDA-graph padding are priced on the one-prompt
+# prefill curve at a few to a few hundred tokens (sim/costmodel.py), where a GEMM's rows still matter.
+COMPOSE_MIN_PROMPT = 1
 DEFAULT_MAX_LEN = 32768  # longest context composed by default (the models may accept more)
 
 
@@ -27,7 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-fraction", type=float, default=None,
                    help="share of GPU memory for weights + KV cache (default 0.9, vLLM's gpu_memory_utilization)")
     p.add_argument("--engine-overhead-ms", type=float, default=None,
-                   help="per-step engine time outside the passes (default 1 ms, an assumption)")
+                   help="the engine's own work per step (default 1.21 ms, a published vLLM figure)")
+    p.add_argument("--engine-overlap", choices=("async", "none"), default=None,
+                   help="async: that work overlaps the passes, a step takes the longer (vLLM V1's default "
+                        "asynchronous scheduling); none: it adds to them (default: async)")
     p.add_argument("--max-len", type=int, default=None,
                    help=f"longest sequence the grid covers (default: the models' limit, at most {DEFAULT_MAX_LEN})")
     p.add_argument("--name", default=None, help="profile name in the sidecar (default: the folder's name)")
@@ -43,7 +49,7 @@ def build_request(args: argparse.Namespace):
     from calibrate.configs import get_config, param_count
     from calibrate.grid import default_grid
     from sim.compose import ModelShape, Request, points_of
-    from sim.compose.build import ENGINE_OVERHEAD_S, ENGINE_OVERHEAD_SOURCE, MEMORY_FRACTION
+    from sim.compose.build import ENGINE_OVERHEAD_S, ENGINE_OVERHEAD_SOURCE, ENGINE_OVERLAP, MEMORY_FRACTION
     from sim.errors import InputError
 
     configs = {"target": get_config(args.target, "target"), "draft": get_config(args.draft, "draft")}
@@ -65,7 +71,7 @@ def build_request(args: argparse.Namespace):
         raise InputError("must be at least 0", field="k-max")
     grid = default_grid("cuda", max_len, batch_sizes=args.batch_sizes or COMPOSE_BATCHES,
                         query_tokens=args.query_tokens, k_max=args.k_max, contexts=args.contexts,
-                        prompts=args.prompts, max_prefill_tokens=args.max_prefill_tokens)
+                        prompts=args.prompts or compose_prompts(max_len), max_prefill_tokens=args.max_prefill_tokens)
     grid_meta = {k: v for k, v in grid.to_dict().items() if k not in ("warmup", "repeats", "budget_s")}
     return Request(
         gpu=args.gpu, framework=args.framework, framework_version=args.framework_version, dtype=args.dtype,
@@ -73,9 +79,21 @@ def build_request(args: argparse.Namespace):
         grid={**grid_meta, "max_len": max_len}, model_configs={r: c.to_dict() for r, c in configs.items()},
         kernel_data=args.kernel_data, memory_fraction=fraction,
         engine_overhead_s=ENGINE_OVERHEAD_S if overhead_ms is None else overhead_ms * 1e-3,
-        engine_overhead_source=ENGINE_OVERHEAD_SOURCE if overhead_ms is None else
-        f"given on the command line (--engine-overhead-ms {overhead_ms:g})",
+        engine_overlap=args.engine_overlap or ENGINE_OVERLAP,
+        engine_overhead_source=ENGINE_OVERHEAD_SOURCE if overhead_ms is None and args.engine_overlap is None else
+        f"given on the command line (--engine-overhead-ms {overhead_ms if overhead_ms is not None else ENGINE_OVERHEAD_S * 1e3:g}, "
+        f"--engine-overlap {args.engine_overlap or ENGINE_OVERLAP})",
         name=args.name, command=command_line(args))
+
+
+def compose_prompts(max_len: int) -> list[int]:
+    """Powers of two from COMPOSE_MIN_PROMPT up to the models' limit (at most 4096, as calibrate's)."""
+    top = min(4096, max_len)
+    out, p = [], COMPOSE_MIN_PROMPT
+    while p <= top:
+        out.append(p)
+        p *= 2
+    return out
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -83,6 +101,7 @@ def command_line(args: argparse.Namespace) -> str:
     words = ["specbatch", "compose", "--gpu", args.gpu, "--target", args.target, "--draft", args.draft]
     defaults = {"framework": "vllm", "framework_version": "0.24.0", "dtype": "bf16"}
     for key in ("framework", "framework_version", "dtype", "kernel_data", "memory_fraction", "engine_overhead_ms",
+                "engine_overlap",
                 "max_len", "name", "batch_sizes", "query_tokens", "k_max", "contexts", "prompts",
                 "max_prefill_tokens"):
         value = getattr(args, key)

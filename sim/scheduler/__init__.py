@@ -34,7 +34,8 @@ def kv_reserve(prompt_tokens: np.ndarray, output_tokens: np.ndarray, max_k: int)
 
 def make_scheduler(batching: str, max_batch_size: int, kv_budget_tokens: int, prefill: str = "packed",
                    mode: str = "vllm-v1", *, max_num_batched_tokens: int = 8192, block_size: int = 16,
-                   chunked_prefill: bool = True, prefix_caching: bool = True, lookahead: int = 0):
+                   chunked_prefill: bool = True, prefix_caching: bool = True, async_scheduling: bool = False,
+                   lookahead: int = 0):
     """A replica's scheduler. ``prefill`` (v0): how the engine runs a block of admitted prompts:
     ``packed`` as one variable-length batch (vLLM), priced at the prompts' mean length; ``padded``
     right-padded to the longest (``generate`` on a padded batch, and the real replay).
@@ -43,7 +44,7 @@ def make_scheduler(batching: str, max_batch_size: int, kv_budget_tokens: int, pr
         if batching != "continuous":
             raise ValueError("the vllm-v1 scheduler batches continuously")
         return V1Scheduler(max_batch_size, kv_budget_tokens, max_num_batched_tokens, block_size, chunked_prefill,
-                           prefix_caching, lookahead)
+                           prefix_caching, lookahead, async_scheduling)
     if mode != "v0":
         raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}")
     if prefill not in PREFILL:

@@ -16,7 +16,8 @@ the budget out). Each step, in order:
    the newest running request is **preempted** (its blocks freed, its progress lost, back to
    the head of the waiting queue), and the next newest, until they do; if that reaches the
    request itself, it is preempted too and the step schedules no more running requests.
-2. **Waiting requests**, FCFS, preempted ones first, unless this step preempted someone: while
+2. **Waiting requests**, FCFS, preempted ones first, unless this step preempted someone (and, with
+   asynchronous scheduling, only those that had arrived when the previous step was planned): while
    budget, ``max_num_seqs`` and blocks allow, a request starts prefilling. With prefix caching
    its leading blocks already in the cache (sim/scheduler/kvcache.py) count as computed: only
    the rest is prefilled and counted against the budget. It gets ``min(tokens left, budget
@@ -35,14 +36,15 @@ import numpy as np
 
 from sim.scheduler.kvcache import (SLOT_CACHED, SLOT_HELD, admit_slot, blocks_for, cache_slot, free_slot, grow_slot,
                                     lookup, shortfall)
-from sim.serving.layout import (C_ARRIVED, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
+from sim.serving.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
                                 C_FREE_BLOCKS, C_HEAD, C_PEAK_BLOCKS, C_PHASE, C_PREEMPTED_NOW, C_PREFILLING,
                                 C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RESUME_HITS, C_RESUME_QUERIES, C_RUNNING,
                                 C_STEP_BLOCKS, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, DECODE, MIXED, N_PARAMS,
-                                NOTHING, P_BLOCK, P_BLOCKS, P_BUDGET, P_CACHING, P_CHUNKED, P_LOOKAHEAD,
+                                LAST_STEP_END, NOTHING, P_ASYNC, P_BLOCK, P_BLOCKS, P_BUDGET, P_CACHING, P_CHUNKED,
+                                P_LOOKAHEAD,
                                 P_MAX_BLOCKS, P_MAX_SEQS, PREFILL, REC_CACHED, REC_EMITTED, REC_LAST_EMIT,
                                 REC_PREEMPTIONS, REC_SCHEDULED, REQ_PROMPT, ROW_CONTEXT, ROW_LAST_EMIT,
-                                ROW_REMAINING, ROW_REQ, ROW_SLOT, S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ,
+                                ROW_REMAINING, ROW_REQ, ROW_SLOT, S_CHUNK_ENTRY, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ,
                                 S_PF_SLOT, S_PF_TARGET, S_REQUEUED, S_ROW_K)
 
 PREEMPTION = ("recompute",)  # vLLM V1 preempts by recompute only
@@ -166,7 +168,7 @@ def _admit_waiting(reqi, recf, sched, reci, ctr, kv, key_block, slot_blocks, scr
         resumed = ctr[C_REQUEUED] > 0
         if resumed:
             r = sched[S_REQUEUED, ctr[C_REQUEUED_AT]]
-        elif ctr[C_HEAD] < ctr[C_ARRIVED]:
+        elif ctr[C_HEAD] < ctr[C_ADMISSIBLE]:
             r = ctr[C_HEAD]
         else:
             break
@@ -205,8 +207,19 @@ def _admit_waiting(reqi, recf, sched, reci, ctr, kv, key_block, slot_blocks, scr
     return budget
 
 
-def plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, sched, kv, key_block, slot_blocks, scratch, par, now):
+def admission_horizon(ctr, clk, par, now):
+    """Which waiting requests this step may admit. With asynchronous scheduling (vLLM's
+    ``--async-scheduling``) a busy engine plans each step while the previous one runs, so a step
+    admits only the requests that had arrived when the previous step started; an engine with
+    nothing in flight plans at once, with everything that has arrived."""
+    busy = clk[LAST_STEP_END] == now and (ctr[C_RUNNING] > 0 or ctr[C_PREFILLING] > 0 or ctr[C_REQUEUED] > 0)
+    ctr[C_ADMISSIBLE] = ctr[C_ARRIVED_PREV] if par[P_ASYNC] and busy else ctr[C_ARRIVED]
+    ctr[C_ARRIVED_PREV] = ctr[C_ARRIVED]
+
+
+def plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch, par, now):
     """Schedule one step (the module docstring) given each running row's k (``ks``); returns its phase."""
+    admission_horizon(ctr, clk, par, now)
     ctr[C_PREEMPTED_NOW] = 0
     ctr[C_CHUNKS] = 0
     budget = _schedule_rows(ks, rows, rowf, reqi, recf, sched, reci, ctr, kv, key_block, slot_blocks, par,
@@ -218,6 +231,7 @@ def plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, sched, kv, key_block, slot_bl
     chunk_tokens = 0
     for c in range(ctr[C_CHUNKS]):
         chunk_tokens += sched[S_CHUNK_TOKENS, c]
+        sched[S_CHUNK_PREFIX, c] = sched[S_PF_DONE, sched[S_CHUNK_ENTRY, c]]  # computed before, or found cached
     ctr[C_CHUNK_TOKENS] = chunk_tokens
     used = par[P_BLOCKS] - ctr[C_FREE_BLOCKS]
     ctr[C_STEP_BLOCKS] = used
@@ -238,8 +252,8 @@ def has_work(ctr):
     return ctr[C_RUNNING] > 0 or ctr[C_PREFILLING] > 0 or ctr[C_REQUEUED] > 0 or ctr[C_ARRIVED] > ctr[C_HEAD]
 
 
-RULES = (_requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _admit_waiting, plan_v1,
-         has_work)
+RULES = (_requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _admit_waiting,
+         admission_horizon, plan_v1, has_work)
 
 
 @dataclass
@@ -253,6 +267,7 @@ class V1Scheduler:
     chunked_prefill: bool = True
     prefix_caching: bool = True
     lookahead: int = 0  # vLLM's num_lookahead_tokens: the speculation's draft tokens
+    async_scheduling: bool = False  # vLLM's --async-scheduling: a step is planned while the previous one runs
 
     name = "vllm-v1"
     paged = True
@@ -268,6 +283,7 @@ class V1Scheduler:
         par[P_MAX_SEQS], par[P_BUDGET], par[P_BLOCK] = self.max_batch_size, self.max_num_batched_tokens, self.block_size
         par[P_LOOKAHEAD], par[P_CHUNKED], par[P_CACHING] = self.lookahead, self.chunked_prefill, self.prefix_caching
         par[P_MAX_BLOCKS], par[P_BLOCKS] = max_blocks_per_request, self.total_blocks
+        par[P_ASYNC] = self.async_scheduling
         return par
 
     def initial_static_batch(self) -> int:

@@ -79,7 +79,9 @@ class CompiledRuns:
         self.tables = (table.decode.array, table.decode_lag2.array, table.catch_up.array, table.prefill.array,
                        np.asarray(table.chunk if table.chunk is not None else [0.0, 0.0], dtype=np.float64),
                        float(table.context_step), float(table.prompt_step), float(table.chunk_step),
-                       float(table.prefill_overhead))
+                       float(table.prefill_overhead), float(table.exposed_overhead), bool(table.overlapped),
+                       float(table.kv_read_cost), float(table.attention_coefficient),
+                       np.asarray(table.graph_pad if table.graph_pad is not None else [], dtype=np.int64))
         self.counts = np.zeros(table.k_max + 1, dtype=np.int64)  # accepted-count tally, folded into the sampler's
         sampler.add_tally(self.counts)
         queue = loop.queue

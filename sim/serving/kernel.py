@@ -26,14 +26,17 @@ runs from its first arrival to its last finish in a handful of calls.
 from __future__ import annotations
 
 from policies.goodput_rules import EXPECTED, MARGIN, best_k, observe_rows
-from sim.costmodel_rules import blend, catch_up_price, chunk_price, decode_price, prefill_price
+from sim.costmodel_rules import (blend, catch_up_price, chunk_price, decode_price, prefill_price,
+                                  prefix_attention_price)
 from sim.scheduler.v0 import charged_batch, plan_v0, prefill_prompt
 from sim.scheduler.v1 import has_work, plan_v1
-from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_DECODE_TOKENS, C_DRAW_POS, 
+from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS, 
                                 C_ITL_END, C_ITL_POS, C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_REC_END, C_REC_POS,
                                 C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
-                                C_STEPS, C_TOTAL_CONTEXT, DECODE, IDLE, LIMIT, MIXED, NOTHING, NOW, PENDING_END,
-                                PREFILL, REFILL, ROW_SCALE, S_ROW_K, STEP_MEAN)
+                                C_STEPS, C_TOTAL_CONTEXT, DECODE, IDLE, LAST_STEP_END, LIMIT, MIXED, NOTHING, NOW,
+                                PENDING_END,
+                                PREFILL, REFILL, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
+                                STEP_MEAN)
 from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, retire, step_rows_stats,
                                write_step)
 
@@ -60,7 +63,7 @@ def _choose(b, charged, rows, ctr, policy_kind, k_by_batch, gp, gp_rows, gp_pric
 
 def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch,
                par, ks, accepted, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step, chunk_step,
-               prefill_overhead, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind, k_by_batch, gp,
+               prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind, k_by_batch, gp,
                gp_rows, gp_prices, gp_catch_up, k_max, now):
     """Plan, price and draw one step (ServingLoop.start_step); returns its duration."""
     b = ctr[C_RUNNING]
@@ -70,7 +73,8 @@ def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, 
                         decode, lag2, catch_up, ctx_step, track_lag)
             for i in range(b):
                 ks[i] = k
-        phase = plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, sched, kv, key_block, slot_blocks, scratch, par, now)
+        phase = plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch, par,
+                        now)
     else:
         phase = plan_v0(reqi, ctr, par)
         if phase < 0:  # NOTHING, or stuck (the caller raises)
@@ -102,14 +106,17 @@ def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, 
                 counts[accepted[i]] += 1
             ctr[C_DRAW_POS] = pos + m
     if paged and ctr[C_CHUNK_TOKENS]:
-        dt += chunk_price(chunk, chunk_step, prefill_overhead, ctr[C_DECODE_TOKENS] if m else 0,
-                          ctr[C_CHUNK_TOKENS])
+        n = ctr[C_CHUNKS]
+        prefix_cost = prefix_attention_price(kv_read, theta, sched[S_CHUNK_TOKENS], sched[S_CHUNK_PREFIX], n)
+        dt += chunk_price(chunk, chunk_step, prefill_overhead, exposed, overlapped, pad,
+                          ctr[C_DECODE_TOKENS] if m else 0, ctr[C_CHUNK_TOKENS], prefix_cost)
     return dt
 
 
 def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, par,
                 accepted, records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max, start, end):
     """Apply the step :func:`start_step` planned (ServingLoop.finish_step); returns the requests finished."""
+    clk[LAST_STEP_END] = end
     phase = ctr[C_PHASE]
     if phase == PREFILL and not paged:
         n = ctr[C_ADMIT]
@@ -146,7 +153,7 @@ def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv,
 
 def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch,
               par, ks, accepted, arrivals, timed, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step,
-              chunk_step, prefill_overhead, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind,
+              chunk_step, prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind,
               k_by_batch, gp, gp_rows, gp_prices, gp_scratch, gp_catch_up, k_max, records, itl_v, itl_w, stop_at,
               max_steps, itl_room):
     """Steps from ``clk[NOW]`` until a stop (the module docstring); returns the reason."""
@@ -172,7 +179,7 @@ def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, k
             return REFILL
         dt = start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks,
                         scratch, par, ks, accepted, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step,
-                        chunk_step, prefill_overhead, kind, draws_i, draws_f, neg_rates, counts, track_lag,
+                        chunk_step, prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag,
                         policy_kind, k_by_batch, gp, gp_rows, gp_prices, gp_catch_up, k_max, now)
         if ctr[C_PHASE] < 0:
             return IDLE  # cannot happen: has_work said there was something (the caller raises)

@@ -48,10 +48,12 @@ REC_FLOATS = 4
  C_PHASE, C_STEP_ROWS, C_STEP_K, C_RAGGED, C_DECODE_TOKENS, C_ADMIT, C_CHUNKS, C_CHUNK_TOKENS, C_PREEMPTED_NOW,
  C_STEP_BLOCKS, C_STEP_RUNNING, C_STEP_CHARGED,
  # KV blocks (vllm-v1) and the prefix cache's statistics
- C_FREE_BLOCKS, C_PEAK_BLOCKS, C_FREE_SLOTS, C_CACHE_QUERIES, C_CACHE_HITS, C_RESUME_QUERIES, C_RESUME_HITS,
+ C_FREE_BLOCKS, C_PEAK_BLOCKS, C_FREE_SLOTS, C_ADMISSIBLE, C_ARRIVED_PREV, C_CACHE_QUERIES, C_CACHE_HITS, C_RESUME_QUERIES, C_RESUME_HITS,
  # the compiled run's buffers
- C_DRAW_POS, C_REC_POS, C_REC_END, C_ITL_POS, C_ITL_END, C_STEPS) = range(36)
-N_COUNTERS = 36
+ C_DRAW_POS, C_REC_POS, C_REC_END, C_ITL_POS, C_ITL_END, C_STEPS) = range(38)
+N_COUNTERS = 38
+# C_ADMISSIBLE: the waiting requests a step may admit (vllm-v1 with asynchronous scheduling: those that
+# had arrived when the previous step started, when it was planned); C_ARRIVED_PREV: C_ARRIVED then.
 # C_CACHE_*: prefix-cache look-ups of requests scheduled for the first time (tokens asked, tokens
 # found, as vLLM counts them); C_RESUME_*: of preempted requests resumed (vLLM keeps them apart).
 # C_STEP_BLOCKS: KV blocks in use during the step (vllm-v1); C_STEP_RUNNING: rows running when it started;
@@ -59,15 +61,16 @@ N_COUNTERS = 36
 
 # floats ``clk[name]``: the clock, the end of the last decode step (ITLs), a compiled run's step in
 # flight, the step's mean context (decodes) or mean prompt (a v0 prefill)
-NOW, LAST_DECODE_END, PENDING_END, STEP_MEAN = range(4)
-N_CLOCKS = 4
+NOW, LAST_DECODE_END, PENDING_END, STEP_MEAN, LAST_STEP_END = range(5)
+N_CLOCKS = 5
 
 # ------------------------------------------------------- scheduler queues and plan ``sched[field, i]``
 # prefilling entries (vllm-v1), in running order; the waiting ring of preempted requests; the
 # step's per-row speculative tokens; its chunks; the free block-table slots.
 (S_PF_REQ, S_PF_DONE, S_PF_TARGET, S_PF_SLOT, S_REQUEUED, S_ROW_K, S_CHUNK_ENTRY, S_CHUNK_TOKENS,
- S_FREE_SLOT, S_SCRATCH) = range(10)
+ S_CHUNK_PREFIX, S_FREE_SLOT) = range(10)
 SCHED_FIELDS = 10
+# S_CHUNK_PREFIX: the tokens a chunk's request already holds in the KV cache (what it attends to beyond itself).
 
 # ------------------------------------------------------------------ step kinds (records' phase)
 PREFILL, DECODE, MIXED = 0, 1, 2  # MIXED: a vllm-v1 step of decodes and prefill chunks
@@ -75,8 +78,8 @@ NOTHING = -1  # a plan with nothing to run: the replica waits for arrivals
 
 # ------------------------------------------------------------------ scheduler parameters ``par[name]``
 (P_MAX_SEQS, P_BUDGET, P_BLOCK, P_LOOKAHEAD, P_CHUNKED, P_CACHING, P_KV_BUDGET, P_STATIC, P_PADDED,
- P_MAX_BLOCKS, P_BLOCKS) = range(11)
-N_PARAMS = 11
+ P_MAX_BLOCKS, P_BLOCKS, P_ASYNC) = range(12)
+N_PARAMS = 12
 # P_MAX_BLOCKS: the longest block table a request can need; P_BLOCKS: the KV cache's blocks.
 
 # -------------------------------------------------------------- KV blocks ``kv[field, block]`` (vllm-v1)

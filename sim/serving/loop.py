@@ -30,12 +30,14 @@ from sim.errors import InputError
 from sim.jit import compiled
 from sim.scheduler import v0, v1
 from sim.serving import rules
-from sim.serving.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
+from sim.serving.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
                                 C_PREFILLING, C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RUNNING, C_STEP_BLOCKS,
                                 C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, DECODE,
+                                LAST_STEP_END,
                                 MIXED, NOTHING, P_MAX_SEQS, PREFILL, REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS,
                                 REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN, REC_PREEMPTIONS, REC_SCHEDULED,
-                                REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG, ROW_REMAINING, ROW_SCALE, S_PF_DONE,
+                                REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX,
+                                S_CHUNK_TOKENS, S_PF_DONE,
                                 S_PF_REQ, S_PF_TARGET, S_REQUEUED, S_ROW_K)
 from sim.serving.records import ReplicaRecords
 from sim.serving.state import ReplicaState
@@ -58,7 +60,7 @@ class StepBackend(Protocol):
     def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
                max_lag: int) -> tuple[float | None, np.ndarray | None]: ...
 
-    def chunks(self, decode_tokens: int, chunk_tokens: int) -> float: ...
+    def chunks(self, decode_tokens: int, tokens: np.ndarray, prefixes: np.ndarray) -> float: ...
 
     def watch(self, queue) -> None:
         """Called with the replica's queue before the run (a playback releases it as recorded)."""
@@ -129,8 +131,8 @@ class ServingLoop:
             b = int(ctr[C_RUNNING])
             if b:
                 self._choose_k(now, b, b)
-            phase = r.plan_v1(st.ks, st.rows, st.rowf, self.queue.reqi, st.reci, st.recf, ctr, st.sched, st.kv.kv,
-                              st.kv.key_block, st.kv.slot_blocks, st.kv.scratch, st.par, now)
+            phase = r.plan_v1(st.ks, st.rows, st.rowf, self.queue.reqi, st.reci, st.recf, ctr, st.clk, st.sched,
+                              st.kv.kv, st.kv.key_block, st.kv.slot_blocks, st.kv.scratch, st.par, now)
         else:
             phase = r.plan_v0(self.queue.reqi, ctr, st.par)
             if phase == PREFILL:
@@ -152,7 +154,9 @@ class ServingLoop:
         if m:
             dt = self._decode(m)
         if self.scheduler.paged and ctr[C_CHUNK_TOKENS]:
-            dt += self.backend.chunks(int(ctr[C_DECODE_TOKENS]) if m else 0, int(ctr[C_CHUNK_TOKENS]))
+            n = int(ctr[C_CHUNKS])
+            dt += self.backend.chunks(int(ctr[C_DECODE_TOKENS]) if m else 0, st.sched[S_CHUNK_TOKENS, :n],
+                                      st.sched[S_CHUNK_PREFIX, :n])
         return dt
 
     def _choose_k(self, now: float, b: int, charged: int) -> tuple[int, bool]:
@@ -200,6 +204,7 @@ class ServingLoop:
     def finish_step(self, start: float, end: float) -> None:
         """Apply the step started by :meth:`start_step` (it ran from ``start`` to ``end``)."""
         st, r, ctr = self.state, self.rules, self.state.ctr
+        st.clk[LAST_STEP_END] = end
         if self._phase == PREFILL and not self.scheduler.paged:
             n, head, running = int(ctr[C_ADMIT]), int(ctr[C_HEAD]), int(ctr[C_RUNNING])
             alone = self.queue.reqi[REQ_OUTPUT, head:head + n] == 1  # one-token requests end with their prefill

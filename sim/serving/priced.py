@@ -40,10 +40,11 @@ class PricedBackend:
         dt = self.table.decode_time_at_lag(charged, k, context, max_lag)
         return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
 
-    def chunks(self, decode_tokens: int, chunk_tokens: int) -> float:
+    def chunks(self, decode_tokens: int, tokens: np.ndarray, prefixes: np.ndarray) -> float:
         """What a vllm-v1 step's prefill chunks add to it (sim.costmodel's mixed-step formula):
-        ``decode_tokens`` = the step's decode tokens (0: a step of chunks alone)."""
-        return self.table.chunk_time(decode_tokens, chunk_tokens)
+        ``decode_tokens`` = the step's decode tokens (0: a step of chunks alone); chunk i has
+        ``tokens[i]`` new tokens after ``prefixes[i]`` its request already holds in the KV cache."""
+        return self.table.chunks_time(decode_tokens, tokens.tolist(), prefixes.tolist())
 
     def watch(self, queue) -> None:
         """The queue is released as the clock moves (a playback releases it its own way)."""

@@ -139,7 +139,7 @@ class RecordedBackend:
             raise LogicDivergence(i, "the replay recorded no accepted count per running row for this step")
         return self._charge(i, self.now), (accepted if k else None)
 
-    def chunks(self, decode_tokens: int, chunk_tokens: int) -> float:
+    def chunks(self, decode_tokens: int, tokens, prefixes) -> float:
         raise RuntimeError("a replay's steps are v0 steps: no prefill chunks to play back")
 
     def commit(self) -> None:

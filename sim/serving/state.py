@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.scheduler.kvcache import KVCacheManager
-from sim.serving.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_STATIC_BATCH, N_CLOCKS, N_COUNTERS, REC_FINISH,
+from sim.serving.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_STATIC_BATCH, LAST_STEP_END, N_CLOCKS, N_COUNTERS, REC_FINISH,
                                 REC_FIRST_TOKEN, REC_FLOATS, REC_INTS, REC_SCHEDULED, ROW_FLOATS, ROW_INTS,
                                 S_FREE_SLOT, SCHED_FIELDS)
 from sim.serving.records import Buffers, grown
@@ -26,6 +26,7 @@ class ReplicaState:
         self.recf[[REC_SCHEDULED, REC_FIRST_TOKEN, REC_FINISH]] = np.nan
         self.ctr = np.zeros(N_COUNTERS, dtype=np.int64)
         self.clk = np.zeros(N_CLOCKS)
+        self.clk[LAST_STEP_END] = -1.0  # no step yet
         self.sched = np.zeros((SCHED_FIELDS, cap), dtype=np.int64)
         self.ks = np.zeros(cap, dtype=np.int64)  # the policy's k per running row, this step
         self.accepted = np.zeros(cap, dtype=np.int64)  # draft tokens each scheduled row kept

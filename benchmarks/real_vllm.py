@@ -1,0 +1,249 @@
+"""The simulator against real vLLM on H100: every measured run a shipped profile covers.
+
+    python benchmarks/real_vllm.py [--data DIR] [--results FILE] [--figure PNG] [--runs PATTERN]
+    python benchmarks/real_vllm.py --table FILE     # print a results file's tables, run nothing
+
+The runs are the BLIS project's sixteen vLLM 0.15.1 runs on H100 SXM (``../shared/validation/
+vllm-h100``, its README says how they were made): per request the arrival, prompt and
+output length, prompt id, stage, and the measured TTFT and E2E latency. A run is simulated
+when a shipped profile covers it: the profile's target model has the run's shape (layers,
+widths, heads, KV heads, vocabulary), on the run's GPU, at its tensor-parallel size (one GPU
+per shipped profile: the Llama-2-7b TP1 runs today). Each is simulated request for request
+by ``specbatch compare`` (sim.commands.compare.compare_measured) with the run's own engine
+settings from ``runs.json``: the vllm-v1 scheduler, max_num_seqs, max_num_batched_tokens,
+block size, the KV cache vLLM logged (gpu_kv_blocks x block size tokens), chunked prefill,
+and prefix caching with the prompt ids where the simulator has them.
+
+It prints, per run and stage, the mean, p50, p90 and p99 of TTFT, ITL ((E2E - TTFT) /
+(output tokens - 1)) and E2E, real beside simulated with the error, whether the real engine
+and the simulation kept up with the stage's rate, and the medians over the stages where the
+real engine kept up, against the targets (issue 32: mean E2E and mean ITL within 3%, mean
+TTFT within 10%, p99 E2E within 5%). A stage the real engine did not keep up with (the
+reasoning runs: most requests failed) gets no error percentage, only whether the simulation
+falls behind too. Results go to ``benchmarks/results/real_vllm.json`` (what docs/validation.md's
+section "Against real vLLM on H100" is generated from), the figure (real vs simulated
+latency CDFs per run) to ``docs/figures/real-vllm-cdf.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import io
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = next((p / "shared" / "validation" / "vllm-h100" for p in ROOT.parents
+             if (p / "shared" / "validation" / "vllm-h100").is_dir()), ROOT.parent / "shared" / "validation" / "vllm-h100")
+RESULTS = ROOT / "benchmarks" / "results" / "real_vllm.json"
+FIGURE = ROOT / "docs" / "figures" / "real-vllm-cdf.png"
+TARGETS = (("e2e", "mean", 0.03), ("itl", "mean", 0.03), ("ttft", "mean", 0.10), ("e2e", "p99", 0.05))
+SHAPE = {"hidden_size": "hidden_dim", "intermediate_size": "intermediate_dim", "num_layers": "num_layers",
+         "num_heads": "num_heads", "num_kv_heads": "num_kv_heads", "vocab_size": "vocab_size"}
+
+
+def gpu_key(name: str) -> str:
+    """'h100_sxm' and 'H100-SXM-80GB' alike: lower-case letters and digits, memory size dropped."""
+    return re.sub(r"\d+gb$", "", re.sub(r"[^a-z0-9]", "", name.lower()))
+
+
+def covering_profile(run: dict, profiles: dict[str, dict]) -> str | None:
+    """The shipped profile whose target is the run's model on the run's GPU at its TP size (composed first)."""
+    found = []
+    for name, meta in sorted(profiles.items()):
+        config = meta.get("models", {}).get("target", {}).get("config", {})
+        if (all(config.get(ours) == run["model_config"].get(theirs) for ours, theirs in SHAPE.items())
+                and gpu_key(meta.get("device", {}).get("gpu") or "") == gpu_key(run["gpu"])
+                and int(meta.get("tensor_parallel_size", 1)) == int(run["tensor_parallel_size"])):
+            found.append((meta.get("source") != "composed", name))
+    return min(found)[1] if found else None
+
+
+def run_overrides(run: dict, profile: str) -> dict:
+    """The run's engine settings as the simulator's config keys (prefix caching where it has the key)."""
+    from sim.config import KEYS
+
+    keys = {key.name for key in KEYS}
+    settings = {"profile": profile,
+                "policy.name": "none", "engine.scheduler": "vllm-v1",
+                "engine.max_batch_size": run["max_num_seqs"],
+                "engine.max_num_batched_tokens": run["max_num_batched_tokens"],
+                "engine.block_size": run["block_size"],
+                "engine.kv_cache_tokens": run["gpu_kv_blocks"] * run["block_size"],
+                "engine.chunked_prefill": bool(run["chunked_prefill"])}
+    if "engine.enable_prefix_caching" in keys:
+        settings["engine.enable_prefix_caching"] = bool(run["prefix_caching"])
+    return {key: (value, "runs.json") for key, value in settings.items() if key in keys}
+
+
+def simulate_run(run: dict, profile: str, data: Path):
+    from sim.commands.compare import compare_measured
+
+    return compare_measured(data / run["file"], None, run_overrides(run, profile))
+
+
+def run_document(run: dict, profile: str, comparison) -> dict:
+    return {"run": run["run"], "model": run["model"], "profile": profile,
+            "settings": {key: value for key, (value, _) in run_overrides(run, profile).items()},
+            "stages": _records(comparison.stages), "table": _records(comparison.table)}
+
+
+def _records(frame) -> list[dict]:
+    def plain(value):
+        if hasattr(value, "item"):
+            value = value.item()
+        return None if isinstance(value, float) and not math.isfinite(value) else value
+
+    return [{key: plain(value) for key, value in row.items()} for row in frame.to_dict("records")]
+
+
+def summarize(doc: dict) -> dict:
+    """Medians over the stages the real engine kept up with, and the stages the simulation fell behind in."""
+    errors = {f"{stat}_{metric}": [] for metric, stat, _ in TARGETS}
+    behind = []
+    for run in doc["runs"]:
+        for stage in run["stages"]:
+            if stage["real_saturated"]:
+                continue
+            if stage["sim_saturated"]:
+                behind.append(f"{run['run']} stage {stage['stage']}")
+            for metric, stat, _ in TARGETS:
+                row = next(r for r in run["table"] if r["stage"] == stage["stage"] and r["metric"] == metric
+                           and r["stat"] == stat)
+                errors[f"{stat}_{metric}"].append(row["rel_error"])
+    medians = {key: (float(sorted(abs(v) for v in values)[len(values) // 2]) if len(values) % 2 else
+                     float(sum(sorted(abs(v) for v in values)[len(values) // 2 - 1:len(values) // 2 + 1]) / 2))
+               if values else None for key, values in errors.items()}
+    return {"median_abs_error": medians, "stages_judged": len(next(iter(errors.values()))),
+            "sim_fell_behind_where_real_kept_up": behind}
+
+
+def tables(doc: dict) -> str:
+    """The results file's tables: per run the per-stage comparison, then the summary."""
+    import pandas as pd
+
+    from sim.commands.compare import StageComparison, format_stages
+
+    out = [f"vLLM runs on H100 from {doc['source']}; simulated with specbatch's shipped profiles", ""]
+    for run in doc["runs"]:
+        out.append(f"{run['run']} ({run['model']}) on {run['profile']}:")
+        comparison = StageComparison(pd.DataFrame(run["table"]).fillna(math.nan), pd.DataFrame(run["stages"]),
+                                     None, None)
+        out += [format_stages(comparison), ""]
+    out.append("Per stage (error = (simulated - real) / real; none where the real engine did not keep up):")
+    out.append(f"{'run':<28}{'stage':>6}{'req/s':>7}{'mean E2E':>10}{'p99 E2E':>9}{'mean ITL':>10}"
+               f"{'mean TTFT':>11}  kept up: real / simulation")
+    for run in doc["runs"]:
+        for stage in run["stages"]:
+            cells = []
+            for metric, stat, _ in TARGETS:
+                row = next(r for r in run["table"] if r["stage"] == stage["stage"] and r["metric"] == metric
+                           and r["stat"] == stat)
+                value = row["rel_error"]
+                cells.append("-" if stage["real_saturated"] or value is None else f"{100 * value:+.1f}%")
+            kept = {True: "no", False: "yes", None: "?"}
+            out.append(f"{run['run']:<28}{stage['stage']!s:>6}{stage['rate_rps']:>7.1f}{cells[0]:>10}{cells[3]:>9}"
+                       f"{cells[1]:>10}{cells[2]:>11}  {kept[stage['real_saturated']]} / {kept[stage['sim_saturated']]}")
+    summary = doc["summary"]
+    out.append("")
+    out.append(f"median |error| over the {summary['stages_judged']} stages the real engine kept up with (target):")
+    for metric, stat, target in TARGETS:
+        value = summary["median_abs_error"][f"{stat}_{metric}"]
+        shown = "n/a" if value is None else f"{100 * value:.1f}%"
+        verdict = "" if value is None else ("  met" if value <= target else "  not met")
+        out.append(f"  {stat} {metric.upper():<5} {shown:>7}  (<= {100 * target:.0f}%){verdict}")
+    behind = summary["sim_fell_behind_where_real_kept_up"]
+    out.append("stages the real engine kept up with but the simulation fell behind in: "
+               + (", ".join(behind) if behind else "none"))
+    out.append(f"not covered by a shipped profile: {', '.join(doc['not_covered']) or 'none'}")
+    return "\n".join(out)
+
+
+def figure(comparisons: dict, path: Path) -> None:
+    """Real vs simulated latency CDFs: one row per run, TTFT / ITL / E2E."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    names = list(comparisons)
+    fig, axes = plt.subplots(len(names), 3, figsize=(12, 2.6 * len(names)), squeeze=False)
+    for row, name in enumerate(names):
+        samples = comparisons[name].samples
+        judged = samples[samples.ok & samples.real_e2e.notna()]
+        for col, (metric, label) in enumerate((("ttft", "TTFT (ms)"), ("itl", "ITL (ms)"), ("e2e", "E2E (ms)"))):
+            ax = axes[row][col]
+            for side, style in (("real", "-"), ("sim", "--")):
+                values = np.sort(judged[f"{side}_{metric}"].dropna().to_numpy()) * 1e3
+                if values.size:
+                    ax.plot(values, np.arange(1, values.size + 1) / values.size, style,
+                            label="real vLLM" if side == "real" else "simulated")
+            low, high = ax.get_xlim()
+            if high > 10 * max(low, 1e-9):  # a wide range (an overloaded run): log scale, plain labels
+                ax.set_xscale("log")
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel(label)
+            ax.grid(alpha=0.3)
+            if col == 0:
+                ax.set_ylabel(f"{name}\nCDF", fontsize=8)
+            if row == 0 and col == 0:
+                ax.legend(fontsize=8)
+    fig.suptitle("vLLM 0.15.1 on H100 (real, requests that succeeded) against specbatch (simulated, same requests)",
+                 fontsize=10)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    from sim.atomic_write import write_file
+
+    write_file(path, buffer.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="folder of runs.json and the runs (default: %(default)s)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="results file to write (default: %(default)s)")
+    parser.add_argument("--figure", type=Path, default=FIGURE, help="CDF figure to write (default: %(default)s)")
+    parser.add_argument("--runs", default="*", help="only runs matching this pattern (default: all covered)")
+    parser.add_argument("--table", type=Path, metavar="FILE", help="print the tables of a results file and stop")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(tables(json.loads(args.table.read_text())))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from sim.atomic_write import write_file
+    from sim.profile import resolve_profile_path, shipped_profiles
+
+    index = json.loads((args.data / "runs.json").read_text())
+    profiles = {name: json.loads((resolve_profile_path(name) / "profile.json").read_text())
+                for name in shipped_profiles()}
+    doc = {"source": index["source"], "runs": [], "not_covered": []}
+    comparisons = {}
+    for run in index["runs"]:
+        if not fnmatch.fnmatch(run["run"], args.runs):
+            continue
+        profile = covering_profile(run, profiles)
+        if profile is None:
+            doc["not_covered"].append(run["run"])
+            continue
+        print(f"simulating {run['run']} on {profile} ...", file=sys.stderr, flush=True)
+        comparisons[run["run"]] = comparison = simulate_run(run, profile, args.data)
+        doc["runs"].append(run_document(run, profile, comparison))
+    doc["summary"] = summarize(doc)
+    write_file(args.results, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    if comparisons:
+        figure(comparisons, args.figure)
+    print(tables(doc))
+    print(f"wrote {args.results}" + (f" and {args.figure}" if comparisons else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
