@@ -122,6 +122,19 @@ def summarize(doc: dict) -> dict:
             "sim_fell_behind_where_real_kept_up": behind}
 
 
+def fitted_terms(meta: dict) -> dict | None:
+    """What of a profile's engine overhead ``specbatch fit`` set, on which runs, and its held-out errors."""
+    overhead = meta.get("engine_overhead", {})
+    fit, carried = overhead.get("fitted"), overhead.get("carried")
+    if fit:
+        return {"terms": fit["terms"], "fitted_on": fit["on"], "leave_one_out_test": fit.get("test"),
+                "carried_from": None}
+    if carried:
+        return {"terms": carried["terms"], "fitted_on": carried.get("fitted_on"),
+                "leave_one_out_test": carried.get("fit_test_errors"), "carried_from": carried["from"]}
+    return None
+
+
 def tables(doc: dict) -> str:
     """The results file's tables: per run the per-stage comparison, then the summary."""
     import pandas as pd
@@ -160,6 +173,19 @@ def tables(doc: dict) -> str:
     out.append("stages the real engine kept up with but the simulation fell behind in: "
                + (", ".join(behind) if behind else "none"))
     out.append(f"not covered by a shipped profile: {', '.join(doc['not_covered']) or 'none'}")
+    for name, fit in (doc.get("fitted_terms") or {}).items():
+        if not fit:
+            continue
+        terms = ", ".join(f"{t} {1e3 * v:.3f} ms" for t, v in fit["terms"].items())
+        where = f"carried over from {fit['carried_from']}, " if fit["carried_from"] else ""
+        out.append(f"{name}: {terms} ({where}fitted by specbatch fit to {', '.join(fit['fitted_on'] or [])}); "
+                   "runs fitted to are in-sample for these terms")
+        test = fit.get("leave_one_out_test")
+        if test:
+            cells = ", ".join(f"{label} {100 * test[key]:.1f}%" for label, key in (
+                ("mean E2E", "mean_e2e"), ("mean ITL", "mean_itl"), ("mean TTFT", "mean_ttft"), ("p99 E2E", "p99_e2e"))
+                if test.get(key) is not None)
+            out.append(f"  the fit's leave-one-run-out test (median |error| over the held-out runs' stages): {cells}")
     return "\n".join(out)
 
 
@@ -237,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         comparisons[run["run"]] = comparison = simulate_run(run, profile, args.data)
         doc["runs"].append(run_document(run, profile, comparison))
     doc["summary"] = summarize(doc)
+    doc["fitted_terms"] = {name: fitted_terms(profiles[name]) for name in sorted({r["profile"] for r in doc["runs"]})}
     write_file(args.results, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     if comparisons:
         figure(comparisons, args.figure)

@@ -131,6 +131,14 @@ class Profile:
         value = self.meta.get("engine_overhead", {}).get("exposed_overhead_s")
         return float(value) if value is not None else 0.0
 
+    @property
+    def request_latency_s(self) -> float:
+        """Seconds the serving frontend adds to every request as its client sees it, beyond the
+        engine's steps (HTTP, tokenization, the hop to the engine and back, detokenization,
+        streaming): added to TTFT and E2E, not to the time between tokens (0 where not given)."""
+        value = self.meta.get("engine_overhead", {}).get("request_latency_s")
+        return float(value) if value is not None else 0.0
+
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles that ship inside the package."""
@@ -216,7 +224,7 @@ def _check_meta_values(meta: dict[str, Any], path: Path, text: str) -> None:
     if not isinstance(overhead, dict):
         raise fail("engine_overhead", f"expected an object, got {overhead!r}")
     for key, value in overhead.items():
-        if key.endswith("_overhead_s") and value is not None and (
+        if (key.endswith("_overhead_s") or key == "request_latency_s") and value is not None and (
                 isinstance(value, bool) or not isinstance(value, (int, float))
                 or not 0 <= value <= MAX_LATENCY_S):
             raise fail(f"engine_overhead.{key}", f"expected seconds from 0 to {MAX_LATENCY_S:g}, got {value!r}")

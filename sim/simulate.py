@@ -368,6 +368,10 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         records = cluster.merged
         if cluster.sent_s is not None:
             requests = replace(requests, arrival_s=cluster.sent_s)
+    latency = run.profile.request_latency_s
+    if latency:  # the frontend's share: the client sees every token that much later (TTFT, E2E; not ITL)
+        records.first_token_s += latency
+        records.finish_s += latency
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
                         records.finish_s, records.itl_values, records.itl_weights, records.steps,
                         config.output.goodput)

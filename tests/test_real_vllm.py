@@ -16,19 +16,17 @@ from pathlib import Path
 import pytest
 
 from sim.commands.compare import compare_measured
-from sim.config import KEYS
 
 WINDOW = Path(__file__).parent / "baselines" / "scenarios" / "vllm-h100-llama-2-7b-general.csv"
 SETTINGS = {"profile": "h100-llama-2-7b-llama-68m", "policy.name": "none", "engine.scheduler": "vllm-v1",
             "engine.max_batch_size": 128, "engine.max_num_batched_tokens": 2048, "engine.block_size": 16,
             "engine.kv_cache_tokens": 7462 * 16, "engine.chunked_prefill": True}
-PREFIX_CACHING = "engine.enable_prefix_caching" in {key.name for key in KEYS}
-# (metric, statistic): largest |relative error| allowed in each stage
-BOUNDS = {("e2e", "mean"): 0.08, ("itl", "mean"): 0.08, ("e2e", "p99"): 0.12, ("ttft", "mean"): 0.60}
+# (metric, statistic): largest |relative error| allowed in each stage (today: mean E2E and ITL within
+# 3.1%, p99 E2E 9.8% (the window's first 30 s hold few requests), mean TTFT 16%; the profile's frontend
+# latency and exposed overhead were fitted to the whole runs, docs/validation.md)
+BOUNDS = {("e2e", "mean"): 0.05, ("itl", "mean"): 0.05, ("e2e", "p99"): 0.12, ("ttft", "mean"): 0.25}
 
 
-@pytest.mark.skipif(not PREFIX_CACHING, reason="the real run had prefix caching on; the simulator has none yet "
-                                               "(issue 32 item 1), so its 20 req/s stage cannot be matched")
 def test_two_minutes_of_a_real_h100_run_within_bounds():
     overrides = {key: (value, "test") for key, value in SETTINGS.items()}
     overrides["engine.enable_prefix_caching"] = (True, "test")

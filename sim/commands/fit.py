@@ -2,6 +2,7 @@
 
     specbatch fit --profile P --measured RUN1.csv [RUN2.csv ...] --out P2 [--terms exposed_overhead_s]
                   [engine settings as run flags: --scheduler, --max-num-seqs, --kv-cache-tokens ...]
+    specbatch fit --profile P --terms-from FITTED --out P2 [--terms ...]   # carry fitted terms over
 
 Some of what a step costs cannot be known from kernel tables or a spec sheet: the engine's
 own time per step, and how much of it its scheduling hides. Those are the only things this
@@ -10,11 +11,15 @@ the profile sidecar's ``engine_overhead``:
 
 * ``exposed_overhead_s``: time per step outside the priced passes that no overlap hides;
 * ``decode_overhead_s``, ``prefill_overhead_s``: the engine's own work per step (under
-  ``"overlap": "async"`` it costs only where it is longer than the step's passes).
+  ``"overlap": "async"`` it costs only where it is longer than the step's passes);
+* ``request_latency_s``: what the serving frontend adds to each request as its client sees it
+  (HTTP, tokenization, the hop to the engine and back, detokenization, streaming): TTFT and
+  E2E, not the time between tokens. Fitting it judges mean TTFT too.
 
 Each measured file (a per-request file, as ``specbatch compare`` reads it) is simulated
 with the given settings, and the terms are set to minimise the root mean square of the
-relative errors of mean ITL and mean E2E over the stages the real engine kept up with
+relative errors of mean ITL and mean E2E (and mean TTFT when ``request_latency_s`` is fitted)
+over the stages the real engine kept up with
 (bounded scalar search for one term, bounded Nelder-Mead for more; every evaluation is a
 deterministic simulation). With two or more files it first fits on all but one and tests
 on the one left out, for each file in turn, and prints the train and test errors (median
@@ -23,6 +28,11 @@ term's fit can be judged on runs it never saw; then it fits on all of them. The 
 profile (the same points, the fitted terms) is written atomically to ``--out``; its
 sidecar records the fitted values, the files they were fitted on, the errors and the
 command (``engine_overhead.fitted``).
+
+``--terms-from FITTED`` instead carries the terms a profile was already fitted to onto another
+(the same serving stack on another model or GPU: the frontend's latency, the engine's exposed
+time per step), with no simulation; the sidecar says where they came from, so that errors on
+runs of the other model measure how well the terms carry over (leave one model out).
 """
 
 from __future__ import annotations
@@ -38,9 +48,10 @@ from pathlib import Path
 
 from sim.errors import InputError
 
-TERMS = ("exposed_overhead_s", "decode_overhead_s", "prefill_overhead_s")
+TERMS = ("exposed_overhead_s", "decode_overhead_s", "prefill_overhead_s", "request_latency_s")
 BOUNDS_S = (0.0, 0.05)  # no engine spends more than 50 ms of its own per step; a fit that wants more is wrong elsewhere
 OBJECTIVE = (("itl", "mean"), ("e2e", "mean"))
+LATENCY_OBJECTIVE = OBJECTIVE + (("ttft", "mean"),)  # request_latency_s moves TTFT too: judge it there
 REPORTED = (("e2e", "mean"), ("itl", "mean"), ("ttft", "mean"), ("e2e", "p99"))
 NOT_FLAGS = ("--profile", "--out", "--records", "--timeline", "--timeline-window", "--goodput",
              "--per-request-spec-decode-metrics")
@@ -56,8 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sim.commands.flags import add_run_flags
 
     parser.add_argument("--profile", required=True, help="the profile to start from (a folder or a shipped name)")
-    parser.add_argument("--measured", required=True, nargs="+", metavar="FILE",
+    parser.add_argument("--measured", nargs="+", metavar="FILE",
                         help="per-request measurement files (.csv, .csv.gz, .parquet), one per run")
+    parser.add_argument("--terms-from", default=None, metavar="FITTED",
+                        help="carry the named terms over from a profile specbatch fit wrote, instead of fitting")
     parser.add_argument("--out", required=True, help="the fitted profile's folder (written whole, or not at all)")
     parser.add_argument("--terms", default="exposed_overhead_s",
                         help=f"comma-separated overhead terms to fit, of: {', '.join(TERMS)} (default: %(default)s)")
@@ -68,6 +81,15 @@ def main(args: argparse.Namespace) -> int:
     from sim.commands.flags import run_overrides
 
     terms = parse_terms(args.terms)
+    if (args.measured is None) == (args.terms_from is None):
+        raise InputError("give --measured files to fit to, or --terms-from a fitted profile (one of them)",
+                         field="measured")
+    if args.terms_from is not None:
+        record = carry_terms(args.profile, args.terms_from, args.out, terms)
+        print("carried " + ", ".join(f"{t} = {1e3 * v:.3f} ms" for t, v in record["terms"].items())
+              + f" over from {record['from']}")
+        print(f"Wrote {args.out}/ (profile.csv, profile.json)")
+        return 0
     result = fit_profile(args.profile, args.measured, args.out, terms, run_overrides(args, _fit_flags()),
                          command=" ".join(["specbatch", "fit", *sys.argv[2:]]) if len(sys.argv) > 2 else "",
                          progress=lambda text: print(text, file=sys.stderr, flush=True))
@@ -122,8 +144,9 @@ def fit_profile(profile: str, measured: list[str], out: str, terms: tuple[str, .
         say(f"fitting on all {len(files)} files")
         values = fitter.fit(files, start)
         record = {"terms": {t: values[t] for t in terms}, "before": start, "on": [p.name for p in files],
-                  "objective": "RMS of the relative errors of mean ITL and mean E2E over the stages the real "
-                               "engine kept up with",
+                  "objective": "RMS of the relative errors of mean ITL, mean E2E"
+                               + (" and mean TTFT" if "request_latency_s" in terms else "")
+                               + " over the stages the real engine kept up with",
                   "train": fitter.errors(files, values), "leave_one_out": folds,
                   "test": _pooled_test(folds), "settings": {k: v[0] if isinstance(v, tuple) else v
                                                             for k, v in overrides.items()
@@ -131,6 +154,27 @@ def fit_profile(profile: str, measured: list[str], out: str, terms: tuple[str, .
                   "from_profile": meta.get("name") or source.name, "command": command,
                   "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         _write(source, Path(out), meta, values, record)
+    return record
+
+
+def carry_terms(profile: str, fitted: str, out: str, terms: tuple[str, ...]) -> dict:
+    """Write ``profile`` with ``terms`` set as a profile :func:`fit_profile` wrote has them; returns
+    the record written to its sidecar (``engine_overhead.carried``)."""
+    from sim.profile import load_profile, resolve_profile_path
+
+    source, donor = resolve_profile_path(profile), resolve_profile_path(fitted)
+    load_profile(source)
+    donor_meta = json.loads((donor / "profile.json").read_text())
+    fit = donor_meta.get("engine_overhead", {}).get("fitted")
+    if not fit or any(t not in fit.get("terms", {}) for t in terms):
+        raise InputError(f"was not fitted to {', '.join(terms)} by specbatch fit (its sidecar has no such "
+                         "engine_overhead.fitted terms)", source=donor, field="terms-from")
+    values = {t: float(fit["terms"][t]) for t in terms}
+    meta = json.loads((source / "profile.json").read_text())
+    record = {"terms": values, "from": donor_meta.get("name") or donor.name, "fitted_on": fit.get("on"),
+              "fit_test_errors": fit.get("test"), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write(source, Path(out), meta, values, record, key="carried",
+           source_text=f"carried over from {record['from']}, fitted by specbatch fit to {', '.join(fit.get('on', []))}")
     return record
 
 
@@ -174,7 +218,8 @@ class _Fitter:
         return out
 
     def loss(self, files: list[Path], values: dict[str, float]) -> float:
-        errors = [e for values_ in self.judged_errors(files, values, OBJECTIVE).values() for e in values_]
+        judged = LATENCY_OBJECTIVE if "request_latency_s" in self.terms else OBJECTIVE
+        errors = [e for values_ in self.judged_errors(files, values, judged).values() for e in values_]
         return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else math.inf
 
     def fit(self, files: list[Path], start: dict[str, float]) -> dict[str, float]:
@@ -223,7 +268,8 @@ def _pooled_test(folds: list[dict]) -> dict[str, float | None] | None:
     return {key: _median([f["test"][key] for f in folds if f["test"][key] is not None]) for key in folds[0]["test"]}
 
 
-def _write(source: Path, out: Path, meta: dict, values: dict[str, float], record: dict) -> None:
+def _write(source: Path, out: Path, meta: dict, values: dict[str, float], record: dict, key: str = "fitted",
+           source_text: str | None = None) -> None:
     from sim.atomic_write import staged_dir, write_file
     from sim.profile import CSV_NAME, META_NAME
 
@@ -233,8 +279,9 @@ def _write(source: Path, out: Path, meta: dict, values: dict[str, float], record
     meta["name"] = out.name
     overhead = meta.setdefault("engine_overhead", {})
     overhead.update(values)
-    overhead["fitted"] = record
-    overhead["source"] = (f"{overhead.get('source', '')} | fitted by specbatch fit to {', '.join(record['on'])}: "
+    overhead[key] = record
+    what = source_text or f"fitted by specbatch fit to {', '.join(record['on'])}"
+    overhead["source"] = (f"{overhead.get('source', '')} | {what}: "
                           + ", ".join(f"{t} {1e3 * v:.3f} ms" for t, v in values.items()))
     with staged_dir(out) as staging:
         shutil.copyfile(source / CSV_NAME, staging / CSV_NAME)
