@@ -411,3 +411,16 @@ def test_the_python_api(linear_profile):
     assert "held-out" in str(result)
     with pytest.raises(InputError, match="policy: unknown keyword"):
         specbatch.tune(profile=str(linear_profile), policy="goodput", num_requests=50, executor="serial")
+
+
+@pytest.mark.parametrize("traffic", [["--rate-profile", "phases:1,3:20,20"],
+                                     ["--trace", str(Path(__file__).resolve().parents[1] / "docs" / "examples"
+                                                     / "traces" / "trace.csv")]])
+def test_a_rate_profile_or_a_trace_is_traffic_too(linear_profile, tmp_path, traffic):
+    out = tmp_path / "traffic"
+    argv = ["tune", *flags(linear_profile), *traffic, "--executor", "serial", "--no-progress", "--out", str(out),
+            "--k-max", "2", "--bands", "2", "--seeds", "2", "--holdout-seeds", "2"]
+    assert main(argv) == 0
+    scenario = json.loads((out / "tune.json").read_text())["scenario"]["workload"]
+    assert ("rate_profile" in scenario) == (traffic[0] == "--rate-profile")
+    assert ("trace" in scenario) == (traffic[0] == "--trace")

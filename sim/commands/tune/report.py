@@ -95,7 +95,7 @@ def comparison_rows(result: "TuneResult", short: bool = False) -> list[list[str]
     rows = []
     for r in result.rows:
         diff = r.tuned_minus
-        shown = -diff.mean if result.plan.objective.maximize else diff.mean  # in the metric's own sign
+        shown = (-diff.mean if result.plan.objective.maximize else diff.mean) + 0.0  # the metric's sign; no -0
         versus = "—" if r.label == "tuned" else f"{_num(shown, 3)} ± {_num(diff.noise, 2)}"
         label = r.label if r.label != "tuned" or short else f"tuned: {result.plan.space.text(result.schedule)}"
         rows.append([label, _num(r.value(result.plan.objective)), versus,
@@ -325,7 +325,8 @@ def render_figure(result: "TuneResult") -> bytes:
         ax_cmp.grid(alpha=0.3, axis="x")
 
         runs = [r for r, _ in found.history]
-        ax_search.step(runs, [goal.value(loss) for _, loss in found.history], where="post", color="tab:red")
+        ax_search.step(runs, [goal.value(loss) for _, loss in found.history], where="post", color="tab:red",
+                       marker="o")
         ax_search.set_xlabel("runs")
         ax_search.set_ylabel(f"{goal.metric} of the incumbent (search seeds)")
         ax_search.set_title(f"search: {found.passes} passes, {len(found.moves)} moves")

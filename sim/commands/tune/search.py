@@ -195,6 +195,8 @@ class CoordinateSearch:
                      + f"; {self.objective.metric} {self._shown(incumbent)} -> {self._shown(chosen)}")
             incumbent = chosen
             history.append((self.ran, self.loss(incumbent)))
+        if history[-1][0] != self.ran:  # the last pass's runs, which found nothing
+            history.append((self.ran, self.loss(incumbent)))
         return SearchResult(incumbent, self.loss(incumbent), start, moves, passes, self.ran, self.inferred,
                             self.skipped, history)
 
