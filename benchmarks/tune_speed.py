@@ -55,7 +55,9 @@ def main() -> int:
     parser.add_argument("--update", action="store_true", help=f"also write the figures to {RESULTS.name}")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    lines = [f"{platform.machine()}, {cores} cores, Python {platform.python_version()}; executor {args.executor}"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = [f"{platform.machine()}, {cores} cores, Python {platform.python_version()}; executor {args.executor}; "
+             f"load average {load:.1f} at the start (other jobs on the machine)"]
     print(lines[0])
     walls = []
     for _ in range(args.repeat):
@@ -68,7 +70,7 @@ def main() -> int:
         for line in (f"{args.requests:,} requests per run, {len(doc['space']['bands'])} bands x k "
                      f"{doc['space']['k_values'][0]}..{doc['space']['k_values'][-1]}: {runs} runs ({search['runs']} in "
                      f"the search, {holdout} held-out) in {wall:.1f} s wall (whole process), {runs / wall:.2f} runs/s; "
-                     f"{search['passes']} passes, {len(search['moves'])} moves, {search['skipped_cells']} cells skipped",
+                     f"passes {search['passes']}, moves {len(search['moves'])}, cells skipped {search['skipped_cells']}",
                      f"  tuned: {doc['schedule']['text']}; {doc['verdict']}"):
             print(line)
             lines.append(line)

@@ -207,6 +207,10 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
         if not have_dask():
             raise InputError("needs dask.distributed: pip install 'specbatch[sweep]'", source="--dask")
     base = load_config(config, overrides)
+    # The runs write nothing and draw no timeline (a scenario file's [output] may ask for both); the
+    # SLOs of --goodput stay: they make request_goodput.
+    base = replace(base, output=replace(base.output, dir=None, records="none", timeline=None, timeline_window=None,
+                                        per_request_spec_decode_metrics="none"))
     goal = parse_objective(objective, base.output.goodput)
     if base.seed + seeds + holdout - 1 > SEED_MAX:
         raise base.error("seed", f"the tune uses seeds {base.seed}..{base.seed + seeds + holdout - 1}, beyond {SEED_MAX}")
@@ -230,8 +234,7 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
     # Prepared here: every input of the scenario is checked before the first run, and the lut
     # baseline's own table (built at bind from the step table) places the bands and seeds the search.
     lut = next(c for c in others if c.policy["name"] == "lut")
-    first = prepare(replace(base, seed=base.seed, policy=PolicyConfig("lut", {k: v for k, v in lut.policy.items()
-                                                                             if k != "name"})))
+    first = prepare(replace(base, policy=PolicyConfig("lut", {k: v for k, v in lut.policy.items() if k != "name"})))
     busy = min(workers or os.cpu_count() or 1, MAX_WORKERS) if executor == "pool" else 1
     problem = memory_problem(request_bytes(len(first.requests)) * busy)
     if problem is not None:

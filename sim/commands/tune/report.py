@@ -60,6 +60,10 @@ def _num(value, digits: int = 4) -> str:
     return f"{value:.0f}" if abs(value) >= 10 ** (digits - 1) else f"{value:.{digits}g}"
 
 
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def text_table(header: list[str], rows: list[list[str]]) -> str:
     """A plain-text table: the first column left-aligned, the others (numbers) right-aligned."""
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
@@ -116,9 +120,9 @@ def input_rows(result: "TuneResult") -> list[tuple[str, str]]:
          + f", k in {space.k_values[0]}..{space.k_values[-1]}"),
         ("search seeds", ", ".join(map(str, plan.seeds))),
         ("held-out seeds", ", ".join(map(str, plan.holdout))),
-        ("search", f"{found.runs} runs ({found.inferred} more known without running them), {found.passes} passes "
-                   f"over the cells, {found.skipped} cells skipped as never reached, {len(found.moves)} moves from the "
-                   f"start {space.text(found.start)}"),
+        ("search", f"{found.runs} runs ({found.inferred} more known without running them), "
+                   f"{_count(found.passes, 'pass', 'passes')} over the cells, {found.skipped} cells skipped as never "
+                   f"reached, {_count(len(found.moves), 'move')} from the start {space.text(found.start)}"),
     ]
 
 
@@ -329,7 +333,7 @@ def render_figure(result: "TuneResult") -> bytes:
                        marker="o")
         ax_search.set_xlabel("runs")
         ax_search.set_ylabel(f"{goal.metric} of the incumbent (search seeds)")
-        ax_search.set_title(f"search: {found.passes} passes, {len(found.moves)} moves")
+        ax_search.set_title(f"search: {_count(found.passes, 'pass', 'passes')}, {_count(len(found.moves), 'move')}")
         ax_search.grid(alpha=0.3)
         fig.tight_layout()
         buffer = io.BytesIO()
