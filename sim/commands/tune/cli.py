@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sim.commands.tune import DEFAULT_BANDS, DEFAULT_K_MAX, DEFAULT_SEEDS
 from sim.commands.tune.objective import DEFAULT, GOODPUT
-from sim.commands.tune.plan import DEFAULT_BANDS, DEFAULT_K_MAX, DEFAULT_SEEDS
 from sim.commands.tune.space import FORMATS
 
 

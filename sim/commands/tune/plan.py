@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sim.commands.tune import DEFAULT_BANDS, DEFAULT_K_MAX, DEFAULT_SEEDS
 from sim.commands.tune.baselines import TUNED, Row, baselines, comparison, verdict
 from sim.commands.tune.objective import DEFAULT, Objective, parse_objective
 from sim.commands.tune.search import CoordinateSearch, SearchResult
@@ -27,9 +28,6 @@ from sim.config import PolicyConfig, RunConfig
 from sim.errors import InputError
 from sim.limits import MAX_WORKERS, SEED_MAX, memory_problem, request_bytes
 
-DEFAULT_BANDS = 8
-DEFAULT_K_MAX = 7
-DEFAULT_SEEDS = 3
 
 
 @dataclass

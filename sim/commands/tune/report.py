@@ -10,7 +10,8 @@ Beside ``cells/`` (one file per run, the resumable store) and ``trials.csv``:
 * ``report.md`` with ``tune.png``, ``report.html`` (the figure embedded), ``tune.json``.
 
 Everything is a function of the inputs and the runs (no dates, no wall times, PNGs without
-matplotlib's Software tag), each file written atomically.
+matplotlib's Software tag), each file written atomically. ``result`` below is a
+:class:`sim.commands.tune.plan.TuneResult` (not imported: plan imports this module).
 """
 
 from __future__ import annotations
@@ -21,14 +22,10 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import sim
 from sim.atomic_write import write_file
 from sim.errors import InputError
-
-if TYPE_CHECKING:
-    from sim.commands.tune.plan import TuneResult
 
 MARKER = "tune.json"
 FIGURE = "tune.png"
