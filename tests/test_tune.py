@@ -137,6 +137,29 @@ def test_engine_formats_and_where_an_engine_cannot_follow():
         engine_text(ctx, (2, 1, 2, 2), "vllm")
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6, unique=True), st.data())
+def test_every_format_gives_each_batch_size_its_bands_k(edges, data):
+    """lut, vLLM, TensorRT-LLM (and SGLang where k >= 1) choose the schedule's k at every batch size."""
+    from policies.base import BatchView
+    from policies.registry import make_policy
+
+    max_batch = 48
+    space = Space(batch_bands(sorted(e for e in edges if e <= max_batch) or [max_batch], max_batch), None,
+                  tuple(range(0, 6)))
+    schedule = tuple(data.draw(st.lists(st.integers(0, 5), min_size=space.size, max_size=space.size)))
+    formats = ["lut", "vllm", "trtllm"] + (["sglang"] if min(schedule) >= 1 else [])
+    policies = {}
+    for fmt in formats:
+        spec = engine_policy(space, schedule, fmt)
+        policies[fmt] = make_policy(spec.pop("name"), spec)
+    view = BatchView(k_max=5)
+    for b in range(1, max_batch + 1):
+        band = next(i for i, (lo, hi) in enumerate(space.bands) if lo <= b <= hi)
+        view.batch_size = view.running = b
+        assert {fmt: int(p.choose_k(view)) for fmt, p in policies.items()} == {fmt: schedule[band] for fmt in formats}
+
+
 # ------------------------------------------------------------------ the objective
 
 def test_objective_names_are_summary_names():
