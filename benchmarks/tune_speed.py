@@ -6,7 +6,7 @@
     python benchmarks/tune_speed.py --repeat 3 --update      # also write benchmarks/results/tune_speed.txt
 
 Each run is a whole `specbatch tune` process (start-up, the search on 3 seeds, the held-out
-check of the tuned schedule and 12 baselines on 3 more, the report) into a fresh temporary
+check of the tuned schedule and 11 baselines on 3 more, the report) into a fresh temporary
 folder, so nothing comes from a store. The scenario is the shipped default (the H100
 profile, Poisson arrivals at 18 req/s, chat-like lengths, max batch 256) with 10,000
 requests per run. The target (issue 30): under 2 minutes on a 2-core machine. The figures

@@ -27,5 +27,4 @@ def test_tuned_is_never_beaten_beyond_noise_on_the_h100_profile(load):
     import specbatch
 
     result = specbatch.tune(rate=load * saturation_rate(), num_requests=REQUESTS, executor="serial")
-    beaten = [row.label for row in result.rows if not row.tuned_minus.within_noise]
-    assert not beaten, f"at {load:.0%} load: {result.verdict}"
+    assert result.verdict_category != "worse", f"at {load:.0%} load: {result.verdict}"

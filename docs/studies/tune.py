@@ -46,18 +46,18 @@ def rows_for(fraction: float, rate: float, result) -> tuple[list[dict], dict]:
         rows.append({"fraction": fraction, "rate": rate, "policy": r.label, "mean_e2el_s": r.value(goal) / 1e3,
                      "tuned_minus_s": r.tuned_minus.mean / 1e3, "noise_s": r.tuned_minus.noise / 1e3,
                      "mean_k": r.metrics["mean_k"], "mean_batch": r.metrics["mean_batch_size"]})
-    others = [r for r in result.rows if r.label != "tuned"]
-    best = min(others, key=lambda r: sum(r.losses))
-    fixed = min((r for r in others if r.label.startswith("fixed")), key=lambda r: sum(r.losses))
-    diff = best.tuned_minus
-    verdict = "better" if diff.mean < -diff.noise else ("within noise" if diff.within_noise else "worse")
+    from sim.commands.tune.baselines import best_baseline, verdict_level
+
+    best = best_baseline(result.rows)
+    fixed = min((r for r in result.rows if r.label.startswith("fixed")), key=lambda r: sum(r.losses))
+    diff, verdict = best.tuned_minus, result.verdict_category
     found = result.search
     summary = {"fraction": fraction, "rate": rate, "schedule": result.plan.space.text(result.schedule),
                "bands": len(result.plan.space.bands), "start": result.plan.space.text(found.start),
                "moves": len(found.moves), "passes": found.passes, "search_runs": found.runs,
                "best_baseline": best.label, "best_fixed": fixed.label, "verdict": verdict,
                "tuned_vs_best_rel": diff.mean / (sum(best.losses) / len(best.losses)),
-               "noise_rel": diff.noise / (sum(best.losses) / len(best.losses))}
+               "noise_rel": diff.interval(verdict_level(result.rows)) / (sum(best.losses) / len(best.losses))}
     return rows, summary
 
 

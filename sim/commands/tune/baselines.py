@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.commands.tune.objective import Objective, Paired, paired
+from sim.commands.tune.objective import NOISE_LEVEL, Objective, Paired, paired
 from sim.commands.tune.trials import ROW_METRICS, Candidate
 
 SGLANG_DEFAULT_STEPS = (1, 3, 7)  # SGLang's default candidate_steps (policies/sglang_adaptive.py)
@@ -67,16 +67,29 @@ def best_baseline(rows: list[Row]) -> Row:
     return min(others, key=lambda r: sum(r.losses) / len(r.losses))
 
 
+def verdict_level(rows: list[Row]) -> float:
+    """The confidence level of the verdict: 95%, Bonferroni-corrected for picking the best of the baselines
+    on the same held-out seeds (the best of eleven looks better than it is)."""
+    return NOISE_LEVEL / max(1, len(rows) - 1)
+
+
+def verdict_category(rows: list[Row]) -> str:
+    """"better", "within noise" or "worse": the tuned schedule against the best baseline."""
+    return best_baseline(rows).tuned_minus.category(verdict_level(rows))
+
+
 def verdict(rows: list[Row], objective: Objective) -> str:
     """Whether the tuned schedule is better than, within noise of, or worse than the best baseline."""
     best = best_baseline(rows)
-    diff = best.tuned_minus
+    diff, level = best.tuned_minus, verdict_level(rows)
     tuned_value = next(r for r in rows if r.label == TUNED).value(objective)
     gap = f"{objective.metric} {tuned_value:.4g} vs {best.value(objective):.4g}"
-    margin = (f"paired difference {abs(diff.mean):.3g} ± {diff.noise:.2g} {objective.unit} (95% confidence) over "
-              f"{diff.seeds} held-out seeds")
-    if diff.mean < -diff.noise:
+    margin = (f"paired difference {abs(diff.mean):.3g} ± {diff.interval(level):.2g} {objective.unit} over "
+              f"{diff.seeds} held-out seeds ({1 - level:.1%} confidence: 95% for the best of {len(rows) - 1} "
+              f"baselines)")
+    category = diff.category(level)
+    if category == "better":
         return f"better than the best baseline ({best.label}): {gap}; {margin}"
-    if diff.within_noise:
+    if category == "within noise":
         return f"within noise of the best baseline ({best.label}): {gap}; {margin}"
     return f"WORSE than the best baseline ({best.label}) beyond noise: {gap}; {margin}"

@@ -83,15 +83,24 @@ class Paired:
 
         return float(t.ppf(1.0 - level, self.seeds - 1)) * self.se
 
+    def interval(self, level: float = NOISE_LEVEL) -> float:
+        """Half the two-sided confidence interval of the mean difference at ``level`` (95% by default)."""
+        return self.bound(level / 2)
+
     @property
     def noise(self) -> float:
         """Half the two-sided 95% confidence interval of the mean difference."""
-        return self.bound(NOISE_LEVEL / 2)
+        return self.interval()
 
     @property
     def within_noise(self) -> bool:
         """a is better than b, or worse by no more than the noise."""
         return self.mean <= self.noise
+
+    def category(self, level: float = NOISE_LEVEL) -> str:
+        """"better", "within noise" or "worse": where the confidence interval at ``level`` lies."""
+        half = self.interval(level)
+        return "better" if self.mean < -half else ("within noise" if self.mean <= half else "worse")
 
     def below(self, level: float) -> bool:
         """a is better than b, significantly at ``level`` (one-sided)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.commands.tune import DEFAULT_BANDS, DEFAULT_K_MAX, DEFAULT_SEEDS
-from sim.commands.tune.baselines import TUNED, Row, baselines, comparison, verdict
+from sim.commands.tune.baselines import TUNED, Row, baselines, comparison, verdict, verdict_category
 from sim.commands.tune.objective import DEFAULT, Objective, parse_objective
 from sim.commands.tune.search import CoordinateSearch, SearchResult
 from sim.commands.tune.space import (FORMATS, SGLANG_MIN_K, Schedule, Space, batch_bands, context_bands, engine_text,
@@ -124,6 +124,11 @@ class TuneResult:
     @property
     def verdict(self) -> str:
         return verdict(self.rows, self.plan.objective)
+
+    @property
+    def verdict_category(self) -> str:
+        """"better", "within noise" or "worse": the tuned schedule against the best baseline."""
+        return verdict_category(self.rows)
 
     def formats(self) -> dict[str, str | None]:
         """Every format the schedule can be written in (None where the engine cannot express it)."""
