@@ -188,7 +188,8 @@ def tune_loads(folder: Path = FIGURES) -> str:
                      "best fixed k": f"{fixed.min():.3f} (k={fixed.idxmin().split('=')[1]})",
                      "lut": f"{sub[pick['lut']]:.3f}", "none": f"{sub['none']:.3f}",
                      "tuned vs best baseline": f"{r.tuned_vs_best_rel:+.2%} ± {r.noise_rel:.2%}",
-                     "verdict": f"{r.verdict} ({r.best_baseline})"})
+                     "verdict": f"{r.verdict} ({r.best_baseline})",
+                     "tuned's mean batch": f"{t[(t.fraction == r.fraction) & (t.policy == 'tuned')].mean_batch.iloc[0]:.0f}"})
     return _md(pd.DataFrame(rows))
 
 
