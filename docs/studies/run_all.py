@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STUDIES = ("optimal_k", "traffic", "rates", "long_context", "scheduling")  # the order of the issues
+STUDIES = ("optimal_k", "traffic", "rates", "long_context", "scheduling", "tune")  # the order of the issues
 
 
 def main(argv: list[str] | None = None) -> int:

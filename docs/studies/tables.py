@@ -174,6 +174,34 @@ def scheduling_mixed_check(folder: Path = FIGURES) -> str:
     return _md(frame)
 
 
+def tune_loads(folder: Path = FIGURES) -> str:
+    """Per load: the tuned schedule; mean E2EL (s) on the held-out seeds of the tuned schedule, goodput, the
+    best fixed k, lut and none; the tuned schedule against the best baseline (± 95%) and the verdict."""
+    t = pd.read_csv(folder / "tune.csv")
+    rows = []
+    for r in pd.read_csv(folder / "tune_schedules.csv").itertuples():
+        sub = t[t.fraction == r.fraction].set_index("policy").mean_e2el_s
+        fixed = sub[[p for p in sub.index if p.startswith("fixed")]]
+        pick = {name: next(p for p in sub.index if p.startswith(name)) for name in ("goodput", "lut")}
+        rows.append({"load": f"{r.fraction:.0%}", "rate (req/s)": f"{r.rate:.3g}", "tuned schedule": f"`{r.schedule}`",
+                     "tuned": f"{sub['tuned']:.3f}", "goodput": f"{sub[pick['goodput']]:.3f}",
+                     "best fixed k": f"{fixed.min():.3f} (k={fixed.idxmin().split('=')[1]})",
+                     "lut": f"{sub[pick['lut']]:.3f}", "none": f"{sub['none']:.3f}",
+                     "tuned vs best baseline": f"{r.tuned_vs_best_rel:+.2%} ± {r.noise_rel:.2%}",
+                     "verdict": f"{r.verdict} ({r.best_baseline})",
+                     "tuned's mean batch": f"{t[(t.fraction == r.fraction) & (t.policy == 'tuned')].mean_batch.iloc[0]:.0f}"})
+    return _md(pd.DataFrame(rows))
+
+
+def tune_headline(folder: Path = FIGURES) -> str:
+    h = headlines(folder)["tune"]
+    return (f"The tuned schedule is within noise of or better than the best baseline at **{h['within_noise_or_better']} "
+            f"of {len(h['fractions'])}** loads; its mean E2EL is at most {h['worst_tuned_vs_best_baseline_rel']:.2%} "
+            f"above the best baseline's, and {h['tuned_vs_goodput_rel_range'][0]:+.2%} to "
+            f"{h['tuned_vs_goodput_rel_range'][1]:+.2%} from goodput's; the searches moved {h['moves_total']} bands "
+            f"away from their starts in all.\n")
+
+
 TABLES = {
     "study-optimal-k-lut": optimal_k_lut,
     "study-optimal-k-headlines": optimal_k_headlines,
@@ -188,4 +216,6 @@ TABLES = {
     "study-scheduling-rates": scheduling_rates,
     "study-scheduling-k": scheduling_k,
     "study-scheduling-mixed-check": scheduling_mixed_check,
+    "study-tune-loads": tune_loads,
+    "study-tune-headline": tune_headline,
 }

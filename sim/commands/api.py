@@ -31,7 +31,7 @@ import pandas as pd
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
-__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate"]
+__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate", "tune"]
 
 # The summary table's rows: (label, summary key, scale, format).
 _SUMMARY_ROWS = (
@@ -346,6 +346,47 @@ def capacity_table(result: Any) -> pd.DataFrame:
                 row["cost_per_m_at_max_rate"] = costs.cost_per_m_at_max_rate
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# tune
+
+
+def tune(config: str | os.PathLike[str] | None = None, *, objective: str = "mean_e2el_ms", bands: int | list[int] = 8,
+         context_bands: list[int] | None = None, k_max: int | None = None, seeds: int = 3, holdout_seeds: int = 3,
+         format: str = "lut", executor: str = "pool", workers: int | None = None, dask: str | None = None,
+         out: str | os.PathLike[str] | None = None, progress: bool = False, overrides: dict[str, Any] | None = None,
+         **settings: Any):
+    """The speculation schedule (k per batch-size band) that optimises ``objective`` for this scenario
+    (``specbatch tune``): ``specbatch.tune(rate=20, num_requests=2000, objective="p99_tpot_ms")``.
+
+    ``settings``: the scenario keywords of the run flags (``profile``, ``rate``, ``rate_profile``,
+    ``trace``, ``num_requests``, ``alpha``, ``goodput`` for ``objective="request_goodput"``...).
+    Returns a :class:`sim.commands.tune.plan.TuneResult`: ``.schedule``, ``.table`` (the held-out
+    comparison), ``.formats()`` (the engines' configs), ``.verdict``; ``print()`` it for the
+    CLI's text. With ``out=FOLDER`` the report and every run are written there (a rerun
+    resumes); without, the runs go to a temporary folder that is removed afterwards.
+    """
+    from sim.commands.tune.cli import scenario_flags
+    from sim.commands.tune.plan import plan_tune
+    from sim.commands.tune.report import check_out_dir
+
+    if executor not in ("pool", "serial") and dask is None:
+        raise InputError(f"'{executor}' is not one of pool, serial (or give dask=ADDRESS)", field="executor")
+    plan = plan_tune(config, {**(overrides or {}), **_keywords(settings, allowed=set(scenario_flags()))},
+                     objective=objective, bands=bands, contexts=context_bands, k_max=k_max, seeds=seeds,
+                     holdout=holdout_seeds, fmt=format, executor="dask" if dask is not None else executor,
+                     workers=workers, dask_address=dask)
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="specbatch-tune-") as folder:
+            return plan.run(Path(folder), progress=progress)
+    from sim.atomic_write import check_output, output_lock
+
+    folder = check_output(check_out_dir(out, source="out"), folder=True, field="out")
+    with output_lock(folder, field="out"):
+        result = plan.run(folder, progress=progress)
+        result.write(folder)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regress": ("sim.commands.regress", "run a baseline's scenarios and fail on a metric regression (CI checks)"),
     "sweep": ("sim.commands.sweep.cli", "run a grid of scenarios (policy x rate x seed ...) into one table; resumable"),
     "capacity": ("sim.commands.capacity.cli", "highest request rate per replica within SLOs, per policy; replicas and cost"),
+    "tune": ("sim.commands.tune.cli", "the speculation schedule (k per batch-size band) best for a traffic; engine configs"),
     "replay": ("sim.commands.replay_cli", "serve a scenario for real on its profile's device and models (needs torch)"),
     "validate": ("sim.commands.validation", "replay a scenario for real, simulate it, and print the simulator's error"),
     "compose": ("sim.commands.compose", "compose a GPU profile from published kernel microbenchmarks (gpu-data extra)"),
