@@ -113,6 +113,22 @@ def test_project_baseline_passes(tmp_path, capsys):
     assert len(document["rows"]) == sum(len(s.expected) for s in base.scenarios)
 
 
+def test_a_trace_in_overrides_is_read_beside_the_baseline_from_any_folder(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "baselines"
+    folder.mkdir()
+    (folder / "traces").mkdir()
+    (folder / "traces" / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n"
+                                             + "".join(f"{i * 0.5},{64 + i},{32 + i}\n" for i in range(12)))
+    text = SMALL.replace('workload.num_requests = 20\n', 'workload.trace = "traces/t.csv"\n')
+    path = recorded(folder, text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["regress", "--baseline", str(path)]) == 0
+    assert "0 regressed" in capsys.readouterr().out
+    assert expected_of(path)["completed"] == 12  # the trace was read, not the generated workload
+
+
 @pytest.mark.parametrize("coretype", ["Haswell", "Sandybridge"])
 def test_project_baseline_passes_with_another_cpus_blas_kernels(coretype, tmp_path):
     """The baseline was recorded on one CPU; CI may run on another. OpenBLAS picks its kernels per

@@ -375,7 +375,8 @@ def scenario_config(base: Baseline, scenario: Scenario, overrides: dict[str, tup
     from sim.config import load_config
 
     where = ("scenario", scenario.index, "overrides")
-    inline = {key: (value, _where(base, where + tuple(key.split(".", 1)))) for key, value in scenario.overrides.items()}
+    inline = {key: (_beside(base, key, value), _where(base, where + tuple(key.split(".", 1))))
+              for key, value in scenario.overrides.items()}
     if isinstance(inline.get("policy.name", (None,))[0], str):  # policy.name = "lut:alpha=0.7", as --policy
         from sim.commands.flags import policy_overrides
         inline.update(policy_overrides(*inline["policy.name"]))
@@ -390,6 +391,17 @@ def scenario_config(base: Baseline, scenario: Scenario, overrides: dict[str, tup
             raise InputError(f"scenario {scenario.name!r}: {exc.message}", field=exc.field, source=base.path,
                              line=base.lines.find(("scenario", scenario.index))) from None
         raise
+
+
+PATH_KEYS = ("workload.trace", "workload.trace_vllm", "acceptance.trace")
+
+
+def _beside(base: Baseline, key: str, value: Any) -> Any:
+    """A relative file path in a scenario's overrides, read beside the baseline (as its ``config``),
+    so that a baseline runs from any folder."""
+    if key in PATH_KEYS and isinstance(value, str) and value and not Path(value).is_absolute():
+        return str(base.path.parent / value)
+    return value
 
 
 def _where(base: Baseline, path: tuple) -> str:
