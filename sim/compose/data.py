@@ -27,6 +27,10 @@ INSTALL = 'pip install -e ".[gpu-data]"'
 GEMM_TABLE = ("gemm", "gemm_perf.parquet")
 CONTEXT_TABLE = ("attention", "context_attention_perf.parquet")
 GENERATION_TABLE = ("attention", "generation_attention_perf.parquet")
+ALL_REDUCE_TABLE = ("comm", "custom_allreduce_perf.parquet")  # comm/<framework>/<version>/: the framework's all-reduce
+NCCL_TABLE = ("comm", "nccl_perf.parquet")  # comm/nccl/<NCCL version>/: nccl-tests' collectives
+MOE_TABLE = ("moe", "moe_perf.parquet")
+NCCL = "nccl"
 # The attention kernel each framework runs by default, best first: FA3 on Hopper,
 # FA2 on Ada (L40S), the one FlashAttention build recorded for older collections (A100).
 ATTENTION_KERNELS = ("vllm_flash_attn_fa3", "vllm_flash_attn_fa2", "vllm_flash_attn", "flash_attn")
@@ -117,6 +121,12 @@ def read_table(root: Path, gpu: str, framework: str, version: str, which: tuple[
     frame = pd.read_parquet(path)
     frame["latency_s"] = frame["latency"].astype(float) * 1e-3  # the tables are in milliseconds
     return frame
+
+
+def nccl_versions(root: Path, gpu: str) -> list[str]:
+    """The NCCL versions whose collectives the data measured on this GPU (empty where none)."""
+    folder = root / "data" / gpu / NCCL_TABLE[0] / NCCL
+    return [v for v in _choices(folder) if (folder / v / NCCL_TABLE[1]).is_file()]
 
 
 def read_gpu_spec(root: Path, gpu: str) -> GpuSpec:
