@@ -105,7 +105,7 @@ def make_pricers(request: Request, tables: KernelTables, root: Path) -> dict[str
     """Each model's pass pricer, with its group's collectives and its experts' table where it needs them."""
     shapes = request.shapes()
     groups = sorted({shape.tp for shape in shapes.values() if shape.tp > 1})
-    collectives = {gpus: load_collectives(request, root, gpus) for gpus in groups}
+    collectives = {gpus: load_collectives(request, tables, root, gpus) for gpus in groups}
     moe = None
     if any(shape.is_moe for shape in shapes.values()):
         moe = data.read_table(root, request.gpu, request.framework, request.framework_version, data.MOE_TABLE)
@@ -122,14 +122,15 @@ def make_pricers(request: Request, tables: KernelTables, root: Path) -> dict[str
     return out
 
 
-def load_collectives(request: Request, root: Path, gpus: int) -> Collectives:
+def load_collectives(request: Request, tables: KernelTables, root: Path, gpus: int) -> Collectives:
     """The all-reduce (the framework's) and all-gather (the newest NCCL's) tables of a group of ``gpus``."""
     args = (root, request.gpu, request.framework, request.framework_version)
     all_reduce = data.read_table(*args, data.ALL_REDUCE_TABLE)
     versions = data.nccl_versions(root, request.gpu)
     if not versions:
         raise InputError(f"no NCCL collectives measured on {request.gpu} (comm/nccl/ in the kernel data)", field="tp")
-    nccl_version = newest(versions)
+    sheet = tables.spec.nccl_version  # the spec sheet names the system's NCCL; else the newest measured
+    nccl_version = sheet if sheet in versions else newest(versions)
     nccl = data.read_table(root, request.gpu, data.NCCL, nccl_version, data.NCCL_TABLE)
     measured = sorted(set(all_reduce.num_gpus.astype(int)) & set(nccl.num_gpus.astype(int)))
     if gpus not in measured:
@@ -154,15 +155,16 @@ def kv_capacity(request: Request, spec: data.GpuSpec) -> dict[str, int]:
     weights = sum(shape.weight_bytes(weight) for shape in shapes.values())
     budget = int(request.memory_fraction * spec.mem_capacity)
     per_token = sum(shape.kv_bytes_per_token(KV_BYTES) for shape in shapes.values())
-    free = budget - weights - spec.reserved_bytes
+    nccl = spec.nccl_reserve(request.tp)
+    free = budget - weights - spec.reserved_bytes - nccl
     if free < per_token:
         names = " + ".join(shape.name for shape in shapes.values())
         raise InputError(f"{names} ({weights / 2**30:.1f} GiB of weights per GPU over {request.tp} GPU(s)) "
                          f"leave no room for a KV cache in {request.memory_fraction:g} of the {request.gpu}'s "
                          f"{spec.mem_capacity / 2**30:.0f} GiB; split it over more GPUs (--tp)", field="target")
     return {"available_bytes": spec.mem_capacity, "budget_bytes": budget, "fraction": request.memory_fraction,
-            "weight_bytes": weights, "reserved_bytes": spec.reserved_bytes, "kv_bytes_per_token": per_token,
-            "gpus": request.tp, "per": "GPU", "kv_capacity_tokens": free // per_token}
+            "weight_bytes": weights, "reserved_bytes": spec.reserved_bytes, "nccl_bytes": nccl,
+            "kv_bytes_per_token": per_token, "gpus": request.tp, "per": "GPU", "kv_capacity_tokens": free // per_token}
 
 
 def check_priceable(pricers: dict[str, PassPricer], request: Request) -> None:
@@ -296,10 +298,12 @@ def parallel_assumptions(request: Request) -> list[str]:
             "collectives: two all-reduces per layer and one after the embedding, of tokens x hidden bf16 elements, "
             "from the kernel data's vLLM all-reduce table for this GPU count (CUDA-graph captured up to "
             f"{GRAPH_TOKENS} tokens a step, eager above, as vLLM runs them); the logits' all-gather (tokens with "
-            "logits x vocabulary) from its NCCL table; messages past a table's largest as equal parts",
+            "logits x vocabulary) from its NCCL table (the spec sheet's NCCL version where the data has it); messages "
+            "past a table's largest as equal parts",
             f"KV capacity with {request.tp} GPUs: vLLM gives every GPU the same number of KV blocks, each holding "
             "its KV heads of each token, so the replica holds the GPUs' free memory summed over a token's bytes "
-            "on them all; the memory figures in the sidecar are one GPU's",
+            "on them all; each GPU also keeps NCCL's buffers (the spec sheet's nccl_mem for this group size); "
+            "the memory figures in the sidecar are one GPU's",
         ]
     if request.draft is not None and request.tp > 1:
         out.append(f"draft placement: {draft_placement(request)}")

@@ -49,13 +49,21 @@ class GpuSpec:
     reserved_bytes: int  # the sheet's "other_mem": activations, CUDA graphs, allocator slack
     bf16_flops: float
     fp8_flops: float | None
+    nccl_bytes: tuple[tuple[int, int], ...] = ()  # (GPUs, bytes): NCCL's buffers per GPU in a group of that size
+    nccl_version: str | None = None  # the NCCL the system's collectives were measured with
+
+    def nccl_reserve(self, gpus: int) -> int:
+        """Bytes per GPU NCCL's buffers take in a tensor-parallel group of ``gpus`` (0 on one GPU)."""
+        return dict(self.nccl_bytes).get(gpus, 0) if gpus > 1 else 0
 
     @property
     def effective_bw(self) -> float:
         return self.mem_bw * self.mem_bw_scaling
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["nccl_bytes"] = {str(g): b for g, b in self.nccl_bytes}
+        return out
 
 
 def package_version() -> str | None:
@@ -145,7 +153,9 @@ def read_gpu_spec(root: Path, gpu: str) -> GpuSpec:
                        mem_latency_s=float(sheet.get("mem_empirical_constant_latency", 0.0)),
                        mem_capacity=int(sheet["mem_capacity"]), reserved_bytes=int(misc.get("other_mem", 0)),
                        bf16_flops=float(sheet["bfloat16_tc_flops"]),
-                       fp8_flops=float(sheet["fp8_tc_flops"]) if "fp8_tc_flops" in sheet else None)
+                       fp8_flops=float(sheet["fp8_tc_flops"]) if "fp8_tc_flops" in sheet else None,
+                       nccl_bytes=tuple(sorted((int(g), int(b)) for g, b in (misc.get("nccl_mem") or {}).items())),
+                       nccl_version=str(misc["nccl_version"]) if misc.get("nccl_version") else None)
     except KeyError as exc:
         raise InputError("missing key in the GPU spec sheet", source=path, field=str(exc.args[0])) from None
 
