@@ -448,3 +448,18 @@ def test_every_layers_collectives_are_part_of_a_split_pass():
     assert bound + 161 * 4e-6 < t < 1.5 * bound
     assert np.isclose(meta["models"]["target"]["weight_bytes"], param_count(get_config("llama-2-70b")) * 2 / 4,
                       rtol=1e-3)
+
+
+@needs_data
+def test_the_python_api_composes_what_the_command_does(tmp_path, capsys):
+    import specbatch
+
+    grid = ["--batch-sizes", "1,8", "--contexts", "512", "--k-max", "1", "--prompts", "64"]
+    assert run_cli(capsys, "compose", "--gpu", "h100_sxm", "--target", "llama-3.1-70b", "--draft", "llama-3.2-1b",
+                   "--tp", "4", "--draft-tp", "1", *grid, "--out", str(tmp_path / "cli"))[0] == 0
+    profile = specbatch.compose("h100_sxm", "llama-3.1-70b", tmp_path / "api", draft="llama-3.2-1b", tp=4, draft_tp=1,
+                                batch_sizes=[1, 8], contexts=[512], k_max=1, prompts=[64])
+    assert profile.gpus_per_replica == 4 and profile.meta["draft_placement"]["tensor_parallel_size"] == 1
+    assert (tmp_path / "api" / "profile.csv").read_text() == (tmp_path / "cli" / "profile.csv").read_text()
+    with pytest.raises(specbatch.InputError, match="tensor parallelism of 3 GPUs"):
+        specbatch.compose("h100_sxm", "llama-3.1-70b", tmp_path / "bad", tp=3)

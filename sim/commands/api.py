@@ -31,7 +31,8 @@ import pandas as pd
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
-__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate", "tune"]
+__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate", "tune",
+           "compose"]
 
 # The summary table's rows: (label, summary key, scale, format).
 _SUMMARY_ROWS = (
@@ -410,3 +411,37 @@ def compare(result: str | os.PathLike[str], config: str | os.PathLike[str] | Non
     from sim.commands.compare import COMPARE_FLAGS, compare_file
 
     return compare_file(str(result), config, {**(overrides or {}), **_keywords(settings, allowed=set(COMPARE_FLAGS))})
+
+
+# ---------------------------------------------------------------------------------------------
+# compose
+
+
+def compose(gpu: str, target: str, out: str | os.PathLike[str], *, draft: str | None = None, tp: int = 1,
+            draft_tp: int | None = None, **options: Any):
+    """``specbatch compose`` from Python: write a composed profile at ``out`` and return it loaded
+    (:class:`sim.profile.Profile`). ``draft=None`` composes a target-only profile; ``tp`` is the
+    GPUs per replica, ``draft_tp`` the draft's (its group or 1). Other keywords are the command's
+    flags with underscores (``dtype="fp8"``, ``moe_routing=...``, ``batch_sizes=[1, 8, 64]``,
+    ``k_max=4``...); a bad one raises the command's one-line :class:`InputError`. Needs the
+    kernel data (``pip install -e ".[gpu-data]"``), docs/gpu-profiles.md."""
+    import argparse
+
+    from sim.commands import compose as command
+    from sim.compose import compose as write
+    from sim.profile import load_profile
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # the command line's message, raised rather than printed
+            raise InputError(message, field="compose")
+
+    parser = Parser(prog="specbatch compose", allow_abbrev=False)
+    command.add_arguments(parser)
+    argv = ["--gpu", gpu, "--target", target, "--out", str(out), "--tp", str(tp)]
+    argv += ["--draft", draft] if draft is not None else []
+    argv += ["--draft-tp", str(draft_tp)] if draft_tp is not None else []
+    for key, value in options.items():
+        argv += ["--" + key.replace("_", "-"),
+                 ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)]
+    args = parser.parse_args(argv)
+    return load_profile(write(command.build_request(args), out))
