@@ -1,4 +1,4 @@
-"""Study 7: does a 1B draft on a 70B target lose to no speculation at batch 32, and why?
+"""Study 8: does a 1B draft on a 70B target lose to no speculation at batch 32, and why?
 
     python docs/studies/draft_1b_70b.py                     # -> docs/studies/figures/
     python docs/studies/draft_1b_70b.py --out DIR

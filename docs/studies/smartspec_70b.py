@@ -1,4 +1,4 @@
-"""Study 6: SmartSpec's 70B setting — `none` vs fixed k vs `goodput` across load, Llama-3.1-70B on 4 H100s.
+"""Study 7: SmartSpec's 70B setting — `none` vs fixed k vs `goodput` across load, Llama-3.1-70B on 4 H100s.
 
     python docs/studies/smartspec_70b.py                    # the shipped TP4 profiles -> docs/studies/figures/
     python docs/studies/smartspec_70b.py --out DIR

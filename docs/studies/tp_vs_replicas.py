@@ -1,4 +1,4 @@
-"""Study 8: four H100s for the 8B pair — one replica split over four GPUs (TP 4 x 1) or four replicas of one (TP 1 x 4)?
+"""Study 9: four H100s for the 8B pair — one replica split over four GPUs (TP 4 x 1) or four replicas of one (TP 1 x 4)?
 
     python docs/studies/tp_vs_replicas.py                   # -> docs/studies/figures/
     python docs/studies/tp_vs_replicas.py --out DIR
