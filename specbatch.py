@@ -15,5 +15,4 @@ from sim import __version__
 from sim.commands.api import CapacityReport, InputError, Run, capacity, compare, compose, run, sweep, tune, validate
 
 __all__ = ["CapacityReport", "InputError", "Run", "__version__", "capacity", "compare", "compose", "run", "sweep",
-           "tune",
-           "validate"]
+           "tune", "validate"]
