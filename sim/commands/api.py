@@ -287,8 +287,9 @@ class CapacityReport:
 def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, float] | list[str],
              policies: str | list[str] = "none,fixed,goodput", seeds: int = 3, tolerance: float = 0.05,
              requests: int = 600, min_requests: int = 100, warmup: float = 0.1, curve_points: int = 5,
-             target_rate: float | None = None, gpu_hour_price: float | None = None, gpus_per_replica: int = 1,
-             profiles: str | list[str] | None = None, gpu_price: str | dict[str, float] | None = None,
+             target_rate: float | None = None, gpu_hour_price: float | None = None,
+             gpus_per_replica: int | None = None, profiles: str | list[str] | None = None,
+             gpu_price: str | dict[str, float] | None = None, tp: str | list[int] | None = None,
              jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
              overrides: dict[str, Any] | None = None, **settings: Any) -> CapacityReport:
     """The highest request rate one replica serves within the SLOs, per policy (``specbatch capacity``).
@@ -298,7 +299,8 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     keywords of the run flags (``profile``, ``prompt_tokens``, ``alpha``, ``seed``...). With
     ``out=FOLDER`` the report (HTML, Markdown, JSON, figures) is written there. To compare
     GPUs: ``profiles=["h100-...", "h200-..."]`` and ``gpu_price={"h100": 3.9, "h200": 4.5}``;
-    the table then has one row per profile and policy.
+    the table then has one row per profile and policy. ``tp=[1, 4]``: each profile split over 1 and
+    4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour.
     """
     from sim.commands.capacity.cli import WORKLOAD_FLAGS, plan_capacity
     from sim.commands.capacity.report import check_out_dir
@@ -309,12 +311,13 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     profile_text = profiles if profiles is None or isinstance(profiles, str) else ",".join(profiles)
     price_text = (gpu_price if gpu_price is None or isinstance(gpu_price, str)
                   else ",".join(f"{gpu}={price:g}" for gpu, price in gpu_price.items()))
+    tp_text = tp if tp is None or isinstance(tp, str) else ",".join(str(n) for n in tp)
     keyword_overrides = _keywords(settings, allowed=set(WORKLOAD_FLAGS))
     plan = plan_capacity(config, {**(overrides or {}), **keyword_overrides}, slos=slos, policies=policy_text,
                          seeds=seeds, tolerance=tolerance, requests=requests, min_requests=min_requests,
                          warmup=warmup, curve_points=curve_points, target_rate=target_rate,
                          gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs,
-                         profiles=profile_text, gpu_price=price_text)
+                         profiles=profile_text, gpu_price=price_text, tp=tp_text)
     from sim.atomic_write import check_output, output_lock
 
     folder = check_output(check_out_dir(out), folder=True, field="out") if out is not None else None
@@ -333,13 +336,15 @@ def capacity_table(result: Any) -> pd.DataFrame:
         price = inputs.profiles[profile].price
         for label, outcome in by_policy.items():
             operating, costs = outcome.operating or {}, result.costs[profile][label]
-            row = {"profile": profile, "policy": label, "max_rate": outcome.max_rate,
+            row = {"profile": profile, "gpus_per_replica": inputs.gpus(profile), "policy": label,
+                   "max_rate": outcome.max_rate,
                    "uncertainty": outcome.uncertainty, "bracket_low": outcome.bracket[0],
                    "bracket_high": outcome.bracket[1], "seed_max_rates": json.dumps(list(outcome.seed_max_rates))}
             row.update({slo.metric: operating.get(slo.metric) for slo in inputs.slos})
             row.update({name: operating.get(name) for name in ("goodput", "mean_k", "mean_batch_size")})
             if inputs.target_rate is not None:
                 row["replicas"] = costs.replicas
+                row["gpus"] = None if costs.replicas is None else costs.replicas * inputs.gpus(profile)
             if price is not None:
                 row["gpu_hour_price"] = price
                 if inputs.target_rate is not None:
