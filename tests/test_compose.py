@@ -20,61 +20,22 @@ import pytest
 from calibrate.configs import get_config, param_count
 from sim.commands.cli import main as cli_main
 from sim.profile import load_profile, shipped_profiles
+from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY, ctx_ms, gemm_ms, gen_ms, write_tiny_gpu
 
 HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
 H100_8B = "h100-llama-3.1-8b-llama-3.2-1b"
 COMPOSED = [name for name in shipped_profiles() if load_profile(name).meta.get("source") == "composed"]
 
-# The tiny GPU: every latency a power law, so log-log interpolation is exact between grid points.
-BW, BW_FACTOR, MEM_LATENCY = 1e12, 0.5, 2e-6
-
-
-def gemm_ms(m, n, k):
-    return 1e-6 * m ** 0.5 * n * k ** 0.25
-
-
-def gen_ms(batch, step, heads):
-    return 1e-3 * batch ** 0.8 * step ** 0.5 * heads ** 0.3
-
-
-def ctx_ms(batch, isl, heads):
-    return 1e-4 * batch * isl ** 1.5 * heads ** 0.7
-
-
-def _attention_rows(fn, length: str, head_dim: int) -> pd.DataFrame:
-    rows = []
-    for batch in (1, 16):
-        for size in ((1, 4095) if length == "step" else (16, 4096)):
-            for heads in (2, 16):
-                rows.append(dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="attention",
-                                 kernel_source="vllm_flash_attn_fa3", batch_size=batch,
-                                 isl=1 if length == "step" else size, num_heads=heads, num_key_value_heads=2,
-                                 head_dim=head_dim, beam_width=1, attn_dtype="bfloat16", kv_cache_dtype="bfloat16",
-                                 step=size if length == "step" else 0, window_size=0, latency=fn(batch, size, heads)))
-    return pd.DataFrame(rows)
 
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
-    """systems/-style folder: tiny.yaml + data/tiny/{gemm,attention}/vllm/0.24.0/*.parquet."""
+    """systems/-style folder: tiny.yaml + data/tiny/{gemm,attention}/vllm/0.24.0/*.parquet (tests/tiny_kernels.py)."""
     pytest.importorskip("pyarrow", reason="writing Parquet needs pyarrow")
     pytest.importorskip("yaml", reason="the spec sheet is YAML")
     root = tmp_path_factory.mktemp("systems")
-    (root / "tiny.yaml").write_text(
-        f"gpu:\n  mem_bw: {BW}\n  mem_bw_empirical_scaling_factor: {BW_FACTOR}\n"
-        f"  mem_empirical_constant_latency: {MEM_LATENCY}\n  mem_capacity: 10000000000\n"
-        "  bfloat16_tc_flops: 100000000000000\nmisc:\n  other_mem: 1000000000\n")
-    gemm_dir = root / "data" / "tiny" / "gemm" / "vllm" / "0.24.0"
-    attn_dir = root / "data" / "tiny" / "attention" / "vllm" / "0.24.0"
-    gemm_dir.mkdir(parents=True)
-    attn_dir.mkdir(parents=True)
-    grid = [(m, n, k) for m in (1, 64, 65536) for n in (16, 1024) for k in (16, 1024)]
-    pd.DataFrame([dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="gemm",
-                       kernel_source="torch.nn.functional.linear", gemm_dtype="bfloat16", m=m, n=n, k=k,
-                       latency=gemm_ms(m, n, k)) for m, n, k in grid]).to_parquet(gemm_dir / "gemm_perf.parquet")
-    _attention_rows(gen_ms, "step", 16).to_parquet(attn_dir / "generation_attention_perf.parquet")
-    _attention_rows(ctx_ms, "isl", 16).to_parquet(attn_dir / "context_attention_perf.parquet")
+    write_tiny_gpu(root)
     return root
 
 

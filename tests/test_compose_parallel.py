@@ -19,23 +19,10 @@ import pytest
 from calibrate.configs import active_param_count, get_config, param_count
 from sim.commands.cli import main as cli_main
 from sim.profile import load_profile
+from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY, MEMORY, RESERVED, gemm_ms, gen_ms, write_tiny_gpu
 
 HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
-BW, BW_FACTOR, MEM_LATENCY = 1e12, 0.5, 2e-6
-MEMORY, RESERVED = 10_000_000_000, 1_000_000_000
-
-
-def gemm_ms(m, n, k):
-    return 1e-6 * m ** 0.5 * n * k ** 0.25
-
-
-def gen_ms(batch, step, heads):
-    return 1e-3 * batch ** 0.8 * step ** 0.5 * heads ** 0.3
-
-
-def ctx_ms(batch, isl, heads):
-    return 1e-4 * batch * isl ** 1.5 * heads ** 0.7
 
 
 def reduce_ms(size, eager=False):
@@ -50,44 +37,17 @@ def experts_ms(tokens, routing="balanced"):
     return (2.0 if routing == "power_law_1.2" else 1.0) * 5e-3 * tokens ** 0.7
 
 
-def _attention(fn, length: str) -> pd.DataFrame:
-    rows = []
-    for kv in (1, 2):
-        for batch in (1, 16):
-            for size in ((1, 4095) if length == "step" else (16, 4096)):
-                for heads in (1, 16):
-                    rows.append(dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="attention",
-                                     kernel_source="vllm_flash_attn_fa3", batch_size=batch,
-                                     isl=1 if length == "step" else size, num_heads=heads, num_key_value_heads=kv,
-                                     head_dim=16, beam_width=1, attn_dtype="bfloat16", kv_cache_dtype="bfloat16",
-                                     step=size if length == "step" else 0, window_size=0, latency=fn(batch, size, heads)))
-    return pd.DataFrame(rows)
-
-
 @pytest.fixture(scope="module")
 def tiny_tp(tmp_path_factory) -> Path:
     """The tiny GPU of test_compose.py with 1 and 2 KV heads, collectives of 2 and 4 GPUs, and tiny-moe's experts."""
     pytest.importorskip("pyarrow", reason="writing Parquet needs pyarrow")
     pytest.importorskip("yaml", reason="the spec sheet is YAML")
     root = tmp_path_factory.mktemp("systems")
-    (root / "tiny.yaml").write_text(
-        f"gpu:\n  mem_bw: {BW}\n  mem_bw_empirical_scaling_factor: {BW_FACTOR}\n"
-        f"  mem_empirical_constant_latency: {MEM_LATENCY}\n  mem_capacity: {MEMORY}\n"
-        f"  bfloat16_tc_flops: 100000000000000\nmisc:\n  other_mem: {RESERVED}\n")
-    data = root / "data" / "tiny"
-    folders = {name: data / name / fw / version for name, fw, version in (
-        ("gemm", "vllm", "0.24.0"), ("attention", "vllm", "0.24.0"), ("moe", "vllm", "0.24.0"))}
-    folders["comm"] = data / "comm" / "vllm" / "0.24.0"
-    folders["nccl"] = data / "comm" / "nccl" / "2.27.3"
+    data = write_tiny_gpu(root, kv_heads=(1, 2), heads_measured=(1, 16), gemm_dtypes=("bfloat16", "fp8"))
+    folders = {"moe": data / "moe" / "vllm" / "0.24.0", "comm": data / "comm" / "vllm" / "0.24.0",
+               "nccl": data / "comm" / "nccl" / "2.27.3"}
     for folder in folders.values():
         folder.mkdir(parents=True)
-    grid = [(m, n, k) for m in (1, 64, 65536) for n in (16, 1024) for k in (16, 1024)]
-    pd.DataFrame([dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="gemm",
-                       kernel_source="torch.nn.functional.linear", gemm_dtype=dtype, m=m, n=n, k=k,
-                       latency=gemm_ms(m, n, k) * (0.5 if dtype == "fp8" else 1.0))
-                  for m, n, k in grid for dtype in ("bfloat16", "fp8")]).to_parquet(folders["gemm"] / "gemm_perf.parquet")
-    _attention(gen_ms, "step").to_parquet(folders["attention"] / "generation_attention_perf.parquet")
-    _attention(ctx_ms, "isl").to_parquet(folders["attention"] / "context_attention_perf.parquet")
     sizes = [2 ** e for e in range(4, 24)]
     pd.DataFrame([dict(framework="vLLM", version="0.24.0", device="Tiny GPU", op_name="all_reduce",
                        kernel_source=f"vLLM_custom_{backend}", allreduce_dtype="bfloat16", num_gpus=g,
@@ -463,3 +423,17 @@ def test_the_python_api_composes_what_the_command_does(tmp_path, capsys):
     assert (tmp_path / "api" / "profile.csv").read_text() == (tmp_path / "cli" / "profile.csv").read_text()
     with pytest.raises(specbatch.InputError, match="tensor parallelism of 3 GPUs"):
         specbatch.compose("h100_sxm", "llama-3.1-70b", tmp_path / "bad", tp=3)
+
+
+@pytest.mark.parametrize("value", [0, "4", 2.5, True])
+def test_a_sidecars_gpus_per_replica_must_be_a_whole_number(tmp_path, value):
+    import shutil
+
+    from sim.errors import InputError
+
+    shutil.copytree(load_profile("h100-tp2-codellama-34b").path, tmp_path / "p")
+    meta = json.loads((tmp_path / "p" / "profile.json").read_text())
+    meta["tensor_parallel_size"] = value
+    (tmp_path / "p" / "profile.json").write_text(json.dumps(meta, indent=1))
+    with pytest.raises(InputError, match="tensor_parallel_size.*expected the GPUs of one replica"):
+        load_profile(tmp_path / "p")

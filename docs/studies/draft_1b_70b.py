@@ -28,6 +28,8 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from plotting import output_dir, save_figure  # noqa: E402  (the studies' folder is on the path now)
+
 PROFILE = "h100-tp4-llama-3.1-70b-llama-3.2-1b"
 CONCURRENCY = 32
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
@@ -181,17 +183,12 @@ def plot(runs: pd.DataFrame, parts: pd.DataFrame, out_dir: Path) -> Path:
     ax.set_title("Where a step's time goes (the profile's curves)", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "draft_1b_70b.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir, "draft_1b_70b.png")
 
 
 def run(profile: str | None, out_dir: Path) -> dict:
     """``profile`` is not used: the study is about the shipped 70B + 1B TP4 profile."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out_dir)
     rows = []
     for variant, (profile_path, async_spec) in variants().items():
         for alpha in ALPHAS:

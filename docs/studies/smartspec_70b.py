@@ -24,6 +24,8 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from plotting import output_dir, save_figure  # noqa: E402  (the studies' folder is on the path now)
+
 PROFILES = {"1B draft": "h100-tp4-llama-3.1-70b-llama-3.2-1b", "8B draft": "h100-tp4-llama-3.1-70b-llama-3.1-8b"}
 FRACTIONS = (0.05, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 1.0)
 SEEDS = (0, 1, 2)
@@ -81,19 +83,14 @@ def plot(tables: dict[str, pd.DataFrame], out_dir: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"Speculation across load (alpha {ALPHA}; mean of {len(SEEDS)} seeds; below 1 it helps)", fontsize=10)
-    fig.tight_layout()
-    path = out_dir / "smartspec_70b.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir, "smartspec_70b.png")
 
 
 def run(profile: str | None, out_dir: Path) -> dict:
     """``profile`` is not used: the study is about the two shipped TP4 profiles (run_all passes its own)."""
     from rates import goodput_excess, saturation_rate, summarize
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out_dir)
     tables, frames, headlines = {}, [], {}
     for draft, name in PROFILES.items():
         sat = saturation_rate(name)

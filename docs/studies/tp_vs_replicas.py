@@ -24,6 +24,8 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from plotting import output_dir, save_figure  # noqa: E402  (the studies' folder is on the path now)
+
 WAYS = {"TP 4 x 1": ("h100-tp4-llama-3.1-8b-llama-3.2-1b", 1), "TP 1 x 4": ("h100-llama-3.1-8b-llama-3.2-1b", 4)}
 FRACTIONS = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)
 POLICIES = ((0, "none"), (1, "k=1"), (2, "k=2"), (3, "k=3"))
@@ -109,19 +111,14 @@ def plot(table: pd.DataFrame, sat: float, out_dir: Path) -> Path:
     fig.suptitle("Llama-3.1-8B + Llama-3.2-1B on four H100s: one replica over four GPUs (solid) or four replicas "
                  f"(dashed); mean of {len(SEEDS)} seeds; rates up to {FRACTIONS[-1]:g} x the probe's {sat:.3g} req/s",
                  fontsize=10)
-    fig.tight_layout()
-    path = out_dir / "tp_vs_replicas.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir, "tp_vs_replicas.png")
 
 
 def run(profile: str | None, out_dir: Path) -> dict:
     """``profile`` is not used: the study compares its two shipped profiles."""
     from sim.profile import load_profile
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out_dir)
     sat = saturation()
     table = summarize(sweep(sat))
     table.round(4).to_csv(out_dir / "tp_vs_replicas.csv", index=False)
