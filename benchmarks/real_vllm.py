@@ -7,8 +7,9 @@ The runs are the BLIS project's sixteen vLLM 0.15.1 runs on H100 SXM (``../share
 vllm-h100``, its README says how they were made): per request the arrival, prompt and
 output length, prompt id, stage, and the measured TTFT and E2E latency. A run is simulated
 when a shipped profile covers it: the profile's target model has the run's shape (layers,
-widths, heads, KV heads, vocabulary), on the run's GPU, at its tensor-parallel size (one GPU
-per shipped profile: the Llama-2-7b TP1 runs today). Each is simulated request for request
+widths, heads, KV heads, vocabulary), on the run's GPU, at its tensor-parallel size (all
+sixteen: Llama-2-7b on one GPU, Llama-2-70b on four, Mixtral-8x7B and CodeLlama-34b on two,
+the last three on target-only composed profiles). Each is simulated request for request
 by ``specbatch compare`` (sim.commands.compare.compare_measured) with the run's own engine
 settings from ``runs.json``: the vllm-v1 scheduler, max_num_seqs, max_num_batched_tokens,
 block size, the KV cache vLLM logged (gpu_kv_blocks x block size tokens), chunked prefill,
@@ -20,7 +21,16 @@ and the simulation kept up with the stage's rate, and the medians over the stage
 real engine kept up, against the targets (issue 32: mean E2E and mean ITL within 3%, mean
 TTFT within 10%, p99 E2E within 5%). A stage the real engine did not keep up with (the
 reasoning runs: most requests failed) gets no error percentage, only whether the simulation
-falls behind too. Results go to ``benchmarks/results/real_vllm.json`` (what docs/validation.md's
+falls behind too. Medians are also given per tensor-parallel size.
+
+Where the error has a part no independent data prices, the results show its share: per
+stage, what a target decode pass is made of at the stage's simulated batch and context
+(each composed term's share, read from the kernel data the profile was composed from, and
+the factor by which the collectives alone would have to grow for the mean ITL error to
+vanish), and the real engines' warm-up (requests of a run's first seconds much slower than
+the rest, and the first stage's p99 E2E error without them).
+
+Results go to ``benchmarks/results/real_vllm.json`` (what docs/validation.md's
 section "Against real vLLM on H100" is generated from), the figure (real vs simulated
 latency CDFs per run) to ``docs/figures/real-vllm-cdf.png``.
 """
@@ -88,8 +98,60 @@ def simulate_run(run: dict, profile: str, data: Path):
 
 def run_document(run: dict, profile: str, comparison) -> dict:
     return {"run": run["run"], "model": run["model"], "profile": profile,
+            "tensor_parallel_size": int(run["tensor_parallel_size"]),
             "settings": {key: value for key, (value, _) in run_overrides(run, profile).items()},
-            "stages": _records(comparison.stages), "table": _records(comparison.table)}
+            "stages": _records(comparison.stages), "table": _records(comparison.table),
+            "terms": pass_terms(profile, comparison), "warm_up": warm_up(comparison)}
+
+
+def pass_terms(profile: str, comparison) -> list[dict] | None:
+    """Per stage, what a target decode pass is made of at the stage's simulated mean decode batch and
+    context: each composed term's share (GEMMs and experts, attention, small ops, LM head, and the
+    collectives of a split replica). Read from the kernel data the profile was composed from; None
+    for a measured profile or without the data (the gpu-data extra)."""
+    from sim.commands.compose import pricers_for
+    from sim.errors import InputError
+    from sim.profile import load_profile
+
+    loaded = load_profile(profile)
+    if loaded.meta.get("source") != "composed":
+        return None
+    try:
+        target = pricers_for(loaded)["target"]
+    except InputError:
+        return None
+    steps = comparison.result.steps
+    out = []
+    for stage in comparison.stages.itertuples():
+        decode = steps[(steps.phase != 0) & (steps.start_s >= stage.start_s)
+                       & (steps.start_s < stage.start_s + stage.duration_s)]
+        if decode.empty:
+            continue
+        batch, context = float(decode.batch_size.mean()), float(decode.mean_context_tokens.mean())
+        parts = {name: float(value) for name, value in target.decode_parts(round(batch), 1, context).items()}
+        total = sum(parts.values())
+        out.append({"stage": int(stage.stage), "batch": batch, "context": context, "pass_s": total,
+                    "shares": {name: value / total for name, value in parts.items()}})
+    return out
+
+
+WARM_UP_S = 10.0  # a run's first seconds, where a real engine may still compile kernels on first use
+
+
+def warm_up(comparison) -> dict:
+    """The real engine's start: requests of the first WARM_UP_S seconds slower than 1.5x their stage's
+    median E2E, and the first stage's p99 E2E error without the requests of those seconds."""
+    import numpy as np
+
+    samples = comparison.samples
+    judged = samples[samples.ok & samples.real_e2e.notna()]
+    first = judged[judged.stage == judged.stage.min()]
+    early = first.arrival_s < first.arrival_s.min() + WARM_UP_S
+    slow = int((early & (first.real_e2e > 1.5 * first.real_e2e.median())).sum())
+    later = first[~early]
+    real, sim = (float(np.percentile(later[f"{side}_e2e"], 99)) for side in ("real", "sim"))
+    return {"seconds": WARM_UP_S, "slow_requests": slow, "stage": int(first.stage.iloc[0]),
+            "p99_e2e_error_after": sim / real - 1.0}
 
 
 def _records(frame) -> list[dict]:
@@ -101,8 +163,9 @@ def _records(frame) -> list[dict]:
     return [{key: plain(value) for key, value in row.items()} for row in frame.to_dict("records")]
 
 
-def summarize(doc: dict) -> dict:
-    """Medians over the stages the real engine kept up with, and the stages the simulation fell behind in."""
+def summarize(doc: dict, by_gpus: bool = True) -> dict:
+    """Medians over the stages the real engine kept up with (all runs, and per tensor-parallel size),
+    and the stages the simulation fell behind in."""
     errors = {f"{stat}_{metric}": [] for metric, stat, _ in TARGETS}
     behind = []
     for run in doc["runs"]:
@@ -115,11 +178,22 @@ def summarize(doc: dict) -> dict:
                 row = next(r for r in run["table"] if r["stage"] == stage["stage"] and r["metric"] == metric
                            and r["stat"] == stat)
                 errors[f"{stat}_{metric}"].append(row["rel_error"])
-    medians = {key: (float(sorted(abs(v) for v in values)[len(values) // 2]) if len(values) % 2 else
-                     float(sum(sorted(abs(v) for v in values)[len(values) // 2 - 1:len(values) // 2 + 1]) / 2))
-               if values else None for key, values in errors.items()}
+    medians = {key: _median([abs(v) for v in values]) for key, values in errors.items()}
+    by_tp = {}
+    for tp in sorted({run.get("tensor_parallel_size", 1) for run in doc["runs"]}) if by_gpus else ():
+        part = summarize({"runs": [run for run in doc["runs"] if run.get("tensor_parallel_size", 1) == tp]},
+                         by_gpus=False)
+        by_tp[str(tp)] = {"median_abs_error": part["median_abs_error"], "stages_judged": part["stages_judged"]}
     return {"median_abs_error": medians, "stages_judged": len(next(iter(errors.values()))),
-            "sim_fell_behind_where_real_kept_up": behind}
+            "sim_fell_behind_where_real_kept_up": behind, **({"by_tensor_parallel_size": by_tp} if by_gpus else {})}
+
+
+def _median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    middle = len(ordered) // 2
+    return float(ordered[middle]) if len(ordered) % 2 else float(sum(ordered[middle - 1:middle + 1]) / 2)
 
 
 def fitted_terms(meta: dict) -> dict | None:
@@ -169,6 +243,10 @@ def tables(doc: dict) -> str:
         shown = "n/a" if value is None else f"{100 * value:.1f}%"
         verdict = "" if value is None else ("  met" if value <= target else "  not met")
         out.append(f"  {stat} {metric.upper():<5} {shown:>7}  (<= {100 * target:.0f}%){verdict}")
+    for tp, part in summary.get("by_tensor_parallel_size", {}).items():
+        cells = "  ".join(f"{stat} {metric.upper()} {100 * part['median_abs_error'][f'{stat}_{metric}']:.1f}%"
+                          for metric, stat, _ in TARGETS if part["median_abs_error"][f"{stat}_{metric}"] is not None)
+        out.append(f"  TP {tp} ({part['stages_judged']} stages): {cells}")
     behind = summary["sim_fell_behind_where_real_kept_up"]
     out.append("stages the real engine kept up with but the simulation fell behind in: "
                + (", ".join(behind) if behind else "none"))
@@ -186,7 +264,43 @@ def tables(doc: dict) -> str:
                 ("mean E2E", "mean_e2e"), ("mean ITL", "mean_itl"), ("mean TTFT", "mean_ttft"), ("p99 E2E", "p99_e2e"))
                 if test.get(key) is not None)
             out.append(f"  the fit's leave-one-run-out test (median |error| over the held-out runs' stages): {cells}")
+    out += ["", *term_table(doc)]
     return "\n".join(out)
+
+
+def term_table(doc: dict) -> list[str]:
+    """Per stage the real engine kept up with: the mean ITL error beside the share of each composed term
+    in a decode pass at that stage's batch and context, and the factor the collectives would need for
+    the error to vanish (if they alone were off: 1 - error / share)."""
+    out = ["What a decode pass is made of at each stage's simulated mean batch and context (composed terms), "
+           "beside the mean ITL error:",
+           f"{'run':<32}{'stage':>6}{'batch':>7}{'ITL err':>9}{'GEMMs':>8}{'attn':>7}{'other':>7}{'collect.':>9}"
+           f"  collectives x to close it"]
+    for run in doc["runs"]:
+        for term in run.get("terms") or []:
+            stage = next(s for s in run["stages"] if s["stage"] == term["stage"])
+            if stage["real_saturated"]:
+                continue
+            error = next(r["rel_error"] for r in run["table"] if r["stage"] == term["stage"] and r["metric"] == "itl"
+                         and r["stat"] == "mean")
+            shares = term["shares"]
+            comm = shares.get("communication", 0.0)
+            other = 1.0 - shares["gemm"] - shares["attention"] - comm
+            factor = f"{1 - error / comm:.2f}" if comm > 0 else "-"
+            out.append(f"{run['run']:<32}{term['stage']:>6}{term['batch']:>7.1f}{100 * error:>+8.1f}%"
+                       f"{100 * shares['gemm']:>7.1f}%{100 * shares['attention']:>6.1f}%{100 * other:>6.1f}%"
+                       f"{100 * comm:>8.1f}%  {factor}")
+    warm = [run for run in doc["runs"] if run.get("warm_up", {}).get("slow_requests")]
+    if warm:
+        out += ["", f"The real engines' start: requests of the first {warm[0]['warm_up']['seconds']:g} s slower than "
+                    "1.5x their stage's median E2E, and the first stage's p99 E2E error without those seconds:"]
+        for run in warm:
+            w = run["warm_up"]
+            whole = next(r["rel_error"] for r in run["table"] if r["stage"] == w["stage"] and r["metric"] == "e2e"
+                         and r["stat"] == "p99")
+            out.append(f"  {run['run']:<32} {w['slow_requests']:>3} slow; p99 E2E {100 * whole:+.1f}% with them, "
+                       f"{100 * w['p99_e2e_error_after']:+.1f}% without")
+    return out
 
 
 def figure(comparisons: dict, path: Path) -> None:
@@ -223,7 +337,7 @@ def figure(comparisons: dict, path: Path) -> None:
                 ax.legend(fontsize=8)
     fig.suptitle("vLLM 0.15.1 on H100 (real, requests that succeeded) against specbatch (simulated, same requests)",
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title above the first row
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)

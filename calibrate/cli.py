@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from calibrate.configs import DTYPE_BYTES, describe, get_config, known_models
+from calibrate.configs import DTYPE_BYTES, check_buildable, describe, get_config, known_models
 from calibrate.grid import default_grid
 from sim.errors import InputError
 from sim.profile import REQUIRED_PHASES
@@ -107,6 +107,8 @@ def _settings(args: argparse.Namespace) -> Any:
     if args.out.exists() and not args.out.is_dir():
         raise InputError(f"'{args.out}' exists and is not a directory", field="out")
     target, draft = get_config(args.target, "target"), get_config(args.draft, "draft")
+    check_buildable(target, "target")
+    check_buildable(draft, "draft")
     if not 0 < args.memory_fraction <= 1:
         raise InputError("must lie in (0, 1]", field="memory_fraction")
     if args.threads is not None and args.threads < 1:

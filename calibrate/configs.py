@@ -3,6 +3,11 @@
 Timing depends on tensor shapes, not on weight values, so a config is all we need.
 Each shape lives in ``calibrate/models/<name>.json``. This module imports no torch, so
 ``specbatch calibrate --list-models`` and input checking work without it.
+
+One registry serves both profile sources: ``calibrate`` builds the dense shapes in torch;
+``specbatch compose`` prices any of them from kernel tables, including the ones no single
+GPU holds or ``calibrate`` cannot build (70B targets, mixtures of experts, Qwen3's explicit
+head size and per-head q/k norms): :func:`check_buildable` says so in one line.
 """
 
 from __future__ import annotations
@@ -36,21 +41,31 @@ class ModelConfig:
     rope_theta: float | None = None
     tie_word_embeddings: bool = True
     norm_eps: float = 1e-5
+    head_dim: int = 0  # 0: hidden_size / num_heads (written out where a model sets its own, as Qwen3 does)
+    num_experts: int = 0  # a mixture of experts in every layer (HF num_local_experts / num_experts); 0: dense
+    experts_per_token: int = 0  # experts each token is routed to (HF num_experts_per_tok)
+    qk_norm: bool = False  # an RMSNorm on each query and key head before rotary (Qwen3)
     source: str = ""
     notes: str = ""
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise InputError(f"arch '{self.arch}' is not one of {', '.join(ARCHS)}", field="arch", source=self.name)
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise InputError("hidden_size must divide by num_heads and num_heads by num_kv_heads",
-                             field="num_heads", source=self.name)
-        if self.arch == "opt" and self.num_kv_heads != self.num_heads:
-            raise InputError("OPT has no grouped-query attention", field="num_kv_heads", source=self.name)
+        if self.num_heads % self.num_kv_heads or (not self.head_dim and self.hidden_size % self.num_heads):
+            raise InputError("hidden_size must divide by num_heads (or head_dim be given) and num_heads by "
+                             "num_kv_heads", field="num_heads", source=self.name)
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.arch == "opt" and (self.num_kv_heads != self.num_heads or self.num_experts or self.qk_norm):
+            raise InputError("OPT has no grouped-query attention, experts or q/k norms", field="num_kv_heads",
+                             source=self.name)
+        if bool(self.num_experts) != bool(self.experts_per_token) or self.experts_per_token > self.num_experts:
+            raise InputError("a mixture of experts needs num_experts and experts_per_token, at most num_experts",
+                             field="experts_per_token", source=self.name)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,11 +99,22 @@ def get_config(name: str, field: str = "model") -> ModelConfig:
     return configs[name]
 
 
+def check_buildable(cfg: ModelConfig, field: str = "model") -> None:
+    """``calibrate`` builds dense OPT and Llama models in torch; anything else is composed, said in one line."""
+    why = ("a mixture of experts" if cfg.is_moe else "per-head q/k norms" if cfg.qk_norm else
+           "a head size other than hidden / heads" if cfg.head_dim * cfg.num_heads != cfg.hidden_size else None)
+    if why:
+        raise InputError(f"{cfg.name} has {why}, which calibrate does not build; compose its profile from "
+                         "kernel tables instead (specbatch compose, docs/gpu-profiles.md)", field=field)
+
+
 def param_count(cfg: ModelConfig) -> int:
-    """Parameters as built by :mod:`calibrate.model` (matches the published checkpoints)."""
+    """Parameters as built by :mod:`calibrate.model` (matches the published checkpoints); a mixture of
+    experts counts every expert and the router (its active parameters: :func:`active_param_count`)."""
     h, f, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
     kv = cfg.num_kv_heads * cfg.head_dim
-    attn = h * (h + 2 * kv) + h * h
+    q = cfg.num_heads * cfg.head_dim
+    attn = h * (q + 2 * kv) + q * h + (2 * cfg.head_dim if cfg.qk_norm else 0)
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
     if cfg.arch == "opt":
@@ -97,9 +123,15 @@ def param_count(cfg: ModelConfig) -> int:
         norms = 2 * 2 * h
         positions = (cfg.max_position_embeddings + OPT_POSITION_OFFSET) * h
         return embed + positions + head + layers * (attn + mlp + norms) + 2 * h
-    mlp = 3 * h * f
+    mlp = (cfg.num_experts * 3 * h * f + h * cfg.num_experts) if cfg.is_moe else 3 * h * f
     norms = 2 * h
     return embed + head + layers * (attn + mlp + norms) + h
+
+
+def active_param_count(cfg: ModelConfig) -> int:
+    """Parameters one token runs through: a mixture of experts counts its routed experts only."""
+    unused = cfg.num_layers * (cfg.num_experts - cfg.experts_per_token) * 3 * cfg.hidden_size * cfg.intermediate_size
+    return param_count(cfg) - unused
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -120,6 +152,7 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
 def describe(cfg: ModelConfig) -> str:
     """One line for ``--list-models``."""
     heads = f"{cfg.num_heads}" if cfg.num_kv_heads == cfg.num_heads else f"{cfg.num_heads}/{cfg.num_kv_heads}kv"
+    experts = f"  experts {cfg.num_experts} top {cfg.experts_per_token}" if cfg.is_moe else ""
     return (f"{cfg.name:<16} {cfg.arch:<6} {param_count(cfg) / 1e6:>9.1f}M  layers {cfg.num_layers:>2}  "
             f"hidden {cfg.hidden_size:>5}  heads {heads:<7} ffn {cfg.intermediate_size:>5}  "
-            f"vocab {cfg.vocab_size:>6}  max_len {cfg.max_position_embeddings}")
+            f"vocab {cfg.vocab_size:>6}  max_len {cfg.max_position_embeddings}{experts}")

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibrate.configs import get_config
+from calibrate.configs import check_buildable, get_config
 from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.verify import sample, verify_logits
 from policies.base import BatchView
@@ -471,9 +471,11 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
     if device == "cuda" and not torch.cuda.is_available():
         raise config.error("profile", "was calibrated on CUDA, and no CUDA device is available here")
     models = meta.get("models", {})
-    names = {role: models.get(role, {}).get("name") for role in ("target", "draft")}
-    try:
+    names = {role: models[role].get("name") for role in ("target", "draft") if role in models}  # a target-only
+    try:                                                                                         # profile: no draft
         cfgs = {role: get_config(name, role) for role, name in names.items()}
+        for role, cfg in cfgs.items():
+            check_buildable(cfg, role)
     except InputError as exc:
         raise config.error("profile", f"names a model this replay cannot build: {exc.message}") from None
     threads, threads_before = meta.get("timing", {}).get("threads"), torch.get_num_threads()

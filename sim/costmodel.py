@@ -89,15 +89,20 @@ class CostModel:
         self.k_max = profile.k_max
         self.prefill_target = Curve.from_points("prefill/target", profile.phase("prefill", "target"),
                                                 ("batch_size", "query_tokens"), prefill_features)
-        self.prefill_draft = Curve.from_points("prefill/draft", profile.phase("prefill", "draft"),
-                                               ("batch_size", "query_tokens"), prefill_features)
-        draft = profile.phase("decode", "draft")
-        # Profiles before draft catch-up was measured hold the draft at q = 1 only.
-        self.draft_measures_q = draft.query_tokens.nunique() > 1
-        self.decode_draft = (Curve.from_points("decode/draft", draft, ("batch_size", "query_tokens", "context_tokens"),
-                                               decode_features) if self.draft_measures_q else
-                             Curve.from_points("decode/draft", draft, ("batch_size", "context_tokens"),
-                                               _draft_features))
+        # A target-only profile (profile.has_draft False) has no draft curves: its runs never speculate.
+        self.prefill_draft = self.decode_draft = None
+        self.draft_measures_q = False
+        if profile.has_draft:
+            self.prefill_draft = Curve.from_points("prefill/draft", profile.phase("prefill", "draft"),
+                                                   ("batch_size", "query_tokens"), prefill_features)
+            draft = profile.phase("decode", "draft")
+            # Profiles before draft catch-up was measured hold the draft at q = 1 only.
+            self.draft_measures_q = draft.query_tokens.nunique() > 1
+            self.decode_draft = (Curve.from_points("decode/draft", draft,
+                                                   ("batch_size", "query_tokens", "context_tokens"), decode_features)
+                                 if self.draft_measures_q else
+                                 Curve.from_points("decode/draft", draft, ("batch_size", "context_tokens"),
+                                                   _draft_features))
         self.decode_target = Curve.from_points("decode/target", profile.phase("decode", "target"),
                                                ("batch_size", "query_tokens", "context_tokens"), decode_features)
         self.verify = Curve.from_points("verify", profile.phase("verify", "target"),
@@ -110,7 +115,9 @@ class CostModel:
 
     @property
     def curves(self) -> list[Curve]:
-        return [self.prefill_target, self.prefill_draft, self.decode_draft, self.decode_target, self.verify]
+        """The fitted curves (a target-only profile's: the target's and verification)."""
+        return [c for c in (self.prefill_target, self.prefill_draft, self.decode_draft, self.decode_target,
+                            self.verify) if c is not None]
 
     _CURVES = ("prefill_target", "prefill_draft", "decode_draft", "decode_target", "verify")
 
@@ -124,6 +131,8 @@ class CostModel:
                "cuda_graphs": np.bool_(self.cuda_graphs)}
         for attr in self._CURVES:
             curve = getattr(self, attr)
+            if curve is None:  # a target-only profile's draft curves
+                continue
             out[f"{attr}/axes"] = np.array(curve.axes)
             out[f"{attr}/features"] = np.array(curve.features.__name__)
             out.update({f"{attr}/{key}": value for key, value in curve.state().items()})
@@ -144,8 +153,8 @@ class CostModel:
         for attr in cls._CURVES:
             prefix = f"{attr}/"
             part = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
-            curve = Curve.from_state(attr.replace("_", "/", 1), tuple(str(a) for a in part["axes"]),
-                                     features[str(part["features"])], part)
+            curve = None if not part and attr.endswith("_draft") else Curve.from_state(
+                attr.replace("_", "/", 1), tuple(str(a) for a in part["axes"]), features[str(part["features"])], part)
             setattr(model, attr, curve)
         return model
 
@@ -168,7 +177,7 @@ class CostModel:
     def decode_pass_times(self, batch_size, k, context_tokens) -> np.ndarray:
         """The passes of a decode step: k draft passes, the target over k + 1 tokens, verification."""
         b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
-        draft = self.draft_times(b, 1, c)
+        draft = self.draft_times(b, 1, c) if self.decode_draft is not None else 0.0  # target-only: k is 0
         target = self.decode_target(batch_size=b, query_tokens=k + 1, context_tokens=c)
         verify = self.verify(batch_size=b, query_tokens=k)
         return k * draft + target + verify

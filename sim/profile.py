@@ -75,7 +75,8 @@ MIN_LATENCY_S = 1e-9    # a timed pass's median: no kernel is faster than a nano
 
 REQUIRED_META = ("format_version", "device", "dtype", "versions", "models", "grid", "timing", "created_utc")
 
-# (phase, model) pairs a usable profile must contain at least one "ok" point of.
+# (phase, model) pairs a usable profile must contain at least one "ok" point of (a target-only profile:
+# the target's; its sidecar's ``models`` names no draft).
 REQUIRED_PHASES = (("prefill", "target"), ("prefill", "draft"), ("decode", "draft"), ("decode", "target"),
                    ("verify", "target"))
 
@@ -96,6 +97,17 @@ class Profile:
     def phase(self, phase: str, model: str) -> pd.DataFrame:
         rows = self.points[(self.points.phase == phase) & (self.points.model == model)]
         return rows.reset_index(drop=True)
+
+    @property
+    def has_draft(self) -> bool:
+        """False for a target-only profile (no draft model was measured or composed): only runs that
+        never speculate (``--policy none``) can use it."""
+        return "draft" in (self.meta.get("models") or {})
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica of this profile occupies: its tensor-parallel size (1 where not recorded)."""
+        return int(self.meta.get("tensor_parallel_size", 1))
 
     @property
     def k_max(self) -> int:
@@ -175,10 +187,14 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     table = read_points(csv_path)
     ok = table[table.status == "ok"].reset_index(drop=True)
     skipped = table[table.status != "ok"].reset_index(drop=True)
+    roles = (set(meta["models"]) & set(MODELS)) or set(MODELS)  # a sidecar naming neither is judged on both
     for phase, model in REQUIRED_PHASES:
-        if not ((ok.phase == phase) & (ok.model == model)).any():
+        if model in roles and not ((ok.phase == phase) & (ok.model == model)).any():
             raise InputError(f"profile has no measured '{phase}' points for the {model} model",
                              source=csv_path, field="phase")
+    if "draft" not in roles and (ok.model == "draft").any():
+        raise InputError("the sidecar names no draft model (a target-only profile) but the points time one; "
+                         "name it under models.draft", source=meta_path, field="models")
     return Profile(path=directory, meta=meta, points=ok, skipped=skipped)
 
 
@@ -216,6 +232,11 @@ def _check_meta_values(meta: dict[str, Any], path: Path, text: str) -> None:
     name = meta.get("name")
     if name is not None and (not isinstance(name, str) or not name):
         raise fail("name", f"expected a non-empty string, got {name!r}")
+    tp = meta.get("tensor_parallel_size", 1)
+    if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 1024:
+        raise fail("tensor_parallel_size", f"expected the GPUs of one replica, a whole number from 1 to 1024, got {tp!r}")
+    if not isinstance(meta.get("models"), dict):
+        raise fail("models", f"expected an object of the models by role (target, draft), got {meta.get('models')!r}")
     kv = meta.get("kv_capacity_tokens")
     if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or not 0 <= kv <= 2**62):
         # 0 is a measurement (the weights leave no room for a KV cache): every run is then refused

@@ -156,6 +156,9 @@ def prepare(config: RunConfig) -> PreparedRun:
         raise
     try:
         policy = make_policy(config.policy.name, config.policy.params)
+        if policy.max_k > 0 and not profile.has_draft:
+            raise config.error("policy.name", f"profile '{profile.name}' has no draft model (a target-only "
+                                              "profile): only --policy none runs on it")
         if policy.max_k > profile.k_max:
             raise policy.max_k_error(profile.k_max)
     except PolicyError as exc:

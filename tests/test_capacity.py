@@ -271,10 +271,10 @@ def test_report_files(report):
     assert names == ["capacity.json", "goodput_vs_rate.png", "latency_vs_rate.png", "operating_point.png",
                      "report.html", "report.md"]
     md = (report / "report.md").read_text()
-    for text in ("| synthetic | measured | hand-made [synthetic] | float32 | synthetic-target | synthetic-draft | "
+    for text in ("| synthetic | measured | hand-made [synthetic] | 1 | float32 | synthetic-target | synthetic-draft | "
                  "$2.5 per GPU-hour |", "p99_e2el_ms <= 1500 ms; p90_tpot_ms <= 80 ms", "| seeds | 0, 1 |",
                  "![latency vs rate](latency_vs_rate.png)", "replicas for 100 req/s", "$ / 1M output tokens",
-                 "| GPU prices | --gpu-hour-price 2.5; 1 GPU(s) per replica |"):
+                 "| GPU prices | --gpu-hour-price 2.5; a replica of N GPUs costs N GPU-hours an hour |"):
         assert text in md
     assert "Cost by GPU" not in md  # one profile: nothing to compare
     html = (report / "report.html").read_text()
@@ -568,7 +568,7 @@ def test_profiles_are_sized_for_the_same_traffic_and_priced_per_gpu(comparison):
     assert slow["cost_per_m_output_tokens_at_target"] == pytest.approx(expected)
     assert fast["cost_per_m_output_tokens_at_max_rate"] < slow["cost_per_m_output_tokens_at_max_rate"]
     # the printed output: the results, the comparison and the prices used
-    assert "profile    GPU          policy  max rate per replica (req/s)  replicas for 100 req/s" in printed
+    assert "profile    GPU          GPUs / replica  policy  max rate per replica (req/s)  replicas for 100 req/s" in printed
     assert "Prices (--gpu-price h100=2,h200=3): slow-h100 (h100_sxm) $2 per GPU-hour (h100 in --gpu-price); " \
            "fast-h200 (NVIDIA H200) $3 per GPU-hour (h200 in --gpu-price)" in printed
 
@@ -580,9 +580,9 @@ def test_comparison_report_has_the_cost_figure_and_table(comparison):
         "report.html", "report.md"]
     md = (out / "report.md").read_text()
     assert md.startswith("# Capacity report: slow-h100 vs fast-h200\n")
-    for text in ("## Cost by GPU", "![cost by gpu](cost_by_gpu.png)", "| slow-h100 | h100_sxm | none |",
-                 "| 3 | $2 | $6.00 |", "| fast-h200 | NVIDIA H200 | none |", "| 2 | $3 | $6.00 |",
-                 "| slow-h100 | composed | h100_sxm [cuda] |", "$2 per GPU-hour (h100 in --gpu-price)"):
+    for text in ("## Cost by GPU", "![cost by gpu](cost_by_gpu.png)", "| slow-h100 | h100_sxm | 1 | none |",
+                 "| 3 | 3 | $2 | $6.00 |", "| fast-h200 | NVIDIA H200 | 1 | none |", "| 2 | 2 | $3 | $6.00 |",
+                 "| slow-h100 | composed | h100_sxm [cuda] | 1 |", "$2 per GPU-hour (h100 in --gpu-price)"):
         assert text in md, text
     html = (out / "report.html").read_text()
     assert html.count('src="data:image/png;base64,') == 4 and "<h2>Cost by GPU</h2>" in html

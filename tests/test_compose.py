@@ -20,61 +20,22 @@ import pytest
 from calibrate.configs import get_config, param_count
 from sim.commands.cli import main as cli_main
 from sim.profile import load_profile, shipped_profiles
+from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY, ctx_ms, gemm_ms, gen_ms, write_tiny_gpu
 
 HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
 H100_8B = "h100-llama-3.1-8b-llama-3.2-1b"
 COMPOSED = [name for name in shipped_profiles() if load_profile(name).meta.get("source") == "composed"]
 
-# The tiny GPU: every latency a power law, so log-log interpolation is exact between grid points.
-BW, BW_FACTOR, MEM_LATENCY = 1e12, 0.5, 2e-6
-
-
-def gemm_ms(m, n, k):
-    return 1e-6 * m ** 0.5 * n * k ** 0.25
-
-
-def gen_ms(batch, step, heads):
-    return 1e-3 * batch ** 0.8 * step ** 0.5 * heads ** 0.3
-
-
-def ctx_ms(batch, isl, heads):
-    return 1e-4 * batch * isl ** 1.5 * heads ** 0.7
-
-
-def _attention_rows(fn, length: str, head_dim: int) -> pd.DataFrame:
-    rows = []
-    for batch in (1, 16):
-        for size in ((1, 4095) if length == "step" else (16, 4096)):
-            for heads in (2, 16):
-                rows.append(dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="attention",
-                                 kernel_source="vllm_flash_attn_fa3", batch_size=batch,
-                                 isl=1 if length == "step" else size, num_heads=heads, num_key_value_heads=2,
-                                 head_dim=head_dim, beam_width=1, attn_dtype="bfloat16", kv_cache_dtype="bfloat16",
-                                 step=size if length == "step" else 0, window_size=0, latency=fn(batch, size, heads)))
-    return pd.DataFrame(rows)
 
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
-    """systems/-style folder: tiny.yaml + data/tiny/{gemm,attention}/vllm/0.24.0/*.parquet."""
+    """systems/-style folder: tiny.yaml + data/tiny/{gemm,attention}/vllm/0.24.0/*.parquet (tests/tiny_kernels.py)."""
     pytest.importorskip("pyarrow", reason="writing Parquet needs pyarrow")
     pytest.importorskip("yaml", reason="the spec sheet is YAML")
     root = tmp_path_factory.mktemp("systems")
-    (root / "tiny.yaml").write_text(
-        f"gpu:\n  mem_bw: {BW}\n  mem_bw_empirical_scaling_factor: {BW_FACTOR}\n"
-        f"  mem_empirical_constant_latency: {MEM_LATENCY}\n  mem_capacity: 10000000000\n"
-        "  bfloat16_tc_flops: 100000000000000\nmisc:\n  other_mem: 1000000000\n")
-    gemm_dir = root / "data" / "tiny" / "gemm" / "vllm" / "0.24.0"
-    attn_dir = root / "data" / "tiny" / "attention" / "vllm" / "0.24.0"
-    gemm_dir.mkdir(parents=True)
-    attn_dir.mkdir(parents=True)
-    grid = [(m, n, k) for m in (1, 64, 65536) for n in (16, 1024) for k in (16, 1024)]
-    pd.DataFrame([dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="gemm",
-                       kernel_source="torch.nn.functional.linear", gemm_dtype="bfloat16", m=m, n=n, k=k,
-                       latency=gemm_ms(m, n, k)) for m, n, k in grid]).to_parquet(gemm_dir / "gemm_perf.parquet")
-    _attention_rows(gen_ms, "step", 16).to_parquet(attn_dir / "generation_attention_perf.parquet")
-    _attention_rows(ctx_ms, "isl", 16).to_parquet(attn_dir / "context_attention_perf.parquet")
+    write_tiny_gpu(root)
     return root
 
 
@@ -171,7 +132,14 @@ def test_batch_one_decode_sits_above_the_bandwidth_bound_and_within_twice_it(nam
     rows = _decode(profile)
     one = rows[(rows.batch_size == 1) & (rows.query_tokens == 1)]
     t = float(one.sort_values("context_tokens").latency_median_s.iloc[0])
-    bound = meta["models"]["target"]["weight_bytes"] / meta["device"]["spec"]["mem_bw"]
+    target = meta["models"]["target"]  # one GPU's weights; a mixture of experts reads its routed experts only
+    config = target["config"]
+    unread = 0
+    if config.get("num_experts"):
+        experts = (config["num_layers"] * 3 * config["hidden_size"] * config["intermediate_size"]
+                   // target["tensor_parallel_size"])
+        unread = 2 * experts * (config["num_experts"] - config["experts_per_token"])
+    bound = (target["weight_bytes"] - unread) / meta["device"]["spec"]["mem_bw"]
     assert bound <= t <= 2 * bound, f"{name}: {t * 1e3:.2f} ms vs weights/bandwidth {bound * 1e3:.2f} ms"
 
 
@@ -205,7 +173,8 @@ def test_every_composed_profile_records_where_it_came_from():
         meta = load_profile(name).meta
         comp = meta["composition"]
         assert comp["package"] == "aiconfigurator-core" and comp["package_version"] == "0.12.0"
-        assert comp["framework"] == "vllm" and comp["dtype"] == "bf16" and comp["assumptions"]
+        assert comp["framework"] == "vllm" and comp["assumptions"]
+        assert comp["dtype"] == ("fp8" if "--dtype fp8" in meta["command"] else "bf16")
         assert meta["command"].startswith("specbatch compose ") and f"--out sim/profiles/{name}" in meta["command"]
         assert meta["kv_capacity_tokens"] > 0
 
@@ -220,7 +189,9 @@ def test_profiles_lists_measured_and_composed(capsys):
 
 @pytest.mark.parametrize("name", COMPOSED)
 def test_a_composed_profile_runs_the_simulator(name, tmp_path, capsys):
-    code, out, err = run_cli(capsys, "run", "--profile", name, "--num-requests", "30", "--out", str(tmp_path / "r"))
+    policy = [] if load_profile(name).has_draft else ["--policy", "none"]  # a target-only profile
+    code, out, err = run_cli(capsys, "run", "--profile", name, *policy, "--num-requests", "30",
+                             "--out", str(tmp_path / "r"))
     assert code == 0, err
     assert "Request throughput" in out
 
@@ -228,23 +199,24 @@ def test_a_composed_profile_runs_the_simulator(name, tmp_path, capsys):
 # -- NVIDIA's data (skips without the extra) ----------------------------------------------
 
 @needs_data
-def test_the_shipped_h100_profile_is_what_the_data_composes_today(tmp_path, capsys):
+@pytest.mark.parametrize("name", COMPOSED)
+def test_every_shipped_composed_profile_is_what_the_data_composes_today(name, tmp_path, capsys):
     """Staleness: regenerating from the pinned package gives the shipped file, point for point; what
-    benchmarks/compose_profiles.sh adds after composing is the terms specbatch fit carried over."""
-    shipped = Path(load_profile(H100_8B).path)
+    benchmarks/compose_profiles.sh adds after composing is the terms specbatch fit fitted or carried over."""
+    shipped = Path(load_profile(name).path)
     meta = json.loads((shipped / "profile.json").read_text())
     overhead = meta["engine_overhead"]
-    carried = overhead.pop("carried")
+    carried = overhead.pop("carried", None) or overhead.pop("fitted")
     assert set(carried["terms"]) == {"request_latency_s", "exposed_overhead_s"}
     composed_terms = {t: overhead.pop(t) for t in carried["terms"]}
     assert composed_terms == carried["terms"]
-    overhead["source"] = overhead["source"].split(" | carried over from")[0]
+    overhead["source"] = overhead["source"].split(" | ")[0]
     argv = meta["command"].split()[1:]
-    argv[argv.index("--out") + 1] = str(tmp_path / H100_8B)
+    argv[argv.index("--out") + 1] = str(tmp_path / name)
     code, _, err = run_cli(capsys, *argv)
     assert code == 0, err
-    assert (tmp_path / H100_8B / "profile.csv").read_text() == (shipped / "profile.csv").read_text()
-    fresh = json.loads((tmp_path / H100_8B / "profile.json").read_text())
+    assert (tmp_path / name / "profile.csv").read_text() == (shipped / "profile.csv").read_text()
+    fresh = json.loads((tmp_path / name / "profile.json").read_text())
     for volatile in ("created_utc", "versions"):
         fresh.pop(volatile), meta.pop(volatile)
     assert fresh.pop("command").replace(str(tmp_path), "sim/profiles") == meta.pop("command")

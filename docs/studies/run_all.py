@@ -20,6 +20,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 STUDIES = ("optimal_k", "traffic", "rates", "long_context", "scheduling", "tune")  # the order of the issues
+# Studies of replicas of several GPUs (issue 28): each runs on its own shipped multi-GPU profiles, so
+# they run with the default profile's studies (or by name with --only), never on another --profile.
+MULTI_GPU = ("smartspec_70b", "draft_1b_70b", "tp_vs_replicas")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or directory")
     parser.add_argument("--out", type=Path, default=HERE / "figures", help="folder for figures and tables")
-    parser.add_argument("--only", choices=STUDIES, action="append", help="run just these studies")
+    parser.add_argument("--only", choices=STUDIES + MULTI_GPU, action="append", help="run just these studies")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE))
     args.out.mkdir(parents=True, exist_ok=True)
     headlines = {}
-    for name in args.only or STUDIES:
+    for name in args.only or STUDIES + (MULTI_GPU if args.profile == DEFAULT_PROFILE else ()):
         started = time.perf_counter()
         print(f"[{name}] running on {args.profile} ...", flush=True)
         headlines[name] = importlib.import_module(name).run(args.profile, args.out)

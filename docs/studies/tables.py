@@ -202,6 +202,126 @@ def tune_headline(folder: Path = FIGURES) -> str:
             f"away from their starts in all.\n")
 
 
+def smartspec_70b(folder: Path = FIGURES) -> str:
+    """Mean E2EL relative to `none` per draft, rate and policy (below 1: speculation helps)."""
+    t = pd.read_csv(folder / "smartspec_70b.csv")
+    rows = []
+    for (draft, fraction), sub in t.groupby(["draft", "fraction"], sort=False):
+        e2el = sub.set_index("policy").mean_e2el_s
+        ratio = e2el / e2el["none"]
+        best = ratio.drop("none").idxmin()
+        row = {"draft": draft, "rate / saturation": f"{fraction:.2f}", "none (s)": f"{e2el['none']:.2f}"}
+        for policy in ratio.index.drop("none"):
+            cell = f"{ratio[policy]:.2f}"
+            row[policy] = f"**{cell}**" if policy == best else cell
+        row["goodput's mean k"] = f"{sub.set_index('policy').mean_k['goodput']:.2f}"
+        rows.append(row)
+    return _md(pd.DataFrame(rows))
+
+
+def draft_1b_70b_throughput(folder: Path = FIGURES) -> str:
+    """Output throughput at 32 requests in flight, relative to no speculation, per variant, alpha and k."""
+    t = pd.read_csv(folder / "draft_1b_70b.csv")
+    rows = []
+    for (variant, alpha), sub in t.groupby(["variant", "alpha"], sort=False):
+        sub = sub.set_index("k")
+        base = sub.output_tok_s[0]
+        ratio = sub.output_tok_s / base
+        best = ratio.drop(0).idxmax()
+        row = {"setting": variant, "α": f"{alpha:g}", "none (tok/s)": f"{base:.0f}"}
+        row.update({f"k={k}": (f"**{ratio[k]:.2f}**" if k == best else f"{ratio[k]:.2f}") for k in ratio.index if k})
+        rows.append(row)
+    return _md(pd.DataFrame(rows))
+
+
+def draft_1b_70b_step(folder: Path = FIGURES) -> str:
+    """One batch-32 step taken apart from the profile's curves (alpha 0.7)."""
+    t = pd.read_csv(folder / "draft_1b_70b_step.csv")
+    frame = pd.DataFrame({"k": t.k, "70B pass (ms)": t.target_ms.map("{:.2f}".format),
+                          "k 1B passes (ms)": t.draft_ms.map("{:.2f}".format),
+                          "verification (ms)": t.verify_ms.map("{:.3f}".format),
+                          "engine (ms)": t.engine_ms.map("{:.2f}".format), "step (ms)": t.step_ms.map("{:.2f}".format),
+                          "tokens / step at α 0.7": t.tokens_per_step.map("{:.2f}".format),
+                          "ms / token": t.ms_per_token.map("{:.2f}".format)})
+    return _md(frame)
+
+
+def draft_1b_70b_losing(folder: Path = FIGURES) -> str:
+    """How long one 1B pass would have to take for speculation to lose at batch 32."""
+    t = pd.read_csv(folder / "draft_1b_70b_losing_pass.csv")
+    ks = [c for c in t.columns if c.startswith("k=")]
+    frame = pd.DataFrame({"α": t.alpha.map("{:g}".format),
+                          **{k: t[k].map("{:.1f}".format) for k in ks}})
+    return _md(frame)
+
+
+def tp_vs_replicas(folder: Path = FIGURES) -> str:
+    """The two ways side by side per rate: mean TPOT and p99 TTFT, none and the best fixed k."""
+    t = pd.read_csv(folder / "tp_vs_replicas.csv")
+    rows = []
+    for rate, sub in t.groupby("rate", sort=True):
+        row = {"total req/s": f"{rate:.0f}"}
+        for way in dict.fromkeys(t.way):
+            w = sub[sub.way == way].set_index("policy")
+            spec = w.drop("none")
+            best = spec.mean_e2el_ms.idxmin()  # the fixed k with the lowest mean E2EL at this rate
+            row[f"{way}: TPOT, none (ms)"] = f"{w.mean_tpot_ms['none']:.1f}"
+            row[f"{way}: TPOT, best k (ms)"] = f"{spec.mean_tpot_ms[best]:.1f} ({best})"
+            row[f"{way}: p99 TTFT, none (ms)"] = f"{w.p99_ttft_ms['none']:.0f}"
+        rows.append(row)
+    return _md(pd.DataFrame(rows))
+
+
+def tp_vs_replicas_slo(folder: Path = FIGURES) -> str:
+    t = pd.read_csv(folder / "tp_vs_replicas_slo.csv")
+    frame = pd.DataFrame({"way": t.way, "policy": t.policy,
+                          "highest total req/s meeting the SLOs": [("≥ " if top else "") + f"{r:.0f}"
+                                                                   for r, top in zip(t.max_rate_meeting_slo, t.at_grid_top)]})
+    return _md(frame)
+
+
+def smartspec_70b_headline(folder: Path = FIGURES) -> str:
+    h = headlines(folder)["smartspec_70b"]
+    rows = []
+    for draft in ("1B draft", "8B draft"):
+        d = h[draft]
+        worse = {k: v for k, v in d["fractions_where_fixed_k_is_worse_than_none"].items() if v}
+        rows.append({"draft": draft, "saturation without speculation (req/s)": f"{d['saturation_req_s']:.2f}",
+                     "fixed k worse than none": ("; ".join(f"{k} at {', '.join(f'{f:g}' for f in v)} x saturation"
+                                                           for k, v in worse.items()) or "never"),
+                     "goodput's worst excess over the better of none and the best fixed k":
+                         f"{100 * d['goodput_worst_excess_over_best_of_none_and_fixed']:.1f}%"})
+    return _md(pd.DataFrame(rows))
+
+
+def draft_1b_70b_headline(folder: Path = FIGURES) -> str:
+    """The break-even acceptance per k at batch 32, and the two passes by composed term."""
+    h = headlines(folder)["draft_1b_70b"]
+    rows = [{"k": k, "α below which speculation loses at batch 32": f"{v:.2f}"}
+            for k, v in h["breakeven_alpha_at_batch_32"].items()]
+    out = _md(pd.DataFrame(rows))
+    terms = h.get("pass_terms_ms")
+    if terms:
+        names = list(terms["target"])
+        frame = pd.DataFrame([{"pass at batch 32": role, **{n: f"{terms[role].get(n, 0.0):.3f}" for n in names},
+                               "total (ms)": f"{sum(terms[role].values()):.3f}"}
+                              for role in ("target", "draft")])
+        out += "\n" + _md(frame.rename(columns={"gemm": "GEMMs (ms)", "attention": "attention (ms)",
+                                                 "small_ops": "small ops (ms)", "lm_head": "LM head (ms)",
+                                                 "communication": "collectives (ms)"}))
+    return out
+
+
+def tp_vs_replicas_headline(folder: Path = FIGURES) -> str:
+    h = headlines(folder)["tp_vs_replicas"]
+    rows = [{"way": way, "KV cache (tokens, all GPUs)": f"{kv:,}",
+             "TPOT at the lowest rate, none (ms)": f"{h['low_load_mean_tpot_ms'][f'{way} none']:.2f}",
+             "TPOT at the lowest rate, k=3 (ms)": f"{h['low_load_mean_tpot_ms'][f'{way} k=3']:.2f}",
+             "TTFT at the lowest rate, none (ms)": f"{h['low_load_mean_ttft_ms'][f'{way} none']:.1f}"}
+            for way, kv in h["kv_capacity_tokens"].items()]
+    return _md(pd.DataFrame(rows))
+
+
 TABLES = {
     "study-optimal-k-lut": optimal_k_lut,
     "study-optimal-k-headlines": optimal_k_headlines,
@@ -218,4 +338,13 @@ TABLES = {
     "study-scheduling-mixed-check": scheduling_mixed_check,
     "study-tune-loads": tune_loads,
     "study-tune-headline": tune_headline,
+    "study-smartspec-70b": smartspec_70b,
+    "study-smartspec-70b-headline": smartspec_70b_headline,
+    "study-draft-1b-70b-headline": draft_1b_70b_headline,
+    "study-tp-vs-replicas-headline": tp_vs_replicas_headline,
+    "study-draft-1b-70b-throughput": draft_1b_70b_throughput,
+    "study-draft-1b-70b-step": draft_1b_70b_step,
+    "study-draft-1b-70b-losing": draft_1b_70b_losing,
+    "study-tp-vs-replicas": tp_vs_replicas,
+    "study-tp-vs-replicas-slo": tp_vs_replicas_slo,
 }

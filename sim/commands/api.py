@@ -31,7 +31,8 @@ import pandas as pd
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
-__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate", "tune"]
+__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate", "tune",
+           "compose"]
 
 # The summary table's rows: (label, summary key, scale, format).
 _SUMMARY_ROWS = (
@@ -286,8 +287,9 @@ class CapacityReport:
 def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, float] | list[str],
              policies: str | list[str] = "none,fixed,goodput", seeds: int = 3, tolerance: float = 0.05,
              requests: int = 600, min_requests: int = 100, warmup: float = 0.1, curve_points: int = 5,
-             target_rate: float | None = None, gpu_hour_price: float | None = None, gpus_per_replica: int = 1,
-             profiles: str | list[str] | None = None, gpu_price: str | dict[str, float] | None = None,
+             target_rate: float | None = None, gpu_hour_price: float | None = None,
+             gpus_per_replica: int | None = None, profiles: str | list[str] | None = None,
+             gpu_price: str | dict[str, float] | None = None, tp: str | list[int] | None = None,
              jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
              overrides: dict[str, Any] | None = None, **settings: Any) -> CapacityReport:
     """The highest request rate one replica serves within the SLOs, per policy (``specbatch capacity``).
@@ -297,7 +299,8 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     keywords of the run flags (``profile``, ``prompt_tokens``, ``alpha``, ``seed``...). With
     ``out=FOLDER`` the report (HTML, Markdown, JSON, figures) is written there. To compare
     GPUs: ``profiles=["h100-...", "h200-..."]`` and ``gpu_price={"h100": 3.9, "h200": 4.5}``;
-    the table then has one row per profile and policy.
+    the table then has one row per profile and policy. ``tp=[1, 4]``: each profile split over 1 and
+    4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour.
     """
     from sim.commands.capacity.cli import WORKLOAD_FLAGS, plan_capacity
     from sim.commands.capacity.report import check_out_dir
@@ -308,12 +311,13 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     profile_text = profiles if profiles is None or isinstance(profiles, str) else ",".join(profiles)
     price_text = (gpu_price if gpu_price is None or isinstance(gpu_price, str)
                   else ",".join(f"{gpu}={price:g}" for gpu, price in gpu_price.items()))
+    tp_text = tp if tp is None or isinstance(tp, str) else ",".join(str(n) for n in tp)
     keyword_overrides = _keywords(settings, allowed=set(WORKLOAD_FLAGS))
     plan = plan_capacity(config, {**(overrides or {}), **keyword_overrides}, slos=slos, policies=policy_text,
                          seeds=seeds, tolerance=tolerance, requests=requests, min_requests=min_requests,
                          warmup=warmup, curve_points=curve_points, target_rate=target_rate,
                          gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs,
-                         profiles=profile_text, gpu_price=price_text)
+                         profiles=profile_text, gpu_price=price_text, tp=tp_text)
     from sim.atomic_write import check_output, output_lock
 
     folder = check_output(check_out_dir(out), folder=True, field="out") if out is not None else None
@@ -332,13 +336,15 @@ def capacity_table(result: Any) -> pd.DataFrame:
         price = inputs.profiles[profile].price
         for label, outcome in by_policy.items():
             operating, costs = outcome.operating or {}, result.costs[profile][label]
-            row = {"profile": profile, "policy": label, "max_rate": outcome.max_rate,
+            row = {"profile": profile, "gpus_per_replica": inputs.gpus(profile), "policy": label,
+                   "max_rate": outcome.max_rate,
                    "uncertainty": outcome.uncertainty, "bracket_low": outcome.bracket[0],
                    "bracket_high": outcome.bracket[1], "seed_max_rates": json.dumps(list(outcome.seed_max_rates))}
             row.update({slo.metric: operating.get(slo.metric) for slo in inputs.slos})
             row.update({name: operating.get(name) for name in ("goodput", "mean_k", "mean_batch_size")})
             if inputs.target_rate is not None:
                 row["replicas"] = costs.replicas
+                row["gpus"] = None if costs.replicas is None else costs.replicas * inputs.gpus(profile)
             if price is not None:
                 row["gpu_hour_price"] = price
                 if inputs.target_rate is not None:
@@ -410,3 +416,37 @@ def compare(result: str | os.PathLike[str], config: str | os.PathLike[str] | Non
     from sim.commands.compare import COMPARE_FLAGS, compare_file
 
     return compare_file(str(result), config, {**(overrides or {}), **_keywords(settings, allowed=set(COMPARE_FLAGS))})
+
+
+# ---------------------------------------------------------------------------------------------
+# compose
+
+
+def compose(gpu: str, target: str, out: str | os.PathLike[str], *, draft: str | None = None, tp: int = 1,
+            draft_tp: int | None = None, **options: Any):
+    """``specbatch compose`` from Python: write a composed profile at ``out`` and return it loaded
+    (:class:`sim.profile.Profile`). ``draft=None`` composes a target-only profile; ``tp`` is the
+    GPUs per replica, ``draft_tp`` the draft's (its group or 1). Other keywords are the command's
+    flags with underscores (``dtype="fp8"``, ``moe_routing=...``, ``batch_sizes=[1, 8, 64]``,
+    ``k_max=4``...); a bad one raises the command's one-line :class:`InputError`. Needs the
+    kernel data (``pip install -e ".[gpu-data]"``), docs/gpu-profiles.md."""
+    import argparse
+
+    from sim.commands import compose as command
+    from sim.compose import compose as write
+    from sim.profile import load_profile
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # the command line's message, raised rather than printed
+            raise InputError(message, field="compose")
+
+    parser = Parser(prog="specbatch compose", allow_abbrev=False)
+    command.add_arguments(parser)
+    argv = ["--gpu", gpu, "--target", target, "--out", str(out), "--tp", str(tp)]
+    argv += ["--draft", draft] if draft is not None else []
+    argv += ["--draft-tp", str(draft_tp)] if draft_tp is not None else []
+    for key, value in options.items():
+        argv += ["--" + key.replace("_", "-"),
+                 ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)]
+    args = parser.parse_args(argv)
+    return load_profile(write(command.build_request(args), out))

@@ -233,11 +233,12 @@ def _profiles(name: str | None) -> int:
     from sim.profile import DEFAULT_PROFILE, load_profile, shipped_profiles
 
     if name is None:
-        print(f"{'profile':<40} {'source':<9} device")
+        print(f"{'profile':<40} {'source':<9} {'GPUs':>4}  device")
         for shipped in shipped_profiles():
-            meta = load_profile(shipped).meta
+            profile = load_profile(shipped)
             mark = " (default)" if shipped == DEFAULT_PROFILE else ""
-            print(f"{shipped + mark:<40} {profile_source(meta):<9} {meta.get('device', {}).get('name', '?')}")
+            print(f"{shipped + mark:<40} {profile_source(profile.meta):<9} {profile.gpus_per_replica:>4}  "
+                  f"{profile.meta.get('device', {}).get('name', '?')}")
         return 0
     profile = load_profile(name)
     meta = profile.meta
@@ -248,8 +249,14 @@ def _profiles(name: str | None) -> int:
         f" from {meta['composition']['package']} {meta['composition']['package_version']} "
         f"({meta['composition']['framework']} {meta['composition']['framework_version']} kernels; "
         f"assumptions in {profile.path / 'profile.json'})" if "composition" in meta else ""))
-    print(f"device       {device.get('name', '?')} [{device.get('type', '?')}], dtype {meta.get('dtype')}")
-    print(f"models       target {models.get('target', {}).get('name')}, draft {models.get('draft', {}).get('name')}")
+    gpus = profile.gpus_per_replica
+    print(f"device       {device.get('name', '?')} [{device.get('type', '?')}], dtype {meta.get('dtype')}; "
+          + (f"{gpus} GPUs per replica (tensor parallel)" if gpus > 1 else "1 GPU per replica"))
+    draft = (f"draft {models['draft'].get('name')}" if profile.has_draft else
+             "no draft (target only: runs --policy none)")
+    placement = meta.get("draft_placement", {}).get("tensor_parallel_size")
+    placement = "" if placement is None or not profile.has_draft else f" on {placement} GPU(s)"
+    print(f"models       target {models.get('target', {}).get('name')}, {draft}{placement}")
     print(f"timing       {meta.get('timing', {}).get('method')}, created {meta.get('created_utc')}")
     print(f"k_max        {profile.k_max}    kv capacity {profile.kv_capacity_tokens} tokens")
     overhead = meta.get("engine_overhead", {})

@@ -20,11 +20,20 @@ DEFAULT_MAX_LEN = 32768  # longest context composed by default (the models may a
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True, help="GPU of the kernel data, e.g. h100_sxm, h200_sxm, l40s, a100_sxm")
     p.add_argument("--target", required=True, help="target model name (calibrate --list-models)")
-    p.add_argument("--draft", required=True, help="draft model name")
+    p.add_argument("--draft", default=None,
+                   help="draft model name (none: a target-only profile, on which only --policy none runs)")
     p.add_argument("--out", required=True, help="output profile folder (replaced atomically)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="GPUs per replica: the target's tensor-parallel size, 1, 2, 4 or 8 (default: %(default)s)")
+    p.add_argument("--draft-tp", type=int, default=None, metavar="N",
+                   help="the draft's: the target's group (default, as vLLM runs a draft model) or 1 (one GPU of it)")
+    p.add_argument("--moe-routing", default="balanced", metavar="NAME",
+                   help="a mixture of experts: which of the MoE table's routing distributions to read, balanced "
+                        "(every expert the same share of the tokens) or a skewed power law (default: %(default)s)")
     p.add_argument("--framework", default="vllm", help="framework whose kernels were measured (default: %(default)s)")
     p.add_argument("--framework-version", default="0.24.0", help="its version in the data (default: %(default)s)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"), help="GEMM weights (default: %(default)s)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"),
+                   help="GEMM and expert weights (default: %(default)s; fp8: the fp8 GEMM and MoE tables)")
     p.add_argument("--kernel-data", default=None, metavar="DIR",
                    help="a folder laid out like aiconfigurator-core's systems/ (default: the installed package)")
     p.add_argument("--memory-fraction", type=float, default=None,
@@ -49,14 +58,20 @@ def build_request(args: argparse.Namespace):
     from calibrate.configs import get_config, param_count
     from calibrate.grid import default_grid
     from sim.compose import ModelShape, Request, points_of
+    from sim.compose.moe import ROUTINGS
     from sim.compose.build import ENGINE_OVERHEAD_S, ENGINE_OVERHEAD_SOURCE, ENGINE_OVERLAP, MEMORY_FRACTION
     from sim.errors import InputError
 
-    configs = {"target": get_config(args.target, "target"), "draft": get_config(args.draft, "draft")}
+    configs = {"target": get_config(args.target, "target")}
+    if args.draft is not None:
+        configs["draft"] = get_config(args.draft, "draft")
     shapes = {role: ModelShape.of(c, param_count(c)) for role, c in configs.items()}
-    if shapes["target"].vocab_size != shapes["draft"].vocab_size:
+    if "draft" in shapes and shapes["target"].vocab_size != shapes["draft"].vocab_size:
         raise InputError(f"the draft's vocabulary ({shapes['draft'].vocab_size}) differs from the target's "
                          f"({shapes['target'].vocab_size}): speculative decoding needs one", field="draft")
+    draft_tp = check_parallel(args, shapes)
+    if args.moe_routing not in ROUTINGS:
+        raise InputError(f"'{args.moe_routing}' is not one of {', '.join(ROUTINGS)}", field="moe-routing")
     limit = min(c.max_position_embeddings for c in configs.values())
     max_len = min(limit, DEFAULT_MAX_LEN) if args.max_len is None else args.max_len
     if not 1 <= max_len <= limit:
@@ -75,7 +90,8 @@ def build_request(args: argparse.Namespace):
     grid_meta = {k: v for k, v in grid.to_dict().items() if k not in ("warmup", "repeats", "budget_s")}
     return Request(
         gpu=args.gpu, framework=args.framework, framework_version=args.framework_version, dtype=args.dtype,
-        target=shapes["target"], draft=shapes["draft"], points=points_of(grid.points()),
+        target=shapes["target"], draft=shapes.get("draft"), points=points_of(grid.points()),
+        tp=args.tp, draft_tp=draft_tp, moe_routing=args.moe_routing,
         grid={**grid_meta, "max_len": max_len}, model_configs={r: c.to_dict() for r, c in configs.items()},
         kernel_data=args.kernel_data, memory_fraction=fraction,
         engine_overhead_s=ENGINE_OVERHEAD_S if overhead_ms is None else overhead_ms * 1e-3,
@@ -84,6 +100,26 @@ def build_request(args: argparse.Namespace):
         f"given on the command line (--engine-overhead-ms {overhead_ms if overhead_ms is not None else ENGINE_OVERHEAD_S * 1e3:g}, "
         f"--engine-overlap {args.engine_overlap or ENGINE_OVERLAP})",
         name=args.name, command=command_line(args))
+
+
+def check_parallel(args: argparse.Namespace, shapes: dict) -> int | None:
+    """The target's and the draft's tensor-parallel sizes, checked as vLLM checks them (one line each)."""
+    from sim.errors import InputError
+
+    problem = shapes["target"].tp_problem(args.tp)
+    if problem:
+        raise InputError(f"{shapes['target'].name} cannot run with {problem}", field="tp")
+    if args.draft_tp is None:
+        return None
+    if "draft" not in shapes:
+        raise InputError("a target-only profile has no draft to place; leave --draft-tp out", field="draft-tp")
+    if args.draft_tp not in (1, args.tp):
+        raise InputError(f"the draft runs in the target's group ({args.tp}) or on one GPU of it (1), not "
+                         f"{args.draft_tp}", field="draft-tp")
+    problem = shapes["draft"].tp_problem(args.draft_tp)
+    if problem:
+        raise InputError(f"{shapes['draft'].name} cannot run with {problem}", field="draft-tp")
+    return None if args.draft_tp == args.tp else args.draft_tp
 
 
 def compose_prompts(max_len: int) -> list[int]:
@@ -98,9 +134,11 @@ def compose_prompts(max_len: int) -> list[int]:
 
 def command_line(args: argparse.Namespace) -> str:
     """The canonical command for these arguments (recorded in the sidecar: how to regenerate it)."""
-    words = ["specbatch", "compose", "--gpu", args.gpu, "--target", args.target, "--draft", args.draft]
-    defaults = {"framework": "vllm", "framework_version": "0.24.0", "dtype": "bf16"}
-    for key in ("framework", "framework_version", "dtype", "kernel_data", "memory_fraction", "engine_overhead_ms",
+    words = ["specbatch", "compose", "--gpu", args.gpu, "--target", args.target]
+    words += ["--draft", args.draft] if args.draft is not None else []
+    defaults = {"framework": "vllm", "framework_version": "0.24.0", "dtype": "bf16", "tp": 1, "moe_routing": "balanced"}
+    for key in ("tp", "draft_tp", "moe_routing", "framework", "framework_version", "dtype", "kernel_data",
+                "memory_fraction", "engine_overhead_ms",
                 "engine_overlap",
                 "max_len", "name", "batch_sizes", "query_tokens", "k_max", "contexts", "prompts",
                 "max_prefill_tokens"):
@@ -121,7 +159,9 @@ def main(args: argparse.Namespace) -> int:
     profile = load_profile(out)
     statuses = profile.meta["composition"]["statuses"]
     counts = ", ".join(f"{n} {s}" for s, n in statuses.items())
-    print(f"Composed {profile.name}: {request.target.name} + {request.draft.name} on {args.gpu} "
+    models = request.target.name + (f" + {request.draft.name}" if request.draft else " (target only)")
+    gpus = f"{request.tp} x {args.gpu}" if request.tp > 1 else args.gpu
+    print(f"Composed {profile.name}: {models} on {gpus} "
           f"({args.framework} {args.framework_version}, {args.dtype}); {counts} points; "
           f"KV capacity {profile.kv_capacity_tokens:,} tokens")
     print(f"Wrote {out}/ (profile.csv, profile.json)")
@@ -131,11 +171,10 @@ def main(args: argparse.Namespace) -> int:
 def pricers_for(profile) -> dict:
     """The target's and draft's pass pricers a composed profile was built from, read again from
     the kernel data its sidecar's command names (needs that data: the gpu-data extra)."""
-    from sim.compose.build import load_tables
-    from sim.compose.price import PassPricer
+    from sim.compose.build import load_tables, make_pricers
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     request = build_request(parser.parse_args(profile.meta["command"].split()[2:]))
-    tables = load_tables(request)[0]
-    return {"target": PassPricer(request.target, tables), "draft": PassPricer(request.draft, tables)}
+    tables, root, _ = load_tables(request)
+    return make_pricers(request, tables, root)

@@ -14,6 +14,8 @@ import pandas as pd
 from sim.atomic_write import staged_dir
 from sim.compose import data
 from sim.compose.interp import running_max
+from sim.compose.moe import ExpertsTable
+from sim.compose.parallel import GRAPH_TOKENS, Collectives, newest
 from sim.compose.price import KV_BYTES, KernelTables, PassPricer
 from sim.compose.shapes import ModelShape
 from sim.errors import InputError
@@ -34,7 +36,8 @@ ENGINE_OVERHEAD_SOURCE = (
 NOT_MODELLED = (
     "eager launches (the tables time kernels back to back, as CUDA graphs replay them; no per-kernel launch gap "
     "is added); the padding of a step to vLLM's CUDA-graph sizes is the cost model's (vllm-v1 scheduler)",
-    "tensor, pipeline or expert parallelism (one GPU per replica)",
+    "pipeline and expert parallelism (a replica is one tensor-parallel group of one node's GPUs)",
+    "overlap of the all-reduces with computation (vLLM runs them between the layers' kernels by default)",
     "kernel fusion beyond vLLM's fused QKV, gate/up and residual-add + RMSNorm",
     "fp8 KV cache (the KV cache is bf16)",
     "chunked-prefill kernels (a chunk is priced from the prefill curve, plus its attention to its cached prefix "
@@ -44,14 +47,15 @@ NOT_MODELLED = (
 
 @dataclass(frozen=True)
 class Request:
-    """What to compose: GPU data, two model shapes and the grid points (phase, model, b, q, c)."""
+    """What to compose: GPU data, the model shapes (whole, unsplit), how they are split over the
+    replica's GPUs, and the grid points (phase, model, b, q, c). No draft: a target-only profile."""
 
     gpu: str
     framework: str
     framework_version: str
     dtype: str  # "bf16" or "fp8"
     target: ModelShape
-    draft: ModelShape
+    draft: ModelShape | None
     points: tuple[tuple[str, str, int, int, int], ...]
     grid: dict[str, Any]
     model_configs: dict[str, dict[str, Any]]  # the published configs, recorded as they are
@@ -62,6 +66,20 @@ class Request:
     engine_overhead_source: str = ENGINE_OVERHEAD_SOURCE
     name: str | None = None
     command: str = ""  # the command line that regenerates this profile, recorded in the sidecar
+    tp: int = 1  # GPUs per replica: the target's tensor-parallel size
+    draft_tp: int | None = None  # the draft's: the target's group (None, vLLM's default) or one GPU of it (1)
+    moe_routing: str = "balanced"  # the routing distribution the MoE table is read at (sim.compose.moe)
+
+    @property
+    def draft_gpus(self) -> int:
+        return self.tp if self.draft_tp is None else self.draft_tp
+
+    def shapes(self) -> dict[str, ModelShape]:
+        """Each model as one GPU of its group holds it (the target on all ``tp``, the draft on its own)."""
+        out = {"target": self.target.sharded(self.tp)}
+        if self.draft is not None:
+            out["draft"] = self.draft.sharded(self.draft_gpus)
+        return out
 
 
 def load_tables(request: Request) -> tuple[KernelTables, Path, str]:
@@ -83,20 +101,70 @@ def load_tables(request: Request) -> tuple[KernelTables, Path, str]:
     return KernelTables.from_frames(spec, gemm, context, generation, gemm_dtype), root, device
 
 
+def make_pricers(request: Request, tables: KernelTables, root: Path) -> dict[str, PassPricer]:
+    """Each model's pass pricer, with its group's collectives and its experts' table where it needs them."""
+    shapes = request.shapes()
+    groups = sorted({shape.tp for shape in shapes.values() if shape.tp > 1})
+    collectives = {gpus: load_collectives(request, tables, root, gpus) for gpus in groups}
+    moe = None
+    if any(shape.is_moe for shape in shapes.values()):
+        moe = data.read_table(root, request.gpu, request.framework, request.framework_version, data.MOE_TABLE)
+    out = {}
+    for role, shape in shapes.items():
+        experts = None
+        if shape.is_moe:
+            experts = ExpertsTable.from_frame(moe, hidden=shape.hidden_size, intermediate=shape.intermediate_size,
+                                              experts=shape.num_experts, top_k=shape.experts_per_token, tp=shape.tp,
+                                              dtype=request.dtype, routing=request.moe_routing,
+                                              source=f"the {request.gpu} MoE table")
+            tables.kernels[f"experts_{role}"] = experts.kernel
+        out[role] = PassPricer(shape, tables, collectives.get(shape.tp), experts)
+    return out
+
+
+def load_collectives(request: Request, tables: KernelTables, root: Path, gpus: int) -> Collectives:
+    """The all-reduce (the framework's) and all-gather (the newest NCCL's) tables of a group of ``gpus``."""
+    args = (root, request.gpu, request.framework, request.framework_version)
+    all_reduce = data.read_table(*args, data.ALL_REDUCE_TABLE)
+    versions = data.nccl_versions(root, request.gpu)
+    if not versions:
+        raise InputError(f"no NCCL collectives measured on {request.gpu} (comm/nccl/ in the kernel data)", field="tp")
+    sheet = tables.spec.nccl_version  # the spec sheet names the system's NCCL; else the newest measured
+    nccl_version = sheet if sheet in versions else newest(versions)
+    nccl = data.read_table(root, request.gpu, data.NCCL, nccl_version, data.NCCL_TABLE)
+    measured = sorted(set(all_reduce.num_gpus.astype(int)) & set(nccl.num_gpus.astype(int)))
+    if gpus not in measured:
+        raise InputError(f"the {request.gpu} data measured collectives of {', '.join(map(str, measured))} GPUs, "
+                         f"not {gpus}", field="tp")
+    sources = {"all_reduce": f"{request.framework} {request.framework_version} "
+                             f"{', '.join(sorted(set(all_reduce.kernel_source)))}",
+               "all_gather": f"NCCL {nccl_version} (nccl-tests)"}
+    return Collectives.from_frames(gpus, all_reduce, nccl, sources)
+
+
 def kv_capacity(request: Request, spec: data.GpuSpec) -> dict[str, int]:
-    """KV tokens that fit beside both models' weights under vLLM's memory utilization."""
+    """KV tokens that fit beside the models' weights under vLLM's memory utilization, on every GPU.
+
+    vLLM gives every GPU of a group the same number of KV blocks, each GPU holding its share of
+    each token's KV (its KV heads), so the replica's cache is the sum of the GPUs' free memory
+    over the bytes a token takes on them all. Every figure here is one GPU's: the one the
+    draft's weights and KV sit on when it runs on one GPU of the group (that GPU sets the count).
+    """
     weight = 1 if request.dtype == "fp8" else 2
-    weights = request.target.weight_bytes(weight) + request.draft.weight_bytes(weight)
+    shapes = request.shapes()
+    weights = sum(shape.weight_bytes(weight) for shape in shapes.values())
     budget = int(request.memory_fraction * spec.mem_capacity)
-    per_token = request.target.kv_bytes_per_token(KV_BYTES) + request.draft.kv_bytes_per_token(KV_BYTES)
-    free = budget - weights - spec.reserved_bytes
+    per_token = sum(shape.kv_bytes_per_token(KV_BYTES) for shape in shapes.values())
+    nccl = spec.nccl_reserve(request.tp)
+    free = budget - weights - spec.reserved_bytes - nccl
     if free < per_token:
-        raise InputError(f"{request.target.name} + {request.draft.name} ({weights / 2**30:.1f} GiB of weights) "
+        names = " + ".join(shape.name for shape in shapes.values())
+        raise InputError(f"{names} ({weights / 2**30:.1f} GiB of weights per GPU over {request.tp} GPU(s)) "
                          f"leave no room for a KV cache in {request.memory_fraction:g} of the {request.gpu}'s "
-                         f"{spec.mem_capacity / 2**30:.0f} GiB", field="target")
+                         f"{spec.mem_capacity / 2**30:.0f} GiB; split it over more GPUs (--tp)", field="target")
     return {"available_bytes": spec.mem_capacity, "budget_bytes": budget, "fraction": request.memory_fraction,
-            "weight_bytes": weights, "reserved_bytes": spec.reserved_bytes, "kv_bytes_per_token": per_token,
-            "kv_capacity_tokens": free // per_token}
+            "weight_bytes": weights, "reserved_bytes": spec.reserved_bytes, "nccl_bytes": nccl,
+            "kv_bytes_per_token": per_token, "gpus": request.tp, "per": "GPU", "kv_capacity_tokens": free // per_token}
 
 
 def check_priceable(pricers: dict[str, PassPricer], request: Request) -> None:
@@ -125,6 +193,7 @@ def price_points(request: Request, pricers: dict[str, PassPricer]) -> tuple[pd.D
     fit instead priced those steps up to 16% high (Llama-2-7b on H100, batch 64-128 at 1-2k tokens)."""
     frame = pd.DataFrame(list(request.points), columns=["phase", "model", "batch_size", "query_tokens",
                                                         "context_tokens"])
+    frame = frame[frame.model.isin(list(pricers))].reset_index(drop=True)  # a target-only profile: no draft rows
     latency = np.full(len(frame), np.nan)
     off_table: dict[str, dict[str, int]] = {}
     for (phase, model), rows in frame.groupby(["phase", "model"], sort=False):
@@ -194,7 +263,9 @@ def assumptions(request: Request, tables: KernelTables) -> list[str]:
         "that count (the tables are flat in head count at a given KV size)",
         "decode attention past the generation table's KV-size edge (batch x KV length): b sequences are priced "
         "as n launches of b / n sequences (each reads only its own KV; the tables are linear in batch there)",
-        "GEMMs wider than the table's largest n (the LM head) are split into equal column blocks",
+        "GEMMs wider than the table's largest n (the LM head) are split into equal column blocks; narrower than "
+        "its smallest (a mixture of experts' router) priced at the smallest (the launch and the activations' "
+        "read: an upper bound)",
         "LM head: over every query token of a target decode/verify pass, over the last token of a draft "
         "pass and of a prefill; it stays bf16 with --dtype fp8",
         "small ops (norms, rotary, activation, residual adds, embedding, KV-cache write) are memory-bound: "
@@ -204,12 +275,58 @@ def assumptions(request: Request, tables: KernelTables) -> list[str]:
         f"k draft positions over the vocabulary at the same bandwidth, plus {spec.mem_latency_s * 1e6:g} us "
         "(the sheet's constant latency of a memory-bound kernel)",
         f"KV capacity: {request.memory_fraction:g} of the GPU's memory (vLLM's gpu_memory_utilization) minus "
-        "both models' weights minus the sheet's reserve for activations and CUDA graphs (other_mem); points "
+        "the models' weights minus the sheet's reserve for activations and CUDA graphs (other_mem); points "
         "whose KV (batch x (context + query)) exceeds it are priced all the same (a run never reaches them, "
         "but the steps between them and points that fit are interpolated between the two)",
+        *parallel_assumptions(request),
+        *experts_assumptions(request, tables),
         f"engine overhead: {request.engine_overhead_source}",
         *(f"not modelled: {what}" for what in NOT_MODELLED),
     ]
+
+
+def parallel_assumptions(request: Request) -> list[str]:
+    """What tensor parallelism adds to the assumptions (nothing on one GPU)."""
+    out = []
+    if request.tp > 1:
+        out += [
+            f"tensor parallelism over {request.tp} GPUs as vLLM splits a model: QKV and gate/up column-parallel, "
+            "attention output and down row-parallel, attention heads and KV heads split (KV heads replicated to one "
+            "per GPU when fewer than the GPUs), experts split along their intermediate size, embedding and LM head "
+            "vocabulary-parallel; every GPU runs the same kernels at once, so a pass costs one GPU's kernels at "
+            "its share of the shapes plus the collectives",
+            "collectives: two all-reduces per layer and one after the embedding, of tokens x hidden bf16 elements, "
+            "from the kernel data's vLLM all-reduce table for this GPU count (CUDA-graph captured up to "
+            f"{GRAPH_TOKENS} tokens a step, eager above, as vLLM runs them); the logits' all-gather (tokens with "
+            "logits x vocabulary) from its NCCL table (the spec sheet's NCCL version where the data has it); messages "
+            "past a table's largest as equal parts",
+            f"KV capacity with {request.tp} GPUs: vLLM gives every GPU the same number of KV blocks, each holding "
+            "its KV heads of each token, so the replica holds the GPUs' free memory summed over a token's bytes "
+            "on them all; each GPU also keeps NCCL's buffers (the spec sheet's nccl_mem for this group size); "
+            "the memory figures in the sidecar are one GPU's",
+        ]
+    if request.draft is not None and request.tp > 1:
+        out.append(f"draft placement: {draft_placement(request)}")
+    return out
+
+
+def draft_placement(request: Request) -> str:
+    if request.draft_gpus == request.tp:
+        return (f"the draft runs in the target's group of {request.tp} GPUs, split the same way with its own "
+                "collectives (vLLM's default: the draft's tensor-parallel size is the target's)")
+    return (f"the draft runs unsplit on one GPU of the target's {request.tp} (draft_tensor_parallel_size 1): its "
+            "passes need no collectives, its weights and KV sit on that GPU, which sets every GPU's KV block "
+            "count; sending its proposals to the other GPUs (a few token ids per sequence) is not priced")
+
+
+def experts_assumptions(request: Request, tables: KernelTables) -> list[str]:
+    moe = [(role, shape) for role, shape in request.shapes().items() if shape.is_moe]
+    return [f"{role} {shape.name}: a mixture of {shape.num_experts} experts, top {shape.experts_per_token}, in every "
+            f"layer, priced from the MoE table's fused-experts kernel ({tables.kernels[f'experts_{role}']}) at the "
+            f"step's tokens and this tensor-parallel size; routing assumed '{request.moe_routing}' (the table's "
+            "token distribution over the experts: balanced = every expert the same share; a real router is less "
+            "even); the router's GEMM (hidden -> experts) from the GEMM table and its top-k as a small op"
+            for role, shape in moe]
 
 
 def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Path:
@@ -217,8 +334,8 @@ def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Pat
     out = Path(out)
     if out.exists() and not (out.is_dir() and set(p.name for p in out.iterdir()) <= {CSV_NAME, META_NAME}):
         raise InputError("exists and is not a profile folder; refusing to replace it", source=out, field="out")
-    tables, _, device_name = load_tables(request)
-    pricers = {"target": PassPricer(request.target, tables), "draft": PassPricer(request.draft, tables)}
+    tables, root, device_name = load_tables(request)
+    pricers = make_pricers(request, tables, root)
     check_priceable(pricers, request)
     memory = kv_capacity(request, tables.spec)
     capacity = memory.pop("kv_capacity_tokens")
@@ -234,9 +351,10 @@ def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Pat
         "versions": {"specbatch": _version(), data.PACKAGE: data.package_version() if request.kernel_data is None
                      else None, "framework": request.framework, "framework_version": request.framework_version},
         "models": {role: {"name": shape.name, "config": request.model_configs[role], "params": shape.params,
-                          "weight_bytes": shape.weight_bytes(weight),
+                          "tensor_parallel_size": shape.tp, "weight_bytes": shape.weight_bytes(weight),
                           "kv_bytes_per_token": shape.kv_bytes_per_token(KV_BYTES)}
-                   for role, shape in (("target", request.target), ("draft", request.draft))},
+                   for role, shape in request.shapes().items()},
+        "tensor_parallel_size": request.tp,
         "grid": request.grid,
         "timing": {"method": "composed"},
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -251,11 +369,17 @@ def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Pat
                         "gpu": request.gpu, "framework": request.framework,
                         "framework_version": request.framework_version, "dtype": request.dtype,
                         "kernels": dict(sorted(tables.kernels.items())),
+                        **({"collectives": next(iter(p.collectives.sources for p in pricers.values()
+                                                     if p.collectives is not None))} if request.tp > 1 else {}),
+                        **({"moe_routing": request.moe_routing}
+                           if any(p.model.is_moe for p in pricers.values()) else {}),
                         "assumptions": assumptions(request, tables),
                         "not_priced": off_table,
                         "statuses": {s: int(n) for s, n in points.status.value_counts().sort_index().items()}},
         "skipped": [],
     }
+    if request.draft is not None and request.tp > 1:
+        meta["draft_placement"] = {"tensor_parallel_size": request.draft_gpus, "summary": draft_placement(request)}
     return _write_atomically(out, meta, points)
 
 

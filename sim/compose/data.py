@@ -27,6 +27,10 @@ INSTALL = 'pip install -e ".[gpu-data]"'
 GEMM_TABLE = ("gemm", "gemm_perf.parquet")
 CONTEXT_TABLE = ("attention", "context_attention_perf.parquet")
 GENERATION_TABLE = ("attention", "generation_attention_perf.parquet")
+ALL_REDUCE_TABLE = ("comm", "custom_allreduce_perf.parquet")  # comm/<framework>/<version>/: the framework's all-reduce
+NCCL_TABLE = ("comm", "nccl_perf.parquet")  # comm/nccl/<NCCL version>/: nccl-tests' collectives
+MOE_TABLE = ("moe", "moe_perf.parquet")
+NCCL = "nccl"
 # The attention kernel each framework runs by default, best first: FA3 on Hopper,
 # FA2 on Ada (L40S), the one FlashAttention build recorded for older collections (A100).
 ATTENTION_KERNELS = ("vllm_flash_attn_fa3", "vllm_flash_attn_fa2", "vllm_flash_attn", "flash_attn")
@@ -45,13 +49,21 @@ class GpuSpec:
     reserved_bytes: int  # the sheet's "other_mem": activations, CUDA graphs, allocator slack
     bf16_flops: float
     fp8_flops: float | None
+    nccl_bytes: tuple[tuple[int, int], ...] = ()  # (GPUs, bytes): NCCL's buffers per GPU in a group of that size
+    nccl_version: str | None = None  # the NCCL the system's collectives were measured with
+
+    def nccl_reserve(self, gpus: int) -> int:
+        """Bytes per GPU NCCL's buffers take in a tensor-parallel group of ``gpus`` (0 on one GPU)."""
+        return dict(self.nccl_bytes).get(gpus, 0) if gpus > 1 else 0
 
     @property
     def effective_bw(self) -> float:
         return self.mem_bw * self.mem_bw_scaling
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["nccl_bytes"] = {str(g): b for g, b in self.nccl_bytes}
+        return out
 
 
 def package_version() -> str | None:
@@ -119,6 +131,12 @@ def read_table(root: Path, gpu: str, framework: str, version: str, which: tuple[
     return frame
 
 
+def nccl_versions(root: Path, gpu: str) -> list[str]:
+    """The NCCL versions whose collectives the data measured on this GPU (empty where none)."""
+    folder = root / "data" / gpu / NCCL_TABLE[0] / NCCL
+    return [v for v in _choices(folder) if (folder / v / NCCL_TABLE[1]).is_file()]
+
+
 def read_gpu_spec(root: Path, gpu: str) -> GpuSpec:
     _require_readers()
     import yaml
@@ -135,7 +153,9 @@ def read_gpu_spec(root: Path, gpu: str) -> GpuSpec:
                        mem_latency_s=float(sheet.get("mem_empirical_constant_latency", 0.0)),
                        mem_capacity=int(sheet["mem_capacity"]), reserved_bytes=int(misc.get("other_mem", 0)),
                        bf16_flops=float(sheet["bfloat16_tc_flops"]),
-                       fp8_flops=float(sheet["fp8_tc_flops"]) if "fp8_tc_flops" in sheet else None)
+                       fp8_flops=float(sheet["fp8_tc_flops"]) if "fp8_tc_flops" in sheet else None,
+                       nccl_bytes=tuple(sorted((int(g), int(b)) for g, b in (misc.get("nccl_mem") or {}).items())),
+                       nccl_version=str(misc["nccl_version"]) if misc.get("nccl_version") else None)
     except KeyError as exc:
         raise InputError("missing key in the GPU spec sheet", source=path, field=str(exc.args[0])) from None
 

@@ -1,14 +1,19 @@
-"""Pricing one forward pass of a model from measured kernels.
+"""Pricing one forward pass of a model from measured kernels, on one GPU of its group.
 
 A pass over b sequences, q new tokens each, c tokens already cached, costs per layer
 
     sum of its GEMMs at m = b*q  (gemm table, interpolated in log m, log n, log k)
+  + the experts at b*q tokens    (a mixture of experts: the MoE table, :mod:`.moe`)
   + attention                    (context table for prefill, generation table for decode)
   + memory-bound small ops       (bytes / the spec sheet's achievable bandwidth)
+  + two all-reduces              (tensor parallelism: :mod:`.parallel`)
 
-plus, once per pass, the embedding gather and final norm (bandwidth) and the LM head
-GEMM over the tokens that need logits. Every term is NaN where a table cannot price it;
-nothing is extrapolated past a table's edge.
+plus, once per pass, the embedding gather and final norm (bandwidth), the LM head
+GEMM over the tokens that need logits, and with tensor parallelism the embedding's
+all-reduce and the logits' all-gather. A model split over GPUs is priced per GPU with
+its per-GPU shape (:meth:`~sim.compose.shapes.ModelShape.sharded`): the GPUs run the
+same kernels at the same time, so one GPU's time is the pass's. Every term is NaN where
+a table cannot price it; nothing is extrapolated past a table's edge.
 
 Equivalences (each stated in the sidecar and tested in tests/test_compose.py):
 
@@ -49,6 +54,8 @@ import pandas as pd
 
 from sim.compose.data import GpuSpec, attention_kernel
 from sim.compose.interp import LogTable
+from sim.compose.moe import ExpertsTable
+from sim.compose.parallel import Collectives
 from sim.compose.shapes import ACT_BYTES, ModelShape
 
 KV_BYTES = 2  # bf16 KV cache (vLLM's kv_cache_dtype "auto" for a bf16 or fp8-weight model)
@@ -113,37 +120,68 @@ class KernelTables:
 
 
 class PassPricer:
-    """Forward-pass times of one model on one GPU (seconds; NaN where the tables cannot price it)."""
+    """Forward-pass times of one model on one GPU of its group (seconds; NaN where the tables cannot price it).
 
-    def __init__(self, model: ModelShape, tables: KernelTables) -> None:
+    ``collectives``: the group's all-reduce and all-gather tables (a model split over more than
+    one GPU); ``experts``: the MoE table of this model's experts (a mixture of experts)."""
+
+    def __init__(self, model: ModelShape, tables: KernelTables, collectives: Collectives | None = None,
+                 experts: ExpertsTable | None = None) -> None:
+        if model.tp > 1 and collectives is None:
+            raise ValueError(f"{model.name} is split over {model.tp} GPUs: its collectives are needed")
+        if model.is_moe and experts is None:
+            raise ValueError(f"{model.name} is a mixture of experts: its MoE table is needed")
         self.model = model
         self.tables = tables
+        self.collectives = collectives
+        self.experts = experts
         self.bw = tables.spec.effective_bw
 
     # -- kernels --------------------------------------------------------------
     def gemm(self, m, n: int, k: int, table: LogTable | None = None) -> np.ndarray:
+        """Wider than the table: equal column blocks; narrower (a mixture of experts' router, 8 columns):
+        at the table's narrowest n, an upper bound where the weights are a few kB and the time is the
+        launch and the activations' read."""
         table = table or self.tables.gemm
-        n_top = table.bounds("n")[1]
+        n_low, n_top = table.bounds("n")
         parts = max(1, math.ceil(n / n_top))
-        return parts * table(m=m, n=n / parts, k=k)
+        return parts * table(m=m, n=max(n / parts, n_low), k=k)
 
     def layer_gemms(self, tokens) -> np.ndarray:
-        return sum(self.gemm(tokens, n, k) for _, n, k in self.model.layer_gemms())
+        """One layer's GEMMs, and a mixture of experts' fused experts kernel, at ``tokens`` tokens."""
+        gemms = sum(self.gemm(tokens, n, k) for _, n, k in self.model.layer_gemms())
+        return gemms + self.experts(tokens) if self.experts is not None else gemms
+
+    def pass_gemms(self, tokens) -> np.ndarray | float:
+        """GEMMs run once per pass (a head's input fusion); 0 for a plain model."""
+        return sum((self.gemm(tokens, n, k) for _, n, k in self.model.pass_gemms), 0.0)
 
     def lm_head(self, tokens) -> np.ndarray:
-        return self.gemm(tokens, self.model.vocab_size, self.model.hidden_size, self.tables.head_gemm)
+        """The (vocabulary-parallel) LM head over ``tokens`` tokens; split over GPUs, plus the logits' all-gather."""
+        head = self.gemm(tokens, self.model.vocab, self.model.hidden_size, self.tables.head_gemm)
+        if self.collectives is None:
+            return head
+        return head + self.collectives.all_gather(np.asarray(tokens, dtype=float) * self.model.vocab_size)
+
+    def communication(self, tokens) -> tuple[np.ndarray | float, np.ndarray | float]:
+        """All-reduces of a pass over ``tokens`` tokens: (per layer: after attention and after the MLP,
+        once per pass: after the embedding); 0 on one GPU."""
+        if self.collectives is None:
+            return 0.0, 0.0
+        one = self.collectives.all_reduce(tokens, self.model.hidden_size)
+        return 2 * one, one
 
     def small_ops(self, tokens) -> tuple[np.ndarray, np.ndarray]:
         """Bandwidth-priced ops: (per layer, once per pass) seconds for ``tokens`` tokens."""
         per_layer, per_pass = self.model.small_op_elements_per_token()
-        kv_write = 2 * self.model.num_kv_heads * self.model.head_dim * KV_BYTES
+        kv_write = 2 * self.model.kv_heads * self.model.head_dim * KV_BYTES
         tokens = np.asarray(tokens, dtype=float)
         return tokens * (per_layer * ACT_BYTES + kv_write) / self.bw, tokens * per_pass * ACT_BYTES / self.bw
 
     def _units(self, which: str) -> tuple[float, int, LogTable | None]:
         """(sequence multiplier b'/b, KV heads h0, table) a pass is mapped onto (module docstring)."""
         m = self.model
-        kv, head_dim = m.num_kv_heads, m.head_dim
+        kv, head_dim = m.kv_heads, m.head_dim
         dims = self.tables.head_dims_measured(which)
         if head_dim not in dims:  # head-size equivalence: same KV bytes and FLOPs per token
             wider = [d for d in dims if d > head_dim and (kv * head_dim) % d == 0]
@@ -186,23 +224,30 @@ class PassPricer:
         return table(batch_size=b * scale, isl=p, num_heads=h0 * self.model.group)
 
     # -- passes ---------------------------------------------------------------
-    def prefill_parts(self, b, p) -> dict[str, np.ndarray]:
-        b, p = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(p, dtype=float))
-        tokens = b * p
+    def _parts(self, tokens, attention, logits) -> dict[str, np.ndarray]:
+        """A pass's time by kind; GEMMs include the experts; communication only when split over GPUs."""
         layer_small, pass_small = self.small_ops(tokens)
         layers = self.model.num_layers
-        return {"gemm": layers * self.layer_gemms(tokens), "attention": layers * self.context_attention(b, p),
-                "small_ops": layers * layer_small + pass_small, "lm_head": self.lm_head(b)}
+        gemm = layers * self.layer_gemms(tokens)
+        if self.model.pass_gemms:
+            gemm = gemm + self.pass_gemms(tokens)
+        parts = {"gemm": gemm, "attention": layers * attention,
+                 "small_ops": layers * layer_small + pass_small, "lm_head": self.lm_head(logits)}
+        if self.collectives is not None:
+            layer_comm, pass_comm = self.communication(tokens)
+            parts["communication"] = layers * layer_comm + pass_comm
+        return parts
+
+    def prefill_parts(self, b, p) -> dict[str, np.ndarray]:
+        b, p = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(p, dtype=float))
+        return self._parts(b * p, self.context_attention(b, p), b)
 
     def decode_parts(self, b, q, c, logits_per_sequence=None) -> dict[str, np.ndarray]:
         """``logits_per_sequence``: None = all q tokens (a verification pass), else that many."""
         b, q, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (b, q, c)))
         tokens = b * q
-        layer_small, pass_small = self.small_ops(tokens)
-        layers = self.model.num_layers
         logits = tokens if logits_per_sequence is None else b * logits_per_sequence
-        return {"gemm": layers * self.layer_gemms(tokens), "attention": layers * self.decode_attention(b, q, c),
-                "small_ops": layers * layer_small + pass_small, "lm_head": self.lm_head(logits)}
+        return self._parts(tokens, self.decode_attention(b, q, c), logits)
 
     def prefill(self, b, p) -> np.ndarray:
         return sum(self.prefill_parts(b, p).values())
@@ -220,14 +265,12 @@ class PassPricer:
         logits for the decodes' tokens and one per chunk.
         """
         tokens = b * q + sum(new for _, new in chunks)
-        layer_small, pass_small = self.small_ops(tokens)
         attention = float(self.decode_attention(b, q, c)) if b else 0.0
         for cached, new in chunks:
             attention += float(self.context_attention(1, cached + new))
             if cached:
                 attention -= float(self.context_attention(1, cached))
-        return float(self.model.num_layers * (self.layer_gemms(tokens) + attention + layer_small) + pass_small
-                     + self.lm_head(b * q + len(chunks)))
+        return float(sum(self._parts(float(tokens), attention, b * q + len(chunks)).values()))
 
     def verify(self, b, k) -> np.ndarray:
         """Rejection sampling over the vocabulary: memory-bound, priced from bandwidth.

@@ -1,18 +1,35 @@
-"""A model's forward pass as a list of kernels: the shapes composition prices.
+"""A model's forward pass as a list of kernels, on each GPU of its tensor-parallel group.
 
 The command turns a published config (``calibrate/models/*.json``) into a
 :class:`ModelShape`; this module never reads configs itself, so the core does not
 depend on ``calibrate``. Shapes follow vLLM's model code: fused QKV projection, fused
 gate/up projection for Llama (``MergedColumnParallelLinear``), OPT's fc1/fc2 with ReLU
-and learned positions.
+and learned positions, and a mixture of experts (``FusedMoE``) in place of the MLP where
+the model has experts.
+
+Tensor parallelism (``tp`` GPUs, vLLM's ``tensor_parallel_size``) splits a layer as vLLM's
+parallel linear layers do: the QKV and gate/up projections are column-parallel (each GPU
+holds ``num_heads / tp`` query heads, ``num_kv_heads / tp`` KV heads, replicated to one
+per GPU when there are fewer KV heads than GPUs, and ``intermediate_size / tp`` of the
+MLP), the output and down projections row-parallel (their partial sums are all-reduced,
+twice a layer), experts are split along their intermediate size (vLLM's default without
+expert parallelism), and the embedding and LM head are vocabulary-parallel (the embedding
+all-reduced, the logits all-gathered). Everything here is per GPU unless it says
+otherwise; ``tp = 1`` is the whole model.
+
+A *head* drafter (EAGLE, MTP: a decoder layer or a few at the target's width fed the
+target's hidden states) is a shape too: :meth:`ModelShape.head_of` builds one from the
+target, with its input fusion GEMM as a per-pass GEMM, so it is priced by the same code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import math
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 ACT_BYTES = 2  # activations stay bf16 in both bf16 and fp8 (weight-only fp8 GEMM inputs are cast inside)
+TP_SIZES = (1, 2, 4, 8)  # one node's NVLink group: what the kernel data's all-reduce tables measure
 
 
 @dataclass(frozen=True)
@@ -24,55 +41,146 @@ class ModelShape:
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    intermediate_size: int
+    intermediate_size: int  # the MLP's, or each expert's in a mixture of experts
     params: int  # published parameter count (from the shape, checked against the model card in tests)
+    head_dim: int = 0  # 0: hidden_size / num_heads
+    num_experts: int = 0  # 0: a dense MLP
+    experts_per_token: int = 0
+    qk_norm: bool = False
+    tie_word_embeddings: bool = True
+    owns_vocab: bool = True  # False: a head using the target's LM head and embedding (no weights of its own)
+    tp: int = 1  # GPUs the layers are split over (tensor parallelism)
+    pass_gemms: tuple[tuple[str, int, int], ...] = ()  # (name, n, k) run once per pass (a head's input fusion)
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+
+    # -- tensor parallelism ---------------------------------------------------------------
+    def sharded(self, tp: int) -> "ModelShape":
+        """This model split over ``tp`` GPUs (each method then answers per GPU)."""
+        return replace(self, tp=tp)
+
+    def tp_problem(self, tp: int) -> str | None:
+        """Why vLLM cannot split this model over ``tp`` GPUs (its own checks), or None."""
+        if tp not in TP_SIZES:
+            return f"tensor parallelism of {tp} GPUs: one node's group is {', '.join(map(str, TP_SIZES))}"
+        if self.num_heads % tp:
+            return f"{self.num_heads} attention heads do not split over {tp} GPUs"
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            return f"{self.num_kv_heads} KV heads neither split over nor replicate evenly onto {tp} GPUs"
+        if self.intermediate_size % tp:
+            return f"an intermediate size of {self.intermediate_size} does not split over {tp} GPUs"
+        return None
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def heads(self) -> int:
+        """Query heads on one GPU."""
+        return self.num_heads // self.tp
+
+    @property
+    def kv_heads(self) -> int:
+        """KV heads on one GPU: split, or replicated to one per GPU when there are fewer than GPUs."""
+        return max(1, self.num_kv_heads // self.tp)
 
     @property
     def group(self) -> int:
-        """Query heads per KV head (1 for multi-head attention)."""
-        return self.num_heads // self.num_kv_heads
+        """Query heads per KV head on one GPU (1 for multi-head attention)."""
+        return self.heads // self.kv_heads
 
+    @property
+    def ffn(self) -> int:
+        """The MLP's (each expert's) intermediate size on one GPU."""
+        return self.intermediate_size // self.tp
+
+    @property
+    def vocab(self) -> int:
+        """LM-head rows on one GPU (vLLM pads the vocabulary to a multiple of 64 per GPU)."""
+        return self.vocab_size if self.tp == 1 else 64 * math.ceil(self.vocab_size / (64 * self.tp))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    # -- kernels --------------------------------------------------------------------------
     def layer_gemms(self) -> list[tuple[str, int, int]]:
-        """(name, n, k) of each per-layer GEMM: y[m, n] = x[m, k] @ W[k, n]."""
-        h, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
-        qkv = (self.num_heads + 2 * self.num_kv_heads) * hd
+        """(name, n, k) of each per-layer GEMM on one GPU: y[m, n] = x[m, k] @ W[k, n].
+
+        A mixture of experts has its router here (replicated, ``ReplicatedLinear``); the
+        experts themselves are one fused kernel (:meth:`expert_params`, priced from the MoE table)."""
+        h, hd = self.hidden_size, self.head_dim
+        qkv = (self.heads + 2 * self.kv_heads) * hd
         if self.arch == "opt":
-            return [("qkv", qkv, h), ("out", h, h), ("fc1", f, h), ("fc2", h, f)]
-        return [("qkv", qkv, h), ("o", h, self.num_heads * hd), ("gate_up", 2 * f, h), ("down", h, f)]
+            return [("qkv", qkv, h), ("out", h, self.heads * hd), ("fc1", self.ffn, h), ("fc2", h, self.ffn)]
+        mlp = [("router", self.num_experts, h)] if self.is_moe else [("gate_up", 2 * self.ffn, h), ("down", h, self.ffn)]
+        return [("qkv", qkv, h), ("o", h, self.heads * hd), *mlp]
+
+    def expert_params(self) -> int:
+        """Expert weights on one GPU, all layers (each expert's gate/up and down, split over the GPUs)."""
+        return self.num_layers * self.num_experts * 3 * self.hidden_size * self.ffn
 
     def gemm_params(self) -> int:
-        return self.num_layers * sum(n * k for _, n, k in self.layer_gemms())
+        """Linear-layer weights on one GPU, all layers: the GEMMs, the experts and the per-pass GEMMs."""
+        per_pass = sum(n * k for _, n, k in self.pass_gemms)
+        return self.num_layers * sum(n * k for _, n, k in self.layer_gemms()) + self.expert_params() + per_pass
+
+    def vocab_params(self) -> int:
+        """Embedding and LM head on one GPU (vocabulary-parallel; one matrix when tied; none when shared)."""
+        return self.vocab * self.hidden_size * (1 if self.tie_word_embeddings else 2) if self.owns_vocab else 0
 
     def weight_bytes(self, gemm_weight_bytes: int) -> int:
-        """Linear layers at ``gemm_weight_bytes`` per weight (1 for fp8); embeddings, head, norms bf16."""
-        gemm = self.gemm_params()
-        return gemm * gemm_weight_bytes + (self.params - gemm) * ACT_BYTES
+        """Weights on one GPU: linear layers at ``gemm_weight_bytes`` per weight (1 for fp8); embedding,
+        LM head, norms (replicated) and the rest bf16."""
+        whole = self.sharded(1)
+        replicated = self.params - whole.gemm_params() - whole.vocab_params()
+        return self.gemm_params() * gemm_weight_bytes + (self.vocab_params() + replicated) * ACT_BYTES
 
     def kv_bytes_per_token(self, kv_bytes: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_bytes
+        """Key and value bytes one token takes on one GPU (all layers; the whole model's at tp = 1)."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * kv_bytes
 
     def small_op_elements_per_token(self) -> tuple[int, int]:
-        """Elements each token reads + writes in the memory-bound ops: (per layer, once per pass).
+        """Elements each token reads + writes in the memory-bound ops on one GPU: (per layer, once per pass).
 
-        Llama: two fused residual-add + RMSNorms (read x and residual, write both: 4h each),
-        rotary on q and k (read + write), SiLU-and-mul (read 2f, write f), the KV-cache write.
+        Llama: two fused residual-add + RMSNorms over the whole hidden state (read x and residual,
+        write both: 4h each), rotary on the GPU's q and k heads (read + write), q/k norms where the
+        model has them (Qwen3: read + write q and k), SiLU-and-mul (read 2f, write f; inside the
+        fused kernel for experts, whose router's top-k reads the E logits instead), the KV-cache write.
         OPT: two LayerNorms (2h each) and two residual adds (3h each), ReLU (2f), KV write.
         Per pass: the embedding gather (2h; OPT adds its learned positions, 2h + 3h) and the
         final norm. Elements are bf16; the KV write is counted at the KV dtype by the caller.
         """
-        h, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
+        h, f, hd = self.hidden_size, self.ffn, self.head_dim
         if self.arch == "opt":
             return 2 * 2 * h + 2 * 3 * h + 2 * f, 2 * h + 5 * h + 2 * h
-        return 2 * 4 * h + 2 * (self.num_heads + self.num_kv_heads) * hd + 3 * f, 2 * h + 4 * h
+        qk = 2 * (self.heads + self.kv_heads) * hd
+        mlp = self.num_experts if self.is_moe else 3 * f
+        return 2 * 4 * h + qk * (2 if self.qk_norm else 1) + mlp, 2 * h + 4 * h
 
+    # -- construction ---------------------------------------------------------------------
     @classmethod
     def of(cls, config: Any, params: int) -> "ModelShape":
         """The shape of a published config (any object with these fields, e.g. calibrate's ModelConfig)."""
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls) if f.name != "params"}, params=params)
+        names = {f.name for f in fields(cls)} - {"params", "tp", "pass_gemms", "owns_vocab"}
+        return cls(**{name: getattr(config, name) for name in names if hasattr(config, name)}, params=params)
+
+    @classmethod
+    def head_of(cls, target: "ModelShape", name: str, layers: int = 1, fused_inputs: int = 2,
+                vocab_size: int | None = None) -> "ModelShape":
+        """A drafter head on ``target``'s hidden states (EAGLE, EAGLE-3, MTP), priced like any shape.
+
+        ``layers`` decoder layers at the target's width and heads; ``fused_inputs`` hidden-size
+        vectors concatenated and projected back to the hidden size once per pass (EAGLE: the token
+        embedding and the target's last hidden state, 2; EAGLE-3: three of the target's layers, 3;
+        0: none); ``vocab_size``: the head's own LM head (EAGLE-3's reduced draft vocabulary), else
+        the target's. Its embedding is the target's (shared). ``params`` counts what the head adds.
+        """
+        h = target.hidden_size
+        fc = (("fc", h, fused_inputs * h),) if fused_inputs else ()
+        head = replace(target, name=name, num_layers=layers, vocab_size=vocab_size or target.vocab_size,
+                       tie_word_embeddings=True, owns_vocab=vocab_size is not None, pass_gemms=fc, params=0, tp=1)
+        norms = layers * (2 * h + (2 * head.head_dim if head.qk_norm else 0)) + h
+        return replace(head, params=head.gemm_params() + head.vocab_params() + norms, tp=target.tp)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -63,8 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="price of one hour of each GPU, e.g. h100=3.9,h200=4.5,l40s=1.9, or a TOML file of "
                              "GPU = PRICE lines; a key matches a profile's GPU by its words (h100 matches "
                              "h100_sxm and 'NVIDIA H100 80GB HBM3'). No prices ship with specbatch")
-    parser.add_argument("--gpus-per-replica", type=typed("--gpus-per-replica", int), default=1,
-                        help="GPUs one replica occupies, for the cost (default 1)")
+    parser.add_argument("--gpus-per-replica", type=typed("--gpus-per-replica", int), default=None,
+                        help="GPUs one replica occupies, for the cost (default: the profile's tensor-parallel size; "
+                             "give it for a measured profile of a replica of several GPUs)")
+    parser.add_argument("--tp", default=None, metavar="N,...",
+                        help="tensor parallelism as an axis: compare each profile split over these GPU counts "
+                             "(e.g. 1,4: four TP-1 replicas or one TP-4?), from the shipped profiles or composed "
+                             "from the profile's own compose command (needs the gpu-data extra)")
     parser.add_argument("--jobs", type=typed("--jobs", int), default=os.cpu_count() or 1,
                         help="worker processes (default: all cores)")
     parser.add_argument("--out", default=None, help="report folder (default runs/capacity-<hash of the inputs>)")
@@ -97,7 +102,7 @@ class CapacityPlan:
             name, policy = self.members[label]
             outcomes[name][policy] = replace(o, label=policy)
             costs[name][policy] = costing(o.max_rate, (o.operating or {}).get("mean_output_tokens", 0.0),
-                                          inputs.target_rate, inputs.profiles[name].price, inputs.gpus_per_replica)
+                                          inputs.target_rate, inputs.profiles[name].price, inputs.gpus(name))
         return CapacityResult(inputs, outcomes, costs, self.configs, time.perf_counter() - started)
 
 
@@ -132,8 +137,8 @@ class CapacityResult:
 def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[str] | None, policies: str,
                   seeds: int = 3, tolerance: float = 0.05, requests: int = 600, min_requests: int = 100,
                   warmup: float = 0.1, curve_points: int = 5, target_rate: float | None = None,
-                  gpu_hour_price: float | None = None, gpus_per_replica: int = 1, jobs: int = 1,
-                  profiles: str | None = None, gpu_price: str | None = None) -> CapacityPlan:
+                  gpu_hour_price: float | None = None, gpus_per_replica: int | None = None, jobs: int = 1,
+                  profiles: str | None = None, gpu_price: str | None = None, tp: str | None = None) -> CapacityPlan:
     """Check every input (one InputError, named by its flag) and prepare each policy, before any run."""
     from sim.commands.capacity.inputs import parse_policies, parse_slos, policy_config, positive
     from sim.commands.capacity.report import ReportInputs
@@ -146,7 +151,8 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     specs = parse_policies(policies)
     target = positive(target_rate, "--target-rate")
     _at_least(seeds, 1, "--seeds")
-    _at_least(gpus_per_replica, 1, "--gpus-per-replica")
+    if gpus_per_replica is not None:
+        _at_least(gpus_per_replica, 1, "--gpus-per-replica")
     _at_least(jobs, 1, "--jobs")
     if jobs > MAX_WORKERS:
         raise InputError(f"must be at most {MAX_WORKERS}, got {jobs}", source="--jobs")
@@ -161,6 +167,9 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     if not 0 <= warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {warmup:g}", source="--warmup")
     bases = _profile_bases(config, overrides, profiles)  # profile name -> (base scenario, loaded profile)
+    if tp is not None:
+        bases = _split_variants(config, overrides, bases, tp)
+    _check_gpus(bases, gpus_per_replica)
     priced = _priced_profiles(bases, gpu_hour_price, gpu_price)
     configs, members = {}, {}
     for name, (base, _) in bases.items():
@@ -192,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
                          requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
                          curve_points=args.curve_points, target_rate=args.target_rate,
                          gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs,
-                         profiles=args.profiles, gpu_price=args.gpu_price)
+                         profiles=args.profiles, gpu_price=args.gpu_price, tp=args.tp)
     out = check_out_dir(args.out if args.out else plan.default_out())  # before the search, not after
     check_output(out, folder=True, field="out", source=f"--out {out}" if args.out else None)
     with output_lock(out, field="out", source=f"--out {out}" if args.out else None):
@@ -233,6 +242,34 @@ def _profile_bases(config: str | None, overrides: dict, profiles: str | None) ->
             raise InputError(f"profile {profile.name} is listed twice", source="--profiles")
         bases[profile.name] = (base_config(config, {**overrides, "profile": (name, "--profiles")}), profile)
     return bases
+
+
+def _split_variants(config: str | None, overrides: dict, bases: dict, tp: str) -> dict:
+    """Each profile at each ``--tp`` size (sim.commands.capacity.parallel), in the order given."""
+    from sim.commands.capacity.inputs import base_config
+    from sim.commands.capacity.parallel import parse_sizes, variant
+    from sim.profile import load_profile
+
+    sizes = parse_sizes(tp)
+    out = {}
+    for _, profile in bases.values():
+        for size in sizes:
+            name = variant(profile, size)
+            split = load_profile(name)
+            if split.name not in out:
+                out[split.name] = (base_config(config, {**overrides, "profile": (name, "--tp")}), split)
+    return out
+
+
+def _check_gpus(bases: dict, gpus_per_replica: int | None) -> None:
+    """``--gpus-per-replica`` may say what a profile does not record, never contradict what it does."""
+    if gpus_per_replica is None:
+        return
+    for name, (_, profile) in bases.items():
+        own = int(profile.meta.get("tensor_parallel_size", 0))
+        if own and own != gpus_per_replica:
+            raise InputError(f"profile {name} runs a replica on {own} GPU(s) (its tensor_parallel_size), not "
+                             f"{gpus_per_replica}; leave --gpus-per-replica out", source="--gpus-per-replica")
 
 
 def _priced_profiles(bases: dict, gpu_hour_price: float | None, gpu_price: str | None) -> dict:
@@ -304,7 +341,7 @@ def _profile_facts(profile) -> dict:
 
     meta = profile.meta
     return {"name": profile.name, "gpu": profile_gpu(meta), "source": meta.get("source", "measured"),
-            "device": meta.get("device", {}), "dtype": meta.get("dtype"),
+            "device": meta.get("device", {}), "dtype": meta.get("dtype"), "gpus": profile.gpus_per_replica,
             "models": {role: m.get("name") for role, m in meta.get("models", {}).items()}}
 
 

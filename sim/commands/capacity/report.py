@@ -50,8 +50,12 @@ class ReportInputs:
     slos: tuple[SLO, ...]
     settings: SearchSettings
     target_rate: float | None
-    gpus_per_replica: int
+    gpus_per_replica: int | None        # --gpus-per-replica; None: each profile's own (its tensor-parallel size)
     prices: str | None = None           # the price flag as given, for the record
+
+    def gpus(self, name: str) -> int:
+        """GPUs one replica of profile ``name`` occupies: what it costs per hour, in GPU-hours."""
+        return self.gpus_per_replica or int(self.profiles[name].facts.get("gpus", 1))
 
     @property
     def title(self) -> str:
@@ -121,11 +125,12 @@ def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
                        f"at least {s.min_requests}; first {s.warmup:.0%} of arrivals not measured"),
         ("target traffic", "—" if inputs.target_rate is None else f"{inputs.target_rate:g} req/s"),
         ("GPU prices", "—" if inputs.prices is None else
-         f"{inputs.prices}; {inputs.gpus_per_replica} GPU(s) per replica"),
+         f"{inputs.prices}; a replica of N GPUs costs N GPU-hours an hour"),
     ]
 
 
-PROFILE_HEADER = ["profile", "source", "GPU / device", "dtype", "target model", "draft model", "price"]
+PROFILE_HEADER = ["profile", "source", "GPU / device", "GPUs / replica", "dtype", "target model", "draft model",
+                  "price"]
 
 
 def profile_rows(inputs: ReportInputs) -> list[list[str]]:
@@ -133,8 +138,9 @@ def profile_rows(inputs: ReportInputs) -> list[list[str]]:
     for name, p in inputs.profiles.items():
         f = p.facts
         device = f"{f['gpu']} [{f['device'].get('type', '?')}]"
-        rows.append([name, str(f.get("source", "measured")), device, str(f.get("dtype") or "?"),
-                     str(f["models"].get("target", "?")), str(f["models"].get("draft", "?")), _price_text(p)])
+        rows.append([name, str(f.get("source", "measured")), device, str(inputs.gpus(name)), str(f.get("dtype") or "?"),
+                     str(f["models"].get("target", "?")), str(f["models"].get("draft") or "none (target only)"),
+                     _price_text(p)])
     return rows
 
 
@@ -191,8 +197,9 @@ def result_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> list[
 
 def comparison_header(inputs: ReportInputs) -> list[str]:
     target = "—" if inputs.target_rate is None else f"{inputs.target_rate:g} req/s"
-    return ["profile", "GPU", "policy", "max rate per replica (req/s)", f"replicas for {target}", "$ / GPU-hour",
-            "fleet $ / hour", "$ / 1M output tokens at target", "$ / 1M output tokens at max rate"]
+    return ["profile", "GPU", "GPUs / replica", "policy", "max rate per replica (req/s)", f"replicas for {target}",
+            f"GPUs for {target}", "$ / GPU-hour", "fleet $ / hour", "$ / 1M output tokens at target",
+            "$ / 1M output tokens at max rate"]
 
 
 def comparison_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> list[list[str]]:
@@ -204,8 +211,11 @@ def comparison_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> l
             c = costs[name][label]
             k = o.config.policy.params.get("k")
             policy = label + (f" (k={k})" if isinstance(k, int) and ":k=" not in label else "")
-            rows.append([name, p.facts["gpu"], policy, _num(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
+            gpus = inputs.gpus(name)
+            rows.append([name, p.facts["gpu"], str(gpus), policy,
+                         _num(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
                          "—" if c.replicas is None else str(c.replicas),
+                         "—" if c.replicas is None else str(c.replicas * gpus),
                          "—" if p.price is None else f"${p.price:g}", _money(c.fleet_cost_per_hour),
                          _money(c.cost_per_m_at_target), _money(c.cost_per_m_at_max_rate)])
     return rows
@@ -222,7 +232,8 @@ METHOD = (
     "meeting every per-request limit (the tightest limit per latency) per second, as vLLM does.")
 
 COMPARISON = (
-    "Every profile serves the same traffic under the same SLOs. Fleet $ / hour = replicas × GPUs per replica "
+    "Every profile serves the same traffic under the same SLOs. GPUs = replicas × GPUs per replica (a replica "
+    "split over N GPUs by tensor parallelism counts N). Fleet $ / hour = replicas × GPUs per replica "
     "× the GPU's price; $ / 1M output tokens at target = fleet $ / hour over the output tokens the target "
     "traffic generates in an hour; at max rate, one replica run at its max rate (the floor, without rounding "
     "replicas up). Prices are the user's (no defaults).")
@@ -316,7 +327,7 @@ def results_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> 
         "search": {"seeds": list(s.seeds), "tolerance": s.tolerance, "requests_at_saturation": s.requests,
                    "min_requests": s.min_requests, "warmup": s.warmup, "curve_points": s.curve_points},
         "target_rate_req_s": inputs.target_rate, "prices": inputs.prices,
-        "gpus_per_replica": inputs.gpus_per_replica,
+        "gpus_per_replica": {name: inputs.gpus(name) for name in inputs.profiles},
     }
 
 
