@@ -57,11 +57,14 @@ class ClusterRecords:
 
 
 def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.ndarray, replica: ReplicaPlan,
-                parts: list[ReplicaParts], router: str, max_concurrency: int | None = None) -> ClusterRecords:
+                parts: list[ReplicaParts], router: str, max_concurrency: int | None = None,
+                reply_delay_s: float = 0.0) -> ClusterRecords:
     """Simulate the replicas and their router until every request has finished. ``inputs``: the
     requests' int block (:meth:`ReplicaPlan.inputs`); ``max_concurrency``: the client keeps at
-    most that many requests outstanding over the cluster."""
-    dispatcher = Dispatcher(arrival_s, inputs, acceptance_scale, make_router(router), limit=max_concurrency)
+    most that many requests outstanding over the cluster, and sees each finish ``reply_delay_s``
+    after the engine."""
+    dispatcher = Dispatcher(arrival_s, inputs, acceptance_scale, make_router(router), limit=max_concurrency,
+                            reply_delay_s=reply_delay_s)
     queue_type = RoutedQueue if max_concurrency is None else LimitedRoutedQueue
     loops = []
     for p in parts:

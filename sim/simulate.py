@@ -366,7 +366,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
                               inputs=run.replica.inputs(requests.prompt_tokens, requests.output_tokens,
                                                         run.prefix_keys),
                               acceptance_scale=scale, replica=run.replica, parts=parts,
-                              router=config.cluster.router, max_concurrency=config.workload.max_concurrency)
+                              router=config.cluster.router, max_concurrency=config.workload.max_concurrency,
+                              reply_delay_s=run.profile.request_latency_s)
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged
         if cluster.sent_s is not None:
@@ -406,7 +407,8 @@ def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, b
     config, requests = run.config, run.requests
     limit = config.workload.max_concurrency
     queue = arrival_queue(requests.arrival_s, run.replica.inputs(requests.prompt_tokens, requests.output_tokens,
-                                                                 run.prefix_keys), scale, limit)
+                                                                 run.prefix_keys), scale, limit,
+                          run.profile.request_latency_s)
     if backend is not None:  # e.g. a playback, which releases the queue at the instants it recorded
         backend.watch(queue)
     loop = run.replica.loop(queue, policy, sampler, backend)

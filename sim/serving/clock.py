@@ -70,7 +70,7 @@ def _until_arrival(env: simpy.Environment, loop: ServingLoop):
     at = loop.queue.next_arrival_s()
     if at is None:
         return False
-    yield env.timeout(at - env.now)
+    yield env.timeout(exact_delay(env.now, at))
     return True
 
 

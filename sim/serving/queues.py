@@ -108,8 +108,8 @@ class ArrivalQueue:
 
 def client_send_s(arrival_s, finish_order: list[float], i: int, limit: int) -> float:
     """When a client that keeps at most ``limit`` requests outstanding sends request i: once it
-    has arrived and the (i - limit)-th finish (in finishing order) has freed a slot; inf while
-    that finish has not happened."""
+    has arrived and the (i - limit)-th finish (in finishing order, as the client sees it) has
+    freed a slot; inf while that finish has not happened."""
     if i < limit:
         return arrival_s[i]
     j = i - limit
@@ -120,38 +120,57 @@ class ConcurrencyLimitedQueue(ArrivalQueue):
     """A client that keeps at most ``limit`` requests outstanding (``vllm bench serve --max-concurrency``).
 
     Request i is sent when it has arrived and a slot is free: at max(arrival_i, F[i - limit]),
-    F being the finish times in the order requests finish (first come, first served, as
-    the benchmark's semaphore). ``sent_s`` holds the send times, which are what the
-    server sees and what vLLM measures latencies from.
+    F being the finish times as the client sees them (the engine's, plus ``reply_delay_s``:
+    the serving frontend's latency, a profile's ``request_latency_s``), in finishing order
+    (first come, first served, as the benchmark's semaphore). ``sent_s`` holds the send
+    times, which are what the server sees and what vLLM measures latencies from.
     """
 
     timed = False  # sends wait on finishes
     compilable = False  # ... reported step by step
 
-    def __init__(self, arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray, limit: int) -> None:
+    def __init__(self, arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray, limit: int,
+                 reply_delay_s: float = 0.0) -> None:
         super().__init__(arrival_s, reqi, scale)
         self.limit = limit
+        self.reply_delay_s = reply_delay_s
         self.sent_s = np.array(arrival_s, dtype=np.float64)
-        self.finish_order: list[float] = []  # finish times, in finishing order
+        self.finish_order: list[float] = []  # finish times as the client sees them, in finishing order
+
+    def _send_s(self, i: int) -> float:
+        return client_send_s(self.arrival_s, self.finish_order, i, self.limit)
 
     def release(self, now: float) -> None:
         ctr = self.ctr
-        arrived = int(ctr[C_ARRIVED])
-        reached = min(bisect_right(self.arrival_s, now, arrived), len(self.finish_order) + self.limit)
-        for i in range(arrived, reached):  # once per request, not per step
-            self.sent_s[i] = client_send_s(self.arrival_s, self.finish_order, i, self.limit)
-        ctr[C_ARRIVED] = max(reached, arrived)
+        i = int(ctr[C_ARRIVED])
+        while i < self.count and (sent := self._send_s(i)) <= now:  # once per request, not per step
+            self.sent_s[i] = sent
+            i += 1
+        ctr[C_ARRIVED] = i
+
+    def next_arrival_s(self) -> float | None:
+        """When the next request is sent (inf while it waits on a finish); None once every one is."""
+        arrived = int(self.ctr[C_ARRIVED])
+        return self._send_s(arrived) if arrived < self.count else None
+
+    def next_event_s(self) -> float:
+        arrived = int(self.ctr[C_ARRIVED])
+        return self._send_s(arrived) if arrived < self.count else math.inf
 
     def finished(self, count: int, now: float) -> None:
-        """``count`` requests finished at ``now``: their slots go to the next ones waiting."""
-        self.finish_order.extend([now] * count)
+        """``count`` requests finished at ``now``: their slots go to the next ones waiting once
+        the client has the replies."""
+        self.finish_order.extend([now + self.reply_delay_s] * count)
         self.release(now)
 
 
-def arrival_queue(arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray, limit: int | None) -> ArrivalQueue:
-    """One replica's queue: every request at its arrival, or behind a client's concurrency limit."""
-    return ArrivalQueue(arrival_s, reqi, scale) if limit is None else ConcurrencyLimitedQueue(arrival_s, reqi,
-                                                                                               scale, limit)
+def arrival_queue(arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray, limit: int | None,
+                  reply_delay_s: float = 0.0) -> ArrivalQueue:
+    """One replica's queue: every request at its arrival, or behind a client's concurrency limit
+    (whose slots free ``reply_delay_s`` after the engine finishes a request)."""
+    if limit is None:
+        return ArrivalQueue(arrival_s, reqi, scale)
+    return ConcurrencyLimitedQueue(arrival_s, reqi, scale, limit, reply_delay_s)
 
 
 class RoutedQueue:
@@ -249,14 +268,15 @@ class Dispatcher:
 
     With ``limit`` (``vllm bench serve --max-concurrency`` in front of the cluster), request i
     is sent, and routed, at max(arrival_i, F[i - limit]), F being the cluster's finish times
-    in finishing order (as :class:`ConcurrencyLimitedQueue` for one replica); ``sent_s`` holds
+    in finishing order as the client sees them (as :class:`ConcurrencyLimitedQueue` for one
+    replica, ``reply_delay_s`` after the engine's); ``sent_s`` holds
     the send times. Until enough requests have finished, the next send time is unknown
     (``next_at`` is inf) and :attr:`on_unblock`, set by the clock's router process, is called
     when a finish makes it known.
     """
 
     def __init__(self, arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray, router,
-                 limit: int | None = None) -> None:
+                 limit: int | None = None, reply_delay_s: float = 0.0) -> None:
         self.arrival_s = array("d", np.ascontiguousarray(arrival_s, dtype=np.float64).tobytes())
         self.reqi = reqi
         self.scale = np.ascontiguousarray(scale, dtype=np.float64)
@@ -268,6 +288,7 @@ class Dispatcher:
         self.loads: list = []  # what the router reads: one per queue, with outstanding_requests/_tokens
         self.limit = limit
         self.sent_s = np.array(arrival_s, dtype=np.float64) if limit is not None else None
+        self.reply_delay_s = reply_delay_s  # with a limit: when the client sees a finish, after the engine
         self.finish_order: list[float] = []  # with a limit: the cluster's finish times, in finishing order
         self.on_unblock = None
 
@@ -300,7 +321,7 @@ class Dispatcher:
     def finished(self, count: int, now: float) -> None:
         """``count`` requests finished at ``now`` (limit only): their slots go to the next ones,
         routed at the next :meth:`advance` (not here, in the middle of a replica's step)."""
-        self.finish_order.extend([now] * count)
+        self.finish_order.extend([now + self.reply_delay_s] * count)
         if self.routed < self.count and self.next_at == math.inf:
             self.next_at = self._send_s(self.routed)
             if self.on_unblock is not None and self.next_at < math.inf:
