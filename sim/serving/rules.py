@@ -10,7 +10,10 @@ fed. After a prefill it is 1 (the first token came from the target); after a spe
 it is 1, or 2 when every draft token was accepted (the last draft token was sampled by the
 draft but never fed back, and the bonus token is new); a k = 0 step adds 1. The draft's first
 pass of the next speculative step feeds all of them (its *catch-up*), priced at the step's
-largest lag (sim/costmodel_rules.py).
+largest lag (sim/costmodel_rules.py). ``track_lag`` says how lag moves (sim.speculation):
+0 no drafter keeps KV to catch up (none, Medusa, a host matcher); 1 a draft model, as above;
+2 a head (EAGLE, MTP), whose first pass runs over every verified position, so it is 1 after
+any speculative step.
 
 **Ragged k.** Row i keeps min(G_i, k_i) draft tokens and emits that + 1, never more than it
 still owes (surplus tokens are wasted); the step is charged as a uniform step at its largest k.
@@ -117,7 +120,7 @@ def apply_decode(rows, rowf, m, ks, accepted, reci, itl_v, itl_w, ctr, clk, end,
         reci[REC_ACCEPTED, r] += a
         if track_lag:
             if k:
-                rows[ROW_LAG, i] = 2 if a == k else 1
+                rows[ROW_LAG, i] = 2 if a == k and track_lag == 1 else 1
             else:  # the target's token is news to the draft
                 rows[ROW_LAG, i] += 1
         emitted_total += emit
