@@ -39,8 +39,8 @@ from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOK
                                 PENDING_END,
                                 PREFILL, REFILL, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
                                 STEP_MEAN)
-from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, retire, step_rows_stats,
-                               write_step)
+from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, exact_delay, retire,
+                               step_rows_stats, write_step)
 
 STATIC_K, GOODPUT_K = 0, 1  # how a run picks k: a table by batch size, or goodput's argmax
 
@@ -186,7 +186,7 @@ def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, k
         work = has_work(ctr) if paged else (ctr[C_RUNNING] > 0 or ctr[C_ARRIVED] > ctr[C_HEAD])
         if not work:
             if timed and ctr[C_ARRIVED] < arrivals.shape[0]:
-                clk[NOW] = now + (arrivals[ctr[C_ARRIVED]] - now)  # the clock's idle wait, to the bit
+                clk[NOW] = now + exact_delay(now, arrivals[ctr[C_ARRIVED]])  # the clock's idle wait, to the bit
                 continue
             return IDLE
         if ctr[C_STEPS] >= max_steps:
