@@ -1,9 +1,11 @@
 #!/bin/sh
 # Regenerate the shipped composed GPU profiles (docs/gpu-profiles.md) from NVIDIA's kernel
 # data: pip install -e ".[gpu-data]" first. Each profile's sidecar records its own line.
+# The H100 Llama-3.1-8B profile also prices every drafter (docs/speculation-methods.md): its heads from the
+# kernel data, its host proposers (ngram, suffix) timed on this machine's CPU.
 set -e
 cd "$(dirname "$0")/.."
-specbatch compose --gpu h100_sxm --target llama-3.1-8b --draft llama-3.2-1b --out sim/profiles/h100-llama-3.1-8b-llama-3.2-1b
+specbatch compose --gpu h100_sxm --target llama-3.1-8b --draft llama-3.2-1b --drafters eagle,eagle3,mtp,medusa,ngram,suffix --out sim/profiles/h100-llama-3.1-8b-llama-3.2-1b
 specbatch compose --gpu h100_sxm --target llama-2-7b --draft llama-68m --out sim/profiles/h100-llama-2-7b-llama-68m
 specbatch compose --gpu h100_sxm --target opt-6.7b --draft opt-125m --out sim/profiles/h100-opt-6.7b-opt-125m
 specbatch compose --gpu h200_sxm --target llama-3.1-8b --draft llama-3.2-1b --out sim/profiles/h200-llama-3.1-8b-llama-3.2-1b

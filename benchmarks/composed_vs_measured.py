@@ -36,8 +36,11 @@ MIN_TOKENS = 1024  # passes at least this long give the per-token cost (the floo
 
 
 def joined(composed, measured) -> pd.DataFrame:
-    """Points both profiles measured (``ok``), with the signed relative error of composed vs measured."""
-    a = composed.points[composed.points.status == "ok"][KEYS + ["latency_median_s"]]
+    """Points both profiles measured (``ok``) of the target and the draft model (the drafter heads and
+    host proposers a profile may also price are not this comparison's), with the signed relative error
+    of composed vs measured."""
+    a = composed.points[(composed.points.status == "ok") & composed.points.model.isin(("target", "draft"))][
+        KEYS + ["latency_median_s"]]
     b = measured.points[measured.points.status == "ok"][KEYS + ["latency_median_s"]]
     both = a.merge(b, on=KEYS, suffixes=("_composed", "_measured"))
     both["error"] = both.latency_median_s_composed / both.latency_median_s_measured - 1

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.configs import DTYPE_BYTES, check_buildable, describe, get_config, known_models
-from calibrate.grid import default_grid
+from calibrate.grid import DRAFTERS, default_grid, drafter_list
 from sim.errors import InputError
 from sim.profile import REQUIRED_PHASES
 
@@ -59,6 +59,10 @@ def build_parser(prog: str = "python -m calibrate") -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output directory for the profile (required)")
     p.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_BYTES),
                    help="auto: bfloat16 (or float16) on CUDA, float32 on CPU")
+    p.add_argument("--drafters", type=drafter_list, default=None, metavar="LIST",
+                   help=f"drafters to time besides the draft model ({', '.join(DRAFTERS)}): heads built at the "
+                        "target's width from their published structure, host proposers timed on the CPU "
+                        "(docs/speculation-methods.md)")
     g = p.add_argument_group("grid (defaults depend on the device)")
     add_grid_axes(g)
     g.add_argument("--max-prefill-tokens", type=int, metavar="N", help="skip prefill points with batch*prompt > N")
@@ -131,7 +135,8 @@ def _settings(args: argparse.Namespace) -> Any:
                         budget_s=args.budget_s)
     return Settings(target=target.name, draft=draft.name, device=device, dtype=resolve_dtype(args.dtype, device),
                     grid=grid, seed=args.seed, threads=args.threads, memory_fraction=args.memory_fraction,
-                    cuda_graphs=not args.no_cuda_graphs, measure_overhead=not args.no_overhead)
+                    cuda_graphs=not args.no_cuda_graphs, measure_overhead=not args.no_overhead,
+                    drafters=tuple(args.drafters or ()))
 
 
 def _run(settings: Any, args: argparse.Namespace) -> int:
@@ -162,8 +167,8 @@ def summary(result: Any) -> str:
     """Points per phase and status, where the profile went, how long it took."""
     table = result.table
     lines = [f"{'phase':<8} {'model':<7} {'measured':>8} {'oom':>5} {'error':>5}"]
-    for phase in ("prefill", "decode", "verify"):
-        for model in ("target", "draft"):
+    for phase in ("prefill", "decode", "verify", "propose"):
+        for model in ("target", "draft", *DRAFTERS):
             rows = table[(table.phase == phase) & (table.model == model)]
             if len(rows):
                 n = rows.status.value_counts()

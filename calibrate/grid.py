@@ -8,7 +8,11 @@ Points per phase (``query_tokens`` / ``context_tokens`` as :mod:`sim.profile` de
   of a step when it lags behind: the last draft token of a fully accepted step, or tokens
   emitted by k = 0 steps; the simulator extrapolates beyond);
 * decode, target: batch x q x context, q = 1 (plain decode) .. k_max + 1 (verify pass);
-* verify (the rejection sampler over the target vocabulary): batch x k = 0 .. k_max.
+* verify (the rejection sampler over the target vocabulary): batch x k = 0 .. k_max;
+* drafters besides the draft model (``drafters``, docs/speculation-methods.md): a head's (EAGLE,
+  EAGLE-3, MTP) decode passes of q = 1 .. k_max + 1 tokens over the contexts and its prefill over
+  the prompts; Medusa's heads, 1 .. k_max of them, in one pass; a host proposer's (n-gram,
+  suffix) look-ups at k = 1 and k_max over the batches and contexts (phase ``propose``).
 
 Defaults differ per device: the CPU grid finishes in about ten minutes for
 tinyllama-1.1b / llama-68m on two cores (prefill is capped at 1024 tokens per batch there:
@@ -66,8 +70,8 @@ class Grid:
     def draft_query_tokens(self) -> tuple[int, ...]:
         return tuple(q for q in self.query_tokens if q <= DRAFT_CATCH_UP) or (1,)
 
-    def points(self) -> list[Point]:
-        """Every point in measuring order: prefill, draft decode, target decode, verify."""
+    def points(self, drafters: tuple[str, ...] = ()) -> list[Point]:
+        """Every point in measuring order: prefill, draft decode, target decode, verify, then the drafters'."""
         pts = [Point("prefill", model, b, p, 0) for model in ("target", "draft") for p in self.prompts
                for b in self.batch_sizes if b * p <= self.max_prefill_tokens]
         pts += [Point("decode", "draft", b, q, c) for c in self.contexts for q in self.draft_query_tokens
@@ -75,12 +79,45 @@ class Grid:
         pts += [Point("decode", "target", b, q, c) for c in self.contexts for q in self.query_tokens
                 for b in self.batch_sizes]
         pts += [Point("verify", "target", b, k, 0) for k in range(self.k_max + 1) for b in self.batch_sizes]
-        return pts
+        return pts + [Point(*key) for key in drafter_points(self, drafters)]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["k_max"] = self.k_max
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+HEAD_DRAFTERS = ("eagle", "eagle3", "mtp", "medusa")
+HOST_DRAFTERS = ("ngram", "suffix")
+DRAFTERS = HEAD_DRAFTERS + HOST_DRAFTERS
+
+
+def drafter_points(grid: Grid, drafters) -> list[tuple[str, str, int, int, int]]:
+    """The drafters' points (the module docstring), as (phase, model, batch, q, context) keys."""
+    out = []
+    for method in drafters:
+        if method == "medusa":
+            out += [("decode", "medusa", b, k, 0) for k in range(1, grid.k_max + 1) for b in grid.batch_sizes]
+        elif method in HOST_DRAFTERS:
+            out += [("propose", method, b, k, c) for c in grid.contexts for k in sorted({1, max(1, grid.k_max)})
+                    for b in grid.batch_sizes]
+        else:
+            out += [("prefill", method, b, p, 0) for p in grid.prompts for b in grid.batch_sizes
+                    if b * p <= grid.max_prefill_tokens]
+            out += [("decode", method, b, q, c) for c in grid.contexts for q in grid.query_tokens
+                    for b in grid.batch_sizes]
+    return out
+
+
+def drafter_list(text: str) -> list[str]:
+    """``eagle,eagle3,ngram``: drafters besides the draft model (a CLI list), each once, in a fixed order."""
+    import argparse
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in DRAFTERS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"'{bad[0] if bad else text}' is not one of {', '.join(DRAFTERS)}")
+    return [d for d in DRAFTERS if d in names]
 
 
 def default_grid(device: str, max_len: int = 2048, **overrides: Any) -> Grid:

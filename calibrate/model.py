@@ -52,23 +52,24 @@ class Init:
         return nn.Parameter(flat.view(shape), requires_grad=False)
 
 
-def _const(value: float, *shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
+def constant(value: float, *shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.full(shape, value, device=device, dtype=dtype), requires_grad=False)
 
 
 class Block(nn.Module):
-    """One pre-norm decoder layer of either architecture."""
+    """One pre-norm decoder layer of either architecture. ``qkv_in``: the width its QKV projection reads
+    (an EAGLE-3 head's layer reads [embedding, hidden], 2h: calibrate.heads)."""
 
-    def __init__(self, cfg: ModelConfig, init: Init) -> None:
+    def __init__(self, cfg: ModelConfig, init: Init, qkv_in: int | None = None) -> None:
         super().__init__()
         h, f, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_kv_heads * cfg.head_dim
         mk = dict(device=init.device, dtype=init.dtype)
         self.cfg = cfg
-        self.norm1_w, self.norm2_w = _const(1.0, h, **mk), _const(1.0, h, **mk)
-        self.qkv_w = init.weight(h + 2 * kv, h)
+        self.norm1_w, self.norm2_w = constant(1.0, h, **mk), constant(1.0, h, **mk)
+        self.qkv_w = init.weight(h + 2 * kv, qkv_in or h)
         self.out_w = init.weight(h, h)
         if cfg.arch == "opt":
-            self.norm1_b, self.norm2_b = _const(0.0, h, **mk), _const(0.0, h, **mk)
+            self.norm1_b, self.norm2_b = constant(0.0, h, **mk), constant(0.0, h, **mk)
             self.qkv_b, self.out_b = init.weight(h + 2 * kv), init.weight(h)
             self.fc1_w, self.fc1_b = init.weight(f, h), init.weight(f)
             self.fc2_w, self.fc2_b = init.weight(h, f), init.weight(h)
@@ -84,11 +85,13 @@ class Block(nn.Module):
         return rms_norm(x, w, self.cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, cache: KVCache, layer: int, positions: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None,
+                qkv_input: torch.Tensor | None = None) -> torch.Tensor:
+        """``qkv_input``: what the QKV projection reads instead of the normed ``x`` (the residual stays x)."""
         cfg = self.cfg
         b, q, _ = x.shape
         d, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-        qkv = F.linear(self.norm(x, 1), self.qkv_w, getattr(self, "qkv_b", None))
+        qkv = F.linear(self.norm(x, 1) if qkv_input is None else qkv_input, self.qkv_w, getattr(self, "qkv_b", None))
         xq, xk, xv = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
         xq = xq.view(b, q, nh, d).transpose(1, 2)
         xk = xk.view(b, q, nkv, d).transpose(1, 2)
@@ -106,7 +109,28 @@ class Block(nn.Module):
         return x + y
 
 
-class Transformer(nn.Module):
+def rope_frequencies(cfg: ModelConfig, device: torch.device) -> torch.Tensor:
+    """RoPE's inverse frequencies for ``cfg``'s head size (computed on the device, no table)."""
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device).float() / cfg.head_dim))
+
+
+class CachedModel(nn.Module):
+    """What a model timed here has: weights on a device (its ``embed`` says where and in which dtype)
+    and a KV cache per pass (``cfg``'s layers and heads)."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache.for_model(self, batch, max_len)
+
+
+class Transformer(CachedModel):
     """An OPT or Llama decoder with random weights, for timing and for real replay."""
 
     def __init__(self, cfg: ModelConfig, *, device: torch.device | str = "cpu",
@@ -119,24 +143,12 @@ class Transformer(nn.Module):
         self.embed = init.weight(cfg.vocab_size, cfg.hidden_size)
         if cfg.arch == "opt":
             self.positions = init.weight(cfg.max_position_embeddings + OPT_POSITION_OFFSET, cfg.hidden_size)
-            self.final_norm_b = _const(0.0, cfg.hidden_size, **mk)
-        self.final_norm_w = _const(1.0, cfg.hidden_size, **mk)
+            self.final_norm_b = constant(0.0, cfg.hidden_size, **mk)
+        self.final_norm_w = constant(1.0, cfg.hidden_size, **mk)
         self.lm_head = self.embed if cfg.tie_word_embeddings else init.weight(cfg.vocab_size, cfg.hidden_size)
         self.blocks = nn.ModuleList(Block(cfg, init) for _ in range(cfg.num_layers))
         if cfg.arch == "llama":
-            inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device).float() / cfg.head_dim))
-            self.register_buffer("inv_freq", inv, persistent=False)
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.dtype
-
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
-        return KVCache.for_model(self, batch, max_len)
+            self.register_buffer("inv_freq", rope_frequencies(cfg, device), persistent=False)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, *, last_only: bool = False,

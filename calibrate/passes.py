@@ -7,7 +7,10 @@
 * decode/target: one forward over q tokens per sequence at ``ctx`` cached tokens, logits
   for all q positions (k = q - 1 drafts plus the bonus position);
 * verify: softmax of the target logits ``[b, k+1, V]`` and rejection sampling against the
-  draft probabilities (k = 0: sampling one token).
+  draft probabilities (k = 0: sampling one token);
+* decode/<head> (EAGLE, EAGLE-3, MTP; calibrate.heads): one head pass over q tokens at ``ctx``
+  cached ones, fed random hidden states (q >= 2: a step's first pass), and the greedy draft's
+  argmax; prefill/<head>: its pass over a prompt; decode/medusa: k heads on the last hidden state.
 
 Each closure rolls the cache back after its forward pass, so repeats (and CUDA graph
 replays) all run at the same context length.
@@ -24,7 +27,8 @@ from calibrate.grid import Point
 from calibrate.model import Transformer
 from calibrate.verify import sample, verify_logits
 
-GRAPHABLE = {("decode", "draft"), ("decode", "target")}  # decode-sized passes, as vLLM captures
+GRAPHABLE = {("decode", "draft"), ("decode", "target"), ("decode", "eagle"), ("decode", "eagle3"), ("decode", "mtp"),
+             ("decode", "medusa")}  # decode-sized passes, as vLLM captures
 
 
 @dataclass
@@ -39,6 +43,8 @@ def build_pass(point: Point, models: dict[str, Transformer], generator: torch.Ge
     device, vocab = model.device, model.cfg.vocab_size
     b, q, ctx = point.batch_size, point.query_tokens, point.context_tokens
     graphable = (point.phase, point.model) in GRAPHABLE
+    if point.model not in ("target", "draft"):
+        return _head_pass(point, model, generator, graphable)
 
     if point.phase == "verify":
         k = q
@@ -70,3 +76,23 @@ def build_pass(point: Point, models: dict[str, Transformer], generator: torch.Ge
         cache.rollback(q)
         return out
     return Pass(target_pass, graphable)
+
+
+def _head_pass(point: Point, head, generator: torch.Generator, graphable: bool) -> Pass:
+    """A drafter head's timed pass (the module docstring), inputs allocated up front."""
+    device, dtype = head.device, head.dtype
+    b, q, ctx = point.batch_size, point.query_tokens, point.context_tokens
+    if point.model == "medusa":
+        hidden = torch.randn(b, 1, head.cfg.hidden_size, generator=generator, device=device).to(dtype)
+        return Pass(lambda: head.medusa(hidden, q), graphable)
+    first = point.phase == "prefill" or q >= 2
+    tokens = torch.randint(0, head.embed.shape[0], (b, q), generator=generator, device=device)
+    hidden = torch.randn(b, q, head.hidden_width(first), generator=generator, device=device).to(dtype)
+    cache = head.new_cache(b, ctx + q)
+    cache.fill(ctx)
+
+    def head_pass() -> torch.Tensor:
+        logits = head(tokens, hidden, cache, first=first)
+        cache.rollback(q)
+        return logits.argmax(dim=-1)
+    return Pass(head_pass, graphable)

@@ -20,9 +20,11 @@ import pandas as pd
 import torch
 
 from calibrate import memory
-from calibrate.configs import ModelConfig, get_config, kv_bytes_per_token, param_count, weight_bytes
+from calibrate.configs import ModelConfig, dtype_bytes, get_config, kv_bytes_per_token, param_count, weight_bytes
 from calibrate.environment import device_info, versions
-from calibrate.grid import Grid, Point
+from calibrate.grid import HOST_DRAFTERS, Grid, Point
+from calibrate.heads import Head, head_shape, head_weight_bytes, layer_config
+from calibrate.host import host_info, time_proposer
 from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.overhead import measure_overhead
 from calibrate.partial import PartialRun
@@ -45,12 +47,14 @@ class Settings:
     memory_fraction: float = 0.9
     cuda_graphs: bool = True
     measure_overhead: bool = True  # t_overhead from a short real replay once the grid is timed
+    drafters: tuple[str, ...] = ()  # drafters besides the draft model: heads timed on the device, host proposers
 
     def fingerprint(self, device_name: str) -> dict[str, Any]:
         """What must match for a partial run to be resumed."""
         return {"target": self.target, "draft": self.draft, "device": self.device, "device_name": device_name,
                 "dtype": self.dtype, "grid": self.grid.to_dict(), "seed": self.seed, "threads": self.threads,
-                "cuda_graphs": self.cuda_graphs and self.device == "cuda"}
+                "cuda_graphs": self.cuda_graphs and self.device == "cuda",
+                **({"drafters": list(self.drafters)} if self.drafters else {})}
 
 
 @dataclass
@@ -94,21 +98,25 @@ def _calibrate(settings: Settings, out: str | Path, *, fresh: bool, progress: bo
     cfgs = {"target": get_config(settings.target, "target"), "draft": get_config(settings.draft, "draft")}
     device = device_info(settings.device)
     partial = PartialRun(out, settings.fingerprint(device["name"]), fresh=fresh)
-    points = settings.grid.points()
+    points = settings.grid.points(settings.drafters)
     todo = [p for p in points if not partial.done(p.key)]
     resumed = len(points) - len(todo)
 
     available = memory.available_memory_bytes(settings.device)
     budget = int(available * settings.memory_fraction)
-    resident = memory.resident_bytes(cfgs["target"], cfgs["draft"], settings.dtype, settings.device)
+    resident = memory.resident_bytes(cfgs["target"], cfgs["draft"], settings.dtype, settings.device) + sum(
+        head_weight_bytes(m, cfgs["target"], dtype_bytes(settings.dtype)) for m in settings.drafters if m in HEADS)
+    point_cfgs = {**cfgs, **{m: layer_config(head_shape(m, cfgs["target"]), cfgs["target"])
+                             for m in settings.drafters if m in HEADS}}
     partial.start()
     models = _load_models(cfgs, settings) if todo and resident <= budget else {}
     generator = torch.Generator(device=settings.device).manual_seed(settings.seed)
     timer = TimerConfig(settings.grid.warmup, settings.grid.repeats, settings.grid.budget_s)
     bar = Progress(len(points), partial.resumed, enabled=progress)
     for point in todo:
-        need = resident + memory.point_bytes(point, cfgs[point.model], settings.dtype)
-        if need > budget:
+        if point.phase == "propose":  # a host proposer: timed on the CPU, whatever the device
+            row = _host_row(point)
+        elif (need := resident + memory.point_bytes(point, point_cfgs[point.model], settings.dtype)) > budget:
             row = _row(point, "oom", note=f"needs ~{need / 2**20:.0f} MiB of {budget / 2**20:.0f} MiB allowed")
         else:
             row = _measure(point, models, generator, timer, settings)
@@ -147,10 +155,22 @@ def _typed(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def _load_models(cfgs: dict[str, ModelConfig], settings: Settings) -> dict[str, Transformer]:
+def _load_models(cfgs: dict[str, ModelConfig], settings: Settings) -> dict[str, Any]:
+    """The target and draft, and each head drafter (calibrate.heads), on the device."""
     dtype = TORCH_DTYPES[settings.dtype]
-    return {role: Transformer(cfg, device=settings.device, dtype=dtype, seed=settings.seed + i)
-            for i, (role, cfg) in enumerate(cfgs.items())}
+    models: dict[str, Any] = {role: Transformer(cfg, device=settings.device, dtype=dtype, seed=settings.seed + i)
+                              for i, (role, cfg) in enumerate(cfgs.items())}
+    for i, method in enumerate(m for m in settings.drafters if m in HEADS):
+        models[method] = Head(method, cfgs["target"], device=settings.device, dtype=dtype, seed=settings.seed + 2 + i)
+    return models
+
+
+def _host_row(point: Point) -> dict[str, Any]:
+    """A host proposer's point, timed with calibrate.host (numpy on the CPU)."""
+    seconds = time_proposer(point.model, point.batch_size, point.query_tokens, point.context_tokens)
+    row = _row(point, "ok", note="host")
+    row.update(samples=1, **{col: (0.0 if col == "latency_std_s" else seconds) for col in LATENCY_COLUMNS})
+    return row
 
 
 def _measure(point: Point, models: dict[str, Transformer], generator: torch.Generator, timer: TimerConfig,
@@ -205,7 +225,7 @@ def build_meta(settings: Settings, cfgs: dict[str, ModelConfig], device: dict[st
         "models": {role: {"name": cfg.name, "config": cfg.to_dict(), "params": param_count(cfg),
                           "weight_bytes": weight_bytes(cfg, settings.dtype),
                           "kv_bytes_per_token": kv_bytes_per_token(cfg, settings.dtype)}
-                   for role, cfg in cfgs.items()},
+                   for role, cfg in cfgs.items()} | drafter_models(settings, cfgs["target"]),
         "grid": {**settings.grid.to_dict(), "max_len": min(c.max_position_embeddings for c in cfgs.values())},
         "timing": {"method": "cuda_events" if settings.device == "cuda" else "perf_counter",
                    "cuda_graphs": graph_phases, "graph_fallbacks": int(len(fallbacks)),
@@ -219,6 +239,28 @@ def build_meta(settings: Settings, cfgs: dict[str, ModelConfig], device: dict[st
         "skipped": [{**{k: r[k] for k in KEY_COLUMNS}, "status": r["status"], "reason": r["note"]}
                     for r in skipped[list(KEY_COLUMNS) + ["status", "note"]].to_dict("records")],
     }
+
+
+HEADS = ("eagle", "eagle3", "mtp", "medusa")
+
+
+def drafter_models(settings: Settings, target: ModelConfig) -> dict[str, Any]:
+    """The sidecar's entries for the drafters besides the draft model (their weights and KV per token:
+    the run's KV capacity per method follows them, sim.speculation.kv_capacity_for)."""
+    out: dict[str, Any] = {}
+    nbytes = dtype_bytes(settings.dtype)
+    for method in settings.drafters:
+        if method in HOST_DRAFTERS:
+            out[method] = {"name": f"{method} proposer (host)", "config": {"method": method, "num_layers": 0,
+                                                                           **host_info()},
+                           "params": 0, "weight_bytes": 0, "kv_bytes_per_token": 0}
+            continue
+        shape = head_shape(method, target)
+        out[method] = {"name": f"{method} head of {target.name}", "config": shape.config(), "params": shape.params,
+                       "weight_bytes": head_weight_bytes(method, target, nbytes),
+                       "kv_bytes_per_token": 0 if method == "medusa" else
+                       kv_bytes_per_token(layer_config(shape, target), settings.dtype)}
+    return out
 
 
 class Progress:

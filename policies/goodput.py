@@ -74,7 +74,7 @@ import numpy as np
 
 from policies import goodput_rules as rules
 from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback, check_k_max
-from policies.goodput_rules import ACCEPTED_AVG, ALPHA, EXPECTED, MARGIN, PRIOR, RATES, SMOOTHING, TESTED_AVG
+from policies.goodput_rules import ACCEPTED_AVG, ALPHA, EXPECTED, MARGIN, MISSES, PRIOR, RATES, SMOOTHING, TESTED_AVG
 
 # Each position's estimate counts the pooled alpha_hat as this many tests on top of its own
 # evidence (EMA(tested_j) / smoothing tests' worth): a position with little evidence is priced
@@ -124,6 +124,8 @@ class Goodput(Policy):
         self.step_time = cost_model.step_time
         # The draft's catch-up (see the module docstring); a cost model without it prices none.
         self.catch_up_time = getattr(cost_model, "catch_up_time", None) if self.k_max > 0 else None
+        # A host matcher (n-gram, suffix) proposes only where the context matches: its misses are learnt.
+        self._misses = getattr(cost_model, "drafter_kind", "model") == "host"
         self._reset()  # a policy object reused for a second run starts afresh
 
     def _reset(self) -> None:
@@ -132,6 +134,7 @@ class Goodput(Policy):
         scalars[ACCEPTED_AVG], scalars[TESTED_AVG], scalars[ALPHA] = self.alpha_init, 1.0, self.alpha_init
         scalars[SMOOTHING], scalars[PRIOR] = self.smoothing, PRIOR_TESTS * self.smoothing  # PRIOR in the EMAs' units
         scalars[MARGIN] = 1.0 + self.tie_break
+        scalars[MISSES] = 1.0 if getattr(self, "_misses", False) else 0.0
         # Per position j = 1..k_max: EMAs of the sequences that tested j and that accepted it (none yet).
         self._rows = np.zeros((rules.N_ROWS, self.k_max + 1))
         rules.price_positions(self._scalars, self._rows, self.k_max)
@@ -198,7 +201,7 @@ class Goodput(Policy):
 
     def observe(self, feedback: StepFeedback) -> None:
         k, drafted = feedback.k, feedback.drafted_tokens
-        if k == 0 or drafted == 0:
+        if k == 0 or (drafted == 0 and not self._scalars[MISSES]):
             return
         per_sequence, ks = feedback.accepted_per_sequence, feedback.k_per_sequence
         if ks is None and (per_sequence is None or per_sequence.shape[0] != drafted // k):

@@ -7,12 +7,16 @@ implementation of each (sim/jit.py). The formulas are policies/goodput.py's docs
 
 State: ``scalars`` (the EMAs, alpha_hat, the parameters) and ``rows[field, j]`` (per position
 j = 1..k_max: the EMAs of accepted and tested, the rates r_j; and E[tokens](k), k = 0..k_max).
+
+``MISSES`` (1 for a host matcher's run, n-gram or suffix): a row that proposed nothing in a step
+the policy offered k counts as tested at position 1 and rejected, so r_1 is the chance a row both
+matches and keeps its first guess, and E[tokens](k) prices the method's own acceptance.
 """
 
 from __future__ import annotations
 
-ACCEPTED_AVG, TESTED_AVG, ALPHA, SMOOTHING, PRIOR, MARGIN = range(6)
-N_SCALARS = 6
+ACCEPTED_AVG, TESTED_AVG, ALPHA, SMOOTHING, PRIOR, MARGIN, MISSES = range(7)
+N_SCALARS = 7
 POS_ACCEPTED, POS_TESTED, RATES, EXPECTED = range(4)
 N_ROWS = 4
 
@@ -66,15 +70,17 @@ def observe_rows(scalars, rows, kept, ks, m, k_max, scratch):
     accepted = 0
     n = 0
     full = 0
+    misses = scalars[MISSES] > 0
     for i in range(m):
-        a = kept[i]
+        k = ks[i]
+        a = kept[i] if k > 0 else 0
         scratch[0, a] += 1
         accepted += a
-        if a == ks[i]:
+        if a == k and (k > 0 or not misses):
             scratch[1, a] += 1
-        if ks[i] > 0:
+        if k > 0 or misses:
             n += 1
-            if a == ks[i]:
+            if a == k and k > 0:
                 full += 1
     if n == 0:
         return

@@ -11,6 +11,15 @@
   (wrapping round when the record runs out). A step that drafted d and kept a keeps
   min(a, k) at the simulated k; when it kept everything it drafted (a = d) and k > d,
   the positions past d are drawn geometrically with the record's own acceptance rate.
+* ``runlength``: each request replays one record of *run lengths* per output position (the
+  proposer named by ``proposer``: ``eagle`` or ``ngram``, as SpecDecode-Bench measured them):
+  with k proposed at position i, min(k, v_i - 1) are kept (:mod:`sim.proposals`); with
+  ``trace_lengths`` the requests take their prompt and output lengths from the records.
+
+A host-side proposer (n-gram, suffix) proposes only where the context matches: ``match_rate``
+is the chance it matches at an output position (under ``runlength``: at a position whose run is
+1, since a longer run matched), :mod:`sim.proposals`. A tree draft (SGLang's ``eagle_topk`` > 1)
+also needs ``sibling_rates`` (:mod:`sim.trees`).
 
 Sampling is vectorised and cheap per step: G = floor(E / -ln(alpha)) with E a
 standard exponential, drawn ahead in large blocks from a seeded generator, so one
@@ -21,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,7 +39,8 @@ import numpy as np
 from sim.errors import InputError
 
 DISTRIBUTIONS = ("fixed", "beta")
-MODELS = ("geometric", "per-position", "trace")
+MODELS = ("geometric", "per-position", "trace", "runlength")
+PROPOSERS = ("eagle", "ngram")  # the run-length traces' fields (SpecDecode-Bench's measured proposers)
 _EDGE = 1e-12  # keeps per-request alpha strictly inside (0, 1)
 
 
@@ -47,7 +57,11 @@ class AcceptanceSpec:
     concentration: float = 10.0
     model: str = "geometric"                     # one of MODELS
     per_position: tuple[float, ...] | None = None  # model "per-position": P(a >= j), j = 1, 2, ...
-    trace: str | None = None                     # model "trace": a JSONL file of per-request records
+    trace: str | None = None                     # model "trace"/"runlength": a JSONL file of per-request records
+    proposer: str | None = None                  # model "runlength": which proposer's runs (PROPOSERS)
+    trace_lengths: bool = False                  # model "runlength": requests take the records' lengths
+    match_rate: float | None = None              # host proposers: chance the context matches (None: the method's)
+    sibling_rates: tuple[float, ...] | None = None  # trees: ranks 2, 3, ...' chance given the better ranks missed
 
     def __post_init__(self) -> None:
         if not 0.0 < self.alpha < 1.0:
@@ -60,8 +74,12 @@ class AcceptanceSpec:
             raise ValueError(f"model must be one of {', '.join(MODELS)}")
         if self.model == "per-position" and self.per_position is None:
             raise ValueError("the per-position model needs its rates (per_position)")
-        if self.model == "trace" and self.trace is None:
-            raise ValueError("the trace model needs a trace file (trace)")
+        if self.model in ("trace", "runlength") and self.trace is None:
+            raise ValueError(f"the {self.model} model needs a trace file (trace)")
+        if self.model == "runlength" and self.proposer not in PROPOSERS:
+            raise ValueError(f"the runlength model needs proposer, one of {', '.join(PROPOSERS)}")
+        if self.match_rate is not None and not 0.0 <= self.match_rate <= 1.0:
+            raise ValueError(f"match_rate must be in [0, 1], got {self.match_rate}")
 
     def request_alphas(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """Each request's alpha (requests.csv's column): the per-position model's first rate;
@@ -71,6 +89,9 @@ class AcceptanceSpec:
         if self.model == "trace":
             trace = read_acceptance_trace(self.trace)
             return trace.record_alpha[np.arange(n) % len(trace)]
+        if self.model == "runlength":
+            runs = read_runlength_trace(self.trace, self.proposer)
+            return runs.record_alpha[np.arange(n) % len(runs)]
         if self.distribution == "fixed":
             return np.full(n, self.alpha)
         a, b = self.alpha * self.concentration, (1.0 - self.alpha) * self.concentration
@@ -101,6 +122,7 @@ class AcceptanceSampler:
 
     kind = 1  # sim.serving.layout.SCALED: an exponential times the row's 1 / -ln(alpha)
     keyed = False
+    proposals = None  # the run's ProposalModel (set by sim.simulate; None: every row proposes its k)
 
     def __init__(self, rng: np.random.Generator, block: int | None = None) -> None:
         self._rng = rng
@@ -116,6 +138,9 @@ class AcceptanceSampler:
 
     def _fresh(self, n: int) -> np.ndarray:
         return self._rng.standard_exponential(n)
+
+    def watch(self, loop) -> None:
+        """The serving loop whose rows it draws for (a sampler that reads the rows' state keeps it)."""
 
     def reserve(self, n: int) -> tuple[np.ndarray, int]:
         """The draw buffer and the position of the next draw, with at least ``n`` draws there
@@ -198,17 +223,21 @@ def position_rates(rates: tuple[float, ...], k_max: int) -> np.ndarray:
     return np.concatenate((given, tail))
 
 
-def parse_rates(raw) -> tuple[float, ...]:
-    """Per-position rates from a TOML list or a flag's "0.8,0.6,0.45": in [0, 1], non-increasing."""
+def parse_rates(raw, falling: bool = True) -> tuple[float, ...]:
+    """Per-position rates from a TOML list or a flag's "0.8,0.6,0.45": in [0, 1], non-increasing
+    (``falling``; a tree's sibling rates need not be)."""
     items = raw.split(",") if isinstance(raw, str) else raw
     if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"expected a list of rates such as [0.8, 0.6, 0.45], got {raw!r}")
+        raise ValueError(f"expected a list of rates such as {'[0.8, 0.6, 0.45]' if falling else '[0.3, 0.2]'}, "
+                         f"got {raw!r}")
     try:
         rates = tuple(float(x) for x in items)
     except (TypeError, ValueError):
         raise ValueError(f"'{raw}' is not a list of numbers") from None
     if any(not 0.0 <= r <= 1.0 for r in rates):
         raise ValueError(f"every rate must be in [0, 1], got {list(rates)}")
+    if not falling:
+        return rates
     if any(b > a for a, b in zip(rates, rates[1:])):
         raise ValueError(f"rates must not increase with position (P(a >= j) only falls), got {list(rates)}")
     if rates[0] == 0.0:
@@ -274,14 +303,19 @@ def _read_trace(path: str, mtime_ns: int, size: int) -> AcceptanceTrace:
     return AcceptanceTrace(acc, drf, start, length, np.clip(alpha, _EDGE, 1.0 - _EDGE))
 
 
-def _trace_record(line: str, path: str, line_no: int) -> tuple[list[int], list[int]]:
+def _json_record(line: str, path: str, line_no: int):
+    """A trace line's JSON value, and the error maker for that line (field acceptance.trace)."""
     def bad(message: str) -> InputError:
         return InputError(message, source=path, line=line_no, field="acceptance.trace")
 
     try:
-        record = json.loads(line)
+        return json.loads(line), bad
     except json.JSONDecodeError as exc:
         raise bad(f"not JSON: {exc.msg}") from None
+
+
+def _trace_record(line: str, path: str, line_no: int) -> tuple[list[int], list[int]]:
+    record, bad = _json_record(line, path, line_no)
     if isinstance(record, dict) and "per_step_accepted" not in record:
         record = (record.get("metrics") or {}).get("speculative_decoding") or record
     if not isinstance(record, dict) or "per_step_accepted" not in record or "per_step_drafted" not in record:
@@ -329,6 +363,170 @@ class TraceSampler(AcceptanceSampler):
         return np.minimum(kept, k) + beyond
 
 
+# ------------------------------------------------------------------------- the run-length model
+
+
+@dataclass(frozen=True)
+class RunLengthTrace:
+    """Per-request run lengths per output position (one proposer's), flattened: record r's are
+    ``runs[start[r]:start[r] + length[r]]``; ``length[r]`` is its output length (the source's own
+    simulator takes a request's output as its runs' count), ``prompt[r]`` its prompt tokens."""
+
+    runs: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    prompt: np.ndarray
+    record_alpha: np.ndarray  # the share of the record's positions whose first guess is kept, inside (0, 1)
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+def read_runlength_trace(path: str, proposer: str) -> RunLengthTrace:
+    """A JSONL file (gzipped too), one request per line: ``prompt_tokens`` and, per proposer, its runs
+    (``eagle``, ``ngram``: lists of whole numbers >= 1, one per output position). Read once per file
+    version; a bad line is an InputError naming it."""
+    file = Path(path)
+    if not file.is_file():
+        raise InputError("no such acceptance trace file", source=str(path), field="acceptance.trace")
+    stat = file.stat()
+    return _read_runs(str(file.resolve()), stat.st_mtime_ns, stat.st_size, proposer)
+
+
+def _open_text(path: str):
+    import gzip
+
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")
+
+
+@lru_cache(maxsize=8)
+def _read_runs(path: str, mtime_ns: int, size: int, proposer: str) -> RunLengthTrace:
+    runs, lengths, prompts = [], [], []
+    try:
+        with _open_text(path) as handle:
+            for line_no, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                values, prompt = _runlength_record(line, path, line_no, proposer)
+                runs.extend(values)
+                lengths.append(len(values))
+                prompts.append(prompt)
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the acceptance trace: {exc}", source=path, field="acceptance.trace") from None
+    if not lengths:
+        raise InputError("the acceptance trace has no records", source=path, field="acceptance.trace")
+    flat = np.asarray(runs, dtype=np.int64)
+    length = np.asarray(lengths, dtype=np.int64)
+    start = np.concatenate(([0], np.cumsum(length)[:-1])).astype(np.int64)
+    kept = np.add.reduceat((flat > 1).astype(float), start) / length
+    return RunLengthTrace(flat, start, length, np.asarray(prompts, dtype=np.int64),
+                          np.clip(kept, _EDGE, 1.0 - _EDGE))
+
+
+def _runlength_record(line: str, path: str, line_no: int, proposer: str) -> tuple[list[int], int]:
+    record, bad = _json_record(line, path, line_no)
+    if not isinstance(record, dict) or proposer not in record:
+        have = sorted(k for k in record if isinstance(record.get(k), list)) if isinstance(record, dict) else []
+        raise bad(f"no '{proposer}' run lengths in this record (--acceptance-proposer {proposer}; the record has "
+                  f"{', '.join(have) or 'no lists'})")
+    values = record[proposer]
+    if not isinstance(values, list) or not values:
+        raise bad(f"'{proposer}' must be a non-empty list of run lengths, one per output position")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise bad(f"run lengths are whole numbers >= 1 (1: only the target's own token), got {v!r}")
+    prompt = record.get("prompt_tokens", 1)
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or prompt < 1:
+        raise bad(f"prompt_tokens must be a whole number >= 1, got {prompt!r}")
+    return values, prompt
+
+
+def runlength_rates(runs: np.ndarray, match_rate: float, positions: int) -> tuple[float, np.ndarray]:
+    """A run-length trace summed up as the per-position model: (the chance a position proposes, P(a >= j
+    | proposed) for j = 1..positions), every output position weighted alike. A host proposer proposes
+    where its run is longer than 1, and at a run of 1 with ``match_rate``; a model or head (rate 1)
+    everywhere."""
+    runs = np.asarray(runs)
+    proposed = float(np.mean(runs > 1) + match_rate * np.mean(runs == 1))
+    reach = np.array([np.mean(runs > j) for j in range(1, positions + 1)]) / max(proposed, _EDGE)
+    return proposed, reach
+
+
+class RunLengthSampler(AcceptanceSampler):
+    """The run-length model (module docstring): keyed by request id (the row's ``ROW_SCALE``), each row
+    keeps min(k, v - 1) at its position, read from the loop's state (:meth:`watch`); no draws."""
+
+    keyed = True
+
+    def __init__(self, rng: np.random.Generator, trace: RunLengthTrace, num_requests: int,
+                 block: int | None = None) -> None:
+        record = np.arange(num_requests) % len(trace)
+        self.runs, self.start, self.length = trace.runs, trace.start[record], trace.length[record]
+        self._loop = None
+        super().__init__(rng, block)
+        self._rule = _runlength_rule(False)
+
+    def _fresh(self, n: int) -> np.ndarray:
+        return np.zeros(0)  # nothing is drawn
+
+    def compile_rules(self, on: bool) -> None:
+        super().compile_rules(on)
+        self._rule = _runlength_rule(on)
+
+    def watch(self, loop) -> None:
+        self._loop = loop
+
+    def accepted(self, keys: np.ndarray, k) -> np.ndarray:
+        state, m = self._loop.state, keys.shape[0]
+        ks = np.full(m, k, dtype=np.int64) if isinstance(k, int) else np.asarray(k, dtype=np.int64)
+        out = np.empty(m, dtype=np.int64)
+        self._rule(ks, m, state.rows, state.rowf, self._loop.queue.reqi, self.runs, self.start, self.length, out)
+        return out
+
+
+def _runlength_rule(compiled_rules: bool):
+    from sim.proposals import runlength_accepted
+
+    if compiled_rules:
+        from sim.jit import compiled
+        return compiled(runlength_accepted)
+    return runlength_accepted
+
+
+@dataclass(frozen=True, eq=False)
+class ProposalModel:
+    """How many of its k each row proposes (:func:`sim.proposals.propose_rows`): ``mode`` ALWAYS, MATCH or
+    RUNS, with the match rate, the seed the matches hash from, and (RUNS) the run-length sampler's arrays."""
+
+    mode: int = 0
+    match_rate: float = 1.0
+    seed: int = 0
+    runs: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    start: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    length: np.ndarray = field(default_factory=lambda: np.ones(1, dtype=np.int64))
+
+    @property
+    def partial(self) -> bool:
+        return self.mode != 0
+
+
+ALWAYS_PROPOSE = ProposalModel()
+
+
+def proposal_model(spec: AcceptanceSpec, host_proposer: bool, sampler: AcceptanceSampler, seed: int) -> ProposalModel:
+    """The run's proposal model: every row proposes, unless the drafter is a host matcher."""
+    from sim.proposals import MATCH, RUNS
+
+    if not host_proposer:
+        return ALWAYS_PROPOSE
+    rate = 1.0 if spec.match_rate is None else float(spec.match_rate)
+    if isinstance(sampler, RunLengthSampler):
+        return ProposalModel(RUNS, rate, seed, sampler.runs, sampler.start, sampler.length)
+    return ProposalModel(MATCH, rate, seed)
+
+
 # ------------------------------------------------------------------------- what was drawn
 
 
@@ -369,6 +567,13 @@ class RecordingSampler:
     def compile_rules(self, on: bool) -> None:
         """Count with the compiled rule or the interpreted one (sim/jit.py)."""
         self.inner.compile_rules(on)
+
+    def watch(self, loop) -> None:
+        self.inner.watch(loop)
+
+    @property
+    def proposals(self):
+        return self.inner.proposals
 
     def add_tally(self, tally: np.ndarray) -> None:
         """A counts array that compiled runs (sim.serving.compiled) add their draws to."""

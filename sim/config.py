@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import tomli_w
 
-from sim.acceptance import DISTRIBUTIONS, MODELS, AcceptanceSpec, parse_rates
+from sim.acceptance import DISTRIBUTIONS, MODELS, PROPOSERS, AcceptanceSpec, parse_rates
 from sim.errors import InputError, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
@@ -37,7 +37,7 @@ from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profil
 ARRIVALS = ("poisson", "gamma")
 RECORDS = ("csv", "parquet", "none")
 DEFAULT_SCENARIO = "default.toml"
-SECTIONS = ("workload", "engine", "policy", "acceptance", "output", "cluster")
+SECTIONS = ("workload", "engine", "policy", "acceptance", "output", "cluster", "speculative")
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,30 @@ def integer(*, minimum: int, optional: bool = False, maximum: int = INT64_MAX, w
             raise ValueError(f"must be at most {limit}{why}, got {raw}")
         return raw
     return Value(int, parse, optional)
+
+
+def share(*, optional: bool = False) -> Value:
+    """A number in [0, 1] (both ends included: a rate that may be certain or nil)."""
+    inner = number(optional=optional)
+
+    def parse(raw: Any) -> float:
+        value = inner.parse(raw)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"must be in [0, 1], got {raw}")
+        return value
+    return Value(float, parse, optional)
+
+
+def read_speculative_config(raw: Any) -> dict:
+    """vLLM's speculative_config as a table: given as one (TOML, API), as JSON text or a JSON file."""
+    from sim.speculation import read_vllm_config
+
+    return read_vllm_config(raw)  # a ValueError (one line) when it is neither
+
+
+def parse_sibling_rates(raw: Any) -> tuple[float, ...]:
+    """A tree's sibling rates, from a TOML list or "0.3,0.2": each in [0, 1] (no order: each is conditional)."""
+    return parse_rates(raw, falling=False)
 
 
 def boolean() -> Value:
@@ -281,8 +305,8 @@ KEYS: tuple[Key, ...] = (
         "with :KEY=VALUE parameters", "--policy"),
     Key("policy.k", None, "speculation length for --policy fixed", "--k", flag_type=int),
     # The engine policies' knobs, under the engines' own flag names (docs/policy-engines.md).
-    Key("policy.speculative_config", None, "vLLM's speculative_config JSON, for --policy vllm-dynamic",
-        "--speculative-config", flag_type=str),
+    Key("policy.speculative_config", None, "vLLM's speculative_config JSON, for --policy vllm-dynamic (the "
+        "[speculative] section's config when not given)"),
     Key("policy.adaptive_config", None, "SGLang's adaptive config (JSON text or file), for --policy "
         "sglang-adaptive", "--speculative-adaptive-config", flag_type=str),
     Key("policy.draft_len_schedule", None, "TensorRT-LLM's draft_len_schedule, e.g. '{4: 4, 8: 2}', for "
@@ -320,6 +344,32 @@ KEYS: tuple[Key, ...] = (
     Key("output.per_request_spec_decode_metrics", choice(SPEC_DECODE_DETAIL), "none, summary or detailed: "
         "per-request speculation metrics in spec_decode.jsonl (vLLM's --per-request-spec-decode-metrics)",
         "--per-request-spec-decode-metrics", write=lambda value, section: None if value == "none" else value),
+    # Speculation methods (sim/speculation.py, docs/speculation-methods.md): vLLM's speculative_config or
+    # SGLang's flags. Nothing given: a separate draft model, as before (and config.toml stays as it was).
+    Key("speculative.config", Value(dict, read_speculative_config, optional=True),
+        "vLLM's speculative_config (JSON text, a JSON file or a TOML table): method draft_model, ngram, suffix, "
+        "eagle, eagle3, medusa or mtp; num_speculative_tokens; prompt_lookup_min/max; "
+        "num_speculative_tokens_per_batch_size (the vllm-dynamic policy)", "--speculative-config"),
+    Key("speculative.algorithm", text(optional=True), "SGLang's --speculative-algorithm: EAGLE, EAGLE3, NEXTN (MTP), "
+        "STANDALONE (a draft model) or NGRAM", "--speculative-algorithm"),
+    Key("speculative.num_steps", integer(minimum=1, optional=True, maximum=127), "SGLang's --speculative-num-steps: "
+        "draft depth (k)", "--speculative-num-steps"),
+    Key("speculative.eagle_topk", integer(minimum=1, optional=True, maximum=64), "SGLang's --speculative-eagle-topk: "
+        "candidates per node (> 1: a tree)", "--speculative-eagle-topk"),
+    Key("speculative.num_draft_tokens", integer(minimum=2, optional=True, maximum=1024), "SGLang's "
+        "--speculative-num-draft-tokens: tokens the target verifies per step, the root included",
+        "--speculative-num-draft-tokens"),
+    Key("acceptance.proposer", Value(str, choice(PROPOSERS).parse, optional=True), "runlength model: whose runs "
+        "the trace's records give, eagle or ngram", "--acceptance-proposer"),
+    Key("acceptance.trace_lengths", boolean(), "runlength model: requests take their prompt and output lengths "
+        "from the trace's records (request i: record i mod N)", "--acceptance-trace-lengths",
+        write=lambda value, section: value or None),
+    Key("acceptance.match_rate", share(optional=True), "n-gram and suffix: the "
+        "chance the context matches at an output position (runlength: where the run is 1); default: the method's "
+        "(docs/speculation-methods.md)", "--acceptance-match-rate"),
+    Key("acceptance.sibling_rates", Value(tuple, parse_sibling_rates, optional=True), "trees: the chance the 2nd, "
+        "3rd, ... ranked candidate is the target's token once the better-ranked were not, e.g. 0.3,0.2",
+        "--acceptance-sibling-rates", write=lambda value, section: None if value is None else list(value)),
 )
 
 KNOWN = frozenset(key.name for key in KEYS if key.value is not None)  # policy.* is open: the policy checks it
@@ -350,6 +400,8 @@ WorkloadConfig = _section_type("WorkloadConfig", "workload", "The [workload] sec
 EngineConfig = _section_type("EngineConfig", "engine", "The [engine] section: batching and memory.")
 OutputConfig = _section_type("OutputConfig", "output", "The [output] section: where results go.")
 ClusterConfig = _section_type("ClusterConfig", "cluster", "The [cluster] section: replicas and router.")
+SpeculativeSection = _section_type("SpeculativeSection", "speculative", "The [speculative] section: the speculation "
+                                   "method, as vLLM's speculative_config or SGLang's flags (sim/speculation.py).")
 
 
 @dataclass(frozen=True)
@@ -360,7 +412,8 @@ class PolicyConfig:
 
 # The [acceptance] keys are AcceptanceSpec's fields (sim.acceptance owns that value type).
 SECTION_TYPES: dict[str, type] = {"workload": WorkloadConfig, "engine": EngineConfig, "acceptance": AcceptanceSpec,
-                                  "output": OutputConfig, "cluster": ClusterConfig}
+                                  "output": OutputConfig, "cluster": ClusterConfig,
+                                  "speculative": SpeculativeSection}
 
 
 @dataclass(frozen=True)
@@ -374,6 +427,16 @@ class RunConfig:
     output: OutputConfig
     cluster: ClusterConfig = ClusterConfig(replicas=1, router=ROUTERS[0])
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
+    speculative: SpeculativeSection = SpeculativeSection(config=None, algorithm=None, num_steps=None, eagle_topk=None,
+                                                         num_draft_tokens=None)
+
+    @property
+    def speculation(self):
+        """The run's speculation method (sim.speculation.Speculation), checked when the config was read."""
+        from sim.speculation import resolve
+
+        s = self.speculative
+        return resolve(s.config, s.algorithm, s.num_steps, s.eagle_topk, s.num_draft_tokens)
 
     def error(self, key: str, message: str) -> InputError:
         """An InputError naming ``key`` and where its value came from."""
@@ -520,6 +583,7 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
             except ValueError as exc:
                 raise error_at(sources, key.name, str(exc)) from None
     _settle_workload(read, sources)
+    _settle_speculation(read, sources, values)
     _settle_vllm_options(read, sources)
     _settle_engine(read, sources)
     if read["output.timeline_window"] is not None and read["output.timeline"] is None:
@@ -532,18 +596,83 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
                      sources=dict(sources), **sections)
 
 
+def _settle_speculation(read: dict[str, Any], sources: dict[str, Source], values: dict[str, Any]) -> None:
+    """The speculation method (sim/speculation.py): checked here, one line naming its key. Given and with no
+    policy named, it names the policy as the engine runs it (vLLM's per-batch-size schedule: vllm-dynamic,
+    else a fixed k); vllm-dynamic without its own speculative_config takes the section's. With no
+    acceptance setting given, the method's documented default acceptance applies."""
+    from sim.speculation import SpeculationError, acceptance_defaults, policy_for, resolve
+
+    try:
+        spec = resolve(read["speculative.config"], read["speculative.algorithm"], read["speculative.num_steps"],
+                       read["speculative.eagle_topk"], read["speculative.num_draft_tokens"])
+    except SpeculationError as exc:
+        raise error_at(sources, exc.key, exc.message) from None
+    if not spec.given:
+        return
+    key = "speculative.config" if spec.engine == "vllm" else "speculative.algorithm"
+    defaults = _shipped_defaults()
+    policy_given = sources.get("policy.name", Source("defaults")).where != "defaults" and (
+        sources["policy.name"].line is None or values.get("policy.name") != defaults.get("policy.name")
+        or any(values.get(k) != defaults.get(k) for k in values if k.startswith("policy.")))
+    if not policy_given:
+        name, params = policy_for(spec, read["speculative.config"])
+        _forget_policy(values, sources, name)
+        values["policy.name"] = name
+        read["policy.name"] = name
+        sources["policy.name"] = sources[key]
+        for param, value in params.items():
+            values[f"policy.{param}"] = value
+            sources[f"policy.{param}"] = sources[key]
+    elif values.get("policy.name") == "vllm-dynamic" and "policy.speculative_config" not in values \
+            and read["speculative.config"] is not None:
+        values["policy.speculative_config"] = dict(read["speculative.config"])
+        sources["policy.speculative_config"] = sources[key]
+    model_given = any(_set_by_user(k.name, read, sources, defaults) for k in KEYS
+                      if k.section == "acceptance" and k.field not in ("match_rate", "sibling_rates"))
+    for name, value in acceptance_defaults(spec.method).items():
+        if name == "match_rate" and read["acceptance.match_rate"] is None and not model_given:
+            read["acceptance.match_rate"] = value
+        elif name != "match_rate" and not model_given:
+            read[f"acceptance.{name}"] = value
+
+
+# What each acceptance model needs besides its name: (model, key, what the error asks for).
+MODEL_NEEDS = (
+    ("per-position", "acceptance.per_position", "its rates: --acceptance-per-position 0.8,0.6,0.45 (per_position "
+                                                "in [acceptance])"),
+    ("trace", "acceptance.trace", "a trace: --acceptance-trace FILE.jsonl (trace in [acceptance])"),
+    ("runlength", "acceptance.trace", "a trace: --acceptance-trace FILE.jsonl[.gz] (trace in [acceptance]) and "
+                                      "--acceptance-proposer eagle|ngram"),
+    ("runlength", "acceptance.proposer", "--acceptance-proposer eagle|ngram (whose run lengths the trace's records "
+                                         "give)"),
+)
+
+
 def _settle_vllm_options(read: dict[str, Any], sources: dict[str, Source]) -> None:
     """The rules between the vLLM-compatibility keys and the rest."""
     model = read["acceptance.model"]
-    if model == "per-position" and read["acceptance.per_position"] is None:
-        raise error_at(sources, "acceptance.model", "the per-position model needs its rates: "
-                       "--acceptance-per-position 0.8,0.6,0.45 (per_position in [acceptance])")
-    if model == "trace" and read["acceptance.trace"] is None:
-        raise error_at(sources, "acceptance.model", "the trace model needs a trace: --acceptance-trace FILE.jsonl "
-                       "(trace in [acceptance])")
-    for key, needs in (("acceptance.per_position", "per-position"), ("acceptance.trace", "trace")):
-        if read[key] is not None and model != needs:
-            raise error_at(sources, key, f"applies only to --acceptance-model {needs} (the model is {model})")
+    for needs, key, what in MODEL_NEEDS:
+        if model == needs and read[key] is None:
+            raise error_at(sources, "acceptance.model", f"the {model} model needs {what}")
+    for key, needs in (("acceptance.per_position", ("per-position",)), ("acceptance.trace", ("trace", "runlength")),
+                       ("acceptance.proposer", ("runlength",))):
+        if read[key] is not None and model not in needs:
+            raise error_at(sources, key, f"applies only to --acceptance-model {' or '.join(needs)} (the model is "
+                                         f"{model})")
+    if read["acceptance.trace_lengths"]:
+        if model != "runlength":
+            raise error_at(sources, "acceptance.trace_lengths", f"applies only to --acceptance-model runlength (the "
+                                                                f"model is {model})")
+        for key in ("workload.trace", "workload.trace_vllm", "workload.shared_prefix"):
+            if read[key] is not None:
+                raise error_at(sources, key, "the lengths come from the acceptance trace "
+                                             "(--acceptance-trace-lengths): give either, not both")
+        for key in ("workload.prompt_tokens", "workload.output_tokens"):  # given beside it (a file's: overridden)
+            src = sources.get(key, Source("defaults"))
+            if src.where != "defaults" and src.line is None:
+                raise error_at(sources, key, "the lengths come from the acceptance trace "
+                                             "(--acceptance-trace-lengths): give either, not both")
     if read["workload.trace_vllm"] is not None and read["workload.trace"] is not None:
         raise error_at(sources, "workload.trace_vllm", "give either trace or trace_vllm, not both")
 
@@ -554,20 +683,23 @@ def _settle_engine(read: dict[str, Any], sources: dict[str, Source]) -> None:
     from the default scenario names every key)."""
     scheduler = read["engine.scheduler"]
     defaults = _shipped_defaults()
-
-    def given(key: str) -> bool:
-        src = sources.get(key, Source("defaults"))
-        if src.where == "defaults":
-            return False
-        return src.line is None or read[key] != KEY_BY_NAME[key].value.read(defaults.get(key))
-
-    given = [key for key in (V0_KEYS if scheduler == "vllm-v1" else V1_KEYS) if given(key)]
+    given = [key for key in (V0_KEYS if scheduler == "vllm-v1" else V1_KEYS)
+             if _set_by_user(key, read, sources, defaults)]
     if given:
         other = "v0" if scheduler == "vllm-v1" else "vllm-v1"
         raise error_at(sources, given[0], f"applies only to --scheduler {other} (the scheduler is {scheduler})")
     if scheduler == "vllm-v1" and read["engine.batching"] == "static":
         raise error_at(sources, "engine.batching", "static batching runs under --scheduler v0 (the vllm-v1 "
                        "scheduler batches continuously)")
+
+
+def _set_by_user(key: str, read: dict[str, Any], sources: dict[str, Source], defaults: dict[str, Any]) -> bool:
+    """Given as a flag or keyword, or in a file with a value other than the shipped default (a file written
+    out from the default scenario names every key)."""
+    src = sources.get(key, Source("defaults"))
+    if src.where == "defaults":
+        return False
+    return src.line is None or read[key] != KEY_BY_NAME[key].value.read(defaults.get(key))
 
 
 def _shipped_defaults() -> dict[str, Any]:

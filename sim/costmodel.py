@@ -59,6 +59,19 @@ what they attend to before them. A whole uncached prompt alone costs exactly the
 prefill of one prompt. Against the kernel-composed mixed pass (sim.compose.price.PassPricer.mixed) this
 is checked in tests/test_scheduling_v1.py and shown in docs/scheduling.md.
 
+**Drafters** (:class:`Drafter`, docs/speculation-methods.md). The formula above is a separate
+draft model's. The other methods replace ``k * t_draft(b, c)`` and the draft's prefill:
+
+* a head (EAGLE, EAGLE-3, MTP): t_head(b, q = k + 1, c) + (k - 1) t_head(b, q = w, c): its first pass
+  runs over the k + 1 positions the target just verified (their hidden states), the others over
+  w = 1 token per sequence (a tree: its top-k); a prompt costs t_head_prefill(b, p); a lag of L
+  tokens adds t_head(b, 1 + L, c) - t_head(b, 2, c) (more tokens in that first pass);
+* Medusa's heads: one pass of k heads, t_medusa(b, k); no KV, no prefill, no catch-up;
+* a host matcher (n-gram, suffix): the proposer's host time t_propose(b, k, c), no GPU pass.
+
+A tree verifies q(k) tokens per sequence (the root and the tree's nodes down to depth k) instead
+of k + 1: t_target(b, q(k), c) + t_verify(b, q(k) - 1).
+
 The engine never interpolates per step: :meth:`CostModel.tabulate` evaluates the
 curves once, vectorised, over every (b, k, context) a run can reach, and
 :class:`StepTable` answers per step with two list look-ups and a linear blend.
@@ -74,9 +87,33 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.costmodel_rules import blend as _blend
-from sim.costmodel_rules import catch_up_price, chunk_price, decode_price, padded_step, prefix_attention_price
+from sim.costmodel_rules import (catch_up_price, chunk_price, decode_price, padded_step, prefix_attention_price,
+                                 tokens_price)
 from sim.curves import Curve, decode_features, prefill_features, verify_features
 from sim.profile import Profile
+
+@dataclass(frozen=True)
+class Drafter:
+    """How a method's drafting is priced (the module docstring): ``kind`` model, head, heads or host;
+    ``curve``: the profile's model holding its passes; ``width``: tokens per sequence in a head's later
+    passes (a tree's top-k); ``tree_tokens[k]``: tokens a tree verifies at depth k (empty: k + 1)."""
+
+    kind: str = "model"
+    curve: str = "draft"
+    width: int = 1
+    tree_tokens: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "curve": self.curve, "width": self.width, "tree_tokens": list(self.tree_tokens)}
+
+    @classmethod
+    def of(cls, value: "Drafter | dict | None") -> "Drafter":
+        if value is None or isinstance(value, Drafter):
+            return value or DRAFT_MODEL
+        return cls(value["kind"], value["curve"], int(value["width"]), tuple(int(t) for t in value["tree_tokens"]))
+
+
+DRAFT_MODEL = Drafter()
 
 FAR_BEYOND = 1.1  # warn when a run can reach more than 10% past the grid's largest measured value
 TABLE_COLUMNS = 256
@@ -112,6 +149,8 @@ class CostModel:
         self.exposed_overhead = profile.exposed_overhead_s  # t_exposed, per step, never hidden
         self.overlapped = profile.overhead_overlapped
         self.cuda_graphs = profile.meta.get("device", {}).get("type") == "cuda"  # vLLM pads steps to its graphs
+        self.drafters = drafter_curves(profile)  # "decode/eagle3", "prefill/eagle3", "decode/medusa", "propose/ngram"
+        self.drafter = DRAFT_MODEL  # the drafting this model prices (with_drafter)
 
     @property
     def curves(self) -> list[Curve]:
@@ -136,6 +175,11 @@ class CostModel:
             out[f"{attr}/axes"] = np.array(curve.axes)
             out[f"{attr}/features"] = np.array(curve.features.__name__)
             out.update({f"{attr}/{key}": value for key, value in curve.state().items()})
+        out["drafters"] = np.array(sorted(self.drafters), dtype=str)
+        for name, curve in self.drafters.items():
+            out[f"drafter:{name}/axes"] = np.array(curve.axes)
+            out[f"drafter:{name}/features"] = np.array(curve.features.__name__)
+            out.update({f"drafter:{name}/{key}": value for key, value in curve.state().items()})
         return out
 
     @classmethod
@@ -149,14 +193,41 @@ class CostModel:
         model.exposed_overhead = float(state["exposed_overhead"])
         model.overlapped = bool(state["overlapped"])
         model.cuda_graphs = bool(state["cuda_graphs"])
-        features = {f.__name__: f for f in (decode_features, prefill_features, verify_features, _draft_features)}
-        for attr in cls._CURVES:
-            prefix = f"{attr}/"
+        features = {f.__name__: f for f in (decode_features, prefill_features, verify_features, _draft_features,
+                                            heads_features, host_features)}
+
+        def curve_at(prefix: str, name: str) -> Curve:
             part = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
-            curve = None if not part and attr.endswith("_draft") else Curve.from_state(
-                attr.replace("_", "/", 1), tuple(str(a) for a in part["axes"]), features[str(part["features"])], part)
-            setattr(model, attr, curve)
+            if not part:  # a target-only profile has no draft curves
+                return None
+            return Curve.from_state(name, tuple(str(a) for a in part["axes"]), features[str(part["features"])], part)
+
+        for attr in cls._CURVES:
+            setattr(model, attr, curve_at(f"{attr}/", attr.replace("_", "/", 1)))
+        names = [str(n) for n in state["drafters"]] if "drafters" in state else []
+        model.drafters = {name: curve_at(f"drafter:{name}/", name) for name in names}
+        model.drafter = DRAFT_MODEL
         return model
+
+    def with_drafter(self, drafter: "Drafter | dict | None") -> "CostModel":
+        """This model pricing ``drafter``'s drafting (the module docstring); the same model for a draft model."""
+        drafter = Drafter.of(drafter)
+        if drafter == self.drafter:
+            return self
+        if drafter.kind != "model" and self.drafter_curve(drafter) is None:
+            raise KeyError(drafter.curve)
+        model = copy.copy(self)
+        model.drafter = drafter
+        return model
+
+    def drafter_curve(self, drafter: "Drafter") -> Curve | None:
+        """The curve of a drafter's passes (a head's, Medusa's, a host proposer's); None if not measured."""
+        phase = "propose" if drafter.kind == "host" else "decode"
+        return self.drafters.get(f"{phase}/{drafter.curve}")
+
+    def priced_drafters(self) -> list[str]:
+        """The profile's drafters this model can price: ``draft`` (the draft model) and any other's curve."""
+        return ["draft"] + sorted({name.split("/", 1)[1] for name in self.drafters})
 
     def without_overlap(self) -> "CostModel":
         """This model with the engine's work added to every step rather than overlapping it (a run
@@ -175,12 +246,38 @@ class CostModel:
         return np.maximum(passes, overhead) if self.overlapped else passes + overhead
 
     def decode_pass_times(self, batch_size, k, context_tokens) -> np.ndarray:
-        """The passes of a decode step: k draft passes, the target over k + 1 tokens, verification."""
+        """The passes of a decode step: the drafting at k (a draft model: k passes), the target over
+        q(k) = k + 1 tokens (a tree: its tokens down to depth k), verification of q(k) - 1."""
         b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
-        draft = self.draft_times(b, 1, c) if self.decode_draft is not None else 0.0  # target-only: k is 0
-        target = self.decode_target(batch_size=b, query_tokens=k + 1, context_tokens=c)
-        verify = self.verify(batch_size=b, query_tokens=k)
-        return k * draft + target + verify
+        q = self.target_tokens(k)
+        target = self.decode_target(batch_size=b, query_tokens=q, context_tokens=c)
+        verify = self.verify(batch_size=b, query_tokens=q - 1)
+        return self.drafting_times(b, k, c) + target + verify
+
+    def target_tokens(self, k) -> np.ndarray:
+        """Query tokens per sequence of the target's pass at k: k + 1, or a tree's tokens down to depth k."""
+        k = np.asarray(k, dtype=float)
+        tree = self.drafter.tree_tokens
+        if not tree:
+            return k + 1
+        return np.asarray(tree, dtype=float)[np.clip(k.astype(int), 0, len(tree) - 1)]
+
+    def drafting_times(self, batch_size, k, context_tokens) -> np.ndarray:
+        """What drafting k tokens per sequence costs a step (the module docstring's per-method terms)."""
+        b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
+        d = self.drafter
+        if d.kind == "model":  # a target-only profile has no draft: k is 0 there
+            return k * (self.draft_times(b, 1, c) if self.decode_draft is not None else 0.0)
+        curve = self.drafter_curve(d)
+        drafting = k > 0
+        one = np.maximum(k, 1.0)
+        if d.kind == "head":
+            first = curve(batch_size=b, query_tokens=one + 1, context_tokens=c)
+            rest = curve(batch_size=b, query_tokens=np.full_like(k, d.width), context_tokens=c)
+            return np.where(drafting, first + (one - 1) * rest, 0.0)
+        if d.kind == "heads":
+            return np.where(drafting, curve(batch_size=b, query_tokens=one), 0.0)
+        return np.where(drafting, curve(batch_size=b, query_tokens=one, context_tokens=c), 0.0)
 
     def step_times(self, batch_size, k, context_tokens, padded_batch=None, with_draft: bool = True) -> np.ndarray:
         """A decode step; ``padded_batch``: the rows its passes run on (a CUDA graph's padded size)."""
@@ -194,7 +291,8 @@ class CostModel:
         rows run the linear layers and nothing else (no context, no attention), which is what they add
         to a one-prompt prefill pass, P(b' (k + 1)) - P(b (k + 1)) (the module docstring's P)."""
         b, k, bp = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, padded_batch)))
-        return self.chunk_costs(bp * (k + 1), with_draft) - self.chunk_costs(b * (k + 1), with_draft)
+        per = self.target_tokens(k)
+        return self.chunk_costs(bp * per, with_draft) - self.chunk_costs(b * per, with_draft)
 
     def draft_times(self, batch_size, query_tokens, context_tokens) -> np.ndarray:
         """One draft pass over q tokens per sequence (q > 1: its first pass of a step, catching up).
@@ -215,17 +313,33 @@ class CostModel:
 
         The draft has not seen the newest emitted token (lag 1, the normal case), plus the
         last draft token after a fully accepted step (lag 2), plus one per k = 0 step since.
+        A head's first pass takes lag - 1 more tokens beside the verified ones (priced as a first
+        pass of 1 + lag tokens less one of 2); Medusa and host proposers keep no KV to catch up.
         """
         lag = np.maximum(np.asarray(lag, dtype=float), 1.0)
-        return self.draft_times(batch_size, lag, context_tokens) - self.draft_times(batch_size, 1, context_tokens)
+        d = self.drafter
+        if d.kind == "model":
+            return self.draft_times(batch_size, lag, context_tokens) - self.draft_times(batch_size, 1, context_tokens)
+        b, lag, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, lag, context_tokens)))
+        if d.kind != "head":
+            return np.zeros(b.shape)
+        curve = self.drafter_curve(d)
+        return np.where(lag > 1, curve(batch_size=b, query_tokens=1 + lag, context_tokens=c)
+                        - curve(batch_size=b, query_tokens=np.full_like(lag, 2.0), context_tokens=c), 0.0)
 
     def step_time(self, batch_size: int, k: int, context_tokens: float) -> float:
         return float(self.step_times(batch_size, k, context_tokens))
 
     def prefill_pass_times(self, batch_size, prompt_tokens, with_draft: bool) -> np.ndarray:
+        """The prompts' passes: the target's, and when the run speculates the drafter's (a draft model's
+        prefill, a head's pass over the prompt; Medusa and host proposers have none)."""
         t = self.prefill_target(batch_size=batch_size, query_tokens=prompt_tokens)
         if with_draft:
-            t = t + self.prefill_draft(batch_size=batch_size, query_tokens=prompt_tokens)
+            d = self.drafter
+            if d.kind == "model":
+                t = t + self.prefill_draft(batch_size=batch_size, query_tokens=prompt_tokens)
+            elif d.kind == "head" and f"prefill/{d.curve}" in self.drafters:
+                t = t + self.drafters[f"prefill/{d.curve}"](batch_size=batch_size, query_tokens=prompt_tokens)
         return t
 
     def prefill_times(self, batch_size, prompt_tokens, with_draft: bool) -> np.ndarray:
@@ -233,19 +347,24 @@ class CostModel:
                                   self.prefill_overhead)
 
     def range_warnings(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
-                       with_draft: bool) -> list[str]:
+                       with_draft: bool, drafter: "Drafter | dict | None" = None) -> list[str]:
         """Say where a run can go well beyond the measured grid (and so rely on the fitted extrapolation).
 
         Within FAR_BEYOND of the grid's edge the fit's ratio to the edge value is close to
         1 and not worth a warning; values below the grid's bottom are never costly enough.
         """
+        if drafter is not None and Drafter.of(drafter) != self.drafter:
+            return self.with_drafter(drafter).range_warnings(max_batch, k_max, max_context, max_prompt, with_draft)
         reach = {"batch_size": max_batch, "context_tokens": max_context}
-        checks = [(self.decode_target, {**reach, "query_tokens": k_max + 1}),
+        checks = [(self.decode_target, {**reach, "query_tokens": int(self.target_tokens(k_max))}),
                   (self.prefill_target, {"batch_size": max_batch, "query_tokens": max_prompt})]
-        if k_max > 0:
+        if k_max > 0 and self.drafter.kind == "model":
             checks.append((self.decode_draft, reach))
             if with_draft:
                 checks.append((self.prefill_draft, {"batch_size": max_batch, "query_tokens": max_prompt}))
+        elif k_max > 0 and self.drafter.kind in ("head", "host"):
+            checks.append((self.drafter_curve(self.drafter), {**reach, "query_tokens": k_max + 1
+                                                              if self.drafter.kind == "head" else k_max}))
         out = []
         for curve, wanted in checks:
             for axis, value in wanted.items():
@@ -298,21 +417,29 @@ class CostModel:
         return np.where(b > 0, np.where(q > 0, with_decodes + prefix, decode), alone)
 
     def tabulate(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
-                 with_draft: bool, chunk_tokens: int = 0, graph_sizes: tuple[int, ...] | None = None) -> "StepTable":
+                 with_draft: bool, chunk_tokens: int = 0, graph_sizes: tuple[int, ...] | None = None,
+                 drafter: "Drafter | dict | None" = None) -> "StepTable":
         """``chunk_tokens``: a vllm-v1 step's token budget; P(x) is then tabulated up to it.
         ``graph_sizes``: the CUDA-graph capture sizes steps are padded to; None: vLLM V1's defaults
         (:func:`cuda_graph_sizes`) for a vllm-v1 table of a CUDA profile, no padding otherwise (a v0
-        table, or a device without CUDA graphs)."""
+        table, or a device without CUDA graphs). ``drafter``: the speculation method's (default: the
+        draft model's; a tree's verified tokens per k set the graph sizes' largest step)."""
+        if drafter is not None and Drafter.of(drafter) != self.drafter:
+            return self.with_drafter(drafter).tabulate(max_batch, k_max, max_context, max_prompt, with_draft,
+                                                       chunk_tokens, graph_sizes)
+        k = np.arange(k_max + 1, dtype=float)[None, :, None]
+        per = self.target_tokens(k)  # tokens per sequence a step verifies: k + 1, or a tree's
+        widest = int(per.max())
         if graph_sizes is None:
-            graph_sizes = cuda_graph_sizes(max_batch, k_max, chunk_tokens) if chunk_tokens and self.cuda_graphs else ()
+            graph_sizes = cuda_graph_sizes(max_batch, widest - 1, chunk_tokens) if chunk_tokens and self.cuda_graphs \
+                else ()
         graph_sizes = tuple(int(g) for g in graph_sizes)
         ctx_step = max(1, math.ceil(max_context / TABLE_COLUMNS))
         prompt_step = max(1, math.ceil(max_prompt / TABLE_COLUMNS))
         b = np.arange(max_batch + 1, dtype=float)[:, None, None]
-        k = np.arange(k_max + 1, dtype=float)[None, :, None]
         c = (np.arange(TABLE_COLUMNS + 2) * ctx_step).astype(float)[None, None, :]
-        pad = np.array([padded_tokens(t, graph_sizes) for t in range((max_batch + 1) * (k_max + 1))], dtype=float)
-        padded = np.maximum(pad[(b * (k + 1)).astype(int)] / (k + 1), 1.0)
+        pad = np.array([padded_tokens(t, graph_sizes) for t in range((max_batch + 1) * widest)], dtype=float)
+        padded = np.maximum(pad[(b * per).astype(int)] / per, 1.0)
         decode = self.step_times(np.maximum(b, 1), k, c, padded if graph_sizes else None, with_draft)
         decode[0] = 0.0
         bp = np.arange(max_batch + 1, dtype=float)[:, None]
@@ -334,7 +461,8 @@ class CostModel:
                                       "prefill_overhead": self.prefill_overhead,
                                       "exposed_overhead": self.exposed_overhead, "overlapped": self.overlapped,
                                       "kv_read_cost": self.kv_read_cost(max_batch),
-                                      "attention_coefficient": self.attention_coefficient, **chunk})
+                                      "attention_coefficient": self.attention_coefficient, **chunk,
+                                      **({"drafter_kind": self.drafter.kind} if self.drafter.kind != "model" else {})})
 
 
 def cuda_graph_sizes(max_num_seqs: int, k: int = 0, max_num_batched_tokens: int | None = None) -> tuple[int, ...]:
@@ -397,6 +525,7 @@ class StepTable:
     kv_read_cost: float = 0.0  # kappa: seconds per token of a chunk's cached prefix read
     attention_coefficient: float = 0.0  # theta: a chunk's Q tokens after S cached ones attend for 2 theta Q S
     graph_pad: list | None = None  # [tokens] -> the CUDA-graph size a step of that many tokens runs at
+    drafter_kind: str = "model"  # whose drafting the table prices: model, head, heads or host (sim.speculation)
 
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
         return _blend(self.decode[batch_size][k], mean_context / self.context_step)
@@ -412,6 +541,10 @@ class StepTable:
         (the newest token), 2 after a fully accepted step (one look-up), more after k = 0 steps."""
         return decode_price(self.decode, self.decode_lag2, self.catch_up, batch_size, k,
                             mean_context / self.context_step, lag)
+
+    def decode_time_by_tokens(self, batch_size: int, ks, mean_context: float) -> float:
+        """A ragged step of a host matcher's rows priced by their tokens (costmodel_rules.tokens_price)."""
+        return tokens_price(self.decode, batch_size, ks, len(ks), mean_context / self.context_step)
 
     def catch_up_time(self, batch_size: int, lag: int, mean_context: float) -> float:
         """Beyond the tabulated lags (a long run of k = 0 steps) the cost grows linearly in lag."""
@@ -436,6 +569,8 @@ class StepTable:
             out["chunk"] = np.asarray(self.chunk, dtype=np.float64)
         if self.graph_pad is not None:
             out["graph_pad"] = np.asarray(self.graph_pad, dtype=np.int64)
+        if self.drafter_kind != "model":
+            out["drafter_kind"] = np.array(self.drafter_kind)
         return out
 
     @classmethod
@@ -450,7 +585,8 @@ class StepTable:
                    overlapped=bool(arrays.get("overlapped", False)),
                    kv_read_cost=float(arrays.get("kv_read_cost", 0.0)),
                    attention_coefficient=float(arrays.get("attention_coefficient", 0.0)),
-                   graph_pad=None if pad is None else np.asarray(pad, dtype=np.int64).tolist())
+                   graph_pad=None if pad is None else np.asarray(pad, dtype=np.int64).tolist(),
+                   drafter_kind=str(arrays.get("drafter_kind", "model")))
 
     def padded(self, tokens: int) -> int:
         """The tokens a step of ``tokens`` runs at (the next CUDA-graph size; itself past the largest)."""
@@ -472,3 +608,33 @@ class StepTable:
 
 def _draft_features(x: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return decode_features({**x, "query_tokens": np.ones_like(x["batch_size"])})
+
+
+def heads_features(x: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Medusa's heads (no context): their weights (memory), rows of linear work (compute)."""
+    b, q = x["batch_size"], x["query_tokens"]
+    return np.stack([np.ones_like(b, dtype=float), q], axis=-1), (b * q)[..., None]
+
+
+def host_features(x: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A host proposer's time: a fixed cost, per sequence, and its scan of each context (one term per
+    component, the max taken: a coarse extrapolation that stays linear in batch and context)."""
+    b, q, c = x["batch_size"], x["query_tokens"], x["context_tokens"]
+    return np.stack([np.ones_like(b, dtype=float), b, b * c], axis=-1), (b * q)[..., None]
+
+
+def drafter_curves(profile: Profile) -> dict[str, Curve]:
+    """The profile's drafters besides the draft model, as curves keyed ``phase/model`` (sim.profile)."""
+    from sim.profile import HEADS, HOSTS
+
+    passes = ("batch_size", "query_tokens", "context_tokens")
+    kinds = [*(("decode", name, passes, decode_features) for name in HEADS),
+             *(("prefill", name, ("batch_size", "query_tokens"), prefill_features) for name in HEADS),
+             ("decode", "medusa", ("batch_size", "query_tokens"), heads_features),
+             *(("propose", name, passes, host_features) for name in HOSTS)]
+    curves: dict[str, Curve] = {}
+    for phase, name, axes, features in kinds:
+        points = profile.phase(phase, name)
+        if len(points):
+            curves[f"{phase}/{name}"] = Curve.from_points(f"{phase}/{name}", points, axes, features)
+    return curves

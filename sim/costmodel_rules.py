@@ -38,6 +38,22 @@ def decode_price(decode, lag2, catch_up, b, k, x, lag):
     return blend(decode[b][k], x) + catch_up_price(catch_up[b], lag, x)
 
 
+def tokens_price(decode, b, ks, m, x):
+    """A ragged decode step priced by its tokens: the uniform step at the rows' mean k (kbar = sum of
+    ks / m; b (kbar + 1) tokens), interpolated between the two integer ks around it. A host matcher's
+    steps are priced so (vLLM flattens a step's tokens; a row without a match verifies one), not
+    padded to the largest k."""
+    total = 0
+    for i in range(m):
+        total += ks[i]
+    kbar = total / m
+    j = int(kbar)
+    lo = blend(decode[b][j], x)
+    if j + 1 >= len(decode[b]) or kbar == j:
+        return lo
+    return lo + (kbar - j) * (blend(decode[b][j + 1], x) - lo)
+
+
 def padded_step(pad, tokens):
     """The tokens a step of ``tokens`` runs at: the next CUDA-graph capture size (``pad[tokens]``),
     or itself past the largest (an empty ``pad``: no graphs)."""
@@ -75,4 +91,5 @@ def prefill_price(prefill, b, prompt_column):
     return blend(prefill[b], prompt_column)
 
 
-RULES = (blend, catch_up_price, decode_price, padded_step, prefix_attention_price, chunk_price, prefill_price)
+RULES = (blend, catch_up_price, decode_price, tokens_price, padded_step, prefix_attention_price, chunk_price,
+         prefill_price)

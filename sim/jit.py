@@ -39,7 +39,7 @@ JIT_MODES = ("auto", "on", "off")
 # The modules whose functions the compiled code is built from (their rules are registered, and
 # their bytes key the cache). Each lists its rules in a module-level tuple named RULES.
 RULE_MODULES = ("sim.serving.rules", "sim.scheduler.kvcache", "sim.scheduler.v0", "sim.scheduler.v1",
-                "sim.serving.kernel", "policies.goodput_rules", "sim.costmodel_rules")
+                "sim.proposals", "sim.serving.kernel", "policies.goodput_rules", "sim.costmodel_rules")
 
 _TWINS: dict[Callable, Callable] = {}
 _READY = False

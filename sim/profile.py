@@ -18,6 +18,21 @@ decode     target   q = 1 (plain decode) .. k_max + 1   tokens already in KV cac
 verify     target   k = 0 (sample one token) .. k_max   0
 =========  =======  ==================================  ===========================
 
+Optional drafters besides the draft model (docs/speculation-methods.md), each priced only if present:
+
+==========  ==========================  ==========================================  ==================
+phase       model                       query_tokens                                context_tokens
+==========  ==========================  ==========================================  ==================
+decode      eagle, eagle3, mtp (heads)  a head pass's tokens: 1 (a later pass), or  tokens in its KV
+                                        2.. (a step's first pass over the verified
+                                        positions, EAGLE-3's feature fusion in it)
+prefill     eagle, eagle3, mtp          prompt length (the head's pass over it)     0
+decode      medusa                      heads run (k), one pass                     0
+propose     ngram, suffix               k (tokens proposed per sequence)            tokens of context
+==========  ==========================  ==========================================  ==================
+
+``propose`` is host (CPU) time per step for the whole batch, timed by ``calibrate``.
+
 This module imports only numpy and pandas so that calibration boxes can use it.
 """
 
@@ -45,8 +60,13 @@ CSV_NAME = "profile.csv"
 META_NAME = "profile.json"
 DEFAULT_PROFILE = "h100-llama-3.1-8b-llama-3.2-1b"
 
-PHASES = ("prefill", "decode", "verify")
-MODELS = ("target", "draft")
+PHASES = ("prefill", "decode", "verify", "propose")
+MODELS = ("target", "draft", "eagle", "eagle3", "mtp", "medusa", "ngram", "suffix")
+HEADS = ("eagle", "eagle3", "mtp")  # drafters that are a decoder layer on the target's hidden states
+HOSTS = ("ngram", "suffix")  # drafters that run on the host, timed in phase "propose"
+PHASE_MODELS = ("prefill/target", "decode/target", "verify/target", "prefill/draft", "decode/draft",
+                *(f"{phase}/{head}" for head in HEADS for phase in ("prefill", "decode")), "decode/medusa",
+                *(f"propose/{host}" for host in HOSTS))
 STATUSES = ("ok", "oom", "error")
 
 COLUMNS: tuple[str, ...] = (
@@ -288,6 +308,13 @@ def read_points(csv_path: Path) -> pd.DataFrame:
             row = int(np.flatnonzero(bad.to_numpy())[0])
             raise InputError(f"'{table[col].iloc[row]}' is not one of {', '.join(allowed)}",
                              source=csv_path, line=line_of(row), field=col)
+    pairs = table.phase + "/" + table.model
+    bad = ~pairs.isin(PHASE_MODELS)
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(f"a '{table.phase.iloc[row]}' point of model '{table.model.iloc[row]}' means nothing "
+                         f"(phases and models: {', '.join(PHASE_MODELS)})", source=csv_path, line=line_of(row),
+                         field="model")
     for col in INT_COLUMNS:
         ascii_digits = table[col].str.strip().str.fullmatch(r"[0-9]+(\.0*)?")
         values = pd.to_numeric(table[col].where(ascii_digits, ""), errors="coerce")

@@ -27,9 +27,11 @@ class ReplicaPlan:
     table: StepTable
     engine: object  # the run's EngineConfig
     kv_budget_tokens: int
-    max_k: int  # the policy's largest k: v0 reserves its slots, vllm-v1 keeps them ahead (lookahead)
+    max_k: int  # the policy's largest k: v0 reserves its slots
     max_blocks_per_request: int = 1  # vllm-v1: the longest block table a request can need
     num_keys: int = 0  # vllm-v1: shared prefix-cache keys (sim.scheduler.kvcache.prefix_keys)
+    lookahead: int | None = None  # vllm-v1's slots kept ahead per request (None: max_k; the method's, sim.speculation)
+    lag_mode: int = 1  # how the drafter's lag moves (sim.speculation LAG_*; 0: no drafter to catch up)
 
     @property
     def compiled(self) -> bool:
@@ -41,7 +43,8 @@ class ReplicaPlan:
         return make_scheduler(e.batching, e.max_batch_size, self.kv_budget_tokens, e.prefill, e.scheduler,
                               max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
                               chunked_prefill=e.chunked_prefill, prefix_caching=e.enable_prefix_caching,
-                              async_scheduling=e.async_scheduling, lookahead=self.max_k)
+                              async_scheduling=e.async_scheduling,
+                              lookahead=self.max_k if self.lookahead is None else self.lookahead)
 
     def inputs(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, prefix_keys: np.ndarray | None
                ) -> np.ndarray:
@@ -59,6 +62,9 @@ class ReplicaPlan:
         loop = ServingLoop(queue, scheduler=scheduler, policy=policy, k_max=self.table.k_max,
                            backend=backend or PricedBackend(self.table, sampler, scheduler.prefill),
                            rules=Rules(compiled), max_blocks_per_request=self.max_blocks_per_request,
-                           num_keys=self.num_keys)
+                           num_keys=self.num_keys, lag_mode=self.lag_mode,
+                           proposals=getattr(sampler, "proposals", None))
+        if sampler is not None:
+            sampler.watch(loop)
         loop.compiled_runs = compiled_runs_for(loop, self.table, sampler, compiled)
         return loop

@@ -19,9 +19,10 @@ import numpy as np
 
 from policies import Policy, PolicyError, make_policy
 from policies.explain import Explaining
-from sim.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, SharedAlphaSampler, TraceSampler,
-                            acceptance_scale, accepted_per_position, per_request_steps, position_rates,
-                            read_acceptance_trace)
+from sim.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, RunLengthSampler,
+                            SharedAlphaSampler, TraceSampler, acceptance_scale, accepted_per_position,
+                            per_request_steps, position_rates, proposal_model, read_acceptance_trace,
+                            read_runlength_trace)
 from sim.cache import fitted_profile, profile_digest, step_table
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
@@ -37,6 +38,7 @@ from sim.scheduler.kvcache import blocks_for, prefix_keys
 from sim.serving.clock import simulate_replica
 from sim.serving.queues import arrival_queue
 from sim.serving.records import ReplicaRecords
+from sim.speculation import SpeculationPlan, default_match_rate, kv_capacity_for, plan_run
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
 
 if TYPE_CHECKING:
@@ -60,19 +62,30 @@ def replica_streams(config: RunConfig, replicas: int) -> list[np.random.Generato
 
 
 def make_sampler(config: RunConfig, alphas: np.ndarray, rng: np.random.Generator | None = None,
-                 k_max: int = 0) -> RecordingSampler:
+                 k_max: int = 0, speculation: SpeculationPlan | None = None) -> RecordingSampler:
     """The run's acceptance model (``k_max``: the longest draft a step may ask, for the per-position
-    table), wrapped to record what it draws for vLLM's speculation metrics."""
+    table), wrapped to record what it draws for vLLM's speculation metrics; with the run's
+    ``speculation``, a tree's longest-path acceptance and a host proposer's proposals
+    (sim.proposals)."""
     rng = _stream(config, ACCEPTANCE) if rng is None else rng
     spec = config.acceptance
-    if spec.model == "per-position":
-        inner: AcceptanceSampler = PositionSampler(rng, position_rates(spec.per_position, k_max))
+    tree = speculation.tree if speculation is not None else None
+    if tree is not None:
+        inner: AcceptanceSampler = PositionSampler(rng, np.asarray(tree.reach))
+    elif spec.model == "per-position":
+        inner = PositionSampler(rng, position_rates(spec.per_position, k_max))
     elif spec.model == "trace":
         inner = TraceSampler(rng, read_acceptance_trace(spec.trace), alphas.shape[0])
+    elif spec.model == "runlength":
+        inner = RunLengthSampler(rng, read_runlength_trace(spec.trace, spec.proposer), alphas.shape[0])
     elif spec.distribution == "fixed" and np.all(alphas == spec.alpha):
         inner = SharedAlphaSampler(rng, float(acceptance_scale(np.asarray([spec.alpha]))[0]))
     else:
         inner = AcceptanceSampler(rng)
+    if speculation is not None and speculation.host:
+        rate = spec.match_rate if spec.match_rate is not None else default_match_rate(speculation.spec.method,
+                                                                                    spec.model)
+        inner.proposals = proposal_model(replace(spec, match_rate=rate), True, inner, config.seed)
     per_request = config.output.per_request_spec_decode_metrics != "none"
     return RecordingSampler(inner, acceptance_scale(alphas), per_request)
 
@@ -80,7 +93,7 @@ def make_sampler(config: RunConfig, alphas: np.ndarray, rng: np.random.Generator
 def acceptance_values(config: RunConfig, alphas: np.ndarray) -> np.ndarray:
     """What each request's row carries for the sampler: its request id when the sampler is keyed
     (a trace, or per-request metrics), else its alpha's scale."""
-    if config.acceptance.model == "trace" or config.output.per_request_spec_decode_metrics != "none":
+    if config.acceptance.model in ("trace", "runlength") or config.output.per_request_spec_decode_metrics != "none":
         return np.arange(alphas.shape[0], dtype=np.float64)
     return acceptance_scale(alphas)
 
@@ -97,6 +110,7 @@ class PreparedRun:
     kv_budget_tokens: int
     replica: ReplicaPlan  # what each replica is built from (sim/replica.py)
     prefix_keys: np.ndarray | None = None  # vllm-v1 with prefix caching: each request's shared cache keys
+    speculation: SpeculationPlan | None = None  # the method's drafter, tree and proposals (sim/speculation.py)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -163,20 +177,24 @@ def prepare(config: RunConfig) -> PreparedRun:
             raise policy.max_k_error(profile.k_max)
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
+    speculation = plan_run(config, cost_model, policy.max_k)
     problem = memory_problem(table_bytes(config.engine.max_batch_size, policy.max_k))
     if problem is not None:  # before the first arrival is drawn (sim.limits)
         raise config.error("engine.max_batch_size", f"the step table for batches up to "
                                                     f"{config.engine.max_batch_size} {problem}")
     # Record the parameters the policy runs with, defaults included, in the resolved config.
     config = replace(config, policy=PolicyConfig(config.policy.name, {**policy.params(), **config.policy.params}))
-    requests = make_requests(config, _stream(config, WORKLOAD))
-    if config.acceptance.model == "trace":
+    if config.acceptance.model in ("trace", "runlength"):
         try:
-            read_acceptance_trace(config.acceptance.trace)
+            if config.acceptance.model == "trace":
+                read_acceptance_trace(config.acceptance.trace)
+            else:
+                read_runlength_trace(config.acceptance.trace, config.acceptance.proposer)
         except InputError as exc:
             if exc.line is None:
                 raise config.error("acceptance.trace", exc.message) from None
             raise
+    requests = make_requests(config, _stream(config, WORKLOAD))
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     if requests.alpha is not None:  # a trace's per-request acceptance overrides the distribution
         alphas = np.where(np.isnan(requests.alpha), alphas, requests.alpha)
@@ -185,7 +203,7 @@ def prepare(config: RunConfig) -> PreparedRun:
     if config.engine.gpu_memory_utilization is not None:
         budget = kv_capacity_at(config, profile)
     if budget is None:
-        budget = profile.kv_capacity_tokens
+        budget = kv_capacity_for(profile, speculation.spec)
     if budget is None:  # neither says: an unlimited cache
         budget = int(reserve.sum())
     v1 = config.engine.scheduler == "vllm-v1"
@@ -204,7 +222,7 @@ def prepare(config: RunConfig) -> PreparedRun:
                                 f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens or
                                                                  config.engine.gpu_memory_utilization else
                                                                  " (the profile's measured capacity)"))
-    reach = _table_reach(config, policy, requests)
+    reach = _table_reach(config, policy, requests, speculation)
     if not (v1 and config.engine.async_scheduling) and cost_model.overlapped:  # the engine's work is not hidden
         cost_model, digest = cost_model.without_overlap(), digest + "-sync"
     table = step_table(cost_model, reach, digest, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
@@ -212,8 +230,11 @@ def prepare(config: RunConfig) -> PreparedRun:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
-    replica = ReplicaPlan(table, config.engine, budget, policy.max_k, max_blocks, num_keys)
-    prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget, replica, keys)
+    replica = ReplicaPlan(table, config.engine, budget, policy.max_k, max_blocks, num_keys,
+                          lookahead=speculation.lookahead(policy.max_k),
+                          lag_mode=speculation.lag_mode if policy.max_k else 0)
+    prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget, replica, keys,
+                           speculation)
     prepared.warnings.extend(cost_model.range_warnings(**reach))
     return prepared
 
@@ -254,12 +275,14 @@ def kv_capacity_at(config: RunConfig, profile: Profile) -> int:
     if config.engine.kv_cache_tokens is not None:
         raise config.error(key, "give either --gpu-memory-utilization or --kv-cache-tokens, not both")
     memory, models = profile.meta.get("memory") or {}, profile.meta.get("models") or {}
-    per_token = sum(m.get("kv_bytes_per_token") or 0 for m in models.values())
+    method = config.speculation.method
+    drafter = models.get("draft" if method == "draft_model" else method) or {}  # a host matcher: none
+    per_token = sum(int(m.get("kv_bytes_per_token") or 0) for m in (models.get("target") or {}, drafter))
+    budget = kv_capacity_for(profile, config.speculation)  # at the profile's own fraction
     if profile.kv_capacity_tokens is None or not {"available_bytes", "fraction"} <= memory.keys() or not per_token:
         raise config.error(key, f"profile '{profile.name}' records no memory figures to size the KV cache "
                                 "from; give --kv-cache-tokens")
-    capacity = profile.kv_capacity_tokens + int((fraction - memory["fraction"]) * memory["available_bytes"]
-                                                 // per_token)
+    capacity = budget + int((fraction - memory["fraction"]) * memory["available_bytes"] // per_token)
     if capacity < 1:
         raise config.error(key, f"{fraction:g} of {memory['available_bytes'] / 2**30:.0f} GiB leaves no room for "
                                 f"a KV cache beside the models' weights")
@@ -306,6 +329,10 @@ def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:
     else:
         arrivals = gamma_arrivals(rng, w.rate, burstiness, duration_s=duration_s, num_requests=w.num_requests)
     n = arrivals.size  # at least one: the first request arrives at t = 0
+    if config.acceptance.trace_lengths:  # the run-length trace's records give the lengths (request i: record i mod N)
+        runs = read_runlength_trace(config.acceptance.trace, config.acceptance.proposer)
+        record = np.arange(n) % len(runs)
+        return Requests(arrivals, runs.prompt[record], runs.length[record])
     if w.shared_prefix is not None:  # prompts from groups behind system prompts, sent again and again
         prompts = w.shared_prefix.draw(rng, n, w.prompt_tokens)
         return Requests(arrivals, output_tokens=w.output_tokens.sample(rng, n), **prompts)
@@ -327,11 +354,16 @@ def vllm_requests(path: str, rng: np.random.Generator) -> Requests:
     return Requests(arrivals, result.prompt_tokens, result.output_tokens)
 
 
-def _table_reach(config: RunConfig, policy: Policy, r: Requests) -> dict:
-    """Every (batch, k, context, prompt) the run can touch: what the step table must cover."""
-    return {"max_batch": config.engine.max_batch_size, "k_max": policy.max_k,
-            "max_context": int((r.prompt_tokens + r.output_tokens).max()) + policy.max_k,
-            "max_prompt": int(r.prompt_tokens.max()), "with_draft": policy.max_k > 0}
+def _table_reach(config: RunConfig, policy: Policy, r: Requests, speculation: SpeculationPlan | None = None) -> dict:
+    """Every (batch, k, context, prompt) the run can touch: what the step table must cover (and, for a
+    method other than a draft model's, whose drafting it prices)."""
+    reach = {"max_batch": config.engine.max_batch_size, "k_max": policy.max_k,
+             "max_context": int((r.prompt_tokens + r.output_tokens).max()) + policy.max_k,
+             "max_prompt": int(r.prompt_tokens.max()), "with_draft": policy.max_k > 0}
+    if speculation is not None and speculation.drafter.to_dict() != {"kind": "model", "curve": "draft", "width": 1,
+                                                                     "tree_tokens": []}:
+        reach["drafter"] = speculation.drafter.to_dict()
+    return reach
 
 
 def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunResult:
@@ -349,7 +381,7 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     if routed and backend is not None:  # a recorded backend plays one replica's steps back
         raise ValueError("a step backend drives one replica; this run is routed over a cluster")
     if not routed:
-        samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max)]
+        samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max, speculation=run.speculation)]
         policies = [wrap(run.policy)]
         records, sent_s, engine_wall = _run_replica(run, scale, samplers[0], policies[0], backend)
         cluster = None
@@ -357,7 +389,7 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
             requests = replace(requests, arrival_s=sent_s)
     else:
         parts = [ReplicaParts(wrap(run.policy if index == 0 else _fresh_policy(run)),
-                              make_sampler(config, run.alphas, rng, run.table.k_max))
+                              make_sampler(config, run.alphas, rng, run.table.k_max, run.speculation))
                  for index, rng in enumerate(replica_streams(config, count))]
         policies = [part.policy for part in parts]
         samplers = [p.sampler for p in parts]

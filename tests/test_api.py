@@ -87,7 +87,7 @@ def test_bad_input_raises_the_clis_one_line_error(capsys, tmp_path, kwargs, flag
 
 
 def test_unknown_keywords_and_overrides_are_input_errors():
-    with pytest.raises(specbatch.InputError, match=r"^rat: unknown keyword \(known: acceptance_model, "):
+    with pytest.raises(specbatch.InputError, match=r"^rat: unknown keyword \(known: acceptance_match_rate, acceptance_model, "):
         specbatch.run(rat=1)
     with pytest.raises(specbatch.InputError, match=r"^overrides: workload.rat: unknown setting$"):
         specbatch.run(overrides={"workload.rat": 1})

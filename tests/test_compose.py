@@ -215,7 +215,13 @@ def test_every_shipped_composed_profile_is_what_the_data_composes_today(name, tm
     argv[argv.index("--out") + 1] = str(tmp_path / name)
     code, _, err = run_cli(capsys, *argv)
     assert code == 0, err
-    assert (tmp_path / name / "profile.csv").read_text() == (shipped / "profile.csv").read_text()
+    fresh_rows = (tmp_path / name / "profile.csv").read_text().splitlines()
+    shipped_rows = (shipped / "profile.csv").read_text().splitlines()
+    # composed points to the byte; the host proposers' rows are timings of this machine's CPU (same points)
+    assert [r for r in fresh_rows if not r.startswith("propose,")] == [r for r in shipped_rows
+                                                                       if not r.startswith("propose,")]
+    assert [r.split(",")[:5] for r in fresh_rows if r.startswith("propose,")] == \
+        [r.split(",")[:5] for r in shipped_rows if r.startswith("propose,")]
     fresh = json.loads((tmp_path / name / "profile.json").read_text())
     for volatile in ("created_utc", "versions"):
         fresh.pop(volatile), meta.pop(volatile)

@@ -388,7 +388,7 @@ def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_profiles_memory(caps
 
     name = "h100-llama-3.1-8b-llama-3.2-1b"
     meta = load_profile(name).meta
-    per_token = sum(m["kv_bytes_per_token"] for m in meta["models"].values())
+    per_token = sum(meta["models"][role]["kv_bytes_per_token"] for role in ("target", "draft"))  # the draft model's run
     at = {u: prepare(load_config(None, {"engine.gpu_memory_utilization": u, "workload.num_requests": 5}))
           .kv_budget_tokens for u in (0.9, 0.5)}
     assert at[0.9] == meta["kv_capacity_tokens"]  # the profile's own fraction

@@ -322,6 +322,75 @@ def tp_vs_replicas_headline(folder: Path = FIGURES) -> str:
     return _md(pd.DataFrame(rows))
 
 
+
+def methods_acceptance(folder: Path = FIGURES) -> str:
+    """Study 10: the measured run lengths per dataset and proposer (methods_acceptance.csv)."""
+    acc = pd.read_csv(folder / "methods_acceptance.csv")
+    batch = pd.read_csv(folder / "methods_batch.csv")
+    one = batch[batch.batch == 1].set_index(["dataset", "method"]).tokens_per_row_step
+    replayed = [one.get((d, "EAGLE-3" if p == "eagle" else "n-gram"), float("nan"))
+                for d, p in zip(acc.dataset, acc.proposer)]
+    frame = pd.DataFrame({"dataset": acc.dataset, "proposer": acc.proposer,
+                          "mean run": acc.mean_run.map("{:.2f}".format),
+                          "P(run > 1)": acc.p_run_gt_1.map("{:.3f}".format),
+                          "proposes at": acc.p_proposes.map("{:.3f}".format),
+                          "P(a ≥ 1, 2, 3 \\| proposed)": [f"{a:.3f}, {b:.3f}, {c:.3f}" for a, b, c in
+                                                         zip(acc.p_a_ge_1, acc.p_a_ge_2, acc.p_a_ge_3)],
+                          "tokens per step, k = 3": acc.tokens_per_step_k3.map("{:.2f}".format),
+                          "replayed, 1 in flight": [f"{x:.2f}" for x in replayed]})
+    return _md(frame)
+
+
+def methods_batch(folder: Path = FIGURES) -> str:
+    """Study 10: output throughput over no speculation, per requests in flight (methods_batch.csv)."""
+    batch = pd.read_csv(folder / "methods_batch.csv")
+    rows = []
+    for (dataset, b), sub in batch.groupby(["dataset", "batch"], sort=False):
+        cells = {"dataset": dataset, "in flight": b,
+                 "none, EAGLE's lengths (tok/s)": f"{sub.none_steady_throughput.iloc[0]:.0f}"}
+        best = sub.speedup.max()
+        for r in sub.itertuples():
+            text = f"{r.speedup:.2f}x"
+            cells[r.method] = f"**{text}**" if r.speedup == best else text
+        rows.append(cells)
+    return _md(pd.DataFrame(rows))
+
+
+def methods_load(folder: Path = FIGURES) -> str:
+    """Study 10: n-gram's mean TPOT over no speculation's, by workload and load (methods_load.csv)."""
+    load = pd.read_csv(folder / "methods_load.csv")
+    rows = []
+    for (dataset, fraction), sub in load.groupby(["dataset", "load"], sort=False):
+        by = sub.set_index("policy")
+        rows.append({"dataset": dataset, "load": f"{fraction:.1f}",
+                     "none TPOT (ms)": f"{by.loc['none', 'mean_tpot_ms']:.2f}",
+                     "n-gram k = 3": f"{by.loc['n-gram k=3', 'tpot_vs_none']:.2f}",
+                     "n-gram goodput": f"{by.loc['n-gram goodput', 'tpot_vs_none']:.2f}",
+                     "goodput's mean k": f"{by.loc['n-gram goodput', 'mean_k']:.2f}",
+                     "mean batch (none)": f"{by.loc['none', 'mean_batch']:.0f}"})
+    return _md(pd.DataFrame(rows))
+
+
+def methods_published(folder: Path = FIGURES) -> str:
+    """Study 10: the published figures against the simulation (methods_published.json)."""
+    p = json.loads((folder / "methods_published.json").read_text())
+    spec, sg = p["specdecode_b128"], p["sglang_b1"]
+    rows = [{"figure": "SpecDecode-Bench: EAGLE k = 3, GSM8K, 128 in flight, throughput / none",
+             "published": f"{spec['published']:.2f}x", "simulated": f"{spec['simulated']:.2f}x"},
+            {"figure": "SGLang: no speculation, batch 1 (tokens/s)", "published": f"{sg['published_none']:.1f}",
+             "simulated": f"{sg['simulated_none']:.1f}"},
+            {"figure": "EAGLE-3 chain, k = 3, ShareGPT's measured runs, batch 1 (tokens/s)", "published": "",
+             "simulated": f"{sg['simulated_eagle3_chain_k3']:.1f} (acceptance length "
+                          f"{sg['chain_mean_acceptance_length']:.2f})"}]
+    for method, label in (("eagle", "EAGLE-2"), ("eagle3", "EAGLE-3")):
+        need = sg[f"needed_{method}"]
+        published = {"eagle": 244.10, "eagle3": 373.25}[method]
+        simulated = (f"needs α {need['alpha']:.2f}: acceptance length {need['mean_acceptance_length']:.2f}"
+                     if need["reachable"] else f"out of reach (α 0.98 gives {need['tokens_per_s_at_0.98']:.0f})")
+        rows.append({"figure": f"SGLang: {label}, default tree (5 steps, top-4, 8 tokens), batch 1 (tokens/s)",
+                     "published": f"{published:.1f}", "simulated": simulated})
+    return _md(pd.DataFrame(rows))
+
 TABLES = {
     "study-optimal-k-lut": optimal_k_lut,
     "study-optimal-k-headlines": optimal_k_headlines,
@@ -347,4 +416,8 @@ TABLES = {
     "study-draft-1b-70b-losing": draft_1b_70b_losing,
     "study-tp-vs-replicas": tp_vs_replicas,
     "study-tp-vs-replicas-slo": tp_vs_replicas_slo,
+    "study-methods-acceptance": methods_acceptance,
+    "study-methods-batch": methods_batch,
+    "study-methods-load": methods_load,
+    "study-methods-published": methods_published,
 }

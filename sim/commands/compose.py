@@ -46,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len", type=int, default=None,
                    help=f"longest sequence the grid covers (default: the models' limit, at most {DEFAULT_MAX_LEN})")
     p.add_argument("--name", default=None, help="profile name in the sidecar (default: the folder's name)")
+    from calibrate.grid import drafter_list
+
+    p.add_argument("--drafters", type=drafter_list, default=None, metavar="LIST",
+                   help="drafters to price besides the draft model: eagle, eagle3, mtp, medusa (heads at the "
+                        "target's width, composed) and ngram, suffix (host proposers, timed on this machine's CPU); "
+                        "e.g. eagle,eagle3,ngram (docs/speculation-methods.md)")
     from calibrate.cli import add_grid_axes
 
     g = p.add_argument_group("grid (as calibrate --device cuda; batches: powers of two up to 256, k_max 8)")
@@ -88,9 +94,21 @@ def build_request(args: argparse.Namespace):
                         query_tokens=args.query_tokens, k_max=args.k_max, contexts=args.contexts,
                         prompts=args.prompts or compose_prompts(max_len), max_prefill_tokens=args.max_prefill_tokens)
     grid_meta = {k: v for k, v in grid.to_dict().items() if k not in ("warmup", "repeats", "budget_s")}
+    drafters = args.drafters or []
+    from calibrate.grid import drafter_points
+    from sim.compose.heads import HEAD_METHODS, HeadShape
+
+    if args.tp > 1 and any(m in HEAD_METHODS for m in drafters):
+        raise InputError("drafter heads are composed on one GPU (--tp 1): a head split over a tensor-parallel "
+                         "group is not priced yet", field="drafters")
+    heads = tuple(HeadShape.of(method, shapes["target"]) for method in drafters if method in HEAD_METHODS)
+    head_points = tuple(drafter_points(grid, [head.method for head in heads]))
+    hosts = [method for method in drafters if method not in HEAD_METHODS]
+    if drafters:
+        grid_meta["drafters"] = list(drafters)
     return Request(
         gpu=args.gpu, framework=args.framework, framework_version=args.framework_version, dtype=args.dtype,
-        target=shapes["target"], draft=shapes.get("draft"), points=points_of(grid.points()),
+        target=shapes["target"], draft=shapes.get("draft"), points=points_of(grid.points()) + head_points,
         tp=args.tp, draft_tp=draft_tp, moe_routing=args.moe_routing,
         grid={**grid_meta, "max_len": max_len}, model_configs={r: c.to_dict() for r, c in configs.items()},
         kernel_data=args.kernel_data, memory_fraction=fraction,
@@ -99,7 +117,37 @@ def build_request(args: argparse.Namespace):
         engine_overhead_source=ENGINE_OVERHEAD_SOURCE if overhead_ms is None and args.engine_overlap is None else
         f"given on the command line (--engine-overhead-ms {overhead_ms if overhead_ms is not None else ENGINE_OVERHEAD_S * 1e3:g}, "
         f"--engine-overlap {args.engine_overlap or ENGINE_OVERLAP})",
-        name=args.name, command=command_line(args))
+        name=args.name, command=command_line(args), heads=heads,
+        host_points=tuple(host_points(hosts, grid)) if hosts else (),
+        host_timing=host_timing(hosts) if hosts else None)
+
+
+def host_points(hosts: list[str], grid) -> list[tuple[str, int, int, int, float]]:
+    """The host proposers timed on this machine (calibrate.host) over the grid's batches and contexts, at
+    k = 1 and k_max (the look-up does not grow with k; the two bound the copy)."""
+    import sys
+
+    from calibrate.grid import drafter_points
+    from calibrate.host import time_proposer
+
+    keys = drafter_points(grid, hosts)
+    points = []
+    for i, (_, method, b, k, c) in enumerate(keys, 1):
+        points.append((method, b, k, c, time_proposer(method, b, k, c)))
+        if sys.stderr.isatty():
+            print(f"\rtiming the host proposers on this CPU: {i}/{len(keys)}", end="", file=sys.stderr)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    return points
+
+
+def host_timing(hosts: list[str]) -> dict:
+    from calibrate.host import NGRAM_LOOKUP, SUFFIX_DEPTH, host_info
+
+    info = host_info()
+    return {**info, **{h: {"method": h, **({"prompt_lookup": list(NGRAM_LOOKUP)} if h == "ngram" else
+                                            {"max_tree_depth": SUFFIX_DEPTH}), "timed_on": info["cpu"],
+                           "num_layers": 0} for h in hosts}}
 
 
 def check_parallel(args: argparse.Namespace, shapes: dict) -> int | None:
@@ -141,7 +189,7 @@ def command_line(args: argparse.Namespace) -> str:
                 "memory_fraction", "engine_overhead_ms",
                 "engine_overlap",
                 "max_len", "name", "batch_sizes", "query_tokens", "k_max", "contexts", "prompts",
-                "max_prefill_tokens"):
+                "max_prefill_tokens", "drafters"):
         value = getattr(args, key)
         if value is None or defaults.get(key) == value:
             continue
@@ -175,6 +223,10 @@ def pricers_for(profile) -> dict:
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    request = build_request(parser.parse_args(profile.meta["command"].split()[2:]))
+    from sim.compose.heads import HEAD_METHODS, HeadPricer
+
+    args = parser.parse_args(profile.meta["command"].split()[2:])
+    args.drafters = [d for d in args.drafters or [] if d in HEAD_METHODS] or None  # nothing is timed again
+    request = build_request(args)
     tables, root, _ = load_tables(request)
-    return make_pricers(request, tables, root)
+    return {**make_pricers(request, tables, root), **{head.method: HeadPricer(head, tables) for head in request.heads}}

@@ -45,6 +45,7 @@ def summary_document(result: RunResult) -> dict:
         "profile": {"name": result.profile.name, "device": result.profile.meta.get("device", {}),
                     "models": {role: m.get("name") for role, m in result.profile.meta.get("models", {}).items()}},
         "policy": {"name": cfg.policy.name, **cfg.policy.params},
+        "speculation": cfg.speculation.to_dict(),
         "batching": cfg.engine.batching,
         "seed": cfg.seed,
         "metrics": {k: _json_number(v) for k, v in result.summary.items()},
@@ -234,6 +235,7 @@ def format_summary(result: RunResult) -> str:
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
             row(f"{label} {key.upper()} (ms):", s[f"{stat}_{key}_ms"])
     header("Speculative Decoding")
+    lines.append(f"Method: {cfg.speculation.label()}")
     row("Acceptance rate (%):", 100 * s["acceptance_rate"])
     row("Mean acceptance length:", s["mean_acceptance_length"])
     per_pos = (result.spec_decode or {}).get("acceptance_rate_per_pos", [])

@@ -144,6 +144,7 @@ def stage_timeline(result, path: str | os.PathLike[str], window: tuple[float, fl
     path = Path(path)
     other = {"specbatch_version": sim.__version__, "config_digest": result.config.digest(),
              "profile": result.profile.name, "policy": result.config.policy.name,
+             "speculation": result.config.speculation.label(),
              "replicas": result.config.cluster.replicas, "router": result.config.cluster.router,
              "time_unit": "microseconds of simulated time",
              **({"window_s": list(window)} if window is not None else {})}

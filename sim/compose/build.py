@@ -13,6 +13,7 @@ import pandas as pd
 
 from sim.atomic_write import staged_dir
 from sim.compose import data
+from sim.compose.heads import HeadPricer, HeadShape
 from sim.compose.interp import running_max
 from sim.compose.moe import ExpertsTable
 from sim.compose.parallel import GRAPH_TOKENS, Collectives, newest
@@ -69,6 +70,9 @@ class Request:
     tp: int = 1  # GPUs per replica: the target's tensor-parallel size
     draft_tp: int | None = None  # the draft's: the target's group (None, vLLM's default) or one GPU of it (1)
     moe_routing: str = "balanced"  # the routing distribution the MoE table is read at (sim.compose.moe)
+    heads: tuple[HeadShape, ...] = ()  # drafter heads priced beside the draft model (sim/compose/heads.py)
+    host_points: tuple[tuple[str, int, int, int, float], ...] = ()  # host proposers' measured (model, b, k, c, s)
+    host_timing: dict[str, Any] | None = None  # where and how they were timed (calibrate.host)
 
     @property
     def draft_gpus(self) -> int:
@@ -169,8 +173,10 @@ def kv_capacity(request: Request, spec: data.GpuSpec) -> dict[str, int]:
 
 def check_priceable(pricers: dict[str, PassPricer], request: Request) -> None:
     """A shape the tables cannot price even with the equivalences is one line, before any work."""
-    context = min((c for phase, _, _, _, c in request.points if phase == "decode"), default=128)
-    prompt = min((q for phase, _, _, q, _ in request.points if phase == "prefill"), default=128)
+    context = min((c for phase, model, _, _, c in request.points if phase == "decode" and model == "target"),
+                  default=128)
+    prompt = min((q for phase, model, _, q, _ in request.points if phase == "prefill" and model == "target"),
+                 default=128)
     for role, pricer in pricers.items():
         shape = pricer.model
         for what, parts in (("decode", pricer.decode_parts(1, 1, context, 1)),
@@ -281,6 +287,7 @@ def assumptions(request: Request, tables: KernelTables) -> list[str]:
         *parallel_assumptions(request),
         *experts_assumptions(request, tables),
         f"engine overhead: {request.engine_overhead_source}",
+        *head_assumptions(request),
         *(f"not modelled: {what}" for what in NOT_MODELLED),
     ]
 
@@ -327,6 +334,31 @@ def experts_assumptions(request: Request, tables: KernelTables) -> list[str]:
             "token distribution over the experts: balanced = every expert the same share; a real router is less "
             "even); the router's GEMM (hidden -> experts) from the GEMM table and its top-k as a small op"
             for role, shape in moe]
+def head_assumptions(request: Request) -> list[str]:
+    """The drafters' lines of the sidecar's assumptions (only those the profile prices)."""
+    out = []
+    if request.heads:
+        out.append("drafter heads (" + ", ".join(h.method for h in request.heads) + "): one decoder layer at "
+                   "the target's width priced like the target's layers (EAGLE, MTP: a 2h -> h projection every "
+                   "pass; EAGLE-3: the 3h -> h fusion in a step's first pass (q >= 2), QKV over 2h, a "
+                   f"{min(h.lm_rows for h in request.heads)}-row draft LM head; Medusa: k heads of an h x h "
+                   "linear and an LM head each, one pass, no attention), logits for one token per sequence; "
+                   "bf16 (sim/compose/heads.py)")
+    if request.host_points:
+        timing = request.host_timing or {}
+        out.append("host proposers (" + ", ".join(sorted({p[0] for p in request.host_points})) + "): not "
+                   "composed but timed on this machine's CPU by calibrate.host (" + str(timing.get("cpu", "?"))
+                   + "), numpy implementations of the matchers vLLM runs (its own are numba/C++)")
+    return out
+
+
+def host_rows(points: tuple[tuple[str, int, int, int, float], ...]) -> pd.DataFrame:
+    """Measured host proposer points as profile rows (phase ``propose``)."""
+    rows = [{"phase": "propose", "model": model, "batch_size": b, "query_tokens": q, "context_tokens": c,
+             "status": "ok", "samples": 1, **{col: (0.0 if col == "latency_std_s" else float(f"{t:.{SIGNIFICANT}g}"))
+                                               for col in COLUMNS if col.startswith("latency_")}}
+            for model, b, q, c, t in points]
+    return pd.DataFrame(rows)[list(COLUMNS)]
 
 
 def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Path:
@@ -337,9 +369,12 @@ def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Pat
     tables, root, device_name = load_tables(request)
     pricers = make_pricers(request, tables, root)
     check_priceable(pricers, request)
+    pricers.update({head.method: HeadPricer(head, tables) for head in request.heads})
     memory = kv_capacity(request, tables.spec)
     capacity = memory.pop("kv_capacity_tokens")
     points, off_table = price_points(request, pricers)
+    if request.host_points:
+        points = pd.concat([points, host_rows(request.host_points)], ignore_index=True)
     weight = 1 if request.dtype == "fp8" else 2
     meta = {
         "name": request.name or out.name,
@@ -353,7 +388,13 @@ def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Pat
         "models": {role: {"name": shape.name, "config": request.model_configs[role], "params": shape.params,
                           "tensor_parallel_size": shape.tp, "weight_bytes": shape.weight_bytes(weight),
                           "kv_bytes_per_token": shape.kv_bytes_per_token(KV_BYTES)}
-                   for role, shape in request.shapes().items()},
+                   for role, shape in request.shapes().items()}
+        | {head.method: {"name": f"{head.method} head of {head.target.name}", "config": head.config(),
+                         "params": head.params, "weight_bytes": head.weight_bytes(),
+                         "kv_bytes_per_token": head.kv_bytes_per_token()} for head in request.heads}
+        | {model: {"name": f"{model} proposer (host)", "config": (request.host_timing or {}).get(model, {}),
+                   "params": 0, "weight_bytes": 0, "kv_bytes_per_token": 0}
+           for model in sorted({p[0] for p in request.host_points})},
         "tensor_parallel_size": request.tp,
         "grid": request.grid,
         "timing": {"method": "composed"},

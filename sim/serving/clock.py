@@ -21,6 +21,7 @@ from typing import Callable
 import simpy
 
 from sim.serving.loop import ServingLoop
+from sim.serving.rules import exact_delay
 from sim.serving.queues import ArrivalQueue, Dispatcher
 
 
@@ -107,23 +108,6 @@ def router_process(env: simpy.Environment, dispatcher: Dispatcher):
         if dispatcher.limit is not None:  # after the replicas' steps ending now (see _process's settle)
             yield env.timeout(0)
         dispatcher.advance(env.now)
-
-
-def exact_delay(now: float, at: float) -> float:
-    """A delay d >= 0 with now + d == at in floating point (where no float d gives ``at`` exactly,
-    one landing just after it).
-
-    SimPy schedules by delay, and now + (at - now) can miss ``at`` by an ulp.
-    """
-    d = max(at - now, 0.0)
-    for _ in range(4):
-        got = now + d
-        if got == at:
-            return d
-        d = max(d + (at - got), 0.0)  # at - got is exact: the two are within an ulp or two
-    while now + d < at:
-        d += math.ulp(at)
-    return d
 
 
 def delay_short_of(now: float, at: float) -> float:

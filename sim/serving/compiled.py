@@ -72,7 +72,9 @@ class CompiledRuns:
             k_max = loop.policy.k_max
         else:  # k by the batch size
             self.policy_kind, self.k_by_batch = kernel.STATIC_K, k_by_batch
-            self.gp, self.gp_rows, self.gp_catch_up = np.zeros(6), np.zeros((4, 1)), False
+            from policies.goodput_rules import N_ROWS, N_SCALARS
+
+            self.gp, self.gp_rows, self.gp_catch_up = np.zeros(N_SCALARS), np.zeros((N_ROWS, 1)), False
         self.k_max = k_max
         self.gp_prices = np.zeros(k_max + 1)
         self.gp_scratch = np.zeros((2, k_max + 2), dtype=np.int64)
@@ -82,6 +84,10 @@ class CompiledRuns:
                        float(table.prefill_overhead), float(table.exposed_overhead), bool(table.overlapped),
                        float(table.kv_read_cost), float(table.attention_coefficient),
                        np.asarray(table.graph_pad if table.graph_pad is not None else [], dtype=np.int64))
+        from sim.acceptance import ALWAYS_PROPOSE
+
+        p = sampler.proposals or ALWAYS_PROPOSE  # how rows propose (sim.proposals)
+        self.proposals = (int(p.mode), float(p.match_rate), int(p.seed), p.runs, p.start, p.length)
         self.counts = np.zeros(table.k_max + 1, dtype=np.int64)  # accepted-count tally, folded into the sampler's
         sampler.add_tally(self.counts)
         queue = loop.queue
@@ -115,7 +121,7 @@ class CompiledRuns:
                                buffer if shared else self._no_ints, self._no_floats if shared else buffer,
                                self.source.negative_rates, self.counts, loop.tracks_lag, self.policy_kind,
                                self.k_by_batch, self.gp, self.gp_rows, self.gp_prices, self.gp_scratch,
-                               self.gp_catch_up, self.k_max, st.buffers.steps, st.buffers.itl_values,
+                               self.gp_catch_up, self.k_max, *self.proposals, st.buffers.steps, st.buffers.itl_values,
                                st.buffers.itl_weights, stop_at, MANY, itl_room)
             self.source.advance(int(st.ctr[C_DRAW_POS]))
             if reason != REFILL:
@@ -133,7 +139,7 @@ class CompiledRuns:
             st.buffers.room(1, 2 * self.loop.scheduler.max_batch_size + 1)
             self._finish(*self._state(), st.par, st.accepted, st.buffers.steps, st.buffers.itl_values,
                          st.buffers.itl_weights, self.loop.tracks_lag, self.policy_kind, self.gp, self.gp_rows,
-                         self.gp_scratch, self.k_max)
+                         self.gp_scratch, self.k_max, self.proposals[0])
 
 
 def compiled_runs_for(loop, table, sampler, jit: bool) -> CompiledRuns | None:

@@ -26,19 +26,21 @@ runs from its first arrival to its last finish in a handful of calls.
 from __future__ import annotations
 
 from policies.goodput_rules import EXPECTED, MARGIN, best_k, observe_rows
+from sim.proposals import propose_rows
 from sim.costmodel_rules import (blend, catch_up_price, chunk_price, decode_price, prefill_price,
-                                  prefix_attention_price)
+                                  prefix_attention_price, tokens_price)
 from sim.scheduler.v0 import charged_batch, plan_v0, prefill_prompt
 from sim.scheduler.v1 import has_work, plan_v1
-from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS, 
+from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS,
+                                C_OFFERED_K,
                                 C_ITL_END, C_ITL_POS, C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_REC_END, C_REC_POS,
                                 C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
                                 C_STEPS, C_TOTAL_CONTEXT, DECODE, IDLE, LAST_STEP_END, LIMIT, MIXED, NOTHING, NOW,
                                 PENDING_END,
                                 PREFILL, REFILL, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
                                 STEP_MEAN)
-from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, retire, step_rows_stats,
-                               write_step)
+from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, exact_delay, retire,
+                               step_rows_stats, write_step)
 
 STATIC_K, GOODPUT_K = 0, 1  # how a run picks k: a table by batch size, or goodput's argmax
 
@@ -64,8 +66,9 @@ def _choose(b, charged, rows, ctr, policy_kind, k_by_batch, gp, gp_rows, gp_pric
 def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch,
                par, ks, accepted, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step, chunk_step,
                prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind, k_by_batch, gp,
-               gp_rows, gp_prices, gp_catch_up, k_max, now):
-    """Plan, price and draw one step (ServingLoop.start_step); returns its duration."""
+               gp_rows, gp_prices, gp_catch_up, k_max, prop, match_rate, seed, runs, run_start, run_len, now):
+    """Plan, price and draw one step (ServingLoop.start_step); returns its duration. ``prop``...: how
+    rows propose (sim.proposals; 0: every row proposes its k)."""
     b = ctr[C_RUNNING]
     if paged:
         if b:
@@ -73,6 +76,9 @@ def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, 
                         decode, lag2, catch_up, ctx_step, track_lag)
             for i in range(b):
                 ks[i] = k
+            if prop:
+                ctr[C_OFFERED_K] = k
+                propose_rows(ks, b, rows, rowf, reqi, prop, match_rate, seed, runs, run_start, run_len)
         phase = plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch, par,
                         now)
     else:
@@ -89,6 +95,12 @@ def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, 
             sched[S_ROW_K, i] = k
         ctr[C_STEP_K] = k
         ctr[C_RAGGED] = 0
+        if prop:
+            ctr[C_OFFERED_K] = k
+            top, ragged = propose_rows(sched[S_ROW_K], b, rows, rowf, reqi, prop, match_rate, seed, runs, run_start,
+                                       run_len)
+            ctr[C_STEP_K] = top
+            ctr[C_RAGGED] = ragged
     m = ctr[C_STEP_ROWS] if phase != PREFILL else 0
     dt = 0.0
     if m:
@@ -98,7 +110,10 @@ def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, 
         ctr[C_STEP_CHARGED] = charged
         clk[STEP_MEAN] = mean
         k = ctr[C_STEP_K]
-        dt = decode_price(decode, lag2, catch_up, charged, k, mean / ctx_step, lag)
+        if prop and ctr[C_RAGGED]:  # a host matcher's rows: priced by their tokens (costmodel_rules)
+            dt = tokens_price(decode, charged, sched[S_ROW_K], m, mean / ctx_step)
+        else:
+            dt = decode_price(decode, lag2, catch_up, charged, k, mean / ctx_step, lag)
         if k:
             pos = ctr[C_DRAW_POS]
             count_accepted(kind, draws_i, draws_f, pos, rowf[ROW_SCALE], sched[S_ROW_K], m, neg_rates, accepted)
@@ -114,7 +129,8 @@ def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, 
 
 
 def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, par,
-                accepted, records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max, start, end):
+                accepted, records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max, prop, start,
+                end):
     """Apply the step :func:`start_step` planned (ServingLoop.finish_step); returns the requests finished."""
     clk[LAST_STEP_END] = end
     phase = ctr[C_PHASE]
@@ -140,7 +156,8 @@ def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv,
     if finishing:
         finished += retire(rows, rowf, reqi, recf, ctr, end, paged, kv, key_block, slot_blocks, sched, par)
     k = ctr[C_STEP_K] if m else 0
-    if m and policy_kind == 1 and k:
+    offered = ctr[C_OFFERED_K] if prop else k  # a host matcher's misses are learnt from too
+    if m and policy_kind == 1 and offered:
         observe_rows(gp, gp_rows, accepted, sched[S_ROW_K], m, k_max, gp_scratch)
     if paged:
         write_step(records, ctr, start, end, phase, m, ctr[C_STEP_RUNNING], k, clk[STEP_MEAN] if m else 0.0,
@@ -154,8 +171,8 @@ def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv,
 def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch,
               par, ks, accepted, arrivals, timed, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step,
               chunk_step, prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind,
-              k_by_batch, gp, gp_rows, gp_prices, gp_scratch, gp_catch_up, k_max, records, itl_v, itl_w, stop_at,
-              max_steps, itl_room):
+              k_by_batch, gp, gp_rows, gp_prices, gp_scratch, gp_catch_up, k_max, prop, match_rate, seed, runs,
+              run_start, run_len, records, itl_v, itl_w, stop_at, max_steps, itl_room):
     """Steps from ``clk[NOW]`` until a stop (the module docstring); returns the reason."""
     n_draws = draws_i.shape[0] if kind == 0 else draws_f.shape[0]
     cap = rows.shape[1]
@@ -169,7 +186,7 @@ def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, k
         work = has_work(ctr) if paged else (ctr[C_RUNNING] > 0 or ctr[C_ARRIVED] > ctr[C_HEAD])
         if not work:
             if timed and ctr[C_ARRIVED] < arrivals.shape[0]:
-                clk[NOW] = now + (arrivals[ctr[C_ARRIVED]] - now)  # the clock's idle wait, to the bit
+                clk[NOW] = now + exact_delay(now, arrivals[ctr[C_ARRIVED]])  # the clock's idle wait, to the bit
                 continue
             return IDLE
         if ctr[C_STEPS] >= max_steps:
@@ -180,7 +197,8 @@ def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, k
         dt = start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks,
                         scratch, par, ks, accepted, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step,
                         chunk_step, prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag,
-                        policy_kind, k_by_batch, gp, gp_rows, gp_prices, gp_catch_up, k_max, now)
+                        policy_kind, k_by_batch, gp, gp_rows, gp_prices, gp_catch_up, k_max, prop, match_rate, seed,
+                        runs, run_start, run_len, now)
         if ctr[C_PHASE] < 0:
             return IDLE  # cannot happen: has_work said there was something (the caller raises)
         end = now + dt
@@ -188,17 +206,18 @@ def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, k
             clk[PENDING_END] = end
             return ARRIVAL
         finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, par,
-                    accepted, records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max, now, end)
+                    accepted, records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max, prop, now,
+                    end)
         clk[NOW] = end
         ctr[C_STEPS] += 1
 
 
 def finish_pending(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, par,
-                   accepted, records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max):
+                   accepted, records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max, prop):
     """Apply the step :func:`run_steps` left in flight (the clock is now at its end)."""
     end = clk[PENDING_END]
     finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, par, accepted,
-                records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max, clk[NOW], end)
+                records, itl_v, itl_w, track_lag, policy_kind, gp, gp_rows, gp_scratch, k_max, prop, clk[NOW], end)
     clk[NOW] = end
     ctr[C_STEPS] += 1
 

@@ -50,8 +50,10 @@ REC_FLOATS = 4
  # KV blocks (vllm-v1) and the prefix cache's statistics
  C_FREE_BLOCKS, C_PEAK_BLOCKS, C_FREE_SLOTS, C_ADMISSIBLE, C_ARRIVED_PREV, C_CACHE_QUERIES, C_CACHE_HITS, C_RESUME_QUERIES, C_RESUME_HITS,
  # the compiled run's buffers
- C_DRAW_POS, C_REC_POS, C_REC_END, C_ITL_POS, C_ITL_END, C_STEPS) = range(38)
-N_COUNTERS = 38
+ C_DRAW_POS, C_REC_POS, C_REC_END, C_ITL_POS, C_ITL_END, C_STEPS,
+ # the policy's k before a host matcher's rows cut theirs to what they proposed (sim.proposals)
+ C_OFFERED_K) = range(39)
+N_COUNTERS = 39
 # C_ADMISSIBLE: the waiting requests a step may admit (vllm-v1 with asynchronous scheduling: those that
 # had arrived when the previous step started, when it was planned); C_ARRIVED_PREV: C_ARRIVED then.
 # C_CACHE_*: prefix-cache look-ups of requests scheduled for the first time (tokens asked, tokens

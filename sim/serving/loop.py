@@ -29,10 +29,12 @@ from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
 from sim.jit import compiled
 from sim.scheduler import v0, v1
+from sim import proposals as proposal_rules
 from sim.serving import rules
 from sim.serving.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
                                 C_PREFILLING, C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RUNNING, C_STEP_BLOCKS,
-                                C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, DECODE,
+                                C_OFFERED_K, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT,
+                                C_TOTAL_REMAINING, DECODE,
                                 LAST_STEP_END,
                                 MIXED, NOTHING, P_MAX_SEQS, PREFILL, REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS,
                                 REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN, REC_PREEMPTIONS, REC_SCHEDULED,
@@ -78,7 +80,8 @@ class Rules:
     NAMES = {"plan_v0": v0.plan_v0, "prefill_prompt": v0.prefill_prompt, "plan_v1": v1.plan_v1,
              "apply_decode": rules.apply_decode, "apply_prefill": rules.apply_prefill,
              "apply_chunks": rules.apply_chunks, "retire": rules.retire, "write_step": rules.write_step,
-             "step_rows_stats": rules.step_rows_stats, "count_accepted": rules.count_accepted}
+             "step_rows_stats": rules.step_rows_stats, "count_accepted": rules.count_accepted,
+             "propose_rows": proposal_rules.propose_rows}
 
     def __init__(self, compile_them: bool) -> None:
         self.compiled = compile_them
@@ -90,7 +93,7 @@ class ServingLoop:
     """One replica: a queue (:mod:`sim.serving.queues`), a scheduler, a policy and a step backend."""
 
     def __init__(self, queue, *, scheduler, policy: Policy, backend: StepBackend, k_max: int, rules: Rules,
-                 max_blocks_per_request: int = 1, num_keys: int = 0) -> None:
+                 max_blocks_per_request: int = 1, num_keys: int = 0, lag_mode: int = 1, proposals=None) -> None:
         self.queue = queue
         self.scheduler = scheduler
         self.policy = policy
@@ -105,7 +108,8 @@ class ServingLoop:
         self._final = np.zeros(scheduler.max_batch_size, dtype=np.int64)  # the view's final contexts
         # Fill in feedback only for policies that listen (fixed and none do not).
         self._observes = type(policy).observe is not Policy.observe
-        self.tracks_lag = policy.max_k > 0  # a run with a draft pays its catch-up
+        self.tracks_lag = lag_mode if policy.max_k > 0 else 0  # a run with a drafter that lags pays its catch-up
+        self.proposals = proposals  # sim.acceptance.ProposalModel: rows propose only where they match (None: always)
         self._follows = backend.follows_rows
         self.compiled_runs = None  # sim.serving.compiled.CompiledRuns, when stretches of steps run compiled
         self._phase = NOTHING
@@ -131,6 +135,7 @@ class ServingLoop:
             b = int(ctr[C_RUNNING])
             if b:
                 self._choose_k(now, b, b)
+                self._propose(st.ks, b)
             phase = r.plan_v1(st.ks, st.rows, st.rowf, self.queue.reqi, st.reci, st.recf, ctr, st.clk, st.sched,
                               st.kv.kv, st.kv.key_block, st.kv.slot_blocks, st.kv.scratch, st.par, now)
         else:
@@ -146,6 +151,9 @@ class ServingLoop:
                 b = int(ctr[C_RUNNING])
                 ctr[C_STEP_K], ctr[C_RAGGED] = self._choose_k(now, b, v0.charged_batch(ctr, b))
                 st.sched[S_ROW_K, :b] = st.ks[:b]
+                proposed = self._propose(st.sched[S_ROW_K], b)
+                if proposed is not None:
+                    ctr[C_STEP_K], ctr[C_RAGGED] = proposed
         if phase == NOTHING:
             raise RuntimeError("a step with nothing to run (the clock checks has_work first)")
         self._phase = phase
@@ -177,6 +185,17 @@ class ServingLoop:
                 return int(np.maximum.reduce(k)), True
         st.ks[:b] = k
         return k, False
+
+    def _propose(self, ks: np.ndarray, b: int):
+        """Cut the rows' ks to what each proposes (a host matcher: only where the context matches;
+        sim.proposals); (largest k, ragged), or None when every row proposes its k."""
+        p = self.proposals
+        if p is None or not p.partial:
+            return None
+        st = self.state
+        st.ctr[C_OFFERED_K] = int(np.maximum.reduce(ks[:b]))
+        return self.rules.propose_rows(ks, b, st.rows, st.rowf, self.queue.reqi, p.mode, p.match_rate, p.seed,
+                                       p.runs, p.start, p.length)
 
     def _decode(self, m: int) -> float | None:
         """Execute the planned step's decodes: rows [0, m) at their ks."""
@@ -243,10 +262,13 @@ class ServingLoop:
         if m and self._observes:
             fb = self.feedback
             fb.now_s, fb.step, fb.batch_size, fb.k = end, len(st.buffers), self._charged, self._step_k
+            partial = self.proposals is not None and self.proposals.partial
+            if partial:  # what was offered, and each row's proposal (none: a miss the policy learns from)
+                fb.k = int(ctr[C_OFFERED_K])
             fb.step_time_s = self._dt if self._dt is not None else end - start
             fb.drafted_tokens, fb.accepted_tokens = drafted, accepted
-            fb.accepted_per_sequence = st.accepted[:m] if self._step_k else None
-            fb.k_per_sequence = self._ragged
+            fb.accepted_per_sequence = st.accepted[:m] if self._step_k or partial else None
+            fb.k_per_sequence = st.sched[S_ROW_K, :m].copy() if partial else self._ragged
             self.policy.observe(fb)
         if self.scheduler.paged:
             r.write_step(st.buffers.steps, ctr, start, end, self._phase, m, int(ctr[C_STEP_RUNNING]),

@@ -5,7 +5,9 @@ Nothing runs: a step's duration is looked up (pre-tabulated curves, O(1) per ste
 model, so the clock simply waits the duration out. A decode step is priced at the largest
 draft lag of its rows (the draft's catch-up), a ragged one at its largest k: exactly the
 price of a uniform step at that k (batched drafting keeps the batch's shape, and padding
-keeps a ragged step priced by the same table a policy predicts with).
+keeps a ragged step priced by the same table a policy predicts with). A host matcher's
+ragged step (n-gram, suffix: rows without a match propose nothing) has no drafting to keep
+in shape and is priced by its tokens instead (sim.costmodel_rules.tokens_price).
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ class PricedBackend:
         charged, context = view.batch_size, view.mean_context_tokens
         if not k:
             return self.table.decode_time(charged, 0, context), None
-        dt = self.table.decode_time_at_lag(charged, k, context, max_lag)
+        if ragged is not None and self.table.drafter_kind == "host":  # priced by its tokens, not padded
+            dt = self.table.decode_time_by_tokens(charged, ragged.tolist(), context)
+        else:
+            dt = self.table.decode_time_at_lag(charged, k, context, max_lag)
         return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
 
     def chunks(self, decode_tokens: int, tokens: np.ndarray, prefixes: np.ndarray) -> float:

@@ -10,7 +10,10 @@ fed. After a prefill it is 1 (the first token came from the target); after a spe
 it is 1, or 2 when every draft token was accepted (the last draft token was sampled by the
 draft but never fed back, and the bonus token is new); a k = 0 step adds 1. The draft's first
 pass of the next speculative step feeds all of them (its *catch-up*), priced at the step's
-largest lag (sim/costmodel_rules.py).
+largest lag (sim/costmodel_rules.py). ``track_lag`` says how lag moves (sim.speculation):
+0 no drafter keeps KV to catch up (none, Medusa, a host matcher); 1 a draft model, as above;
+2 a head (EAGLE, MTP), whose first pass runs over every verified position, so it is 1 after
+any speculative step.
 
 **Ragged k.** Row i keeps min(G_i, k_i) draft tokens and emits that + 1, never more than it
 still owes (surplus tokens are wasted); the step is charged as a uniform step at its largest k.
@@ -22,6 +25,8 @@ count; every other row (it has just joined, or sat a step out) stores its own ga
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.scheduler.kvcache import free_slot
 from sim.serving.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C_KV_USED, C_PREFILLING, C_REC_POS,
                                 C_RUNNING, C_STATIC_BATCH, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, LAST_DECODE_END,
@@ -29,6 +34,25 @@ from sim.serving.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C_K
                                 REC_FIRST_TOKEN, REC_LAST_EMIT, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE,
                                 ROW_CONTEXT, ROW_LAG, ROW_LAST_EMIT, ROW_REMAINING, ROW_REQ, ROW_SCALE, ROW_SLOT,
                                 S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ, S_PF_SLOT, S_PF_TARGET, SHARED)
+
+
+def exact_delay(now, at):
+    """A delay d >= 0 with now + d == at in floating point (where no float d gives ``at`` exactly, one
+    landing just after it): how far the clock waits until ``at``, the same in SimPy's clock
+    (sim/serving/clock.py) and in compiled runs' idle waits. now + (at - now) can miss ``at`` by an ulp."""
+    d = at - now
+    if d < 0.0:
+        d = 0.0
+    for _ in range(4):
+        got = now + d
+        if got == at:
+            return d
+        d = d + (at - got)  # at - got is exact: the two are within an ulp or two
+        if d < 0.0:
+            d = 0.0
+    while now + d < at:
+        d = np.nextafter(d, np.inf)
+    return d
 
 
 def count_accepted(kind, draws_i, draws_f, pos, scale, ks, m, neg_rates, out):
@@ -117,7 +141,7 @@ def apply_decode(rows, rowf, m, ks, accepted, reci, itl_v, itl_w, ctr, clk, end,
         reci[REC_ACCEPTED, r] += a
         if track_lag:
             if k:
-                rows[ROW_LAG, i] = 2 if a == k else 1
+                rows[ROW_LAG, i] = 2 if a == k and track_lag == 1 else 1
             else:  # the target's token is news to the draft
                 rows[ROW_LAG, i] += 1
         emitted_total += emit
@@ -255,5 +279,5 @@ def write_step(records, ctr, start, end, phase, batch, running, k, mean_context,
     ctr[C_REC_POS] += 1
 
 
-RULES = (count_accepted, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill, apply_chunks,
+RULES = (exact_delay, count_accepted, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill, apply_chunks,
          write_step)

@@ -72,7 +72,9 @@ def compose_variant(profile, command: str, size: int) -> Path:
     from sim.profile import load_profile
 
     words = command.split()[2:]
-    for flag in ("--out", "--tp", "--draft-tp", "--name"):  # the new split's own placement and folder
+    # the new split's own placement and folder; its drafting is the draft model's (heads are composed on one
+    # GPU only, and host proposers would be timed again)
+    for flag in ("--out", "--tp", "--draft-tp", "--name", "--drafters"):
         while flag in words:
             at = words.index(flag)
             del words[at:at + 2]
