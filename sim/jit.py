@@ -74,8 +74,9 @@ def _cache_folder() -> Path:
     return base / f"numba-{digest.hexdigest()[:16]}"
 
 
-def _prepare() -> None:
-    """Register every rule with numba and point its cache at this code version's folder (once)."""
+def prepare() -> None:
+    """Register every rule with numba and point its cache at this code version's folder (once per
+    process: the folder is the cache directory's at the first call)."""
     global _READY
     if _READY:
         return
@@ -101,7 +102,7 @@ def compiled(fn: Callable) -> Callable:
     """``fn``'s compiled twin (numba, cached on disk), made on first use."""
     twin = _TWINS.get(fn)
     if twin is None:
-        _prepare()
+        prepare()
         import numba
 
         twin = _TWINS[fn] = numba.njit(cache=True, nogil=True, _nrt=False)(fn)

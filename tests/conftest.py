@@ -12,6 +12,14 @@ from tests.synthetic import make_profile
 # the xdist workers and the subprocesses they start (an entry is written whole or not at all).
 os.environ.setdefault("SPECBATCH_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"specbatch-test-cache-{os.getuid()}"))
 
+# The compiled rules live in the session's cache too, fixed now for the whole process: a test
+# that points SPECBATCH_CACHE_DIR at a folder of its own would otherwise, when it happened to run
+# first, send this worker's compilation (tens of seconds) there, to be redone by every worker.
+from sim import jit  # noqa: E402
+
+if jit.numba_available():
+    jit.prepare()
+
 # The shipped defaults as they were before the default moved to the H100 profile (issue 18):
 # tests of scheduling logic layer on these, so that what they check keeps its meaning.
 CPU_DEFAULTS = Path(__file__).parent / "baselines" / "scenarios" / "cpu.toml"

@@ -40,12 +40,17 @@ def test_the_key_covers_numpy_scipy_and_the_cpu(monkeypatch):
     assert cache._code_version() != cache.CODE_VERSION
 
 
+def _entries(folder: Path) -> list[Path]:
+    """The cache's entries: its files (the folder also holds numba's compiled rules when this
+    process compiled them first, under the same variable)."""
+    return sorted(p for p in folder.iterdir() if p.is_file())
+
+
 def test_results_are_byte_identical_cold_warm_and_uncached(tmp_path, monkeypatch, run_config):
     config = run_config(workload__num_requests=150, workload__rate=5.0)
     monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
     cold = _run_bytes(config, tmp_path / "cold")
-    entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    assert len(entries) == 2  # the fitted model and one step table
+    assert len(_entries(tmp_path / "cache")) == 2  # the fitted model and one step table
     warm = _run_bytes(config, tmp_path / "warm")
     monkeypatch.setenv(cache.ENV, "")
     off = _run_bytes(config, tmp_path / "off")
@@ -64,7 +69,7 @@ def test_a_vllm_v1_table_caches_its_chunk_row_under_its_token_budget(tmp_path, m
     assert b"prefill_tokens" in cold["steps.csv"] and b"num_preemptions" in cold["requests.csv"]
     warm = _run_bytes(config(512), tmp_path / "warm")
     _run_bytes(config(1024), tmp_path / "other")
-    assert len(list((tmp_path / "cache").iterdir())) == 3  # the model and one table per budget
+    assert len(_entries(tmp_path / "cache")) == 3  # the model and one table per budget
     monkeypatch.setenv(cache.ENV, "")
     assert cold == warm == _run_bytes(config(512), tmp_path / "off")
 
@@ -94,11 +99,12 @@ def test_a_corrupt_or_foreign_entry_is_ignored_and_rewritten(tmp_path, monkeypat
     folder = tmp_path / "cache"
     monkeypatch.setenv(cache.ENV, str(folder))
     good = _run_bytes(config, tmp_path / "a")
-    for i, entry in enumerate(sorted(folder.iterdir())):
+    entries = lambda: _entries(folder)  # noqa: E731
+    for i, entry in enumerate(entries()):
         entry.write_bytes(b"not a zip file" if i == 0 else entry.read_bytes()[:100])  # corrupt, truncated
     assert _run_bytes(config, tmp_path / "b") == good
-    assert all(cache.load(p.stem) is not None for p in folder.iterdir())  # rewritten whole
-    np.savez(folder / sorted(folder.iterdir())[0].name, unrelated=np.arange(3))  # readable, wrong content
+    assert all(cache.load(p.stem) is not None for p in entries())  # rewritten whole
+    np.savez(entries()[0], unrelated=np.arange(3))  # readable, wrong content
     assert _run_bytes(config, tmp_path / "c") == good
 
 
