@@ -143,7 +143,7 @@ def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
     k, running = steps["k"][decode], steps["running"][decode]
     drafted = int(steps["drafted_tokens"].sum())
     accepted = int(steps["accepted_tokens"].sum())
-    drafts = int(running[k > 0].sum())
+    drafts = int(steps["drafts"].sum())  # rows that proposed (a host matcher's misses and rows a budget cut to 0 did not)
     busy = float(np.sum(steps["end_s"] - steps["start_s"]))
     nan = float("nan")
     return {

@@ -63,12 +63,14 @@ def test_distribution_stats_of_nothing_are_nan(values, weights):
 
 
 def _steps() -> dict[str, np.ndarray]:
-    """Two prefill steps (phase 0) and four decode steps (phase 1), one of them with k = 0."""
+    """Two prefill steps (phase 0) and four decode steps (phase 1), one of them with k = 0; in the
+    last, one of the four rows proposed nothing (a host matcher's miss)."""
     return {
         "phase": np.array([0, 1, 1, 1, 0, 1]),
         "k": np.array([0, 3, 0, 2, 0, 3]),
         "running": np.array([8, 2, 3, 1, 8, 4]),
-        "drafted_tokens": np.array([0, 6, 0, 2, 0, 12]),
+        "drafted_tokens": np.array([0, 6, 0, 2, 0, 9]),
+        "drafts": np.array([0, 2, 0, 1, 0, 3]),
         "accepted_tokens": np.array([0, 4, 0, 1, 0, 5]),
         "emitted_tokens": np.array([1, 6, 3, 2, 2, 9]),
         "start_s": np.array([0.25, 0.75, 1.0, 1.2, 1.6, 2.5]),
@@ -79,11 +81,11 @@ def _steps() -> dict[str, np.ndarray]:
 def test_speculation_stats_follow_vllm_definitions():
     stats = speculation_stats(_steps())
     assert (stats["num_steps"], stats["num_decode_steps"], stats["num_prefill_steps"]) == (6, 4, 2)
-    assert stats["num_draft_tokens"] == 20 and stats["num_accepted_tokens"] == 10
-    assert stats["acceptance_rate"] == pytest.approx(10 / 20)
-    # A draft is one running sequence in one speculative (k > 0) decode step: 2 + 1 + 4.
-    assert stats["num_drafts"] == 7
-    assert stats["mean_acceptance_length"] == pytest.approx(1 + 10 / 7)
+    assert stats["num_draft_tokens"] == 17 and stats["num_accepted_tokens"] == 10
+    assert stats["acceptance_rate"] == pytest.approx(10 / 17)
+    # A draft is one sequence that proposed tokens in a step: 2 + 1 + 3 (not the row that missed).
+    assert stats["num_drafts"] == 6
+    assert stats["mean_acceptance_length"] == pytest.approx(1 + 10 / 6)
     assert stats["mean_k"] == pytest.approx((3 + 0 + 2 + 3) / 4)  # decode steps only, k = 0 included
     assert stats["mean_batch_size"] == pytest.approx((2 + 3 + 1 + 4) / 4)
     busy = 0.5 + 0.25 + 0.2 + 0.4 + 0.4 + 1.0
@@ -95,6 +97,7 @@ def test_speculation_stats_without_speculation_are_nan_not_errors():
     steps = _steps()
     steps["k"][:] = 0
     steps["drafted_tokens"][:] = 0
+    steps["drafts"][:] = 0
     steps["accepted_tokens"][:] = 0
     stats = speculation_stats(steps)
     assert stats["num_drafts"] == 0 and stats["mean_k"] == 0.0
@@ -137,7 +140,7 @@ def test_summarize_hand_computed_three_request_case():
     assert s["request_throughput"] == pytest.approx(3 / 3.5)
     assert s["output_throughput"] == pytest.approx(9 / 3.5)
     assert s["total_token_throughput"] == pytest.approx(69 / 3.5)
-    assert s["mean_acceptance_length"] == pytest.approx(1 + 10 / 7)  # speculation stats are merged in
+    assert s["mean_acceptance_length"] == pytest.approx(1 + 10 / 6)  # speculation stats are merged in
 
 
 def test_summarize_leaves_unfinished_requests_out():

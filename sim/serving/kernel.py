@@ -137,16 +137,17 @@ def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv,
     if phase == PREFILL and not paged:
         n = ctr[C_ADMIT]
         finished = apply_prefill(n, rows, rowf, reqi, scale, reci, recf, ctr, start, end)
-        write_step(records, ctr, start, end, PREFILL, n, ctr[C_RUNNING], 0, clk[STEP_MEAN], 0, 0, n, 0, 0, 0)
+        write_step(records, ctr, start, end, PREFILL, n, ctr[C_RUNNING], 0, clk[STEP_MEAN], 0, 0, 0, n, 0, 0, 0)
         return finished
     m = ctr[C_STEP_ROWS] if phase == DECODE or phase == MIXED else 0
     emitted = 0
     n_accepted = 0
     drafted = 0
+    drafts = 0
     finishing = False
     if m:
-        emitted, n_accepted, drafted, finishing = apply_decode(rows, rowf, m, sched[S_ROW_K], accepted, reci, itl_v,
-                                                               itl_w, ctr, clk, end, track_lag)
+        emitted, n_accepted, drafted, drafts, finishing = apply_decode(rows, rowf, m, sched[S_ROW_K], accepted, reci,
+                                                                       itl_v, itl_w, ctr, clk, end, track_lag)
     finished = 0
     prefill_tokens = 0
     if paged:
@@ -161,10 +162,10 @@ def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv,
         observe_rows(gp, gp_rows, accepted, sched[S_ROW_K], m, k_max, gp_scratch)
     if paged:
         write_step(records, ctr, start, end, phase, m, ctr[C_STEP_RUNNING], k, clk[STEP_MEAN] if m else 0.0,
-                   drafted, n_accepted, emitted, prefill_tokens, ctr[C_STEP_BLOCKS], ctr[C_PREEMPTED_NOW])
+                   drafted, drafts, n_accepted, emitted, prefill_tokens, ctr[C_STEP_BLOCKS], ctr[C_PREEMPTED_NOW])
     else:
-        write_step(records, ctr, start, end, DECODE, ctr[C_STEP_CHARGED], m, k, clk[STEP_MEAN], drafted, n_accepted,
-                   emitted, 0, 0, 0)
+        write_step(records, ctr, start, end, DECODE, ctr[C_STEP_CHARGED], m, k, clk[STEP_MEAN], drafted, drafts,
+                   n_accepted, emitted, 0, 0, 0)
     return finished
 
 

@@ -232,20 +232,20 @@ class ServingLoop:
             if finished and self._follows:
                 self.backend.retire(np.concatenate((np.zeros(running, bool), alone)))
             r.write_step(st.buffers.steps, ctr, start, end, PREFILL, n, int(ctr[C_RUNNING]), 0, self._mean_prompt,
-                         0, 0, n, 0, 0, 0)
+                         0, 0, 0, n, 0, 0, 0)
             if finished:
                 self.queue.finished(finished, end)
             return
         m = int(ctr[C_STEP_ROWS]) if self._phase in (DECODE, MIXED) else 0
-        emitted = accepted = drafted = 0
+        emitted = accepted = drafted = drafts = 0
         finishing = False
         if m:
             if self._follows:
                 self.backend.commit()
             ks = st.sched[S_ROW_K]
-            emitted, accepted, drafted, finishing = r.apply_decode(st.rows, st.rowf, m, ks, st.accepted, st.reci,
-                                                                   st.buffers.itl_values, st.buffers.itl_weights,
-                                                                   ctr, st.clk, end, self.tracks_lag)
+            emitted, accepted, drafted, drafts, finishing = r.apply_decode(
+                st.rows, st.rowf, m, ks, st.accepted, st.reci, st.buffers.itl_values, st.buffers.itl_weights, ctr,
+                st.clk, end, self.tracks_lag)
         finished = 0
         prefill_tokens = 0
         if self.scheduler.paged:
@@ -272,11 +272,11 @@ class ServingLoop:
             self.policy.observe(fb)
         if self.scheduler.paged:
             r.write_step(st.buffers.steps, ctr, start, end, self._phase, m, int(ctr[C_STEP_RUNNING]),
-                         self._step_k if m else 0, self._mean_context if m else 0.0, drafted, accepted, emitted,
-                         prefill_tokens, int(ctr[C_STEP_BLOCKS]), int(ctr[C_PREEMPTED_NOW]))
+                         self._step_k if m else 0, self._mean_context if m else 0.0, drafted, drafts, accepted,
+                         emitted, prefill_tokens, int(ctr[C_STEP_BLOCKS]), int(ctr[C_PREEMPTED_NOW]))
         else:
             r.write_step(st.buffers.steps, ctr, start, end, DECODE, self._charged, m, self._step_k,
-                         self._mean_context, drafted, accepted, emitted, 0, 0, 0)
+                         self._mean_context, drafted, drafts, accepted, emitted, 0, 0, 0)
         if finished:
             self.queue.finished(finished, end)
 

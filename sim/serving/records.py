@@ -5,7 +5,7 @@ four million steps. The rules (sim/serving/rules.py) write each step's record an
 inter-token gaps straight into preallocated arrays at the positions kept in the state's
 counters (``C_REC_POS``, ``C_ITL_POS``); :class:`Buffers` grows them by doubling before a
 step (or a compiled run) could run out of room, so memory per step is the record's width
-(:data:`STEP_DTYPE`.itemsize, 58 bytes) plus its gaps.
+(:data:`STEP_DTYPE`.itemsize, 62 bytes) plus its gaps.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ STEP_DTYPE = np.dtype([
     ("k", np.int8),                      # speculation length (a ragged step: its largest k)
     ("mean_context_tokens", np.float64),  # prefill: mean prompt; decode: mean context before the step
     ("drafted_tokens", np.int32),
+    ("drafts", np.int32),                # rows that proposed at least one token (vLLM's num_drafts)
     ("accepted_tokens", np.int32),
     ("emitted_tokens", np.int32),
     ("prefill_tokens", np.int32),        # vllm-v1: prompt (or recompute) tokens of the step's chunks

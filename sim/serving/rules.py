@@ -116,11 +116,13 @@ def write_itl(rowf, m, itl_v, itl_w, ctr, clk, end):
 
 def apply_decode(rows, rowf, m, ks, accepted, reci, itl_v, itl_w, ctr, clk, end, track_lag):
     """Emit rows [0, m)'s tokens (``ks``: each row's k this step; ``accepted``: what each kept).
-    Returns (emitted, accepted, drafted, finishing): the step's totals and whether a row is done."""
+    Returns (emitted, accepted, drafted, drafts, finishing): the step's totals (``drafts``: rows that
+    proposed at least one token, vLLM's num_drafts) and whether a row is done."""
     write_itl(rowf, m, itl_v, itl_w, ctr, clk, end)
     emitted_total = 0
     accepted_total = 0
     drafted = 0
+    drafts = 0
     finishing = False
     for i in range(m):
         k = ks[i]
@@ -147,11 +149,13 @@ def apply_decode(rows, rowf, m, ks, accepted, reci, itl_v, itl_w, ctr, clk, end,
         emitted_total += emit
         accepted_total += a
         drafted += k
+        if k:
+            drafts += 1
     ctr[C_TOTAL_REMAINING] -= emitted_total
     ctr[C_TOTAL_CONTEXT] += emitted_total
     ctr[C_DECODE_COUNT] += 1
     clk[LAST_DECODE_END] = end
-    return emitted_total, accepted_total, drafted, finishing
+    return emitted_total, accepted_total, drafted, drafts, finishing
 
 
 def join_row(rows, rowf, ctr, r, remaining, context, scale, slot, end):
@@ -259,7 +263,7 @@ def apply_chunks(rows, rowf, reqi, scale, reci, recf, ctr, sched, kv, slot_block
     return emitted, tokens, finished
 
 
-def write_step(records, ctr, start, end, phase, batch, running, k, mean_context, drafted, accepted, emitted,
+def write_step(records, ctr, start, end, phase, batch, running, k, mean_context, drafted, drafts, accepted, emitted,
                prefill_tokens, kv_blocks, preemptions):
     """Append one step record (sim.serving.records.STEP_DTYPE)."""
     rec = records[ctr[C_REC_POS]]
@@ -271,6 +275,7 @@ def write_step(records, ctr, start, end, phase, batch, running, k, mean_context,
     rec["k"] = k
     rec["mean_context_tokens"] = mean_context
     rec["drafted_tokens"] = drafted
+    rec["drafts"] = drafts
     rec["accepted_tokens"] = accepted
     rec["emitted_tokens"] = emitted
     rec["prefill_tokens"] = prefill_tokens
