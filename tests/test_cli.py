@@ -10,7 +10,7 @@ import pytest
 
 from sim.commands.cli import main
 from sim.profile import DEFAULT_PROFILE, shipped_profiles
-from tests.conftest import CPU_DEFAULT_FLAGS
+from tests.conftest import CPU_DEFAULT_FLAGS, CPU_DEFAULTS
 
 SHORT = [*CPU_DEFAULT_FLAGS, "--duration", "60", "--rate", "2"]
 
@@ -215,3 +215,16 @@ def test_a_policy_without_max_k_is_refused_before_running(capsys, tmp_path, monk
                            "--out", str(tmp_path / "never"))
     assert code == 2
     assert "policy.name: policy 'vague:Vague' must define max_k" in err and err.count("\n") == 1
+
+
+def test_records_keep_full_precision_after_a_long_simulated_time(capsys, tmp_path):
+    """After 1e5 s of simulated time a step's start and end still carry every bit in steps.csv:
+    the durations summed from the file give summary.json's busy time (9 digits gave 2e-6 off)."""
+    out = tmp_path / "long"
+    assert main(["run", "--config", str(CPU_DEFAULTS), "--rate", "0.01", "--num-requests", "1100",
+                 "--out", str(out), "--quiet"]) == 0
+    steps = pd.read_csv(out / "steps.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    assert steps.end_s.max() > 1e5
+    busy = float((steps.end_s.to_numpy() - steps.start_s.to_numpy()).sum())
+    assert busy == pytest.approx(summary["metrics"]["busy_time_s"], rel=1e-9)

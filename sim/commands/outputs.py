@@ -7,9 +7,10 @@ wall clock, so the same config and seed give the same bytes.
 The record tables (requests, steps) are written by pyarrow straight from the run's
 typed columns (:mod:`sim.serving.records`): no DataFrame, no per-row Python. A new
 column is one more entry in those columns; the writer takes them all, in order.
-CSV floats carry 9 significant digits (the precision of the old ``%.9g`` files;
-pyarrow prints the shortest decimal that reads back as the rounded value) and NaN
-is an empty cell.
+CSV floats are written at full precision: pyarrow prints the shortest decimal that
+reads back as the same float64, so a value read from requests.csv or steps.csv is the
+value the run computed (step durations summed from steps.csv give summary.json's busy
+time to the last bit of rounding), and NaN is an empty cell.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from sim.atomic_write import staged_dir
 from sim.errors import InputError
 from sim.simulate import Columns, RunResult
 
-CSV_SIGNIFICANT_DIGITS = 9
 SLICE_ROWS = 1 << 16  # rows converted and written at a time (larger slices were no faster: 2.5 s either way at 1M)
 
 MARKER = "summary.json"
@@ -110,8 +110,8 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
 def write_table(columns: Columns, path: Path, fmt: str) -> None:
     """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order.
 
-    Rows go out in slices of :data:`SLICE_ROWS`, so the writer's own memory (the rounded
-    floats, the formatted text) stays a slice's, whatever the run's length.
+    Rows go out in slices of :data:`SLICE_ROWS`, so the writer's own memory (the formatted
+    text) stays a slice's, whatever the run's length.
     """
     import pyarrow as pa
 
@@ -150,7 +150,8 @@ def _csv_options(arrays: dict[str, np.ndarray]):
 
 def _arrow_column(values: np.ndarray, fmt: str):
     """One column as an Arrow array sharing the numpy buffer (``pa.array`` would import pandas,
-    ~0.4 s, to look for pandas types); a CSV's NaN is a null, written as an empty cell."""
+    ~0.4 s, to look for pandas types); a CSV's NaN is a null, written as an empty cell, and every
+    other float is printed in full (the shortest text that reads back as the same float64)."""
     import pyarrow as pa
 
     if values.dtype.kind not in "iuf":  # labels: strings (a labelled run has imported pandas anyway)
@@ -158,37 +159,10 @@ def _arrow_column(values: np.ndarray, fmt: str):
     values = np.ascontiguousarray(values)
     validity = None
     if values.dtype.kind == "f" and fmt == "csv":
-        values = round_significant(values, CSV_SIGNIFICANT_DIGITS)
         nan = np.isnan(values)
         if nan.any():
             validity = pa.py_buffer(np.packbits(~nan, bitorder="little"))
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [validity, pa.py_buffer(values)])
-
-
-def round_significant(values: np.ndarray, digits: int) -> np.ndarray:
-    """``values`` rounded to ``digits`` significant decimal digits, exactly as ``%.{digits}g`` rounds.
-
-    The scaled value's integer part is exact and the power of ten is exact (<= 1e22), so the
-    division lands on the double nearest the rounded decimal, whose shortest repr (what
-    pyarrow prints) has at most ``digits`` digits. A scaled value at exactly .5 may be a tie
-    only after the scaling's own rounding: those few go through printf, which rounds the
-    exact binary value.
-    """
-    values = np.asarray(values, dtype=np.float64)
-    out = values.copy()
-    live = np.flatnonzero(np.isfinite(values) & (values != 0))
-    x = values[live]
-    shift = (digits - 1 - np.floor(np.log10(np.abs(x)))).astype(np.int64)
-    up = shift >= 0
-    with np.errstate(over="ignore", invalid="ignore"):  # |shift| > 22 is redone by printf below
-        scale = 10.0 ** np.abs(shift)
-        scaled = np.where(up, x * scale, x / scale)
-        whole = np.rint(scaled)
-        out[live] = np.where(up, whole / scale, whole * scale)
-        redo = (np.abs(scaled - whole) == 0.5) | (np.abs(shift) > 22)
-    for i in live[redo]:
-        out[i] = float(f"{values[i]:.{digits}g}")
-    return out
 
 
 def _json_number(value):
