@@ -191,7 +191,7 @@ def table(doc: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)

@@ -162,7 +162,7 @@ def main() -> int:
         trace = sys.argv[sys.argv.index("--trace") + 1] if "--trace" in sys.argv else None
         print(json.dumps(child(sys.argv[2], int(sys.argv[3]), trace)))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS.relative_to(ROOT)})")

@@ -464,7 +464,7 @@ def rewrite(path: Path, fresh_by_start: dict[int, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--check", action="store_true", help="name the stale blocks and exit 1; write nothing")
     parser.add_argument("--only", action="append", help="a markdown file (relative to the repo root)")
     args = parser.parse_args(argv)

@@ -228,3 +228,22 @@ def test_records_keep_full_precision_after_a_long_simulated_time(capsys, tmp_pat
     assert steps.end_s.max() > 1e5
     busy = float((steps.end_s.to_numpy() - steps.start_s.to_numpy()).sum())
     assert busy == pytest.approx(summary["metrics"]["busy_time_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("argv", [["run", "--num-req", "100"], ["run", "--num-request", "100"],
+                                  ["run", "--rat", "2"], ["capacity", "--slo", "p99_ttft_ms=100", "--seed", "0",
+                                                          "--polic", "none"],
+                                  ["sweep", "x.toml", "--work", "2"]])
+def test_abbreviated_flags_are_refused(argv, capsys):
+    """argparse would take a unique prefix of a flag for the flag: a typo must not run something else."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_abbreviated_flags():
+    from calibrate.cli import build_parser
+    from sim.errors import InputError
+
+    with pytest.raises(InputError, match="unrecognized arguments: --tar"):
+        build_parser().parse_args(["--tar", "opt-125m", "--out", "x"])

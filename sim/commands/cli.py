@@ -46,7 +46,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but bad flags end as one line and exit code 2 like every other bad input."""
+    """argparse, but bad flags end as one line and exit code 2 like every other bad input, and a
+    flag is taken only as spelled in full (``--num-req`` is not silently ``--num-requests``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):  # noqa: D401
         self.exit(2, f"error: {self.prog}: {message}\n")

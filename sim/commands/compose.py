@@ -173,7 +173,7 @@ def pricers_for(profile) -> dict:
     the kernel data its sidecar's command names (needs that data: the gpu-data extra)."""
     from sim.compose.build import load_tables, make_pricers
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_arguments(parser)
     request = build_request(parser.parse_args(profile.meta["command"].split()[2:]))
     tables, root, _ = load_tables(request)
