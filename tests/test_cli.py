@@ -247,3 +247,17 @@ def test_calibrate_refuses_abbreviated_flags():
 
     with pytest.raises(InputError, match="unrecognized arguments: --tar"):
         build_parser().parse_args(["--tar", "opt-125m", "--out", "x"])
+
+
+def test_the_summary_names_the_profile_the_user_gave(capsys, tmp_path, synthetic_profile):
+    """A folder's sidecar may carry another profile's name (a calibration writes its device and models);
+    the summary names the folder as given, and summary.json keeps the sidecar's name beside it."""
+    import shutil
+
+    folder = tmp_path / "my-profile"
+    shutil.copytree(synthetic_profile, folder)
+    out = tmp_path / "run"
+    code, stdout, _ = run_cli(capsys, "run", "--profile", str(folder), *SHORT, "--out", str(out))
+    assert code == 0 and any(line.startswith("Profile:") and line.endswith(str(folder)) for line in stdout.splitlines())
+    profile = json.loads((out / "summary.json").read_text())["profile"]
+    assert profile["name"] == str(folder) and profile["sidecar_name"] == "synthetic"

@@ -42,8 +42,7 @@ def summary_document(result: RunResult) -> dict:
     return {
         "specbatch_version": sim.__version__,
         "config_digest": cfg.digest(),
-        "profile": {"name": result.profile.name, "device": result.profile.meta.get("device", {}),
-                    "models": {role: m.get("name") for role, m in result.profile.meta.get("models", {}).items()}},
+        "profile": profile_section(result),
         "policy": {"name": cfg.policy.name, **cfg.policy.params},
         "batching": cfg.engine.batching,
         "seed": cfg.seed,
@@ -59,6 +58,16 @@ def summary_document(result: RunResult) -> dict:
            if result.spec_decode else {}),
         **(result.extra or {}),
     }
+
+
+def profile_section(result: RunResult) -> dict:
+    """summary.json's ``profile``: named as the user gave it (a folder's name is not its sidecar's:
+    ``--profile my-profile`` may hold a calibration the sidecar calls ``cpu-tinyllama-1.1b-llama-68m``,
+    the name of a shipped profile too), the sidecar's own name beside it where it differs."""
+    profile, given = result.profile, result.config.profile
+    return {"name": given, **({"sidecar_name": profile.name} if profile.name != given else {}),
+            "device": profile.meta.get("device", {}),
+            "models": {role: m.get("name") for role, m in profile.meta.get("models", {}).items()}}
 
 
 def bench_serve_names(result: RunResult) -> dict:
@@ -185,7 +194,7 @@ def format_summary(result: RunResult) -> str:
     def header(title: str) -> None:
         lines.append("{s:{c}^{n}}".format(s=f" {title} ", n=width, c="-"))
 
-    lines.append(f"{'Profile:':<12}{result.profile.name:>40}")
+    lines.append(f"{'Profile:':<12}{result.config.profile:>40}")  # as the user gave it (summary.json has both)
     policy = cfg.policy.name + "".join(f" {k}={v}" for k, v in cfg.policy.params.items())
     if len(policy) > 40:  # a look-up table, say: the full parameters are in config.toml
         policy = policy[:39] + "…"
