@@ -23,7 +23,7 @@ from typing import Any, Callable
 import tomli_w
 
 from sim.acceptance import DISTRIBUTIONS, MODELS, AcceptanceSpec, parse_rates
-from sim.errors import InputError, read_text
+from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import ROUTERS
@@ -441,7 +441,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise InputError("no such config file", source=path, field="config")
+            raise InputError(missing_file(path, "config file"), source=path, field="config")
         text = read_text(path, field="config")
         table = parse_toml(text, path)
         flat = flatten_sections(table)
