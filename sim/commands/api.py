@@ -22,6 +22,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,13 @@ import pandas as pd
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
-__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate", "tune",
-           "compose"]
+__all__ = ["InputError", "Run", "RunWarning", "CapacityReport", "run", "sweep", "capacity", "compare", "validate",
+           "tune", "compose"]
+
+
+class RunWarning(UserWarning):
+    """What ``specbatch run`` prints as a ``warning:`` line (a queue that grows without bound, a
+    step priced far outside the profile's grid), raised as a Python warning by :func:`run`."""
 
 # The summary table's rows: (label, summary key, scale, format).
 _SUMMARY_ROWS = (
@@ -102,29 +108,11 @@ def run(config: str | os.PathLike[str] | None = None, *, overrides: dict[str, An
     ``out=FOLDER`` the run folder is written as ``specbatch run --out`` writes it; with
     ``timeline=FILE`` the Chrome trace too.
     """
-    from sim.atomic_write import output_lock, output_problem
-    from sim.commands.outputs import check_run_dir, write_run
-    from sim.commands.timeline import check_writable, write_timeline
-    from sim.simulate import execute, prepare
+    from sim.commands.outputs import run_to_folder
 
     resolved = load_config(config, {**(overrides or {}), **_keywords(settings)})
-    prepared = prepare(resolved)
-    folder = resolved.output.dir
-    if folder is not None:  # every output checked before the run, as the CLI does (docs/errors.md)
-        problem = output_problem(folder, folder=True)
-        if problem is not None:
-            raise resolved.error("output.dir", f"cannot write {folder}: {problem}")
-        check_run_dir(folder)
-    if resolved.output.timeline is not None:
-        check_writable(resolved.output.timeline)
-    out = None
-    with output_lock(folder, error=lambda message: resolved.error("output.dir", message)) if folder is not None \
-            else contextlib.nullcontext():
-        result = execute(prepared)
-        if folder is not None:
-            out = write_run(result, folder)
-    if resolved.output.timeline is not None:
-        write_timeline(result, resolved.output.timeline, resolved.output.timeline_window)
+    result, out = run_to_folder(resolved, default_folder=False,
+                                warn=lambda text: warnings.warn(text, RunWarning, stacklevel=4))
     return Run(dict(result.summary), result.requests, result.steps, result.config, tuple(result.warnings),
                out, result)
 

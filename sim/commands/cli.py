@@ -186,37 +186,14 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sim.atomic_write import output_lock, output_problem
     from sim.commands.flags import run_overrides
+    from sim.commands.outputs import format_summary, run_to_folder
     from sim.config import load_config
-    from sim.commands.outputs import check_run_dir, default_output_dir, format_summary, write_run
-    from sim.simulate import execute, prepare
-    from sim.commands.timeline import check_writable, commit, remove_folders, stage_timeline
 
     config = load_config(args.config, run_overrides(args))
-    run = prepare(config)
-    out = config.output.dir or default_output_dir(run.config.digest())
-    problem = output_problem(out, folder=True)  # every output checked before the work, not after it
-    if problem is not None:
-        raise config.error("output.dir", f"cannot write {out}: {problem}")
-    check_run_dir(out)
+    result, out = run_to_folder(config, default_folder=True,
+                                warn=lambda warning: print(f"warning: {warning}", file=sys.stderr))
     timeline = config.output.timeline
-    timeline_folders = check_writable(timeline) if timeline else []
-    for warning in run.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    with output_lock(out, error=lambda message: config.error("output.dir", message)):  # a second run to the same folder is refused now
-        result = execute(run)
-        staged = None
-        try:
-            staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
-            out = write_run(result, out)
-        except BaseException:
-            if staged is not None:
-                staged.unlink(missing_ok=True)
-            remove_folders(timeline_folders)
-            raise
-        if staged is not None:
-            commit(staged, timeline)
     if args.quiet:
         print(out)
         return 0

@@ -15,16 +15,19 @@ time to the last bit of rounding), and NaN is an empty cell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 import sim
 from sim.atomic_write import staged_dir
 from sim.errors import InputError
+from sim.config import RunConfig
 from sim.simulate import Columns, RunResult
 
 SLICE_ROWS = 1 << 16  # rows converted and written at a time (larger slices were no faster: 2.5 s either way at 1M)
@@ -35,6 +38,53 @@ SPEC_DECODE_FILE = "spec_decode.jsonl"  # per request, vLLM's speculative_decodi
 
 def default_output_dir(result_digest: str) -> Path:
     return Path("runs") / result_digest
+
+
+def run_to_folder(config: RunConfig, *, default_folder: bool,
+                  warn: Callable[[str], None] = lambda warning: None) -> tuple[RunResult, Path | None]:
+    """One run from a resolved config to its folder: what ``specbatch run`` and ``specbatch.run`` both do.
+
+    Everything that can fail fails first (docs/errors.md): the inputs (``prepare``), then every
+    output (the folder, the timeline). The folder is locked while the run works, so a second
+    run into it is refused, and the folder and the timeline appear whole or not at all.
+    ``default_folder``: without ``output.dir``, write to runs/<digest> (the command line) rather
+    than nowhere (the API). ``warn`` hears each warning once: the preparation's before the run,
+    the run's own (a queue that grows without bound) after it.
+    """
+    from sim.atomic_write import output_lock, output_problem
+    from sim.commands.timeline import check_writable, commit, remove_folders, stage_timeline
+    from sim.simulate import execute, prepare
+
+    run = prepare(config)
+    out = config.output.dir or (default_output_dir(run.config.digest()) if default_folder else None)
+    if out is not None:
+        problem = output_problem(out, folder=True)
+        if problem is not None:
+            raise config.error("output.dir", f"cannot write {out}: {problem}")
+        check_run_dir(out)
+    timeline = config.output.timeline
+    timeline_folders = check_writable(timeline) if timeline else []
+    for warning in run.warnings:
+        warn(warning)
+    locked = output_lock(out, error=lambda message: config.error("output.dir", message)) if out is not None \
+        else contextlib.nullcontext()
+    with locked:
+        result = execute(run)
+        staged = None
+        try:
+            staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
+            if out is not None:
+                out = write_run(result, out)
+        except BaseException:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            remove_folders(timeline_folders)
+            raise
+        if staged is not None:
+            commit(staged, timeline)
+    for warning in result.warnings[len(run.warnings):]:
+        warn(warning)
+    return result, (Path(out) if out is not None else None)
 
 
 def summary_document(result: RunResult) -> dict:
