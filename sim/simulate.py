@@ -387,7 +387,7 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     if records.preemptions is not None:  # vllm-v1 (a v0 summary stays as it was)
         summary.update(scheduler_stats(records, prefix_caching=config.engine.enable_prefix_caching))
     table = request_columns(requests, run.alphas, records)
-    queue = run_check(config.workload, requests.arrival_s, records.finish_s)  # a queue that grows says so
+    queue = run_check(config.workload, requests.arrival_s, records.scheduled_s, records.finish_s)  # a growing queue says so
     warnings = list(run.warnings) + ([queue.warning()] if queue is not None and queue.grows else [])
     steps = dict(records.steps)
     breakdown = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import html
 import io
-import json
 import math
 import os
 import tempfile
@@ -222,34 +221,41 @@ def latency_cdf_svg(requests: pd.DataFrame) -> str | None:
 
 
 def sweep(spec: dict[str, Any], *, out: str | os.PathLike[str] | None = None, executor: str = "pool",
-          workers: int | None = None, progress: bool = False) -> pd.DataFrame:
+          workers: int | None = None, dask: str | None = None, progress: bool = False) -> pd.DataFrame:
     """Run a sweep given as a dict in the sweep file's shape; returns its table (one row per cell).
 
     ``{"scenario": {"workload": {"num_requests": 200}}, "axes": {"rate": [0.5, 1], "policy": ["none",
     "goodput"]}}``. Every cell is resolved before any runs (a bad axis is one InputError naming
-    it). With ``out=FOLDER`` the cells and sweep.parquet/csv are written there, and a rerun
-    resumes; without, the sweep runs in a temporary folder that is removed afterwards.
+    it). ``executor``: ``pool`` (a local process pool of ``workers``), ``serial`` (this process)
+    or ``dask``, on the scheduler at ``dask`` (an address, or ``local`` for a LocalCluster, the
+    default). Workers never run the calling script again, so no ``__main__`` guard is needed.
+    With ``out=FOLDER`` the cells and sweep.parquet/csv are written there, and a rerun resumes;
+    without, the sweep runs in a temporary folder that is removed afterwards.
     """
+    from sim.commands.sweep.executors import have_dask
     from sim.commands.sweep.runner import EXECUTORS, run_sweep
     from sim.commands.sweep.spec import sweep_from_data
     from sim.commands.sweep.store import have_pyarrow
 
-    if executor not in EXECUTORS or executor == "dask":
-        raise InputError(f"'{executor}' is not one of pool, serial", field="executor")
+    if executor not in EXECUTORS:
+        raise InputError(f"'{executor}' is not one of {', '.join(EXECUTORS)}", field="executor")
+    if dask is not None and executor != "dask":
+        raise InputError(f"a Dask address runs the sweep on Dask: give executor='dask', not '{executor}'", field="dask")
+    if executor == "dask" and not have_dask():
+        raise InputError("needs dask.distributed: pip install 'specbatch[sweep]'", field="executor")
     if workers is not None and workers < 1:
         raise InputError(f"must be at least 1, got {workers}", field="workers")
     resolved = sweep_from_data(spec)
+    settings = {"executor": executor, "workers": workers, "dask_address": dask or "local", "progress": progress}
     if out is not None:
         from sim.atomic_write import check_output, output_lock
 
         check_output(out, folder=True, field="out")
         parquet = have_pyarrow()
         with output_lock(out, field="out"):
-            return run_sweep(resolved, Path(out), executor=executor, workers=workers, parquet=parquet,
-                             csv=not parquet, progress=progress).table
+            return run_sweep(resolved, Path(out), parquet=parquet, csv=not parquet, **settings).table
     with tempfile.TemporaryDirectory(prefix="specbatch-sweep-") as folder:
-        return run_sweep(resolved, Path(folder), executor=executor, workers=workers, parquet=False, csv=False,
-                         progress=progress).table
+        return run_sweep(resolved, Path(folder), parquet=False, csv=False, **settings).table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,9 +279,10 @@ class CapacityReport:
 
 
 def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, float] | list[str],
-             policies: str | list[str] = "none,fixed,goodput", seeds: int = 3, tolerance: float = 0.05,
-             requests: int = 600, min_requests: int = 100, warmup: float = 0.1, curve_points: int = 5,
-             target_rate: float | None = None, gpu_hour_price: float | None = None,
+             policies: str | list[str] = "none,fixed,goodput", seeds: int | None = None,
+             tolerance: float | None = None, service_times: float | None = None, extensions: int | None = None,
+             max_growth: float | None = None, min_requests: int | None = None, warmup: float | None = None,
+             curve_points: int | None = None, target_rate: float | None = None, gpu_hour_price: float | None = None,
              gpus_per_replica: int | None = None, profiles: str | list[str] | None = None,
              gpu_price: str | dict[str, float] | None = None, tp: str | list[int] | None = None,
              jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
@@ -288,7 +295,10 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     ``out=FOLDER`` the report (HTML, Markdown, JSON, figures) is written there. To compare
     GPUs: ``profiles=["h100-...", "h200-..."]`` and ``gpu_price={"h100": 3.9, "h200": 4.5}``;
     the table then has one row per profile and policy. ``tp=[1, 4]``: each profile split over 1 and
-    4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour.
+    4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour. The
+    search's settings (``seeds``, ``tolerance``, ``service_times``, ``extensions``, ``max_growth``,
+    ``min_requests``, ``warmup``, ``curve_points``) default to the command's; ``jobs`` > 1 runs
+    them on a process pool, which never runs the calling script again (no ``__main__`` guard needed).
     """
     from sim.commands.capacity.cli import WORKLOAD_FLAGS, plan_capacity
     from sim.commands.capacity.report import check_out_dir
@@ -301,11 +311,14 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
                   else ",".join(f"{gpu}={price:g}" for gpu, price in gpu_price.items()))
     tp_text = tp if tp is None or isinstance(tp, str) else ",".join(str(n) for n in tp)
     keyword_overrides = _keywords(settings, allowed=set(WORKLOAD_FLAGS))
+    search = {name: value for name, value in (("seeds", seeds), ("tolerance", tolerance),
+                                               ("service_times", service_times), ("extensions", extensions),
+                                               ("max_growth", max_growth), ("min_requests", min_requests),
+                                               ("warmup", warmup),
+                                               ("curve_points", curve_points)) if value is not None}
     plan = plan_capacity(config, {**(overrides or {}), **keyword_overrides}, slos=slos, policies=policy_text,
-                         seeds=seeds, tolerance=tolerance, requests=requests, min_requests=min_requests,
-                         warmup=warmup, curve_points=curve_points, target_rate=target_rate,
-                         gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs,
-                         profiles=profile_text, gpu_price=price_text, tp=tp_text)
+                         target_rate=target_rate, gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica,
+                         jobs=jobs, profiles=profile_text, gpu_price=price_text, tp=tp_text, **search)
     from sim.atomic_write import check_output, output_lock
 
     folder = check_output(check_out_dir(out), folder=True, field="out") if out is not None else None
@@ -317,17 +330,16 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
 
 
 def capacity_table(result: Any) -> pd.DataFrame:
-    """One row per profile and policy, in numbers: max rate and its uncertainty, the SLO
-    statistics and operating point at that rate, and (when asked for) replicas and cost."""
+    """One row per profile and policy, in numbers: max rate and the final bracket, the saturation
+    probe, the SLO statistics and operating point at that rate, and (when asked for) replicas and cost."""
     inputs, rows = result.inputs, []
     for profile, by_policy in result.outcomes.items():
         price = inputs.profiles[profile].price
         for label, outcome in by_policy.items():
             operating, costs = outcome.operating or {}, result.costs[profile][label]
             row = {"profile": profile, "gpus_per_replica": inputs.gpus(profile), "policy": label,
-                   "max_rate": outcome.max_rate,
-                   "uncertainty": outcome.uncertainty, "bracket_low": outcome.bracket[0],
-                   "bracket_high": outcome.bracket[1], "seed_max_rates": json.dumps(list(outcome.seed_max_rates))}
+                   "max_rate": outcome.max_rate, "bracket_low": outcome.bracket[0],
+                   "bracket_high": outcome.bracket[1], "saturation": outcome.probe.throughput, "runs": outcome.runs}
             row.update({slo.metric: operating.get(slo.metric) for slo in inputs.slos})
             row.update({name: operating.get(name) for name in ("goodput", "mean_k", "mean_batch_size")})
             if inputs.target_rate is not None:
