@@ -84,7 +84,7 @@ def test_search_finds_the_latency_bound(constant_profile):
 
 
 def test_stricter_slo_never_gives_a_higher_rate(run_config):
-    settings = SearchSettings(seeds=(0,), tolerance=0.1, min_requests=40, curve_points=0, max_growth=0.1)
+    settings = SearchSettings(seeds=(0,), tolerance=0.1, min_requests=40, curve_points=0)
     config = run_config(policy__name="fixed", policy__k=2, workload__output_tokens="16",
                         workload__prompt_tokens="32", workload__num_requests=10)
     rates = []
