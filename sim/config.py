@@ -223,7 +223,7 @@ KEYS: tuple[Key, ...] = (
     Key("profile", text(), "profile directory or shipped profile name", "--profile"),
     Key("workload.arrival", choice(ARRIVALS), "arrival process: poisson or gamma", "--arrival"),
     Key("workload.rate", number(positive=True, infinite=True), "mean request rate (req/s); inf: every request "
-        "at t = 0, as vllm bench serve --request-rate inf", "--rate"),
+        "at t = 0, as vllm bench serve --request-rate inf", "--rate", aliases=("--request-rate",)),
     Key("workload.rate_profile", Value(RateProfile, parse_rate_profile, optional=True),
         "time-varying rate, replacing --rate: phases:1,4,8:60,60,60, ramp:1:8[:S], ramp-exp:1:8[:S], "
         "sine:MEAN:AMP:PERIOD[:PHASE] or onoff:ON:OFF:ON_S:OFF_S", "--rate-profile", write=_as_dict),
@@ -235,7 +235,7 @@ KEYS: tuple[Key, ...] = (
     Key("workload.duration_s", number(positive=True, optional=True, maximum=MAX_TIME_S), "generate arrivals for this many seconds",
         "--duration"),
     Key("workload.num_requests", integer(minimum=1, optional=True), "generate exactly this many requests instead",
-        "--num-requests"),
+        "--num-requests", aliases=("--num-prompts",)),
     Key("workload.prompt_tokens", Value(LengthSpec, parse_length_spec), LENGTH_HELP, "--prompt-tokens",
         write=_as_dict),
     Key("workload.output_tokens", Value(LengthSpec, parse_length_spec), LENGTH_HELP, "--output-tokens",

@@ -214,7 +214,7 @@ def test_output_locations_are_checked_before_any_work(capsys, here, case):
         "regress-update-dir": (["regress", "--baseline", "folder", "--update"], "folder"),
         "sweep-is-file": (["sweep", "s.toml", "--out", "file", "--executor", "serial"], "is a file"),
         "capacity-under-file": (["capacity", "--profile", "p", "--policies", "fixed", "--slo", "p99_ttft_ms=2000",
-                                 "--requests", "40", "--min-requests", "20", "--jobs", "1", "--out", "file/c"],
+                                 "--min-requests", "20", "--jobs", "1", "--out", "file/c"],
                                 "is a file"),
         "read-only-fs": (run + ["--out", "/proc/specbatch-out"], "/proc"),
     }[case]

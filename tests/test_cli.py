@@ -86,7 +86,7 @@ def test_flags_override_the_config_file(capsys, tmp_path, synthetic_profile):
     (["--policy", "nonesuch"], "--policy: policy.name: unknown policy 'nonesuch'"),
     (["--batching", "dynamic"], "--batching: engine.batching: 'dynamic' is not one of continuous, static"),
     (["--prompt-tokens", "uniform:9"], "--prompt-tokens: workload.prompt_tokens:"),
-    (["--rate", "abc"], "argument --rate: 'abc' is not a valid float"),
+    (["--rate", "abc"], "argument --rate/--request-rate: 'abc' is not a valid float"),
 ])
 def test_bad_flags_fail_with_one_line_and_write_nothing(capsys, tmp_path, synthetic_profile, flags, needle):
     out = tmp_path / "never"

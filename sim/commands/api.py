@@ -77,6 +77,18 @@ class Run:
 
         return summary_document(self.result)
 
+    def vllm_result(self, percentile_metrics: str = "ttft,tpot,itl", metric_percentiles: str = "99",
+                    detailed: bool = False) -> dict[str, Any]:
+        """This run as ``vllm bench serve --save-result`` writes its JSON (flat; ``detailed``: with
+        the per-request lists of --save-detailed), statistics chosen as vLLM's flags choose them."""
+        import argparse
+
+        from sim.commands.vllm_bench import result_document, selection
+
+        chosen = selection(argparse.Namespace(percentile_metrics=percentile_metrics,
+                                              metric_percentiles=metric_percentiles))
+        return result_document(self.result, *chosen, detailed)
+
     def __str__(self) -> str:
         from sim.commands.outputs import format_summary
 
@@ -143,11 +155,18 @@ def validate(config: str | os.PathLike[str] | None = None, *, overrides: dict[st
 
 
 def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict[str, tuple[Any, str]]:
-    """Keywords -> load_config overrides, each sourced as its flag (so errors read as the CLI's)."""
+    """Keywords -> load_config overrides, each sourced as its flag (so errors read as the CLI's);
+    vllm bench serve's random dataset keywords (``random_input_len``...) become the lengths."""
     from sim.commands.flags import RUN_FLAGS
+    from sim.commands.vllm_bench import DATASET_KEYWORDS, dataset_overrides
 
     flags = {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}
     overrides: dict[str, tuple[Any, str]] = {}
+    if allowed is None and any(name in settings for name in DATASET_KEYWORDS):
+        settings = dict(settings)
+        dataset = {name: settings.pop(name, None) for name in DATASET_KEYWORDS}
+        lengths = any(name in settings for name in ("prompt_tokens", "output_tokens"))
+        overrides.update(dataset_overrides(dataset, lengths))
     for name, value in settings.items():
         key = key_for(name)
         flag = flags.get(key)

@@ -230,8 +230,10 @@ def _json_number(value):
     return value
 
 
-def format_summary(result: RunResult) -> str:
-    """A vLLM-style result block, readable at a glance."""
+def format_summary(result: RunResult, selection: tuple[list[str], list[float]] | None = None) -> str:
+    """A vLLM-style result block, readable at a glance. ``selection`` (vllm bench serve's
+    --percentile-metrics and --metric-percentiles: metrics, percentiles) prints those latencies'
+    mean, median and percentiles, as vLLM does; by default every latency's mean, median, P90 and P99."""
     s, cfg = result.summary, result.config
     width = 52
     lines = ["{s:{c}^{n}}".format(s=" specbatch simulation result ", n=width, c="=")]
@@ -261,11 +263,21 @@ def format_summary(result: RunResult) -> str:
         row("Request goodput (req/s):", s["request_goodput"])
     row("Output token throughput (tok/s):", s["output_throughput"])
     row("Total token throughput (tok/s):", s["total_token_throughput"])
-    for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
-                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
-        header(title)
-        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
-            row(f"{label} {key.upper()} (ms):", s[f"{stat}_{key}_ms"])
+    stats, shown = s, [("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")]
+    metrics = ["ttft", "tpot", "itl", "e2el"]
+    if selection is not None:
+        from sim.commands.vllm_bench import statistics
+
+        metrics, percentiles = selection
+        stats = statistics(result, metrics, percentiles)
+        words = [str(int(p)) if int(p) == p else str(p) for p in percentiles]
+        shown = [("mean", "Mean"), ("median", "Median")] + [(f"p{w}", f"P{w}") for w in words]
+    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    for key in metrics:
+        header(titles[key])
+        for stat, label in shown:
+            row(f"{label} {key.upper()} (ms):", stats[f"{stat}_{key}_ms"])
     header("Speculative Decoding")
     row("Acceptance rate (%):", 100 * s["acceptance_rate"])
     row("Mean acceptance length:", s["mean_acceptance_length"])

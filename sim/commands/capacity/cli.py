@@ -204,22 +204,28 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     return CapacityPlan(inputs, configs, members, jobs)
 
 
-def main(args: argparse.Namespace) -> int:
-    from sim.atomic_write import check_output, output_lock
-    from sim.commands.capacity.report import check_out_dir, have_matplotlib
-    from sim.commands.capacity.search import stderr_progress
+def plan_from_args(args: argparse.Namespace) -> CapacityPlan:
+    """The plan of a parsed ``specbatch capacity`` command line (every input checked)."""
     from sim.commands.flags import run_overrides
 
-    if args.out:  # a named folder is checked before the plan fits its profiles
-        check_out_dir(args.out)
-        check_output(args.out, folder=True, field="out", source=f"--out {args.out}")
-    plan = plan_capacity(args.config, run_overrides(args, _workload_flags()), slos=args.slo,
+    return plan_capacity(args.config, run_overrides(args, _workload_flags()), slos=args.slo,
                          policies=args.policies, seeds=args.seeds, tolerance=args.tolerance,
                          service_times=args.service_times, extensions=args.extensions,
                          max_growth=args.max_growth, min_requests=args.min_requests, warmup=args.warmup,
                          curve_points=args.curve_points, target_rate=args.target_rate,
                          gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs,
                          profiles=args.profiles, gpu_price=args.gpu_price, tp=args.tp)
+
+
+def main(args: argparse.Namespace) -> int:
+    from sim.atomic_write import check_output, output_lock
+    from sim.commands.capacity.report import check_out_dir, have_matplotlib
+    from sim.commands.capacity.search import stderr_progress
+
+    if args.out:  # a named folder is checked before the plan fits its profiles
+        check_out_dir(args.out)
+        check_output(args.out, folder=True, field="out", source=f"--out {args.out}")
+    plan = plan_from_args(args)
     out = check_out_dir(args.out if args.out else plan.default_out())  # before the search, not after
     check_output(out, folder=True, field="out", source=f"--out {out}" if args.out else None)
     with output_lock(out, field="out", source=f"--out {out}" if args.out else None):
