@@ -299,6 +299,21 @@ def test_report_files(report):
         rate = result["max_rate_req_s"]
         assert rate > 0 and result["replicas"] == math.ceil(100 / rate)
         assert result["operating_point"]["p99_e2el_ms"] <= 1500 and result["operating_point"]["p90_tpot_ms"] <= 80
+        # The evidence of every rate tried: the queue test, the SLOs' bounds, the verdict; goodput never above the rate.
+        assert result["saturation_probe"]["throughput_req_s"] > 0 and result["runs"] > 0
+        for point in result["points"]:
+            assert point["verdict"] in ("pass", "fail", "undecided") and point["reason"]
+            assert point["goodput"] <= point["rate_req_s"] * (1 + 1e-12)
+            assert point["queue"]["verdict"] in ("stable", "grows", "undecided")
+            assert point["queue"]["low"] <= point["queue"]["growth"] <= point["queue"]["high"]
+            if point["verdict"] == "pass":
+                assert point["queue"]["high"] < point["queue"]["tolerated"]
+                assert point["p99_e2el_ms_upper"] <= 1500 and point["p90_tpot_ms_upper"] <= 80
+        passed = [p["rate_req_s"] for p in result["points"] if p["verdict"] == "pass" and not p["curve_point"]]
+        assert max(passed) == rate
+    assert "## Evidence per rate" in md and "queue growth (req/s) [bounds]" in md
+    assert doc["search"]["stable_queue"] == {"max_growth_of_arrivals": 0.1, "confidence": 0.95,
+                                             "confidence_per_look": pytest.approx(1 - 0.05 / 3)}
 
 
 def test_report_is_deterministic_in_process_or_on_a_pool(report, synthetic_profile, tmp_path):

@@ -343,6 +343,10 @@ class Runner:
     def get(self, key: tuple):
         return self.cache[key]
 
+    def release(self, key: tuple) -> None:
+        """Forget a result once judged (its per-request arrays add up over a search's hundreds of runs)."""
+        self.cache.pop(key, None)
+
 
 def search_capacity(configs: dict[str, RunConfig], slos: tuple[SLO, ...], settings: SearchSettings,
                     jobs: int = os.cpu_count() or 1, progress: Callable[[str], None] | None = None,
@@ -381,9 +385,14 @@ class _Search:
         for seed in seeds or self.s.seeds:
             yield (label, rate, seed, n, steps), ("point", self.configs[label], rate, seed, n, self.s.warmup, steps)
 
-    def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True) -> Point:
-        runs = [self.runner.get(key) for key, _ in self.jobs(label, rate, n)]
-        return judge(runs, self.slos, self.s, look, self.size(label, rate), extend)
+    def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True, seeds=None) -> Point:
+        """The verdict of one look's runs (their per-request arrays are then let go: a rate is never
+        looked at again with the same length)."""
+        keys = [key for key, _ in self.jobs(label, rate, n, seeds=seeds)]
+        point = judge([self.runner.get(key) for key in keys], self.slos, self.s, look, self.size(label, rate), extend)
+        for key in keys:
+            self.runner.release(key)
+        return point
 
     def probe(self) -> None:
         s, say = self.s, self.runner.progress
@@ -445,18 +454,20 @@ class _Search:
 
     def curves(self, curve_groups: dict[str, str]) -> None:
         """Evenly spaced rates up to the fastest probe of the label's group, for the figures: one look
-        each (a curve point is not rerun; its queue test may stay undecided)."""
+        each, of the first seed (a curve point is drawn, not decided on; it is never rerun and its
+        queue test may stay undecided)."""
         s = self.s
+        first = s.seeds[:1]
         group = {label: curve_groups.get(label, "") for label in self.configs}
         top = {g: max(self.probes[label].throughput for label in self.configs if group[label] == g)
                for g in group.values()}
         curve = {label: [r for r in (top[group[label]] * j / s.curve_points for j in range(1, s.curve_points + 1))
                          if r not in self.points[label]] for label in self.configs}
         self.runner.run(job for label, rates in curve.items() for rate in rates
-                        for job in self.jobs(label, rate, self.size(label, rate)))
+                        for job in self.jobs(label, rate, self.size(label, rate), seeds=first))
         for label, rates in curve.items():
             for rate in rates:
-                point = self.looked(label, rate, self.size(label, rate), 0, extend=False)
+                point = self.looked(label, rate, self.size(label, rate), 0, extend=False, seeds=first)
                 point.curve = True
                 self.points[label][rate] = point
 
