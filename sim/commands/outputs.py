@@ -28,6 +28,7 @@ import sim
 from sim.atomic_write import staged_dir
 from sim.errors import InputError
 from sim.config import RunConfig
+from sim.metrics import percentile_word
 from sim.simulate import Columns, RunResult
 
 SLICE_ROWS = 1 << 16  # rows converted and written at a time (larger slices were no faster: 2.5 s either way at 1M)
@@ -230,6 +231,23 @@ def _json_number(value):
     return value
 
 
+def latency_statistics(result, metrics: list[str], percentiles: list[float]) -> dict[str, float]:
+    """mean, median, std and the percentiles asked for, in ms, of each latency (ttft, tpot, itl, e2el),
+    named as vLLM names them (``p99.9_ttft_ms``): vllm bench serve's --percentile-metrics and
+    --metric-percentiles."""
+    from sim.metrics import distribution_stats
+
+    r = result.request_columns
+    done = ~np.isnan(r["finish_s"])
+    values = {"ttft": (r["ttft_s"][done], None), "tpot": (r["tpot_s"][done & (r["output_tokens"] > 1)], None),
+              "e2el": (r["e2el_s"][done], None), "itl": result.itl}
+    out: dict[str, float] = {}
+    for metric in metrics:
+        data, weights = values[metric]
+        out.update(distribution_stats(metric, data, weights, percentiles))
+    return out
+
+
 def format_summary(result: RunResult, selection: tuple[list[str], list[float]] | None = None) -> str:
     """A vLLM-style result block, readable at a glance. ``selection`` (vllm bench serve's
     --percentile-metrics and --metric-percentiles: metrics, percentiles) prints those latencies'
@@ -266,11 +284,9 @@ def format_summary(result: RunResult, selection: tuple[list[str], list[float]] |
     stats, shown = s, [("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")]
     metrics = ["ttft", "tpot", "itl", "e2el"]
     if selection is not None:
-        from sim.commands.vllm_bench import statistics
-
         metrics, percentiles = selection
-        stats = statistics(result, metrics, percentiles)
-        words = [str(int(p)) if int(p) == p else str(p) for p in percentiles]
+        stats = latency_statistics(result, metrics, percentiles)
+        words = [percentile_word(p) for p in percentiles]
         shown = [("mean", "Mean"), ("median", "Median")] + [(f"p{w}", f"P{w}") for w in words]
     titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
               "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}

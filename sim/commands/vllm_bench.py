@@ -173,41 +173,6 @@ def result_path(args: argparse.Namespace, config) -> Path | None:
     return Path(args.result_dir or ".") / name
 
 
-def _word(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
-
-
-def statistics(result, metrics: list[str], percentiles: list[float]) -> dict[str, float]:
-    """mean, median, std and the percentiles asked for, in ms, of each metric, named as vLLM names them."""
-    from sim.metrics import weighted_percentile
-
-    r = result.request_columns
-    done = ~np.isnan(r["finish_s"])
-    values = {"ttft": (r["ttft_s"][done], None), "tpot": (r["tpot_s"][done & (r["output_tokens"] > 1)], None),
-              "e2el": (r["e2el_s"][done], None), "itl": result.itl}
-    out: dict[str, float] = {}
-    for metric in metrics:
-        data, weights = values[metric]
-        data = np.asarray(data, dtype=float) * 1e3
-        if weights is not None:
-            weights = np.asarray(weights, dtype=np.int64)
-        empty = data.size == 0 or (weights is not None and int(weights.sum()) == 0)
-        if empty:
-            quantiles = [math.nan] * (len(percentiles) + 1)
-            mean = std = math.nan
-        elif weights is None:
-            quantiles = np.percentile(data, [50, *percentiles])
-            mean, std = float(data.mean()), float(data.std())
-        else:
-            quantiles = weighted_percentile(data, weights, [50, *percentiles])
-            mean = float(np.average(data, weights=weights))
-            std = float(np.sqrt(np.average((data - mean) ** 2, weights=weights)))
-        out[f"mean_{metric}_ms"], out[f"median_{metric}_ms"], out[f"std_{metric}_ms"] = mean, float(quantiles[0]), std
-        for p, q in zip(percentiles, quantiles[1:]):
-            out[f"p{_word(p)}_{metric}_ms"] = float(q)
-    return out
-
-
 def peaks(result) -> tuple[float, int]:
     """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: the most tokens emitted, and
     the most requests active, in one-second buckets from the first arrival."""
@@ -226,7 +191,7 @@ def peaks(result) -> tuple[float, int]:
 
 def result_document(result, metrics: list[str], percentiles: list[float], detailed: bool) -> dict[str, Any]:
     """vllm bench serve's --save-result JSON for a simulated run: its settings, then its metrics, flat."""
-    from sim.commands.outputs import bench_serve_names
+    from sim.commands.outputs import bench_serve_names, latency_statistics
 
     s, cfg = result.summary, result.config
     names = bench_serve_names(result)
@@ -243,7 +208,7 @@ def result_document(result, metrics: list[str], percentiles: list[float], detail
         "request_throughput": s["request_throughput"], "request_goodput": names["request_goodput"],
         "output_throughput": s["output_throughput"], "total_token_throughput": s["total_token_throughput"],
         "max_output_tokens_per_s": top_tokens, "max_concurrent_requests": top_requests,
-        **statistics(result, metrics, percentiles),
+        **latency_statistics(result, metrics, percentiles),
         "profile": cfg.profile, "policy": {"name": cfg.policy.name, **cfg.policy.params},
         "config_digest": cfg.digest(),
     }
