@@ -557,6 +557,7 @@ def gpu_profiles(tmp_path_factory) -> tuple[Path, Path]:
 
 
 COMPARE_ARGS = ["--policies", "none", "--slo", "p99_e2el_ms=100000", "--arrival", "gamma", "--burstiness", "1e8",
+                "--scheduler", "v0",  # the known answer's engine: a prefill step costs nothing, 10 decode steps do
                 "--prompt-tokens", "32", "--output-tokens", str(OUTPUT_TOKENS), "--max-batch-size", str(MAX_BATCH),
                 "--seeds", "1", "--min-requests", "60", "--tolerance", "0.04",
                 "--curve-points", "2", "--target-rate", "100", "--gpu-price", "h100=2,h200=3"]

@@ -22,8 +22,8 @@ from sim.limits import MAX_WORKERS, memory_problem, request_bytes
 # the search's to choose, and it sizes one replica (so no cluster flags). A flag that this
 # version of `specbatch run` lacks is left out.
 WORKLOAD_FLAGS = ("--profile", "--arrival", "--burstiness", "--cv", "--prompt-tokens", "--output-tokens",
-                  "--batching", "--max-batch-size", "--prefill", "--kv-cache-tokens", "--alpha",
-                  "--alpha-distribution", "--alpha-concentration", "--seed")
+                  "--batching", "--max-batch-size", "--prefill", "--kv-cache-tokens", "--scheduler",
+                  "--max-num-batched-tokens", "--alpha", "--alpha-distribution", "--alpha-concentration", "--seed")
 DEFAULT_POLICIES = "none,fixed,goodput"
 
 
