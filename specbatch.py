@@ -12,7 +12,8 @@ This top-level module only re-exports :mod:`sim.commands.api`, where the API is 
 """
 
 from sim import __version__
-from sim.commands.api import CapacityReport, InputError, Run, capacity, compare, compose, run, sweep, tune, validate
+from sim.commands.api import (CapacityReport, InputError, Run, RunWarning, capacity, compare, compose, run, sweep, tune,
+                              validate)
 
-__all__ = ["CapacityReport", "InputError", "Run", "__version__", "capacity", "compare", "compose", "run", "sweep",
-           "tune", "validate"]
+__all__ = ["CapacityReport", "InputError", "Run", "RunWarning", "__version__", "capacity", "compare", "compose", "run",
+           "sweep", "tune", "validate"]

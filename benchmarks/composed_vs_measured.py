@@ -313,7 +313,7 @@ def figure(composed, measured, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--composed", default="h100-llama-3.1-8b-llama-3.2-1b")
     parser.add_argument("--measured", default="h100-measured-llama-3.1-8b-llama-3.2-1b")
     parser.add_argument("--figure", help="also write a PNG (needs matplotlib)")

@@ -1,6 +1,7 @@
 """How fast the simulator runs: engine steps and simulated requests per wall-clock second.
 
-    python benchmarks/engine_speed.py                    # the README's table: every case, writes the JSON below
+    python benchmarks/engine_speed.py                    # every case of the README's table, into runs/benchmarks/
+    python benchmarks/engine_speed.py --update           # the same, into the tracked JSON the README's table reads
     python benchmarks/engine_speed.py --cases fixed cpu-fixed --out /tmp/engine_speed.json
     python benchmarks/engine_speed.py --requests 100000 --policy none   # one run of your own; prints only
     python benchmarks/engine_speed.py --config tests/baselines/scenarios/cpu.toml --policy goodput
@@ -12,9 +13,12 @@ under the vllm-v1 scheduler (chunked prefill in mixed steps, paged KV; docs/sche
 and its steps/s are printed on a last line (``--no-v1`` skips it).
 
 Without scenario flags (--config, --policy, --k, --profile, --replicas, --rate) it
-measures the cases in ``CASES`` and writes ``benchmarks/results/engine_speed.json``, from
-which docs/generate.py's ``engine-speed`` block renders the README's Speed table; with
-them it measures that one scenario and writes JSON only where --out says.
+measures the cases in ``CASES`` and writes their JSON to a scratch folder
+(runs/benchmarks/engine_speed.json, ignored by git); ``--update`` writes
+``benchmarks/results/engine_speed.json`` instead, from which docs/generate.py's
+``engine-speed`` block renders the README's Speed table, so a trial run never changes the
+tracked figures. With scenario flags it measures that one scenario and writes JSON only
+where --out says.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "engine_speed.json"
+RESULTS = ROOT / "benchmarks" / "results" / "engine_speed.json"  # tracked: written with --update
+SCRATCH = ROOT / "runs" / "benchmarks" / "engine_speed.json"    # otherwise
 CPU_SCENARIO = "tests/baselines/scenarios/cpu.toml"
 
 
@@ -191,7 +196,7 @@ def table(doc: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
@@ -199,8 +204,11 @@ def main() -> int:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=None,
                         help="measure only these of the README's cases (default: all)")
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"results JSON (default {RESULTS.relative_to(ROOT)} for the README's cases, "
+                        help=f"results JSON (default {SCRATCH.relative_to(ROOT)} for the README's cases, "
                              "none for a scenario of your own)")
+    parser.add_argument("--update", action="store_true",
+                        help=f"write the README's cases to the tracked {RESULTS.relative_to(ROOT)} (then run "
+                             "python docs/generate.py)")
     own = parser.add_argument_group("a scenario of your own (measures it alone)")
     own.add_argument("--config", default=None, help="scenario TOML under the flags (default: the shipped default)")
     own.add_argument("--policy", default=None, help="default: fixed")
@@ -215,13 +223,15 @@ def main() -> int:
     custom = any(getattr(args, name) is not None for name in ("config", "policy", "k", "profile", "replicas", "rate"))
     if custom and args.cases:
         parser.error("--cases measures the README's cases; it does not combine with a scenario of your own")
+    if args.update and (custom or args.out is not None):
+        parser.error("--update writes the README's cases to the tracked results; it takes no --out or scenario")
     if custom:
         cases = {"custom": Case("custom", config=args.config, policy=args.policy or "fixed", k=args.k or 3,
                                 profile=args.profile, replicas=args.replicas or 1, rate=args.rate, v1=True)}
         out = args.out
     else:
         cases = {name: CASES[name] for name in (args.cases or CASES)}
-        out = args.out or RESULTS
+        out = RESULTS if args.update else args.out or SCRATCH
     sys.path.insert(0, str(Path(__file__).parent))
     from scale import machine  # one description of the machine for both benchmarks
 

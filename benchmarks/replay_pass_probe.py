@@ -30,7 +30,7 @@ def timed(name: str, fn, n: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--target", default="llama-3.1-8b")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--query", type=int, default=4)

@@ -1,10 +1,11 @@
 """How specbatch scales: 10k, 100k and 1M requests end to end, where the time goes, peak memory.
 
-    python benchmarks/scale.py                                   # every case, writes benchmarks/results/scale.json
+    python benchmarks/scale.py                                   # every case, into runs/benchmarks/scale.json
+    python benchmarks/scale.py --update                          # the same, into the tracked benchmarks/results/scale.json
     python benchmarks/scale.py --sizes 10000 100000 --cases fixed --out /tmp/scale.json
 
 Each measurement is one fresh process running what ``specbatch run --num-requests N``
-runs (the default scenario: the H100 profile, chat-like lengths, fixed k = 3, max batch
+runs (the default scenario: the H100 profile, the chat workload, fixed k = 3, max batch
 256, 18 req/s; records written as CSV), split into
 
 * start-up: imports, the config, ``prepare`` (profile, fitted curves and step table, the
@@ -17,7 +18,8 @@ plus steps per second of the engine and the process's peak RSS. The cases: ``fix
 (the default), ``goodput`` (the policy that prices every step), ``replicas`` (4 replicas
 round-robin at 4x the rate) and ``trace`` (the 1M default requests read back from a CSV
 trace, issue 14). One cold start (no cache: imports, fit and tabulation) is measured
-once. README.md quotes the JSON through docs/generate.py's ``scale`` block.
+once. README.md quotes the tracked JSON through docs/generate.py's ``scale`` block; only
+``--update`` writes it (a trial run goes to runs/benchmarks/, which git ignores).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
+RESULTS = ROOT / "benchmarks" / "results" / "scale.json"  # tracked: written with --update
+SCRATCH = ROOT / "runs" / "benchmarks" / "scale.json"    # otherwise
 SIZES = (10_000, 100_000, 1_000_000)
 CASES = {  # name: (label, run flags as config overrides)
     "fixed": ("default (`fixed`, k = 3)", {}),
@@ -162,13 +165,18 @@ def main() -> int:
         trace = sys.argv[sys.argv.index("--trace") + 1] if "--trace" in sys.argv else None
         print(json.dumps(child(sys.argv[2], int(sys.argv[3]), trace)))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS.relative_to(ROOT)})")
+    parser.add_argument("--out", type=Path, default=None, help=f"results JSON (default {SCRATCH.relative_to(ROOT)})")
+    parser.add_argument("--update", action="store_true",
+                        help=f"write the tracked {RESULTS.relative_to(ROOT)} (then run python docs/generate.py)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the rows of --out that this invocation does not measure again (and its cold start)")
     args = parser.parse_args()
+    if args.update and args.out is not None:
+        parser.error("--update writes the tracked results; it takes no --out")
+    args.out = RESULTS if args.update else args.out or SCRATCH
     kept = json.loads(args.out.read_text()) if args.keep and args.out.is_file() else {"rows": []}
     rows = [r for r in kept["rows"] if r["case"] not in args.cases or
             r["requests"] not in ([max(args.sizes)] if r["case"] == "trace" else args.sizes)]

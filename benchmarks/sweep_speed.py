@@ -51,7 +51,7 @@ def run(sweep: Path, out: Path, *flags: str) -> tuple[float, pd.DataFrame]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--seeds", type=int, default=10, help="seeds per (policy, rate): 10 gives 200 cells")
     parser.add_argument("--workers", type=int, default=None, help="default: all cores")
     parser.add_argument("--dask", metavar="ADDRESS", default=None,

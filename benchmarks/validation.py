@@ -324,7 +324,7 @@ def format_results(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
+        description=__doc__.splitlines()[0], allow_abbrev=False,
         epilog="e.g. --suite gpu on an H100 (benchmarks/gpu_session.sh phase validate); then, on any machine, "
                "--reprice h100-llama-3.1-8b-llama-3.2-1b --from OUT --results benchmarks/results/validation-gpu.json "
                "prices the same cases by the composed profile (docs/validation.md, 'On an H100 GPU')")

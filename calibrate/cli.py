@@ -22,7 +22,11 @@ EXIT_INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting, so errors stay one line."""
+    """argparse that raises instead of printing usage and exiting, so errors stay one line; a flag
+    is taken only as spelled in full (no abbreviations)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise InputError(message)

@@ -122,7 +122,10 @@ class TorchBackend:
             limit = model.cfg.max_position_embeddings if model is not None else None
             if limit is not None and self.max_len > limit:
                 raise config.error("workload.output_tokens", f"{model.cfg.name} accepts {limit} positions; prompt "
-                                   f"+ output + speculation slots of this workload reach {self.max_len}")
+                                   f"+ output + speculation slots of this workload reach {self.max_len}: give "
+                                   f"shorter lengths (--prompt-tokens, --output-tokens: prompt + output up to "
+                                   f"{limit - 2 * (self.k_max + 2)} tokens), e.g. --config "
+                                   f"tests/baselines/scenarios/cpu.toml")
         self.t_cache = target.new_cache(slots, self.max_len)
         self.d_cache = self.draft.new_cache(slots, self.max_len) if self.draft is not None else None
         self.history = torch.zeros(slots, self.max_len, dtype=torch.long, device=self.device)

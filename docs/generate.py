@@ -377,18 +377,30 @@ def gpu_figures(block: Block) -> str:
     return _load_doc_module("docs/figures/gpu_profile_table.py").figures().rstrip("\n") + "\n"
 
 
-def capacity_gpus(block: Block) -> str:
-    """docs/capacity.md's cross-GPU cost table, from the example report's capacity.json."""
-    import json
-
-    doc = json.loads((ROOT / "docs" / "capacity-gpus-example" / "capacity.json").read_text())
-    rows = ["| profile | policy | max rate per replica (req/s) | replicas for the target | fleet $ / hour "
-            "| $ / 1M output tokens at the target |", "|---:|---:|---:|---:|---:|---:|"]
-    for name in doc["profile_order"]:
-        for label, p in doc["profiles"][name]["policies"].items():
-            rows.append(f"| {name} | {label} | {p['max_rate_req_s']:.4g} | {p['replicas']} | "
-                        f"{p['fleet_cost_per_hour']:.2f} | {p['cost_per_m_output_tokens_at_target']:.2f} |")
-    return "\n".join(rows) + "\n"
+def capacity_table(block: Block) -> str:
+    """A table of a committed capacity report (docs/capacity_examples.py writes them): the one under
+    the heading ``section`` (dashes for spaces) of ``report`` (its report.md), with only the
+    ``columns`` given (0-based, comma-separated) if any."""
+    report, heading = block.options.get("report"), block.options.get("section", "Results").replace("-", " ")
+    if report is None:
+        raise ValueError(f"{block.path}:{block.line}: capacity-table needs report=FOLDER/report.md")
+    lines = (ROOT / report).read_text().splitlines()
+    try:
+        start = lines.index(f"## {heading}") + 1
+    except ValueError:
+        raise ValueError(f"{block.path}:{block.line}: {report} has no section '## {heading}'") from None
+    while not lines[start].startswith("|"):
+        start += 1
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    if "columns" in block.options:
+        keep = [int(c) for c in block.options["columns"].split(",")]
+        cells = [re.split(r"(?<!\\)\|", line)[1:-1] for line in table]
+        table = ["|" + "|".join(row[c] for c in keep) + "|" for row in cells]
+    return "\n".join(table) + "\n"
 
 
 def scale(block: Block) -> str:
@@ -413,7 +425,7 @@ GENERATORS: dict[str, Callable[[Block], str]] = {
     "engine-speed": engine_speed,
     "policy-table": policy_table,
     "gpu-figures": gpu_figures,
-    "capacity-gpus": capacity_gpus,
+    "capacity-table": capacity_table,
 }
 
 
@@ -464,7 +476,7 @@ def rewrite(path: Path, fresh_by_start: dict[int, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--check", action="store_true", help="name the stale blocks and exit 1; write nothing")
     parser.add_argument("--only", action="append", help="a markdown file (relative to the repo root)")
     args = parser.parse_args(argv)

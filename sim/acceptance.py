@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.errors import InputError, missing_file
 
 DISTRIBUTIONS = ("fixed", "beta")
 MODELS = ("geometric", "per-position", "trace", "runlength")
@@ -273,7 +273,7 @@ def read_acceptance_trace(path: str) -> AcceptanceTrace:
     response). Read once per file version; a bad line is an InputError naming it."""
     file = Path(path)
     if not file.is_file():
-        raise InputError("no such acceptance trace file", source=str(path), field="acceptance.trace")
+        raise InputError(missing_file(file, "acceptance trace file"), source=str(path), field="acceptance.trace")
     stat = file.stat()
     return _read_trace(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import tomli_w
 
 from sim.acceptance import DISTRIBUTIONS, MODELS, PROPOSERS, AcceptanceSpec, parse_rates
-from sim.errors import InputError, read_text
+from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import ROUTERS
@@ -247,18 +247,19 @@ KEYS: tuple[Key, ...] = (
     Key("profile", text(), "profile directory or shipped profile name", "--profile"),
     Key("workload.arrival", choice(ARRIVALS), "arrival process: poisson or gamma", "--arrival"),
     Key("workload.rate", number(positive=True, infinite=True), "mean request rate (req/s); inf: every request "
-        "at t = 0, as vllm bench serve --request-rate inf", "--rate"),
+        "at t = 0, as vllm bench serve --request-rate inf", "--rate", aliases=("--request-rate",)),
     Key("workload.rate_profile", Value(RateProfile, parse_rate_profile, optional=True),
         "time-varying rate, replacing --rate: phases:1,4,8:60,60,60, ramp:1:8[:S], ramp-exp:1:8[:S], "
         "sine:MEAN:AMP:PERIOD[:PHASE] or onoff:ON:OFF:ON_S:OFF_S", "--rate-profile", write=_as_dict),
-    Key("workload.burstiness", number(positive=True), "gamma shape (vLLM's burstiness; 1 = Poisson)",
+    Key("workload.burstiness", number(positive=True), "gamma shape (vLLM's burstiness): 1 = Poisson; any "
+        "other value means gamma arrivals",
         "--burstiness", write=lambda value, section: value if section.cv is None else None),
     Key("workload.cv", number(positive=True, optional=True),
         "gamma gaps' coefficient of variation, instead of --burstiness (= 1/cv^2)", "--cv"),
     Key("workload.duration_s", number(positive=True, optional=True, maximum=MAX_TIME_S), "generate arrivals for this many seconds",
         "--duration"),
     Key("workload.num_requests", integer(minimum=1, optional=True), "generate exactly this many requests instead",
-        "--num-requests"),
+        "--num-requests", aliases=("--num-prompts",)),
     Key("workload.prompt_tokens", Value(LengthSpec, parse_length_spec), LENGTH_HELP, "--prompt-tokens",
         write=_as_dict),
     Key("workload.output_tokens", Value(LengthSpec, parse_length_spec), LENGTH_HELP, "--output-tokens",
@@ -503,7 +504,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise InputError("no such config file", source=path, field="config")
+            raise InputError(missing_file(path, "config file"), source=path, field="config")
         text = read_text(path, field="config")
         table = parse_toml(text, path)
         flat = flatten_sections(table)
@@ -709,16 +710,17 @@ def _shipped_defaults() -> dict[str, Any]:
 
 
 def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:
-    """The rules between workload keys: cv replaces burstiness; a rate profile's phases give the duration."""
+    """The rules between workload keys: cv replaces burstiness; burstiness other than 1 means gamma
+    arrivals; a rate profile's phases give the duration."""
     def given(key: str) -> bool:
         return sources.get(key, Source("defaults")).where != "defaults"
 
     if read["workload.cv"] is not None:
         if given("workload.burstiness"):
-            src = sources["workload.burstiness"]
-            where = src.where + (f":{src.line}" if src.line is not None and not src.where.startswith("--") else "")
-            raise error_at(sources, "workload.cv", f"give either burstiness or cv, not both (burstiness set at {where})")
+            raise error_at(sources, "workload.cv", f"give either burstiness or cv, not both (burstiness set at "
+                                                   f"{_where(sources['workload.burstiness'])})")
         read["workload.burstiness"] = burstiness_from_cv(read["workload.cv"])
+    _settle_arrival(read, sources)
     profile, duration = read["workload.rate_profile"], read["workload.duration_s"]
     if (profile is not None and profile.natural_duration_s is not None and duration is not None
             and not given("workload.duration_s")):
@@ -734,6 +736,32 @@ def _settle_workload(read: dict[str, Any], sources: dict[str, Source]) -> None:
                        "(--num-requests N), not a duration")
     if not traced:
         _check_reach(read, sources)
+
+
+def _settle_arrival(read: dict[str, Any], sources: dict[str, Source]) -> None:
+    """Burstiness other than 1 means gamma arrivals, as in ``vllm bench serve`` (where burstiness 1 is
+    the Poisson process): a burstiness given over Poisson arrivals turns them gamma rather than being
+    ignored, unless ``poisson`` was asked for as explicitly (then the two contradict each other)."""
+    if read["workload.arrival"] != "poisson" or read["workload.burstiness"] == 1.0:
+        return
+    shape = "workload.cv" if read["workload.cv"] is not None else "workload.burstiness"
+    if _layer(sources.get("workload.arrival")) >= _layer(sources.get(shape)) > 0:
+        raise error_at(sources, "workload.arrival", f"poisson arrivals have burstiness 1, but "
+                       f"{shape.split('.')[1]} is {read[shape]:g} (set at {_where(sources[shape])}): drop one "
+                       f"(burstiness other than 1 means gamma arrivals, as in vllm bench serve)")
+    read["workload.arrival"] = "gamma"
+
+
+def _layer(source: Source | None) -> int:
+    """Which layer a value came from: 0 the shipped defaults, 1 a scenario file, 2 a flag or override."""
+    if source is None or source.where == "defaults":
+        return 0
+    return 1 if source.line is not None else 2
+
+
+def _where(source: Source) -> str:
+    """A value's source as messages name it: a flag, or a file and its line."""
+    return source.where + (f":{source.line}" if source.line is not None and not source.where.startswith("--") else "")
 
 
 def _check_reach(read: dict[str, Any], sources: dict[str, Source]) -> None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from workloads.files import missing_file
+
+__all__ = ["InputError", "missing_file", "read_text"]
+
 
 class InputError(ValueError):
     """Bad user input: names the field, the source (file or flag) and the line when known."""

@@ -68,23 +68,30 @@ def good_requests(ttft_s: np.ndarray, tpot_s: np.ndarray, e2el_s: np.ndarray, sl
     return int(good.sum())
 
 
-def distribution_stats(prefix: str, values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
-    """mean/median/std/p90/p99 in milliseconds; integer ``weights`` repeat values exactly."""
+def distribution_stats(prefix: str, values_s: np.ndarray, weights: np.ndarray | None = None,
+                       percentiles=PERCENTILES) -> dict[str, float]:
+    """mean/median/std and the ``percentiles`` (p90/p99 by default) in milliseconds; integer
+    ``weights`` repeat values exactly. A percentile is named as vLLM names it: p99, p99.9."""
     values = np.asarray(values_s, dtype=float) * 1000.0
-    names = ["mean", "median", "std"] + [f"p{p}" for p in PERCENTILES]
+    names = ["mean", "median", "std"] + [f"p{percentile_word(p)}" for p in percentiles]
     if values.size == 0 or (weights is not None and int(np.sum(weights)) == 0):
         return {f"{n}_{prefix}_ms": float("nan") for n in names}
     if weights is None:
-        q = np.percentile(values, [50, *PERCENTILES])
+        q = np.percentile(values, [50, *percentiles])
         mean, std = float(values.mean()), float(values.std())
     else:
         weights = np.asarray(weights, dtype=np.int64)
-        q = weighted_percentile(values, weights, [50, *PERCENTILES])
+        q = weighted_percentile(values, weights, [50, *percentiles])
         mean = float(np.average(values, weights=weights))
         std = float(np.sqrt(np.average((values - mean) ** 2, weights=weights)))
     out = {f"mean_{prefix}_ms": mean, f"median_{prefix}_ms": float(q[0]), f"std_{prefix}_ms": std}
-    out.update({f"p{p}_{prefix}_ms": float(v) for p, v in zip(PERCENTILES, q[1:])})
+    out.update({f"{n}_{prefix}_ms": float(v) for n, v in zip(names[3:], q[1:])})
     return out
+
+
+def percentile_word(p: float) -> str:
+    """99 -> '99', 99.9 -> '99.9', as vLLM names its percentiles."""
+    return str(int(p)) if float(p).is_integer() else str(p)
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, percents) -> np.ndarray:

@@ -39,6 +39,7 @@ from sim.serving.clock import simulate_replica
 from sim.serving.queues import arrival_queue
 from sim.serving.records import ReplicaRecords
 from sim.speculation import SpeculationPlan, default_match_rate, kv_capacity_for, plan_run
+from sim.stability import run_check
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
 
 if TYPE_CHECKING:
@@ -418,6 +419,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     if records.preemptions is not None:  # vllm-v1 (a v0 summary stays as it was)
         summary.update(scheduler_stats(records, prefix_caching=config.engine.enable_prefix_caching))
     table = request_columns(requests, run.alphas, records)
+    queue = run_check(config.workload, requests.arrival_s, records.scheduled_s, records.finish_s)  # a growing queue says so
+    warnings = list(run.warnings) + ([queue.warning()] if queue is not None and queue.grows else [])
     steps = dict(records.steps)
     breakdown = None
     if count > 1:  # a one-replica run's files stay exactly the single replica's
@@ -425,8 +428,9 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         steps["replica"] = cluster.step_replica
         breakdown = replica_breakdown(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
                                       cluster.request_ids, cluster.per_replica(), summary["duration_s"])
-    return RunResult(config, run.profile, table, steps, summary, list(run.warnings),
+    return RunResult(config, run.profile, table, steps, summary, warnings,
                      time.perf_counter() - started, engine_wall, by_label(table), breakdown,
+                     extra={"queue": queue.document()} if queue is not None else None,
                      spec_decode=spec_decode, spec_decode_requests=per_request,
                      itl=(records.itl_values, records.itl_weights),
                      reasons=[policy.reasons for policy in policies] if explain else None)

@@ -128,13 +128,15 @@ def test_sweep_errors_name_the_axis(empty_cwd):
 
 def test_capacity_returns_a_report_like_the_clis(tmp_path, empty_cwd, capsys):
     settings = dict(slo={"p99_ttft_ms": 60000}, policies=["none", "fixed:k=2"], seeds=1, tolerance=0.3,
-                    requests=30, min_requests=10, curve_points=0, prompt_tokens="32", output_tokens="32")
+                    max_growth=0.2, service_times=10, min_requests=10, curve_points=0, prompt_tokens="32",
+                    output_tokens="32")
     report = specbatch.capacity(**settings)
     assert list(empty_cwd.iterdir()) == []
     assert list(report.table.policy) == ["none", "fixed:k=2"]
     assert (report.table.max_rate > 0).all() and (report.table.p99_ttft_ms <= 60000).all()
     assert main(["capacity", "--slo", "p99_ttft_ms=60000", "--policies", "none,fixed:k=2", "--seeds", "1",
-                 "--tolerance", "0.3", "--requests", "30", "--min-requests", "10", "--curve-points", "0",
+                 "--tolerance", "0.3", "--max-growth", "0.2", "--service-times", "10", "--min-requests", "10",
+                 "--curve-points", "0",
                  "--prompt-tokens", "32", "--output-tokens", "32", "--jobs", "1", "--quiet",
                  "--out", str(tmp_path / "cli")]) == 0
     printed = capsys.readouterr().out
@@ -150,8 +152,9 @@ def test_capacity_returns_a_report_like_the_clis(tmp_path, empty_cwd, capsys):
 
 
 def test_capacity_compares_profiles_with_a_price_per_gpu(empty_cwd):
-    settings = dict(slo={"p99_ttft_ms": 60000}, policies=["none"], seeds=1, tolerance=0.3, requests=30,
-                    min_requests=10, curve_points=0, prompt_tokens="32", output_tokens="32", target_rate=1.0)
+    settings = dict(slo={"p99_ttft_ms": 60000}, policies=["none"], seeds=1, tolerance=0.3, max_growth=0.2,
+                    service_times=10, min_requests=10, curve_points=0, prompt_tokens="32", output_tokens="32",
+                    target_rate=1.0)
     profiles = ["cpu-tinyllama-1.1b-llama-68m", "cpu-llama-160m-llama-68m"]
     report = specbatch.capacity(**settings, profiles=profiles, gpu_price={"cpu": 2.0})
     table = report.table

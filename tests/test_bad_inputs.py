@@ -214,7 +214,7 @@ def test_output_locations_are_checked_before_any_work(capsys, here, case):
         "regress-update-dir": (["regress", "--baseline", "folder", "--update"], "folder"),
         "sweep-is-file": (["sweep", "s.toml", "--out", "file", "--executor", "serial"], "is a file"),
         "capacity-under-file": (["capacity", "--profile", "p", "--policies", "fixed", "--slo", "p99_ttft_ms=2000",
-                                 "--requests", "40", "--min-requests", "20", "--jobs", "1", "--out", "file/c"],
+                                 "--min-requests", "20", "--jobs", "1", "--out", "file/c"],
                                 "is a file"),
         "read-only-fs": (run + ["--out", "/proc/specbatch-out"], "/proc"),
     }[case]
@@ -385,3 +385,20 @@ def test_the_python_api_checks_and_locks_outputs_before_the_work(here):
                         executor="serial")
     assert sorted(p.name for p in here.iterdir()) == ["base.toml", "file", "p", "t.csv"]
     assert specbatch.run(out=str(here / "o"), **small).out == here / "o"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--config", "{d}"], "{d}: config: is a folder, not a config file"),
+    (["run", "--trace", "{d}"], "{d}: is a folder, not a trace file"),
+    (["run", "--trace-vllm", "{d}"], "{d}: workload.trace_vllm: is a folder, not a vLLM result file"),
+    (["run", "--acceptance-model", "trace", "--acceptance-trace", "{d}"], "is a folder, not an acceptance trace file"),
+    (["sweep", "{d}"], "{d}: sweep: is a folder, not a sweep file"),
+    (["regress", "--baseline", "{d}"], "{d}: baseline: is a folder, not a baseline file"),
+    (["capacity", "--slo", "p99_ttft_ms=1", "--gpu-price", "{d}"], "'{d}' is a folder, not a TOML file of prices"),
+])
+def test_a_folder_where_a_file_is_expected_says_so(argv, says, tmp_path, capsys):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert main([a.format(d=folder) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says.format(d=folder) in err

@@ -12,8 +12,8 @@ from sim.commands.capacity.costing import costing, cost_per_million
 from sim.commands.cli import main as cli_main
 
 HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
-QUICK = ["--slo", "p99_ttft_ms=1000", "--policies", "none", "--seeds", "1", "--curve-points", "0", "--requests",
-         "200", "--min-requests", "100", "--quiet", "--jobs", "1"]
+QUICK = ["--slo", "p99_ttft_ms=1000", "--policies", "none", "--seeds", "1", "--curve-points", "0", "--max-growth",
+         "0.2", "--service-times", "10", "--min-requests", "100", "--quiet", "--jobs", "1"]
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

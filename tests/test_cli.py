@@ -10,7 +10,7 @@ import pytest
 
 from sim.commands.cli import main
 from sim.profile import DEFAULT_PROFILE, shipped_profiles
-from tests.conftest import CPU_DEFAULT_FLAGS
+from tests.conftest import CPU_DEFAULT_FLAGS, CPU_DEFAULTS
 
 SHORT = [*CPU_DEFAULT_FLAGS, "--duration", "60", "--rate", "2"]
 
@@ -86,7 +86,7 @@ def test_flags_override_the_config_file(capsys, tmp_path, synthetic_profile):
     (["--policy", "nonesuch"], "--policy: policy.name: unknown policy 'nonesuch'"),
     (["--batching", "dynamic"], "--batching: engine.batching: 'dynamic' is not one of continuous, static"),
     (["--prompt-tokens", "uniform:9"], "--prompt-tokens: workload.prompt_tokens:"),
-    (["--rate", "abc"], "argument --rate: 'abc' is not a valid float"),
+    (["--rate", "abc"], "argument --rate/--request-rate: 'abc' is not a valid float"),
 ])
 def test_bad_flags_fail_with_one_line_and_write_nothing(capsys, tmp_path, synthetic_profile, flags, needle):
     out = tmp_path / "never"
@@ -215,3 +215,49 @@ def test_a_policy_without_max_k_is_refused_before_running(capsys, tmp_path, monk
                            "--out", str(tmp_path / "never"))
     assert code == 2
     assert "policy.name: policy 'vague:Vague' must define max_k" in err and err.count("\n") == 1
+
+
+def test_records_keep_full_precision_after_a_long_simulated_time(capsys, tmp_path):
+    """After 1e5 s of simulated time a step's start and end still carry every bit in steps.csv:
+    the durations summed from the file give summary.json's busy time (9 digits gave 2e-6 off)."""
+    out = tmp_path / "long"
+    assert main(["run", "--config", str(CPU_DEFAULTS), "--rate", "0.01", "--num-requests", "1100",
+                 "--out", str(out), "--quiet"]) == 0
+    steps = pd.read_csv(out / "steps.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    assert steps.end_s.max() > 1e5
+    busy = float((steps.end_s.to_numpy() - steps.start_s.to_numpy()).sum())
+    assert busy == pytest.approx(summary["metrics"]["busy_time_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("argv", [["run", "--num-req", "100"], ["run", "--num-request", "100"],
+                                  ["run", "--rat", "2"], ["capacity", "--slo", "p99_ttft_ms=100", "--seed", "0",
+                                                          "--polic", "none"],
+                                  ["sweep", "x.toml", "--work", "2"]])
+def test_abbreviated_flags_are_refused(argv, capsys):
+    """argparse would take a unique prefix of a flag for the flag: a typo must not run something else."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_abbreviated_flags():
+    from calibrate.cli import build_parser
+    from sim.errors import InputError
+
+    with pytest.raises(InputError, match="unrecognized arguments: --tar"):
+        build_parser().parse_args(["--tar", "opt-125m", "--out", "x"])
+
+
+def test_the_summary_names_the_profile_the_user_gave(capsys, tmp_path, synthetic_profile):
+    """A folder's sidecar may carry another profile's name (a calibration writes its device and models);
+    the summary names the folder as given, and summary.json keeps the sidecar's name beside it."""
+    import shutil
+
+    folder = tmp_path / "my-profile"
+    shutil.copytree(synthetic_profile, folder)
+    out = tmp_path / "run"
+    code, stdout, _ = run_cli(capsys, "run", "--profile", str(folder), *SHORT, "--out", str(out))
+    assert code == 0 and any(line.startswith("Profile:") and line.endswith(str(folder)) for line in stdout.splitlines())
+    profile = json.loads((out / "summary.json").read_text())["profile"]
+    assert profile["name"] == str(folder) and profile["sidecar_name"] == "synthetic"

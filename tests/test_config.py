@@ -370,3 +370,35 @@ def test_to_toml_is_byte_identical_to_the_format_before_the_key_table(tmp_path):
         'k = 3\n\n'
         '[acceptance]\nalpha = 0.7\ndistribution = "fixed"\nconcentration = 10.0\n\n[output]\nrecords = "csv"\n'
         'timeline = "t.json"\ntimeline_window = "1.0:2.5"\n\n[cluster]\nreplicas = 2\nrouter = "round-robin"\n')
+
+
+@pytest.mark.parametrize("overrides", [{"workload.burstiness": (0.5, "--burstiness")}, {"workload.cv": (2.0, "--cv")},
+                                       {"workload.burstiness": 0.5}])
+def test_burstiness_other_than_one_means_gamma_arrivals(overrides):
+    """As in vllm bench serve: a burstiness over the default Poisson arrivals is never ignored."""
+    config = load_config(None, overrides)
+    assert config.workload.arrival == "gamma" and config.workload.burstiness == 0.5 - (0.25 if "workload.cv" in
+                                                                                           overrides else 0)
+    assert 'arrival = "gamma"' in config.to_toml()
+
+
+def test_burstiness_one_keeps_poisson_arrivals():
+    assert load_config(None, {"workload.burstiness": (1.0, "--burstiness")}).workload.arrival == "poisson"
+
+
+def test_a_flag_s_burstiness_turns_a_file_s_poisson_arrivals_gamma(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[workload]\narrival = "poisson"\nburstiness = 1.0\n')
+    assert load_config(path, {"workload.burstiness": (0.5, "--burstiness")}).workload.arrival == "gamma"
+
+
+def test_poisson_and_burstiness_asked_for_together_contradict(tmp_path):
+    with pytest.raises(InputError) as info:
+        load_config(None, {"workload.arrival": ("poisson", "--arrival"), "workload.burstiness": (0.5, "--burstiness")})
+    assert str(info.value) == ("--arrival: workload.arrival: poisson arrivals have burstiness 1, but burstiness is "
+                               "0.5 (set at --burstiness): drop one (burstiness other than 1 means gamma arrivals, "
+                               "as in vllm bench serve)")
+    path = tmp_path / "s.toml"
+    path.write_text('[workload]\narrival = "poisson"\nburstiness = 0.5\n')
+    with pytest.raises(InputError, match=r"s.toml:2: workload.arrival: .* \(set at .*s.toml:3\)"):
+        load_config(path)

@@ -12,6 +12,7 @@ scripts' digits, or ``1_000``, as numbers: a trace is data from elsewhere, so no
 """
 
 from __future__ import annotations
+from workloads.files import missing_file
 
 import codecs
 import csv
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workloads.files import missing_file
 from workloads.limits import MAX_TIME_S, MAX_TOKENS
 from workloads.requests import Requests
 
@@ -42,7 +44,7 @@ class TraceError(ValueError):
 def read_trace(path: str | os.PathLike[str]) -> Requests:
     path = Path(path)
     if not path.is_file():
-        raise TraceError("no such trace file", path)
+        raise TraceError(missing_file(path, "trace file"), path)
     fast = read_trace_columns(path)
     if fast is not None:
         return fast

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workloads.files import missing_file
 from workloads.trace import TraceError
 
 DETAIL_FIELDS = ("input_lens", "output_lens")
@@ -60,7 +61,7 @@ class VllmResult:
 def read_vllm_result(path: str | os.PathLike[str]) -> VllmResult:
     path = Path(path)
     if not path.is_file():
-        raise TraceError("no such vLLM result file", path, field="workload.trace_vllm")
+        raise TraceError(missing_file(path, "vLLM result file"), path, field="workload.trace_vllm")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

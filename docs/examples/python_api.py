@@ -12,10 +12,11 @@ print(result.requests[["arrival_s", "prompt_tokens", "output_tokens", "ttft_s", 
 decode = result.steps[result.steps.phase == 1]
 print(decode.groupby("batch_size").k.mean().round(2).head(4))
 
-# A sweep, written as a sweep file would be: the table comes back as a DataFrame.
+# A sweep, written as a sweep file would be, on a process pool (this script needs no
+# `if __name__ == "__main__":` guard: the workers never run it again). A DataFrame comes back.
 table = specbatch.sweep({"scenario": {"profile": "h100-llama-3.1-8b-llama-3.2-1b",
                                       "workload": {"num_requests": 400}},
-                         "axes": {"rate": [5, 20], "policy": ["none", "goodput"]}}, executor="serial")
+                         "axes": {"rate": [5, 20], "policy": ["none", "goodput"]}}, workers=2)
 print(table[["workload.rate", "policy", "mean_e2el_ms", "output_throughput"]].round({"mean_e2el_ms": 0, "output_throughput": 2})
       .to_string(index=False))
 

@@ -50,7 +50,7 @@ def draw(comparison: dict, out: Path, max_panels: int = 4) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("comparison", type=Path, help="JSON written by specbatch regress --json")
     parser.add_argument("out", type=Path, help="PNG to write")
     args = parser.parse_args(argv)

@@ -45,7 +45,7 @@ def plot(table: pd.DataFrame, out: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--table", type=Path, default=None, help="plot this sweep table instead of running one")
     parser.add_argument("--out", type=Path, default=HERE / "sweep.png")
     args = parser.parse_args()

@@ -28,7 +28,7 @@ MULTI_GPU = ("smartspec_70b", "draft_1b_70b", "tp_vs_replicas")
 def main(argv: list[str] | None = None) -> int:
     from sim.profile import DEFAULT_PROFILE
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or directory")
     parser.add_argument("--out", type=Path, default=HERE / "figures", help="folder for figures and tables")
     parser.add_argument("--only", choices=STUDIES + MULTI_GPU, action="append", help="run just these studies")

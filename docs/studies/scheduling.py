@@ -148,7 +148,7 @@ def main() -> int:
 
     from sim.profile import DEFAULT_PROFILE
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--out", type=Path, default=HERE / "figures")
     args = parser.parse_args()

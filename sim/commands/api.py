@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 import html
 import io
-import json
 import math
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,13 @@ import pandas as pd
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
-__all__ = ["InputError", "Run", "CapacityReport", "run", "sweep", "capacity", "compare", "validate", "tune",
-           "compose"]
+__all__ = ["InputError", "Run", "RunWarning", "CapacityReport", "run", "sweep", "capacity", "compare", "validate",
+           "tune", "compose"]
+
+
+class RunWarning(UserWarning):
+    """What ``specbatch run`` prints as a ``warning:`` line (a queue that grows without bound, a
+    step priced far outside the profile's grid), raised as a Python warning by :func:`run`."""
 
 # The summary table's rows: (label, summary key, scale, format).
 _SUMMARY_ROWS = (
@@ -72,6 +77,18 @@ class Run:
 
         return summary_document(self.result)
 
+    def vllm_result(self, percentile_metrics: str = "ttft,tpot,itl", metric_percentiles: str = "99",
+                    detailed: bool = False) -> dict[str, Any]:
+        """This run as ``vllm bench serve --save-result`` writes its JSON (flat; ``detailed``: with
+        the per-request lists of --save-detailed), statistics chosen as vLLM's flags choose them."""
+        import argparse
+
+        from sim.commands.vllm_bench import result_document, selection
+
+        chosen = selection(argparse.Namespace(percentile_metrics=percentile_metrics,
+                                              metric_percentiles=metric_percentiles))
+        return result_document(self.result, *chosen, detailed)
+
     def __str__(self) -> str:
         from sim.commands.outputs import format_summary
 
@@ -102,29 +119,11 @@ def run(config: str | os.PathLike[str] | None = None, *, overrides: dict[str, An
     ``out=FOLDER`` the run folder is written as ``specbatch run --out`` writes it; with
     ``timeline=FILE`` the Chrome trace too.
     """
-    from sim.atomic_write import output_lock, output_problem
-    from sim.commands.outputs import check_run_dir, write_run
-    from sim.commands.timeline import check_writable, write_timeline
-    from sim.simulate import execute, prepare
+    from sim.commands.outputs import run_to_folder
 
     resolved = load_config(config, {**(overrides or {}), **_keywords(settings)})
-    prepared = prepare(resolved)
-    folder = resolved.output.dir
-    if folder is not None:  # every output checked before the run, as the CLI does (docs/errors.md)
-        problem = output_problem(folder, folder=True)
-        if problem is not None:
-            raise resolved.error("output.dir", f"cannot write {folder}: {problem}")
-        check_run_dir(folder)
-    if resolved.output.timeline is not None:
-        check_writable(resolved.output.timeline)
-    out = None
-    with output_lock(folder, error=lambda message: resolved.error("output.dir", message)) if folder is not None \
-            else contextlib.nullcontext():
-        result = execute(prepared)
-        if folder is not None:
-            out = write_run(result, folder)
-    if resolved.output.timeline is not None:
-        write_timeline(result, resolved.output.timeline, resolved.output.timeline_window)
+    result, out = run_to_folder(resolved, default_folder=False,
+                                warn=lambda text: warnings.warn(text, RunWarning, stacklevel=4))
     return Run(dict(result.summary), result.requests, result.steps, result.config, tuple(result.warnings),
                out, result)
 
@@ -156,11 +155,18 @@ def validate(config: str | os.PathLike[str] | None = None, *, overrides: dict[st
 
 
 def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict[str, tuple[Any, str]]:
-    """Keywords -> load_config overrides, each sourced as its flag (so errors read as the CLI's)."""
+    """Keywords -> load_config overrides, each sourced as its flag (so errors read as the CLI's);
+    vllm bench serve's random dataset keywords (``random_input_len``...) become the lengths."""
     from sim.commands.flags import RUN_FLAGS
+    from sim.commands.vllm_bench import DATASET_KEYWORDS, dataset_overrides
 
     flags = {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}
     overrides: dict[str, tuple[Any, str]] = {}
+    if allowed is None and any(name in settings for name in DATASET_KEYWORDS):
+        settings = dict(settings)
+        dataset = {name: settings.pop(name, None) for name in DATASET_KEYWORDS}
+        lengths = any(name in settings for name in ("prompt_tokens", "output_tokens"))
+        overrides.update(dataset_overrides(dataset, lengths))
     for name, value in settings.items():
         key = key_for(name)
         flag = flags.get(key)
@@ -234,34 +240,41 @@ def latency_cdf_svg(requests: pd.DataFrame) -> str | None:
 
 
 def sweep(spec: dict[str, Any], *, out: str | os.PathLike[str] | None = None, executor: str = "pool",
-          workers: int | None = None, progress: bool = False) -> pd.DataFrame:
+          workers: int | None = None, dask: str | None = None, progress: bool = False) -> pd.DataFrame:
     """Run a sweep given as a dict in the sweep file's shape; returns its table (one row per cell).
 
     ``{"scenario": {"workload": {"num_requests": 200}}, "axes": {"rate": [0.5, 1], "policy": ["none",
     "goodput"]}}``. Every cell is resolved before any runs (a bad axis is one InputError naming
-    it). With ``out=FOLDER`` the cells and sweep.parquet/csv are written there, and a rerun
-    resumes; without, the sweep runs in a temporary folder that is removed afterwards.
+    it). ``executor``: ``pool`` (a local process pool of ``workers``), ``serial`` (this process)
+    or ``dask``, on the scheduler at ``dask`` (an address, or ``local`` for a LocalCluster, the
+    default). Workers never run the calling script again, so no ``__main__`` guard is needed.
+    With ``out=FOLDER`` the cells and sweep.parquet/csv are written there, and a rerun resumes;
+    without, the sweep runs in a temporary folder that is removed afterwards.
     """
+    from sim.commands.sweep.executors import have_dask
     from sim.commands.sweep.runner import EXECUTORS, run_sweep
     from sim.commands.sweep.spec import sweep_from_data
     from sim.commands.sweep.store import have_pyarrow
 
-    if executor not in EXECUTORS or executor == "dask":
-        raise InputError(f"'{executor}' is not one of pool, serial", field="executor")
+    if executor not in EXECUTORS:
+        raise InputError(f"'{executor}' is not one of {', '.join(EXECUTORS)}", field="executor")
+    if dask is not None and executor != "dask":
+        raise InputError(f"a Dask address runs the sweep on Dask: give executor='dask', not '{executor}'", field="dask")
+    if executor == "dask" and not have_dask():
+        raise InputError("needs dask.distributed: pip install 'specbatch[sweep]'", field="executor")
     if workers is not None and workers < 1:
         raise InputError(f"must be at least 1, got {workers}", field="workers")
     resolved = sweep_from_data(spec)
+    settings = {"executor": executor, "workers": workers, "dask_address": dask or "local", "progress": progress}
     if out is not None:
         from sim.atomic_write import check_output, output_lock
 
         check_output(out, folder=True, field="out")
         parquet = have_pyarrow()
         with output_lock(out, field="out"):
-            return run_sweep(resolved, Path(out), executor=executor, workers=workers, parquet=parquet,
-                             csv=not parquet, progress=progress).table
+            return run_sweep(resolved, Path(out), parquet=parquet, csv=not parquet, **settings).table
     with tempfile.TemporaryDirectory(prefix="specbatch-sweep-") as folder:
-        return run_sweep(resolved, Path(folder), executor=executor, workers=workers, parquet=False, csv=False,
-                         progress=progress).table
+        return run_sweep(resolved, Path(folder), parquet=False, csv=False, **settings).table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,9 +298,10 @@ class CapacityReport:
 
 
 def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, float] | list[str],
-             policies: str | list[str] = "none,fixed,goodput", seeds: int = 3, tolerance: float = 0.05,
-             requests: int = 600, min_requests: int = 100, warmup: float = 0.1, curve_points: int = 5,
-             target_rate: float | None = None, gpu_hour_price: float | None = None,
+             policies: str | list[str] = "none,fixed,goodput", seeds: int | None = None,
+             tolerance: float | None = None, service_times: float | None = None, extensions: int | None = None,
+             max_growth: float | None = None, min_requests: int | None = None, warmup: float | None = None,
+             curve_points: int | None = None, target_rate: float | None = None, gpu_hour_price: float | None = None,
              gpus_per_replica: int | None = None, profiles: str | list[str] | None = None,
              gpu_price: str | dict[str, float] | None = None, tp: str | list[int] | None = None,
              jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
@@ -300,7 +314,10 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     ``out=FOLDER`` the report (HTML, Markdown, JSON, figures) is written there. To compare
     GPUs: ``profiles=["h100-...", "h200-..."]`` and ``gpu_price={"h100": 3.9, "h200": 4.5}``;
     the table then has one row per profile and policy. ``tp=[1, 4]``: each profile split over 1 and
-    4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour.
+    4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour. The
+    search's settings (``seeds``, ``tolerance``, ``service_times``, ``extensions``, ``max_growth``,
+    ``min_requests``, ``warmup``, ``curve_points``) default to the command's; ``jobs`` > 1 runs
+    them on a process pool, which never runs the calling script again (no ``__main__`` guard needed).
     """
     from sim.commands.capacity.cli import WORKLOAD_FLAGS, plan_capacity
     from sim.commands.capacity.report import check_out_dir
@@ -313,11 +330,14 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
                   else ",".join(f"{gpu}={price:g}" for gpu, price in gpu_price.items()))
     tp_text = tp if tp is None or isinstance(tp, str) else ",".join(str(n) for n in tp)
     keyword_overrides = _keywords(settings, allowed=set(WORKLOAD_FLAGS))
+    search = {name: value for name, value in (("seeds", seeds), ("tolerance", tolerance),
+                                               ("service_times", service_times), ("extensions", extensions),
+                                               ("max_growth", max_growth), ("min_requests", min_requests),
+                                               ("warmup", warmup),
+                                               ("curve_points", curve_points)) if value is not None}
     plan = plan_capacity(config, {**(overrides or {}), **keyword_overrides}, slos=slos, policies=policy_text,
-                         seeds=seeds, tolerance=tolerance, requests=requests, min_requests=min_requests,
-                         warmup=warmup, curve_points=curve_points, target_rate=target_rate,
-                         gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica, jobs=jobs,
-                         profiles=profile_text, gpu_price=price_text, tp=tp_text)
+                         target_rate=target_rate, gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica,
+                         jobs=jobs, profiles=profile_text, gpu_price=price_text, tp=tp_text, **search)
     from sim.atomic_write import check_output, output_lock
 
     folder = check_output(check_out_dir(out), folder=True, field="out") if out is not None else None
@@ -329,17 +349,16 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
 
 
 def capacity_table(result: Any) -> pd.DataFrame:
-    """One row per profile and policy, in numbers: max rate and its uncertainty, the SLO
-    statistics and operating point at that rate, and (when asked for) replicas and cost."""
+    """One row per profile and policy, in numbers: max rate and the final bracket, the saturation
+    probe, the SLO statistics and operating point at that rate, and (when asked for) replicas and cost."""
     inputs, rows = result.inputs, []
     for profile, by_policy in result.outcomes.items():
         price = inputs.profiles[profile].price
         for label, outcome in by_policy.items():
             operating, costs = outcome.operating or {}, result.costs[profile][label]
             row = {"profile": profile, "gpus_per_replica": inputs.gpus(profile), "policy": label,
-                   "max_rate": outcome.max_rate,
-                   "uncertainty": outcome.uncertainty, "bracket_low": outcome.bracket[0],
-                   "bracket_high": outcome.bracket[1], "seed_max_rates": json.dumps(list(outcome.seed_max_rates))}
+                   "max_rate": outcome.max_rate, "bracket_low": outcome.bracket[0],
+                   "bracket_high": outcome.bracket[1], "saturation": outcome.probe.throughput, "runs": outcome.runs}
             row.update({slo.metric: operating.get(slo.metric) for slo in inputs.slos})
             row.update({name: operating.get(name) for name in ("goodput", "mean_k", "mean_batch_size")})
             if inputs.target_rate is not None:

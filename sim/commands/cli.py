@@ -46,13 +46,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but bad flags end as one line and exit code 2 like every other bad input."""
+    """argparse, but bad flags end as one line and exit code 2 like every other bad input (a flag of
+    vllm bench serve's that a simulation has no use for: a line saying what to give instead), and a
+    flag is taken only as spelled in full (``--num-req`` is not silently ``--num-requests``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):  # noqa: D401
+        from sim.commands.vllm_bench import pointer
+
+        if message.startswith("unrecognized arguments: "):  # a vllm bench serve habit gets a pointer to ours
+            hint = pointer(message.split(": ", 1)[1].split())
+            if hint is not None:
+                self.exit(2, f"error: {self.prog}: {hint}\n")
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
+
 def build_parser() -> argparse.ArgumentParser:
+    from sim.commands import vllm_bench
     from sim.commands.flags import add_run_flags, typed
 
     parser = _Parser(prog="specbatch", description="Simulate LLM serving with speculative decoding.")
@@ -64,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="TOML scenario file; flags override its values")
     add_run_flags(run)
     run.add_argument("--quiet", action="store_true", help="print only the output folder")
+    vllm_bench.add_arguments(run)
     sub.add_parser("calibrate", help="time real draft/target passes and write a profile (needs torch)",
                    add_help=False)
     profiles = sub.add_parser("profiles", help="list shipped profiles, or describe one")
@@ -182,41 +196,29 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sim.atomic_write import output_lock, output_problem
+    from sim.atomic_write import check_output
+    from sim.commands import vllm_bench
     from sim.commands.flags import run_overrides
+    from sim.commands.outputs import format_summary, run_to_folder
     from sim.config import load_config
-    from sim.commands.outputs import check_run_dir, default_output_dir, format_summary, write_run
-    from sim.simulate import execute, prepare
-    from sim.commands.timeline import check_writable, commit, remove_folders, stage_timeline
 
-    config = load_config(args.config, run_overrides(args))
-    run = prepare(config)
-    out = config.output.dir or default_output_dir(run.config.digest())
-    problem = output_problem(out, folder=True)  # every output checked before the work, not after it
-    if problem is not None:
-        raise config.error("output.dir", f"cannot write {out}: {problem}")
-    check_run_dir(out)
+    overrides = run_overrides(args)
+    given = any(overrides[key][0] is not None for key in ("workload.prompt_tokens", "workload.output_tokens"))
+    overrides.update(vllm_bench.dataset_overrides({k: getattr(args, k) for k in vllm_bench.DATASET_KEYWORDS}, given))
+    config = load_config(args.config, overrides)
+    chosen = vllm_bench.selection(args)
+    saved = vllm_bench.result_path(args, config)
+    if saved is not None:
+        check_output(saved, folder=False, field="result", source="--result-filename")
+    result, out = run_to_folder(config, default_folder=True,
+                                warn=lambda warning: print(f"warning: {warning}", file=sys.stderr))
+    if saved is not None:
+        vllm_bench.write_result(saved, result, *(chosen or vllm_bench.default_selection()), args.save_detailed)
     timeline = config.output.timeline
-    timeline_folders = check_writable(timeline) if timeline else []
-    for warning in run.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    with output_lock(out, error=lambda message: config.error("output.dir", message)):  # a second run to the same folder is refused now
-        result = execute(run)
-        staged = None
-        try:
-            staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
-            out = write_run(result, out)
-        except BaseException:
-            if staged is not None:
-                staged.unlink(missing_ok=True)
-            remove_folders(timeline_folders)
-            raise
-        if staged is not None:
-            commit(staged, timeline)
     if args.quiet:
         print(out)
         return 0
-    print(format_summary(result))
+    print(format_summary(result, chosen))
     steps = result.summary["num_steps"]
     print(f"Simulated {result.request_count} requests, {steps} engine steps in {result.wall_s:.2f} s wall "
           f"({steps / max(result.wall_s, 1e-9):,.0f} steps/s, "
@@ -226,6 +228,8 @@ def _run(args: argparse.Namespace) -> int:
              f"steps.{config.output.records}") + ")")
     if timeline:
         print(f"Wrote {timeline} (Chrome trace events: open in https://ui.perfetto.dev)")
+    if saved is not None:
+        print(f"Wrote {saved} (vllm bench serve's result JSON)")
     return 0
 
 

@@ -221,7 +221,7 @@ def pricers_for(profile) -> dict:
     the kernel data its sidecar's command names (needs that data: the gpu-data extra)."""
     from sim.compose.build import load_tables, make_pricers
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_arguments(parser)
     from sim.compose.heads import HEAD_METHODS, HeadPricer
 

@@ -7,26 +7,30 @@ wall clock, so the same config and seed give the same bytes.
 The record tables (requests, steps) are written by pyarrow straight from the run's
 typed columns (:mod:`sim.serving.records`): no DataFrame, no per-row Python. A new
 column is one more entry in those columns; the writer takes them all, in order.
-CSV floats carry 9 significant digits (the precision of the old ``%.9g`` files;
-pyarrow prints the shortest decimal that reads back as the rounded value) and NaN
-is an empty cell.
+CSV floats are written at full precision: pyarrow prints the shortest decimal that
+reads back as the same float64, so a value read from requests.csv or steps.csv is the
+value the run computed (step durations summed from steps.csv give summary.json's busy
+time to the last bit of rounding), and NaN is an empty cell.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 import sim
 from sim.atomic_write import staged_dir
 from sim.errors import InputError
+from sim.config import RunConfig
+from sim.metrics import percentile_word
 from sim.simulate import Columns, RunResult
 
-CSV_SIGNIFICANT_DIGITS = 9
 SLICE_ROWS = 1 << 16  # rows converted and written at a time (larger slices were no faster: 2.5 s either way at 1M)
 
 MARKER = "summary.json"
@@ -37,13 +41,59 @@ def default_output_dir(result_digest: str) -> Path:
     return Path("runs") / result_digest
 
 
+def run_to_folder(config: RunConfig, *, default_folder: bool,
+                  warn: Callable[[str], None] = lambda warning: None) -> tuple[RunResult, Path | None]:
+    """One run from a resolved config to its folder: what ``specbatch run`` and ``specbatch.run`` both do.
+
+    Everything that can fail fails first (docs/errors.md): the inputs (``prepare``), then every
+    output (the folder, the timeline). The folder is locked while the run works, so a second
+    run into it is refused, and the folder and the timeline appear whole or not at all.
+    ``default_folder``: without ``output.dir``, write to runs/<digest> (the command line) rather
+    than nowhere (the API). ``warn`` hears each warning once: the preparation's before the run,
+    the run's own (a queue that grows without bound) after it.
+    """
+    from sim.atomic_write import output_lock, output_problem
+    from sim.commands.timeline import check_writable, commit, remove_folders, stage_timeline
+    from sim.simulate import execute, prepare
+
+    run = prepare(config)
+    out = config.output.dir or (default_output_dir(run.config.digest()) if default_folder else None)
+    if out is not None:
+        problem = output_problem(out, folder=True)
+        if problem is not None:
+            raise config.error("output.dir", f"cannot write {out}: {problem}")
+        check_run_dir(out)
+    timeline = config.output.timeline
+    timeline_folders = check_writable(timeline) if timeline else []
+    for warning in run.warnings:
+        warn(warning)
+    locked = output_lock(out, error=lambda message: config.error("output.dir", message)) if out is not None \
+        else contextlib.nullcontext()
+    with locked:
+        result = execute(run)
+        staged = None
+        try:
+            staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
+            if out is not None:
+                out = write_run(result, out)
+        except BaseException:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            remove_folders(timeline_folders)
+            raise
+        if staged is not None:
+            commit(staged, timeline)
+    for warning in result.warnings[len(run.warnings):]:
+        warn(warning)
+    return result, (Path(out) if out is not None else None)
+
+
 def summary_document(result: RunResult) -> dict:
     cfg = result.config
     return {
         "specbatch_version": sim.__version__,
         "config_digest": cfg.digest(),
-        "profile": {"name": result.profile.name, "device": result.profile.meta.get("device", {}),
-                    "models": {role: m.get("name") for role, m in result.profile.meta.get("models", {}).items()}},
+        "profile": profile_section(result),
         "policy": {"name": cfg.policy.name, **cfg.policy.params},
         "speculation": cfg.speculation.to_dict(),
         "batching": cfg.engine.batching,
@@ -60,6 +110,16 @@ def summary_document(result: RunResult) -> dict:
            if result.spec_decode else {}),
         **(result.extra or {}),
     }
+
+
+def profile_section(result: RunResult) -> dict:
+    """summary.json's ``profile``: named as the user gave it (a folder's name is not its sidecar's:
+    ``--profile my-profile`` may hold a calibration the sidecar calls ``cpu-tinyllama-1.1b-llama-68m``,
+    the name of a shipped profile too), the sidecar's own name beside it where it differs."""
+    profile, given = result.profile, result.config.profile
+    return {"name": given, **({"sidecar_name": profile.name} if profile.name != given else {}),
+            "device": profile.meta.get("device", {}),
+            "models": {role: m.get("name") for role, m in profile.meta.get("models", {}).items()}}
 
 
 def bench_serve_names(result: RunResult) -> dict:
@@ -111,8 +171,8 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
 def write_table(columns: Columns, path: Path, fmt: str) -> None:
     """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order.
 
-    Rows go out in slices of :data:`SLICE_ROWS`, so the writer's own memory (the rounded
-    floats, the formatted text) stays a slice's, whatever the run's length.
+    Rows go out in slices of :data:`SLICE_ROWS`, so the writer's own memory (the formatted
+    text) stays a slice's, whatever the run's length.
     """
     import pyarrow as pa
 
@@ -151,7 +211,8 @@ def _csv_options(arrays: dict[str, np.ndarray]):
 
 def _arrow_column(values: np.ndarray, fmt: str):
     """One column as an Arrow array sharing the numpy buffer (``pa.array`` would import pandas,
-    ~0.4 s, to look for pandas types); a CSV's NaN is a null, written as an empty cell."""
+    ~0.4 s, to look for pandas types); a CSV's NaN is a null, written as an empty cell, and every
+    other float is printed in full (the shortest text that reads back as the same float64)."""
     import pyarrow as pa
 
     if values.dtype.kind not in "iuf":  # labels: strings (a labelled run has imported pandas anyway)
@@ -159,37 +220,10 @@ def _arrow_column(values: np.ndarray, fmt: str):
     values = np.ascontiguousarray(values)
     validity = None
     if values.dtype.kind == "f" and fmt == "csv":
-        values = round_significant(values, CSV_SIGNIFICANT_DIGITS)
         nan = np.isnan(values)
         if nan.any():
             validity = pa.py_buffer(np.packbits(~nan, bitorder="little"))
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [validity, pa.py_buffer(values)])
-
-
-def round_significant(values: np.ndarray, digits: int) -> np.ndarray:
-    """``values`` rounded to ``digits`` significant decimal digits, exactly as ``%.{digits}g`` rounds.
-
-    The scaled value's integer part is exact and the power of ten is exact (<= 1e22), so the
-    division lands on the double nearest the rounded decimal, whose shortest repr (what
-    pyarrow prints) has at most ``digits`` digits. A scaled value at exactly .5 may be a tie
-    only after the scaling's own rounding: those few go through printf, which rounds the
-    exact binary value.
-    """
-    values = np.asarray(values, dtype=np.float64)
-    out = values.copy()
-    live = np.flatnonzero(np.isfinite(values) & (values != 0))
-    x = values[live]
-    shift = (digits - 1 - np.floor(np.log10(np.abs(x)))).astype(np.int64)
-    up = shift >= 0
-    with np.errstate(over="ignore", invalid="ignore"):  # |shift| > 22 is redone by printf below
-        scale = 10.0 ** np.abs(shift)
-        scaled = np.where(up, x * scale, x / scale)
-        whole = np.rint(scaled)
-        out[live] = np.where(up, whole / scale, whole * scale)
-        redo = (np.abs(scaled - whole) == 0.5) | (np.abs(shift) > 22)
-    for i in live[redo]:
-        out[i] = float(f"{values[i]:.{digits}g}")
-    return out
 
 
 def _json_number(value):
@@ -198,8 +232,27 @@ def _json_number(value):
     return value
 
 
-def format_summary(result: RunResult) -> str:
-    """A vLLM-style result block, readable at a glance."""
+def latency_statistics(result, metrics: list[str], percentiles: list[float]) -> dict[str, float]:
+    """mean, median, std and the percentiles asked for, in ms, of each latency (ttft, tpot, itl, e2el),
+    named as vLLM names them (``p99.9_ttft_ms``): vllm bench serve's --percentile-metrics and
+    --metric-percentiles."""
+    from sim.metrics import distribution_stats
+
+    r = result.request_columns
+    done = ~np.isnan(r["finish_s"])
+    values = {"ttft": (r["ttft_s"][done], None), "tpot": (r["tpot_s"][done & (r["output_tokens"] > 1)], None),
+              "e2el": (r["e2el_s"][done], None), "itl": result.itl}
+    out: dict[str, float] = {}
+    for metric in metrics:
+        data, weights = values[metric]
+        out.update(distribution_stats(metric, data, weights, percentiles))
+    return out
+
+
+def format_summary(result: RunResult, selection: tuple[list[str], list[float]] | None = None) -> str:
+    """A vLLM-style result block, readable at a glance. ``selection`` (vllm bench serve's
+    --percentile-metrics and --metric-percentiles: metrics, percentiles) prints those latencies'
+    mean, median and percentiles, as vLLM does; by default every latency's mean, median, P90 and P99."""
     s, cfg = result.summary, result.config
     width = 52
     lines = ["{s:{c}^{n}}".format(s=" specbatch simulation result ", n=width, c="=")]
@@ -212,7 +265,7 @@ def format_summary(result: RunResult) -> str:
     def header(title: str) -> None:
         lines.append("{s:{c}^{n}}".format(s=f" {title} ", n=width, c="-"))
 
-    lines.append(f"{'Profile:':<12}{result.profile.name:>40}")
+    lines.append(f"{'Profile:':<12}{result.config.profile:>40}")  # as the user gave it (summary.json has both)
     policy = cfg.policy.name + "".join(f" {k}={v}" for k, v in cfg.policy.params.items())
     if len(policy) > 40:  # a look-up table, say: the full parameters are in config.toml
         policy = policy[:39] + "…"
@@ -229,11 +282,19 @@ def format_summary(result: RunResult) -> str:
         row("Request goodput (req/s):", s["request_goodput"])
     row("Output token throughput (tok/s):", s["output_throughput"])
     row("Total token throughput (tok/s):", s["total_token_throughput"])
-    for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
-                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
-        header(title)
-        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
-            row(f"{label} {key.upper()} (ms):", s[f"{stat}_{key}_ms"])
+    stats, shown = s, [("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")]
+    metrics = ["ttft", "tpot", "itl", "e2el"]
+    if selection is not None:
+        metrics, percentiles = selection
+        stats = latency_statistics(result, metrics, percentiles)
+        words = [percentile_word(p) for p in percentiles]
+        shown = [("mean", "Mean"), ("median", "Median")] + [(f"p{w}", f"P{w}") for w in words]
+    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    for key in metrics:
+        header(titles[key])
+        for stat, label in shown:
+            row(f"{label} {key.upper()} (ms):", stats[f"{stat}_{key}_ms"])
     header("Speculative Decoding")
     lines.append(f"Method: {cfg.speculation.label()}")
     row("Acceptance rate (%):", 100 * s["acceptance_rate"])

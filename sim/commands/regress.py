@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.atomic_write import write_file
-from sim.errors import InputError, read_text
+from sim.errors import InputError, missing_file, read_text
 from sim.metrics import PREFIX_CACHE_STATS, SCHEDULER_STATS
 from sim.tomlsource import KeyLines, parse_toml
 
@@ -178,7 +178,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     """Parse and check a baseline file; every problem is an InputError naming the key and line."""
     path = Path(path)
     if not path.is_file():
-        raise InputError("no such baseline file", field="baseline", source=path)
+        raise InputError(missing_file(path, "baseline file"), field="baseline", source=path)
     text = read_text(path, field="baseline")
     data = parse_toml(text, path)
     base = Baseline(path, text, [], {}, {}, None, KeyLines(text))
@@ -234,7 +234,7 @@ def _scenario(base: Baseline, index: int, table: Any) -> Scenario:
             raise base.error(at + ("config",), "expected a path to a scenario TOML file")
         config = (base.path.parent / config)
         if not config.is_file():
-            raise base.error(at + ("config",), f"no such config file: {config}")
+            raise base.error(at + ("config",), f"{missing_file(config, 'config file')} {config}")
     overrides = table.get("overrides", {})
     if not isinstance(overrides, dict):
         raise base.error(at + ("overrides",), "expected a table of config keys, e.g. workload.rate = 0.2")

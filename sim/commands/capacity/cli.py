@@ -7,13 +7,13 @@ bad one costs one line and no work.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sim.commands.capacity.inputs import DEFAULTS
 from sim.errors import InputError
 from sim.limits import MAX_WORKERS, memory_problem, request_bytes
 
@@ -22,12 +22,13 @@ from sim.limits import MAX_WORKERS, memory_problem, request_bytes
 # the search's to choose, and it sizes one replica (so no cluster flags). A flag that this
 # version of `specbatch run` lacks is left out.
 WORKLOAD_FLAGS = ("--profile", "--arrival", "--burstiness", "--cv", "--prompt-tokens", "--output-tokens",
-                  "--batching", "--max-batch-size", "--prefill", "--kv-cache-tokens", "--alpha",
-                  "--alpha-distribution", "--alpha-concentration", "--seed")
+                  "--batching", "--max-batch-size", "--prefill", "--kv-cache-tokens", "--scheduler",
+                  "--max-num-batched-tokens", "--alpha", "--alpha-distribution", "--alpha-concentration", "--seed")
 DEFAULT_POLICIES = "none,fixed,goodput"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sim.commands.capacity.inputs import DEFAULTS as d, LONGEST
     from sim.commands.flags import add_run_flags, typed
 
     parser.add_argument("--config", help="base scenario TOML (its rate and run length are ignored); "
@@ -40,17 +41,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated policies, with parameters as NAME:KEY=VALUE[:KEY=VALUE], "
                              f"e.g. none,fixed:k=2,goodput (default {DEFAULT_POLICIES})")
-    parser.add_argument("--seeds", type=typed("--seeds", int), default=3, help="runs (seeds) per rate (default 3)")
-    parser.add_argument("--tolerance", type=typed("--tolerance", float), default=0.05,
-                        help="stop bisecting when (hi - lo) / lo is at most this (default 0.05)")
-    parser.add_argument("--requests", type=typed("--requests", int), default=600,
-                        help="requests per run at the policy's saturation rate; fewer at lower rates (default 600)")
-    parser.add_argument("--min-requests", type=typed("--min-requests", int), default=100,
-                        help="fewest requests per run (default 100)")
-    parser.add_argument("--warmup", type=typed("--warmup", float), default=0.1,
-                        help="fraction of each run's arrivals left out of the metrics (default 0.1)")
-    parser.add_argument("--curve-points", type=typed("--curve-points", int), default=5,
-                        help="extra evenly spaced rates per policy for the latency and goodput figures (default 5)")
+    parser.add_argument("--seeds", type=typed("--seeds", int), default=len(d.seeds),
+                        help=f"runs (seeds) per rate (default {len(d.seeds)})")
+    parser.add_argument("--tolerance", type=typed("--tolerance", float), default=d.tolerance,
+                        help=f"stop bisecting when (hi - lo) / lo is at most this (default {d.tolerance:g})")
+    parser.add_argument("--service-times", type=typed("--service-times", float), default=d.service_times,
+                        help=f"a rate's first runs have arrivals over this many service times (a request's time in "
+                             f"a full batch, from the saturation probe); default {d.service_times:g}")
+    parser.add_argument("--extensions", type=typed("--extensions", int), default=d.extensions,
+                        help=f"while a rate is undecided, rerun it longer (as its spread says it needs, at most "
+                             f"{LONGEST}x), at most this often (default {d.extensions}); still undecided, it fails")
+    parser.add_argument("--max-growth", type=typed("--max-growth", float), default=d.max_growth,
+                        help=f"a sustained rate's queue keeps less than this share of its arrivals, shown at 95%% "
+                             f"confidence (default {d.max_growth:g}); larger decides with shorter runs")
+    parser.add_argument("--min-requests", type=typed("--min-requests", int), default=d.min_requests,
+                        help=f"fewest requests per run (default {d.min_requests})")
+    parser.add_argument("--warmup", type=typed("--warmup", float), default=d.warmup,
+                        help=f"fraction of each run's arrival window left out of the measurement (default {d.warmup:g})")
+    parser.add_argument("--curve-points", type=typed("--curve-points", int), default=d.curve_points,
+                        help=f"extra evenly spaced rates per policy for the latency and goodput figures "
+                             f"(default {d.curve_points})")
     parser.add_argument("--target-rate", type=typed("--target-rate", float), default=None,
                         help="traffic to serve (req/s): report the replicas needed")
     parser.add_argument("--gpu-hour-price", type=typed("--gpu-hour-price", float), default=None,
@@ -116,6 +126,11 @@ class CapacityResult:
     configs: dict        # search label -> the RunConfig searched
     wall_s: float
 
+    @property
+    def runs(self) -> int:
+        """Simulations the search ran, over every profile and policy."""
+        return sum(o.runs for by_policy in self.outcomes.values() for o in by_policy.values())
+
     def table_text(self) -> str:
         """What ``specbatch capacity`` prints: the results, with several profiles the cost
         comparison, and the prices it used."""
@@ -135,18 +150,17 @@ class CapacityResult:
 
 
 def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[str] | None, policies: str,
-                  seeds: int = 3, tolerance: float = 0.05, requests: int = 600, min_requests: int = 100,
-                  warmup: float = 0.1, curve_points: int = 5, target_rate: float | None = None,
-                  gpu_hour_price: float | None = None, gpus_per_replica: int | None = None, jobs: int = 1,
-                  profiles: str | None = None, gpu_price: str | None = None, tp: str | None = None) -> CapacityPlan:
+                  seeds: int = len(DEFAULTS.seeds), tolerance: float = DEFAULTS.tolerance,
+                  service_times: float = DEFAULTS.service_times, extensions: int = DEFAULTS.extensions,
+                  max_growth: float = DEFAULTS.max_growth, min_requests: int = DEFAULTS.min_requests,
+                  warmup: float = DEFAULTS.warmup, curve_points: int = DEFAULTS.curve_points,
+                  target_rate: float | None = None, gpu_hour_price: float | None = None,
+                  gpus_per_replica: int | None = None, jobs: int = 1, profiles: str | None = None,
+                  gpu_price: str | None = None, tp: str | None = None) -> CapacityPlan:
     """Check every input (one InputError, named by its flag) and prepare each policy, before any run."""
-    from sim.commands.capacity.inputs import parse_policies, parse_slos, policy_config, positive
+    from sim.commands.capacity.inputs import SearchSettings, parse_policies, parse_slos, policy_config, positive
     from sim.commands.capacity.report import ReportInputs
-    from sim.commands.capacity.search import SearchSettings
 
-    if importlib.util.find_spec("matplotlib") is None:
-        raise InputError("the report's figures need matplotlib, which is not installed: "
-                         "pip install 'specbatch[report]'")
     parsed_slos = parse_slos(slos)
     specs = parse_policies(policies)
     target = positive(target_rate, "--target-rate")
@@ -156,11 +170,14 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     _at_least(jobs, 1, "--jobs")
     if jobs > MAX_WORKERS:
         raise InputError(f"must be at most {MAX_WORKERS}, got {jobs}", source="--jobs")
-    _at_least(min_requests, 2, "--min-requests")
-    _at_least(requests, min_requests, "--requests", "--min-requests")
-    problem = memory_problem(request_bytes(requests) * max(1, min(jobs, os.cpu_count() or 1)))
+    _at_least(min_requests, 10, "--min-requests")
+    positive(service_times, "--service-times")
+    if not 0 < max_growth < 1:
+        raise InputError(f"must be inside (0, 1), got {max_growth:g}", source="--max-growth")
+    _at_least(extensions, 0, "--extensions")
+    problem = memory_problem(request_bytes(min_requests) * max(1, min(jobs, os.cpu_count() or 1)))
     if problem is not None:
-        raise InputError(f"{requests} requests per run on {jobs} worker(s): {problem}", source="--requests")
+        raise InputError(f"{min_requests} requests per run on {jobs} worker(s): {problem}", source="--min-requests")
     _at_least(curve_points, 0, "--curve-points")
     if not 0 < tolerance < 1:
         raise InputError(f"must be inside (0, 1), got {tolerance:g}", source="--tolerance")
@@ -179,37 +196,45 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
             members[label] = (name, spec.label)
     first = next(iter(bases.values()))[0]
     settings = SearchSettings(seeds=tuple(range(first.seed, first.seed + seeds)), tolerance=tolerance,
-                              requests=requests, min_requests=min_requests, warmup=warmup,
-                              curve_points=curve_points)
+                              service_times=service_times, extensions=extensions, max_growth=max_growth,
+                              min_requests=min_requests, warmup=warmup, curve_points=curve_points)
     inputs = ReportInputs(profiles=priced, workload=_workload_facts(first), slos=parsed_slos, settings=settings,
                           target_rate=target, gpus_per_replica=gpus_per_replica,
                           prices=_prices_text(gpu_hour_price, gpu_price))
     return CapacityPlan(inputs, configs, members, jobs)
 
 
+def plan_from_args(args: argparse.Namespace) -> CapacityPlan:
+    """The plan of a parsed ``specbatch capacity`` command line (every input checked)."""
+    from sim.commands.flags import run_overrides
+
+    return plan_capacity(args.config, run_overrides(args, _workload_flags()), slos=args.slo,
+                         policies=args.policies, seeds=args.seeds, tolerance=args.tolerance,
+                         service_times=args.service_times, extensions=args.extensions,
+                         max_growth=args.max_growth, min_requests=args.min_requests, warmup=args.warmup,
+                         curve_points=args.curve_points, target_rate=args.target_rate,
+                         gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs,
+                         profiles=args.profiles, gpu_price=args.gpu_price, tp=args.tp)
+
+
 def main(args: argparse.Namespace) -> int:
     from sim.atomic_write import check_output, output_lock
-    from sim.commands.capacity.report import check_out_dir
+    from sim.commands.capacity.report import check_out_dir, have_matplotlib
     from sim.commands.capacity.search import stderr_progress
-    from sim.commands.flags import run_overrides
 
     if args.out:  # a named folder is checked before the plan fits its profiles
         check_out_dir(args.out)
         check_output(args.out, folder=True, field="out", source=f"--out {args.out}")
-    plan = plan_capacity(args.config, run_overrides(args, _workload_flags()), slos=args.slo,
-                         policies=args.policies, seeds=args.seeds, tolerance=args.tolerance,
-                         requests=args.requests, min_requests=args.min_requests, warmup=args.warmup,
-                         curve_points=args.curve_points, target_rate=args.target_rate,
-                         gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs,
-                         profiles=args.profiles, gpu_price=args.gpu_price, tp=args.tp)
+    plan = plan_from_args(args)
     out = check_out_dir(args.out if args.out else plan.default_out())  # before the search, not after
     check_output(out, folder=True, field="out", source=f"--out {out}" if args.out else None)
     with output_lock(out, field="out", source=f"--out {out}" if args.out else None):
         result = plan.search(progress=None if args.quiet else stderr_progress)
         result.write(out)
     print(result.table_text())
-    print(f"Search took {result.wall_s:.1f} s wall on {args.jobs} worker(s). "
-          f"Wrote {out}/ (report.html, report.md, capacity.json, figures)")
+    figures = "figures" if have_matplotlib() else "no figures: matplotlib is not installed, pip install 'specbatch[report]'"
+    print(f"Search took {result.wall_s:.1f} s wall on {args.jobs} worker(s), {result.runs} runs. "
+          f"Wrote {out}/ (report.html, report.md, capacity.json; {figures})")
     return 0
 
 

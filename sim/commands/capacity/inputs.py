@@ -1,4 +1,4 @@
-"""What a capacity search is asked: SLOs, the policies to compare, the base workload.
+"""What a capacity search is asked: SLOs, the policies to compare, the base workload, the search settings.
 
 Every bad value fails here, before any simulation, as one InputError naming the flag.
 """
@@ -12,10 +12,41 @@ from typing import Any
 
 from sim.config import PolicyConfig, RunConfig, load_config
 from sim.errors import InputError
+from sim.stability import CONFIDENCE, MAX_GROWTH
 
 SLO_STATS = ("mean", "median", "p90", "p99")  # summary.json's statistics; p50 is accepted for median
 SLO_LATENCIES = ("ttft", "tpot", "e2el")
 SLO_METRICS = tuple(f"{s}_{m}_ms" for m in SLO_LATENCIES for s in SLO_STATS)
+
+
+LONGEST = 16   # an undecided rate's reruns are at most this many times its first runs' length
+SAFETY = 1.5   # a rerun is this much longer than the undecided look's spread says it needs
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    seeds: tuple[int, ...] = (0, 1, 2)
+    tolerance: float = 0.02        # relative width of the final bracket
+    service_times: float = 40.0    # a rate's first runs: arrivals over this many service times
+    min_requests: int = 200        # fewest requests per run
+    warmup: float = 0.5            # fraction of each run's arrival window left out of the measurement
+    max_growth: float = MAX_GROWTH  # a sustained rate's queue keeps less than this share of its arrivals
+    extensions: int = 2            # at most this many longer reruns while undecided (up to LONGEST x)
+    curve_points: int = 5          # extra rates per policy for the figures, 0 for none
+    max_steps_down: int = 10       # give up (no rate meets the SLOs) below START_ABOVE * mu * STEP_DOWN**10
+    max_doublings: int = 4
+
+    @property
+    def looks(self) -> int:
+        return self.extensions + 1
+
+    @property
+    def confidence(self) -> float:
+        """Of each look's one-sided bound: the 5% shared equally between the looks."""
+        return 1 - (1 - CONFIDENCE) / self.looks
+
+
+DEFAULTS = SearchSettings()  # the flags' and the API's defaults
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from sim.errors import InputError, read_text
+from sim.errors import InputError, missing_file, read_text
 
 FLAG = "--gpu-price"
 
@@ -61,7 +61,9 @@ def parse_gpu_prices(text: str) -> dict[str, float]:
         return prices
     path = Path(text)
     if not path.is_file():
-        raise InputError(f"'{text}' is neither GPU=PRICE pairs (h100=3.9,h200=4.5) nor a TOML file", source=FLAG)
+        why = missing_file(path, "TOML file of prices") if path.is_dir() else \
+            "is neither GPU=PRICE pairs (h100=3.9,h200=4.5) nor a TOML file"
+        raise InputError(f"'{text}' {why}", source=FLAG)
     source = f"{FLAG} {path}"
     body = read_text(path, field=FLAG)
     try:

@@ -23,9 +23,10 @@ import numpy as np
 import sim
 from sim.atomic_write import staged_dir
 from sim.commands.capacity.costing import Costing
-from sim.commands.capacity.inputs import SLO
-from sim.commands.capacity.search import PolicyOutcome, SearchSettings
+from sim.commands.capacity.inputs import LONGEST, SLO, SearchSettings
+from sim.commands.capacity.search import PolicyOutcome
 from sim.errors import InputError
+from sim.stability import CONFIDENCE
 
 MARKER = "capacity.json"
 FIGURES = ("latency_vs_rate.png", "goodput_vs_rate.png", "operating_point.png")
@@ -70,17 +71,27 @@ def figure_names(inputs: ReportInputs) -> tuple[str, ...]:
     return FIGURES + ((COMPARISON_FIGURE,) if len(inputs.profiles) > 1 else ())
 
 
+def have_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def write_report(out_dir: str | os.PathLike[str], inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> Path:
+    """The report folder, whole or not at all; without matplotlib its figures are left out and it says so."""
     out_dir = check_out_dir(out_dir)
-    figures = render_figures(inputs, outcomes, costs)
+    figures = render_figures(inputs, outcomes, costs) if have_matplotlib() else {}
     document = results_document(inputs, outcomes, costs)
     with staged_dir(out_dir) as staging:
         for name, png in figures.items():
             (staging / name).write_bytes(png)
-        (staging / "report.md").write_text(markdown(inputs, outcomes, costs))
+        (staging / "report.md").write_text(markdown(inputs, outcomes, costs, figures))
         (staging / "report.html").write_text(html_page(inputs, outcomes, costs, figures))
         (staging / MARKER).write_text(json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")
     return out_dir
+
+
+NO_FIGURES = "No figures: matplotlib is not installed (pip install 'specbatch[report]')."
 
 
 def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
@@ -121,8 +132,11 @@ def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
         ("SLOs", "; ".join(str(slo) + " ms" for slo in inputs.slos)),
         ("seeds", ", ".join(str(seed) for seed in s.seeds)),
         ("tolerance", f"{s.tolerance:g} (relative width of the final bracket)"),
-        ("run length", f"{s.requests} requests at the policy's saturation rate, scaled with the rate, "
-                       f"at least {s.min_requests}; first {s.warmup:.0%} of arrivals not measured"),
+        ("run length", f"arrivals over {s.service_times:g} service times, and the requests the queue test needs "
+                       f"(at least {s.min_requests}); while undecided, rerun longer up to {s.extensions} time(s), "
+                       f"at most {LONGEST}x; the first {s.warmup:.0%} of each run's arrival window not measured"),
+        ("stable queue", f"its growth (arrivals - completions per second) below {s.max_growth:.0%} of the arrival "
+                         f"rate at {CONFIDENCE:.0%} confidence (each of {s.looks} look(s) at {s.confidence:.2%})"),
         ("target traffic", "—" if inputs.target_rate is None else f"{inputs.target_rate:g} req/s"),
         ("GPU prices", "—" if inputs.prices is None else
          f"{inputs.prices}; a replica of N GPUs costs N GPU-hours an hour"),
@@ -154,7 +168,7 @@ def price_lines(inputs: ReportInputs) -> list[str]:
 
 def result_header(inputs: ReportInputs) -> list[str]:
     cols = ["profile"] if len(inputs.profiles) > 1 else []
-    cols += ["policy", "max rate (req/s)", "final bracket", "per-seed max rates"]
+    cols += ["policy", "max rate (req/s)", "final bracket", "saturation (req/s)"]
     cols += [f"{slo.metric} at max" for slo in inputs.slos]
     cols += ["goodput at max (req/s)", "mean k", "mean batch"]
     if inputs.target_rate is not None:
@@ -178,10 +192,8 @@ def result_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> list[
         for label, o in by_policy.items():
             op = o.operating or {}
             row = [name] if len(inputs.profiles) > 1 else []
-            row += [_policy_text(label, o),
-                    f"{_num(o.max_rate)} ± {_num(o.uncertainty, 2)}" if o.max_rate > 0 else "none meets the SLOs",
-                    f"{_num(o.bracket[0])} – {_num(o.bracket[1])}",
-                    ", ".join(_num(r, 3) for r in o.seed_max_rates)]
+            row += [_policy_text(label, o), _num(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
+                    f"{_num(o.bracket[0])} – {_num(o.bracket[1])}", _num(o.probe.throughput)]
             row += [_num(op.get(slo.metric)) for slo in inputs.slos]
             row += [_num(op.get("goodput")), _num(op.get("mean_k"), 3), _num(op.get("mean_batch_size"), 3)]
             c = costs[name][label]
@@ -192,6 +204,30 @@ def result_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> list[
                     row.append(_money(c.cost_per_m_at_target))
                 row.append(_money(c.cost_per_m_at_max_rate))
             rows.append(row)
+    return rows
+
+
+def evidence_header(inputs: ReportInputs) -> list[str]:
+    return (["rate (req/s)", "of saturation", "requests per seed", "throughput / arrivals",
+             "queue growth (req/s) [bounds]", "tolerated"] + [slo.metric for slo in inputs.slos]
+            + ["goodput (req/s)", "verdict"])
+
+
+def evidence_rows(inputs: ReportInputs, o: PolicyOutcome) -> list[list[str]]:
+    """Every rate the search (or a curve) ran for this policy, with what decided it."""
+    rows = []
+    for rate, point in o.points.items():
+        q, st = point.queue, point.stats
+        ratio = st["throughput"] / st["arrival_rate"] if st.get("arrival_rate") else None
+        growth = (f"{_num(q['growth'], 3)} [{_num(q['low'], 3)}, {_num(q['high'], 3)}]"
+                  if "growth" in q else "—")
+        runs = f"{point.requests}" + (f" ({point.look} rerun{'s' if point.look > 1 else ''}, first {point.first})"
+                                      if point.look else "")
+        verdict = f"{point.verdict}: {point.reason}" + (" (curve point)" if point.curve else "")
+        rows.append([_num(rate), f"{rate / o.probe.throughput:.0%}", runs, _num(ratio, 4), growth,
+                     _num(q.get("tolerated"), 3),
+                     *[f"{_num(st.get(slo.metric))} (up to {_num(st.get(slo.metric + '_upper'))})" for slo in inputs.slos],
+                     _num(st.get("goodput")), verdict])
     return rows
 
 
@@ -222,14 +258,16 @@ def comparison_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> l
 
 
 METHOD = (
-    "Each rate is simulated once per seed. A rate meets the SLOs when every SLO statistic over the measured "
-    "requests of all seeds pooled is within its limit and every seed keeps up (when arrivals stop, at most "
-    "max_batch_size + tolerance × requests are unfinished). The search starts at the policy's saturation "
-    "throughput (a probe with every request arriving at once), doubles or halves to a bracket, then bisects "
-    "to the tolerance. The max rate is the highest rate that passed; ± adds half the final bracket and the "
-    "standard error of the per-seed maximal rates (the same search run on each seed alone) in quadrature. "
-    "Replicas = ceil(target / max rate), assuming an even split of the traffic. Goodput counts requests "
-    "meeting every per-request limit (the tightest limit per latency) per second, as vLLM does.")
+    "A rate is sustained when, over the measured part of its runs (all seeds pooled), the queue is stable "
+    f"(the one-sided {CONFIDENCE:.0%} upper bound of its growth, arrivals minus completions per second, is below "
+    "--max-growth, 1% by default, of the arrival rate) and every SLO statistic's upper bound is within its limit. A policy's saturation "
+    "throughput and a request's time in a full batch (its service time) come from a probe that sends every request at "
+    "t = 0; a rate's runs last a number of service times at that rate, and are rerun four times longer while the "
+    "queue test is undecided (still undecided at the longest, the rate fails). The search starts above saturation, "
+    "steps down until a rate passes, then bisects to the tolerance; the max rate is the highest rate that passed. "
+    "Replicas = ceil(target / max rate), assuming an even split of the traffic. Goodput = rate × the fraction of "
+    "measured requests meeting every per-request limit (the tightest limit per latency), so never above the rate. "
+    "The evidence tables give every rate tried with its statistics and verdict (docs/capacity.md).")
 
 COMPARISON = (
     "Every profile serves the same traffic under the same SLOs. GPUs = replicas × GPUs per replica (a replica "
@@ -244,19 +282,31 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
             + ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows])
 
 
-def markdown(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> str:
+def markdown(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: dict[str, bytes]) -> str:
     lines = [f"# {inputs.title}", "", "## Inputs", "", "| input | value |", "|---|---|"]
     lines += [f"| {k} | {_md(v)} |" for k, v in input_rows(inputs)]
     lines += ["", "## Profiles", ""] + _md_table(PROFILE_HEADER, profile_rows(inputs))
     if len(inputs.profiles) > 1:
         lines += ["", "## Cost by GPU", ""]
         lines += _md_table(comparison_header(inputs), comparison_rows(inputs, outcomes, costs))
-        lines += ["", COMPARISON, "", f"![cost by gpu]({COMPARISON_FIGURE})", ""]
+        lines += ["", COMPARISON, ""] + ([f"![cost by gpu]({COMPARISON_FIGURE})", ""] if figures else [])
     lines += ["", "## Results", ""] + _md_table(result_header(inputs), result_rows(inputs, outcomes, costs))
-    lines += ["", f"Latencies in ms. {METHOD}", "", "## Figures", ""]
-    lines += [f"![{name[:-4].replace('_', ' ')}]({name})" + "\n" for name in FIGURES]
+    lines += ["", f"Latencies in ms. {METHOD}", "", "## Evidence per rate", ""]
+    for title, o in _evidence_sections(outcomes):
+        lines += [f"### {title}", "", f"Saturation probe: {_num(o.probe.throughput)} req/s, service time "
+                  f"{_num(o.probe.service_s, 3)} s, {o.runs} runs.", ""]
+        lines += _md_table(evidence_header(inputs), evidence_rows(inputs, o)) + [""]
+    lines += ["## Figures", ""]
+    lines += [f"![{name[:-4].replace('_', ' ')}]({name})" + "\n" for name in FIGURES] if figures else [NO_FIGURES, ""]
     lines += [f"Made by specbatch {sim.__version__} (`specbatch capacity`).", ""]
     return "\n".join(lines)
+
+
+def _evidence_sections(outcomes: Outcomes):
+    many = len(outcomes) > 1
+    for name, by_policy in outcomes.items():
+        for label, o in by_policy.items():
+            yield (f"{name} / {label}" if many else label), o
 
 
 def _md(text: str) -> str:
@@ -283,10 +333,15 @@ def html_page(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: d
     parts += ["</table>", "<h2>Profiles</h2>"] + table(PROFILE_HEADER, profile_rows(inputs))
     if len(inputs.profiles) > 1:
         parts += ["<h2>Cost by GPU</h2>"] + table(comparison_header(inputs), comparison_rows(inputs, outcomes, costs))
-        parts += [f"<p>{e(COMPARISON)}</p>", image(COMPARISON_FIGURE)]
+        parts += [f"<p>{e(COMPARISON)}</p>"] + ([image(COMPARISON_FIGURE)] if figures else [])
     parts += ["<h2>Results</h2>"] + table(result_header(inputs), result_rows(inputs, outcomes, costs))
-    parts += [f"<p>Latencies in ms. {e(METHOD)}</p>", "<h2>Figures</h2>"]
-    parts += [image(name) for name in FIGURES]
+    parts += [f"<p>Latencies in ms. {e(METHOD)}</p>", "<h2>Evidence per rate</h2>"]
+    for title, o in _evidence_sections(outcomes):
+        parts += [f"<h3>{e(title)}</h3>", f"<p>Saturation probe: {e(_num(o.probe.throughput))} req/s, service time "
+                  f"{e(_num(o.probe.service_s, 3))} s, {o.runs} runs.</p>"]
+        parts += table(evidence_header(inputs), evidence_rows(inputs, o))
+    parts += ["<h2>Figures</h2>"]
+    parts += [image(name) for name in FIGURES] if figures else [f"<p>{e(NO_FIGURES)}</p>"]
     parts += [f"<p>Made by specbatch {e(sim.__version__)} (<code>specbatch capacity</code>).</p>", "</body></html>", ""]
     return "\n".join(parts)
 
@@ -299,6 +354,10 @@ def results_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> 
             return None
         if isinstance(value, np.generic):
             return clean(value.item())
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
         return value
 
     profiles = {}
@@ -308,15 +367,14 @@ def results_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> 
             c = costs[name][label]
             policies[label] = {
                 "policy": {"name": o.config.policy.name, **o.config.policy.params},
-                "saturation_probe_req_s": o.saturation, "window_s": o.window_s,
-                "max_rate_req_s": o.max_rate, "uncertainty_req_s": o.uncertainty,
-                "bracket_req_s": [o.bracket[0], o.bracket[1]], "seed_max_rates_req_s": o.seed_max_rates,
+                "saturation_probe": {"throughput_req_s": o.probe.throughput, "service_s": o.probe.service_s,
+                                     "mean_batch_size": o.probe.mean_batch_size},
+                "max_rate_req_s": o.max_rate, "bracket_req_s": [o.bracket[0], o.bracket[1]], "runs": o.runs,
                 "operating_point": {k: clean(v) for k, v in (o.operating or {}).items()},
                 "replicas": c.replicas, "fleet_cost_per_hour": c.fleet_cost_per_hour,
                 "cost_per_m_output_tokens_at_target": c.cost_per_m_at_target,
                 "cost_per_m_output_tokens_at_max_rate": c.cost_per_m_at_max_rate,
-                "points": [{"rate_req_s": rate, **{k: clean(v) for k, v in stats.items()}}
-                           for rate, stats in o.points.items()],
+                "points": [clean(point.document()) for point in o.points.values()],
             }
         p = inputs.profiles[name]
         profiles[name] = {**p.facts, "gpu_hour_price": p.price, "price_key": p.price_key, "policies": policies}
@@ -324,8 +382,11 @@ def results_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> 
         "specbatch_version": sim.__version__,
         "profiles": profiles, "profile_order": list(inputs.profiles), "workload": inputs.workload,
         "slos": {slo.metric: slo.limit_ms for slo in inputs.slos},
-        "search": {"seeds": list(s.seeds), "tolerance": s.tolerance, "requests_at_saturation": s.requests,
-                   "min_requests": s.min_requests, "warmup": s.warmup, "curve_points": s.curve_points},
+        "search": {"seeds": list(s.seeds), "tolerance": s.tolerance, "service_times": s.service_times,
+                   "extensions": s.extensions, "longest_rerun": LONGEST, "min_requests": s.min_requests,
+                   "warmup": s.warmup, "curve_points": s.curve_points,
+                   "stable_queue": {"max_growth_of_arrivals": s.max_growth, "confidence": CONFIDENCE,
+                                    "confidence_per_look": s.confidence}},
         "target_rate_req_s": inputs.target_rate, "prices": inputs.prices,
         "gpus_per_replica": {name: inputs.gpus(name) for name in inputs.profiles},
     }
@@ -365,7 +426,7 @@ def _latency_figure(plt, inputs, outcomes, colors):
         for ax, slo in zip(ax_row, inputs.slos):
             for label, o in by_policy.items():
                 rates = sorted(o.points)
-                ax.plot(rates, [o.points[r][slo.metric] / 1e3 for r in rates], marker=".", color=colors[label],
+                ax.plot(rates, [o.points[r].stats[slo.metric] / 1e3 for r in rates], marker=".", color=colors[label],
                         label=label)
                 if o.max_rate > 0:
                     ax.axvline(o.max_rate, color=colors[label], ls=":", lw=1)
@@ -389,16 +450,18 @@ def _goodput_figure(plt, outcomes, colors):
         top = 0.0
         for label, o in by_policy.items():
             rates = sorted(o.points)
-            ax.plot(rates, [o.points[r]["goodput"] for r in rates], marker=".", color=colors[label], label=label)
+            ax.plot(rates, [o.points[r].stats["goodput"] for r in rates], marker=".", color=colors[label], label=label)
+            ax.plot(rates, [o.points[r].stats.get("throughput", math.nan) for r in rates], ls=":", lw=1,
+                    color=colors[label])
             top = max([top, *rates])
         ax.plot([0, top], [0, top], color="grey", ls="--", lw=1, label="offered rate")
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("goodput (req/s meeting every SLO)")
-        ax.set_title("Goodput vs rate (vLLM's definition, per replica)" if n == 1 else name, fontsize=9)
+        ax.set_title("Goodput vs rate, per replica (dotted: throughput)" if n == 1 else name, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if n > 1:
-        fig.suptitle("Goodput vs rate (vLLM's definition, per replica)")
+        fig.suptitle("Goodput vs rate, per replica (dotted: throughput over the measured window)")
     fig.tight_layout()
     return fig
 

@@ -1,28 +1,34 @@
 """The search: per policy, the highest request rate one replica sustains while meeting every SLO.
 
-Decision rule at a rate (see docs/capacity.md):
+A rate is **sustained** (docs/capacity.md) when, over the measured part of its runs (all
+seeds pooled; the first ``warmup`` fraction of each run's arrival window is left out):
 
-* each seed is one run of the base scenario at that rate; a run's first ``warmup``
-  fraction of arrivals is discarded (the empty-system start is optimistic);
-* the rate **meets the SLOs** when every SLO statistic computed over the measured
-  requests of all seeds pooled is within its limit (pooling is one long run made of
-  independent replications: more seeds sharpen a p99 rather than making the test
-  stricter, as "every seed must pass" would), and
-* **every seed keeps up**: when arrivals stop, at most ``max_batch_size +
-  tolerance * requests`` requests are still unfinished. A replica below saturation
-  leaves about one batch in flight; above it the backlog grows by (rate - service
-  rate) * duration, so this test catches overload that a loose SLO would miss.
+* **the queue is stable**: :mod:`sim.stability`'s test shows that less than ``max_growth``
+  (1%) of the arrivals stay behind (the one-sided upper bound of the queue's growth,
+  arrivals minus completions per second, is below 1% of the arrival rate), and
+* **every SLO is met**: each SLO statistic's one-sided upper bound (the pooled estimate plus
+  t x the spread of the same statistic over the runs' sub-windows, sectioning) is within
+  its limit.
 
-Run length grows with the rate: a probe (every request at t = 0) measures the
-policy's saturation throughput mu, which fixes a window W = requests / mu; a run at
-rate r has max(min_requests, ceil(r * W)) requests, so runs near saturation, where
-queues take longest to settle, are the longest.
+A rate fails when an SLO statistic's estimate is over its limit or the queue is shown to
+grow. Anything between is undecided: the rate is run again longer, as much longer as the
+undecided look's own spread says it takes to decide (times ``SAFETY``, at least twice, at
+most ``LONGEST`` times the first runs), at most ``extensions`` times, and fails if still
+undecided (or if even the longest runs would not decide it), so nothing passes without
+evidence. The looks share the 5% equally (each bound at 1 - 0.05 / looks), so a rate
+whose queue keeps 1% of its arrivals, or whose SLO statistic is over its limit, passes at
+most 5% of the time.
 
-The search brackets from mu (doubling up while it passes, halving down while it
-fails), then bisects until (hi - lo) / lo <= tolerance. The same rule is searched
-for each seed alone; the spread of those per-seed maxima is the seed-to-seed
-uncertainty. Every search advances in lock-step rounds, each round's runs going to a
-process pool at once.
+Run length is sized from the rate and the service time. A probe per policy (every request
+at t = 0, so the replica works through a backlog) measures its saturation throughput mu
+and the time a request spends in a full batch, s. A rate r's first runs have arrivals over
+``service_times`` x s seconds, and at least the requests the queue test needs to show a
+queue of r x s requests stable (:func:`sim.stability.requests_for_power`).
+
+The search starts above mu (where the queue grows, a cheap fail), halves until a rate
+passes (or doubles while they pass, should the probe have undershot), then bisects until
+(hi - lo) / lo <= tolerance. The max rate is the highest rate that passed. Every search
+advances in lock-step rounds, each round's runs going to a process pool at once.
 """
 
 from __future__ import annotations
@@ -30,43 +36,43 @@ from __future__ import annotations
 import math
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 import numpy as np
 
-from sim.commands.capacity.inputs import SLO, SLO_LATENCIES
-from sim.commands.sweep.executors import die_with
+from sim.commands.capacity.inputs import LONGEST, SAFETY, SLO, SLO_LATENCIES, SearchSettings
 from sim.config import RunConfig
+from sim.errors import InputError
+from sim.limits import memory_problem, request_bytes
 from sim.metrics import distribution_stats
+from sim.stability import (WindowGrowths, measured_windows, pooled_growth, requests_for_power, sectioned_bound,
+                           window_growths)
 
-PROBE_RATE = 1e9  # req/s: every request arrives at once, so the probe measures pure service throughput
+PROBE_BATCHES = 20   # the probe's requests: this many full batches, so most of it runs with a backlog
+START_ABOVE = 1.1    # the first rate tried, over the probe's saturation throughput
+STEP_DOWN = 0.5      # while no rate has passed, the next is this fraction of the last
 
 
-@dataclass(frozen=True)
-class SearchSettings:
-    seeds: tuple[int, ...] = (0, 1, 2)
-    tolerance: float = 0.05        # relative width of the final bracket
-    requests: int = 600            # requests per run at the saturation rate
-    min_requests: int = 100        # fewest requests per run, at low rates
-    warmup: float = 0.1            # fraction of each run's arrival window left out of the metrics
-    curve_points: int = 5          # extra rates per policy for the figures, 0 for none
-    max_halvings: int = 10         # give up (no rate meets the SLOs) below mu / 2**max_halvings
-    max_doublings: int = 4
+@dataclass
+class Probe:
+    """A policy's saturation: every request at t = 0, measured while the replica still had a backlog."""
+
+    throughput: float     # req/s: mu
+    service_s: float      # mean time a request spent in the batch: s
+    mean_batch_size: float
 
 
 @dataclass
 class PointRun:
-    """One simulation at (rate, seed), reduced to what the decision and the report need."""
+    """One simulation at (rate, seed, requests), reduced to what the verdict and the report need."""
 
     rate: float
     seed: int
     num_requests: int
-    window_s: float                 # the measured part of the arrival window
-    backlog: int                    # requests unfinished when arrivals stopped
-    throughput: float               # completed / duration of the whole run
-    ttft_s: np.ndarray              # measured requests only, from here on
+    growth: WindowGrowths | None    # the queue test's part of this run
+    window: np.ndarray              # measured requests only, from here on: the sub-window each arrived in
+    ttft_s: np.ndarray
     tpot_s: np.ndarray              # NaN for one-token outputs
     e2el_s: np.ndarray
     output_tokens: np.ndarray
@@ -75,49 +81,115 @@ class PointRun:
     steps: dict[str, np.ndarray] | None = None
 
 
+@dataclass
+class Point:
+    """The evidence at one rate: its last look's runs, pooled, and what they say."""
+
+    rate: float
+    requests: int                    # per seed, in the last look
+    look: int                        # 0 for the first runs, 1 after one rerun ...
+    first: int                       # requests per seed of the first look
+    stats: dict[str, float]          # SLO statistics, goodput, throughput ... (pooled_stats)
+    queue: dict                      # sim.stability.QueueGrowth.document()
+    verdict: str                     # pass | fail | undecided (a curve point is not rerun)
+    reason: str                      # why, in words
+    rerun: int | None = None         # with verdict "extend": the requests per seed of the next look
+    curve: bool = False              # run for the figures, not by the search (judged, never rerun)
+
+    def document(self) -> dict:
+        return {"rate_req_s": self.rate, "requests_per_seed": self.requests, "look": self.look,
+                "first_requests_per_seed": self.first, "verdict": self.verdict, "reason": self.reason,
+                "curve_point": self.curve,
+                **self.stats, "queue": self.queue}
+
+
 def run_point(config: RunConfig, rate: float, seed: int, num_requests: int, warmup: float,
               with_steps: bool = False) -> PointRun:
     """Simulate one point (a pure function of its arguments: safe to run in any worker)."""
     from sim.simulate import simulate
 
     workload = replace(config.workload, rate=rate, num_requests=num_requests, duration_s=None)
-    result = simulate(replace(config, seed=seed, workload=workload))
-    table, summary = result.requests, result.summary
-    arrival = table.arrival_s.to_numpy()
-    last = float(arrival.max())
-    measured = arrival >= warmup * last
+    engine = replace(config.engine, jit="on")  # compiled decode runs: the same results, sooner
+    result = simulate(replace(config, seed=seed, workload=workload, engine=engine))
+    table, summary = result.request_columns, result.summary
+    arrival, finish = table["arrival_s"], table["finish_s"]
+    edges = measured_windows(arrival, warmup)
+    measured = arrival >= edges[0] if edges is not None else np.zeros(arrival.shape, bool)
     steps = None
     if with_steps:
-        steps = {c: result.steps[c].to_numpy() for c in ("start_s", "phase", "running", "k")}
-    return PointRun(rate=rate, seed=seed, num_requests=num_requests, window_s=(1.0 - warmup) * last,
-                    backlog=int((table.finish_s.to_numpy() > last).sum()),
-                    throughput=float(summary["request_throughput"]),
-                    ttft_s=table.ttft_s.to_numpy()[measured], tpot_s=table.tpot_s.to_numpy()[measured],
-                    e2el_s=table.e2el_s.to_numpy()[measured], output_tokens=table.output_tokens.to_numpy()[measured],
+        steps = {c: np.asarray(result.step_columns[c]) for c in ("start_s", "phase", "running", "k")}
+    return PointRun(rate=rate, seed=seed, num_requests=num_requests,
+                    growth=window_growths(arrival, finish, warmup),
+                    window=np.searchsorted(edges, arrival[measured], side="right") - 1 if edges is not None
+                    else np.zeros(0, np.int64),
+                    ttft_s=table["ttft_s"][measured], tpot_s=table["tpot_s"][measured],
+                    e2el_s=table["e2el_s"][measured], output_tokens=table["output_tokens"][measured],
                     mean_k=float(summary["mean_k"]), mean_batch_size=float(summary["mean_batch_size"]), steps=steps)
 
 
-def _run_job(job: tuple) -> PointRun:
-    return run_point(*job)
+def run_probe(config: RunConfig, seed: int, num_requests: int) -> Probe:
+    """Every request at t = 0: the throughput and time in the batch while a backlog waited (from the
+    last admission back to half that time: the start, when the first batch is admitted at once, and
+    the end, when the batch drains, are left out)."""
+    from sim.simulate import simulate
+
+    workload = replace(config.workload, rate=math.inf, num_requests=num_requests, duration_s=None)
+    table = simulate(replace(config, seed=seed, workload=workload)).request_columns
+    scheduled, finish = table["scheduled_s"], table["finish_s"]
+    backlog_until = float(scheduled.max())
+    done = (finish >= backlog_until / 2) & (finish <= backlog_until)
+    if backlog_until <= 0 or done.sum() < 2:  # all admitted at once: no backlog to measure
+        done, window = np.ones(finish.shape, bool), float(finish.max())
+    else:
+        window = backlog_until / 2
+    in_batch = finish[done] - scheduled[done]
+    return Probe(throughput=float(done.sum()) / window, service_s=float(in_batch.mean()),
+                 mean_batch_size=float(in_batch.sum() / window))
 
 
-def pooled_stats(runs: list[PointRun], slos: tuple[SLO, ...]) -> dict[str, float]:
-    """SLO statistics (summary.json names) over the pooled measured requests, plus vLLM's goodput."""
+def _work(job: tuple) -> int:
+    """A job's requests: what its time grows with."""
+    return job[3] if job[0] == "probe" else job[4]
+
+
+def _run_job(job: tuple):
+    kind, *args = job
+    return run_probe(*args) if kind == "probe" else run_point(*args)
+
+
+def pooled_stats(runs: list[PointRun], slos: tuple[SLO, ...], rate: float,
+                 confidence: float = 0.95) -> dict[str, float]:
+    """SLO statistics (summary.json names) over the pooled measured requests, each SLO's with its
+    one-sided upper bound (``<metric>_upper``, from the runs' sub-windows: sim.stability's
+    sectioning), and goodput: the rate times the fraction of measured requests meeting every
+    per-request limit (so never above the rate)."""
     stats: dict[str, float] = {}
     cat = {name: np.concatenate([getattr(r, f"{name}_s") for r in runs]) for name in SLO_LATENCIES}
     for name, values in cat.items():
         stats.update(distribution_stats(name, values[~np.isnan(values)]))
+    for slo in slos:
+        stats[f"{slo.metric}_upper"] = sectioned_bound(stats[slo.metric], _sections(runs, slo), confidence)
     good = np.ones(cat["ttft"].size, dtype=bool)
     for name, limit in request_limits(slos).items():
         good &= ~(cat[name] * 1e3 > limit)  # NaN (a one-token TPOT) meets any limit, as in vLLM
-    window = sum(r.window_s for r in runs)
-    stats["goodput"] = float(good.sum()) / window if window > 0 else math.nan
+    stats["good_fraction"] = float(good.mean()) if good.size else math.nan
+    stats["goodput"] = rate * stats["good_fraction"]
     stats["measured_requests"] = int(cat["ttft"].size)
     stats["mean_output_tokens"] = float(np.concatenate([r.output_tokens for r in runs]).mean())
     stats["mean_k"] = float(np.mean([r.mean_k for r in runs]))
     stats["mean_batch_size"] = float(np.mean([r.mean_batch_size for r in runs]))
-    stats["max_backlog"] = int(max(r.backlog for r in runs))
     return stats
+
+
+def _sections(runs: list[PointRun], slo: SLO) -> np.ndarray:
+    """The SLO's statistic in each sub-window of each run."""
+    out = []
+    for run in runs:
+        values = getattr(run, f"{slo.latency}_s")
+        for window in np.unique(run.window):
+            section = values[(run.window == window) & ~np.isnan(values)]
+            out.append(distribution_stats(slo.latency, section)[slo.metric] if section.size else math.nan)
+    return np.asarray(out, dtype=float)
 
 
 def request_limits(slos: tuple[SLO, ...]) -> dict[str, float]:
@@ -128,18 +200,62 @@ def request_limits(slos: tuple[SLO, ...]) -> dict[str, float]:
     return limits
 
 
-class Verdict:
-    """The pass/fail rule at one rate, for a set of runs (all seeds pooled, or one seed)."""
+def judge(runs: list[PointRun], slos: tuple[SLO, ...], settings: SearchSettings, look: int, first: int,
+          extend: bool = True) -> Point:
+    """The verdict at one rate from one look's runs (all seeds): pass, fail, or (``extend``) rerun longer.
 
-    def __init__(self, slos: tuple[SLO, ...], max_batch_size: int, tolerance: float) -> None:
-        self.slos, self.max_batch_size, self.tolerance = slos, max_batch_size, tolerance
+    Pass: the queue is shown stable and every SLO's upper bound is within its limit. Fail: an SLO's
+    estimate is over its limit, or the queue is shown to grow. Anything else is undecided: rerun
+    longer (as long as the spread says it takes), or fail at the last look or when even the
+    longest runs would not decide it, since nothing passes without evidence.
+    """
+    rate, n = runs[0].rate, runs[0].num_requests
+    stats = pooled_stats(runs, slos, rate, settings.confidence)
+    parts = [r.growth for r in runs]
+    growth = pooled_growth(parts, settings.confidence, settings.max_growth) if all(p is not None for p in parts) \
+        else None
+    if growth is not None:
+        stats["throughput"], stats["arrival_rate"] = growth.throughput, growth.arrival_rate
+    missed = [f"{slo.metric} {stats[slo.metric]:.4g} > {slo.limit_ms:g}" for slo in slos
+              if not stats[slo.metric] <= slo.limit_ms]
+    unsure = [slo for slo in slos if not stats[f"{slo.metric}_upper"] <= slo.limit_ms]
+    queue = growth.document() if growth is not None else {"verdict": "untested"}
+    point = Point(rate, n, look, first, stats, queue, "fail", "")
+    if missed:
+        point.reason = "SLO missed: " + ", ".join(missed)
+    elif growth is None:
+        point.reason = "too few requests to test the queue"
+    elif growth.grows:
+        point.reason = f"queue grows ({growth.growth:.3g} req/s, at least {growth.low:.3g})"
+    elif growth.stable and not unsure:
+        point.verdict, point.reason = "pass", f"queue stable (growth < {growth.high:.3g} req/s), every SLO met"
+    else:
+        doubt = ([] if growth.stable else [f"queue growth up to {growth.high:.3g} req/s"])
+        doubt += [f"{slo.metric} up to {stats[f'{slo.metric}_upper']:.4g}" for slo in unsure]
+        # How much longer, for each bound's half-width to fit its margin: a kept-up queue's change over a
+        # sub-window stays bounded, so its growth's half-width shrinks as 1 / requests; an SLO statistic's
+        # as 1 / sqrt(requests).
+        needs = [] if growth.stable else [_longer(growth.high - growth.growth, growth.tolerated - growth.growth, 1)]
+        needs += [_longer(stats[f"{slo.metric}_upper"] - stats[slo.metric], slo.limit_ms - stats[slo.metric], 2)
+                  for slo in unsure]
+        longest = first * LONGEST
+        factor = SAFETY * max(needs)  # infinite where an estimate is past its limit undecidedly: try the longest
+        hopeless = math.isfinite(factor) and n * factor > 2 * longest
+        if not extend:
+            point.verdict, point.reason = "undecided", "not shown: " + ", ".join(doubt)
+        elif look >= settings.extensions or n >= longest or hopeless:
+            point.reason = "not shown: " + ", ".join(doubt) + (" (even the longest runs would not decide it)"
+                                                               if hopeless else "")
+        else:
+            rerun = min(longest, math.ceil(n * max(2.0, factor))) if math.isfinite(factor) else longest
+            point.verdict, point.rerun = "extend", rerun
+            point.reason = "undecided (" + ", ".join(doubt) + f"): rerun with {point.rerun} requests"
+    return point
 
-    def keeps_up(self, run: PointRun) -> bool:
-        return run.backlog <= self.max_batch_size + self.tolerance * run.num_requests
 
-    def __call__(self, runs: list[PointRun]) -> bool:
-        stats = pooled_stats(runs, self.slos)
-        return all(self.keeps_up(r) for r in runs) and all(stats[s.metric] <= s.limit_ms for s in self.slos)
+def _longer(half_width: float, margin: float, power: int) -> float:
+    """The factor of requests that brings a half-width shrinking as requests ** (-1 / power) within its margin."""
+    return (half_width / margin) ** power if margin > 0 and math.isfinite(half_width) else math.inf
 
 
 class RateSearch:
@@ -155,7 +271,7 @@ class RateSearch:
         if self.lo is None and self.hi is None:
             return self.start
         if self.lo is None:
-            return self.hi / 2 if self.hi > self.start / 2 ** s.max_halvings else None
+            return self.hi * STEP_DOWN if self.hi > self.start * STEP_DOWN ** s.max_steps_down else None
         if self.hi is None:
             return self.lo * 2 if self.lo < self.start * 2 ** s.max_doublings else None
         if (self.hi - self.lo) / self.lo <= s.tolerance:
@@ -173,26 +289,30 @@ class RateSearch:
 class PolicyOutcome:
     label: str
     config: RunConfig
-    saturation: float                   # probe throughput, req/s
-    window_s: float                     # W: runs at rate r have max(min_requests, ceil(r * W)) requests
-    max_rate: float                     # highest rate that passed pooled (0 when none did)
+    probe: Probe
+    max_rate: float                     # highest rate that passed (0 when none did)
     bracket: tuple[float, float | None]
-    seed_max_rates: list[float]
-    uncertainty: float
-    points: dict[float, dict[str, float]] = field(default_factory=dict)  # rate -> pooled stats, all seeds
-    operating: dict[str, float] | None = None
+    points: dict[float, Point] = field(default_factory=dict)  # every rate run, with its evidence
     steps: dict[str, np.ndarray] | None = None
+    runs: int = 0                       # simulations the search ran for it (probe and reruns included)
+
+    @property
+    def operating(self) -> dict[str, float] | None:
+        """The pooled statistics at the max rate."""
+        point = self.points.get(self.max_rate)
+        return point.stats if point is not None and self.max_rate > 0 else None
 
 
 class Runner:
-    """Runs batches of points on a process pool (or in-process for jobs = 1), caching every result."""
+    """Runs batches of jobs on a process pool (or in-process for jobs = 1), caching every result."""
 
     def __init__(self, jobs: int, progress: Callable[[str], None] | None = None) -> None:
+        from sim.commands.workers import worker_pool
+
         self.jobs = max(1, jobs)
-        # Workers exit if this process is killed (kill -9 leaves no pool behind: sweep's die_with).
-        self.pool = ProcessPoolExecutor(self.jobs, initializer=die_with, initargs=(os.getpid(),)) \
-            if self.jobs > 1 else None
-        self.cache: dict[tuple[str, float, int, bool], PointRun] = {}  # (label, rate, seed, with steps)
+        self.pool = worker_pool(self.jobs) if self.jobs > 1 else None
+        self.cache: dict[tuple, object] = {}    # (label, ...) -> a Probe or a PointRun
+        self.by_label: dict[str, int] = {}      # runs per label
         self.progress = progress or (lambda text: None)
         self.runs = 0
 
@@ -200,27 +320,32 @@ class Runner:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def run(self, wanted: Iterable[tuple[str, RunConfig, float, int, int, float, bool]]) -> int:
-        """Run the points not yet cached; returns how many that was."""
+    def run(self, wanted: Iterable[tuple[tuple, tuple]]) -> int:
+        """Run the (key, job) pairs not yet cached; returns how many that was."""
         keys, jobs = [], []
-        for label, config, rate, seed, n, warmup, steps in wanted:
-            key = (label, rate, seed, steps)
+        for key, job in wanted:
             if key not in self.cache and key not in keys:
                 keys.append(key)
-                jobs.append((config, rate, seed, n, warmup, steps))
+                jobs.append(job)
         if not jobs:
             return 0
-        results = self.pool.map(_run_job, jobs) if self.pool else map(_run_job, jobs)
+        order = sorted(range(len(jobs)), key=lambda i: -_work(jobs[i]))  # the longest first: less idling at the end
+        done = self.pool.map(_run_job, [jobs[i] for i in order]) if self.pool else map(_run_job, jobs)
+        results = [None] * len(jobs)
+        for i, result in zip(order if self.pool else range(len(jobs)), done):
+            results[i] = result
         for key, result in zip(keys, results):
             self.cache[key] = result
+            self.by_label[key[0]] = self.by_label.get(key[0], 0) + 1
         self.runs += len(jobs)
         return len(jobs)
 
-    def get(self, label: str, rate: float, seed: int, steps: bool = False) -> PointRun:
-        return self.cache[(label, rate, seed, steps)]
+    def get(self, key: tuple):
+        return self.cache[key]
 
-    def has(self, label: str, rate: float, seed: int) -> bool:
-        return (label, rate, seed, False) in self.cache
+    def release(self, key: tuple) -> None:
+        """Forget a result once judged (its per-request arrays add up over a search's hundreds of runs)."""
+        self.cache.pop(key, None)
 
 
 def search_capacity(configs: dict[str, RunConfig], slos: tuple[SLO, ...], settings: SearchSettings,
@@ -233,86 +358,118 @@ def search_capacity(configs: dict[str, RunConfig], slos: tuple[SLO, ...], settin
     """
     runner = Runner(jobs, progress)
     try:
-        return _search(runner, configs, slos, settings, curve_groups or {})
+        return _Search(runner, configs, slos, settings).run(curve_groups or {})
     finally:
         runner.close()
 
 
-def _search(runner: Runner, configs: dict[str, RunConfig], slos: tuple[SLO, ...],
-            s: SearchSettings, curve_groups: dict[str, str]) -> dict[str, PolicyOutcome]:
-    say = runner.progress
-    runner.run((label, cfg, PROBE_RATE, s.seeds[0], s.requests, 0.0, False) for label, cfg in configs.items())
-    saturation = {label: runner.get(label, PROBE_RATE, s.seeds[0]).throughput for label in configs}
-    window = {label: s.requests / mu for label, mu in saturation.items()}
-    say("saturation probe (req/s): " + ", ".join(f"{label} {mu:.4g}" for label, mu in saturation.items()))
+class _Search:
+    """One capacity search's state: the probes, each policy's bracket and the look at its current rate."""
 
-    def size(label: str, rate: float) -> int:
-        return max(s.min_requests, math.ceil(rate * window[label]))
+    def __init__(self, runner: Runner, configs: dict[str, RunConfig], slos: tuple[SLO, ...],
+                 settings: SearchSettings) -> None:
+        self.runner, self.configs, self.slos, self.s = runner, configs, slos, settings
+        self.probes: dict[str, Probe] = {}
+        self.points: dict[str, dict[float, Point]] = {label: {} for label in configs}
 
-    def job(label: str, rate: float, seed: int, steps: bool = False):
-        return (label, configs[label], rate, seed, size(label, rate), s.warmup, steps)
+    def size(self, label: str, rate: float) -> int:
+        """Requests per seed of a rate's first look: arrivals over service_times service times, and
+        enough for the queue test to show a queue of rate x service time requests (Little's law)
+        stable (sim.stability.requests_for_power), whichever is more."""
+        s, service = self.s, self.probes[label].service_s
+        return max(s.min_requests, math.ceil(rate * s.service_times * service),
+                   requests_for_power(rate * service, len(s.seeds), 1 - s.warmup, confidence=s.confidence,
+                                      max_growth=s.max_growth))
 
-    verdicts = {label: Verdict(slos, cfg.engine.max_batch_size, s.tolerance) for label, cfg in configs.items()}
-    pooled = {label: RateSearch(saturation[label], s) for label in configs}
-    per_seed = {(label, seed): RateSearch(saturation[label], s) for label in configs for seed in s.seeds}
-    rounds = 0
-    while True:
+    def jobs(self, label: str, rate: float, n: int, steps: bool = False, seeds=None):
+        for seed in seeds or self.s.seeds:
+            yield (label, rate, seed, n, steps), ("point", self.configs[label], rate, seed, n, self.s.warmup, steps)
+
+    def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True, seeds=None) -> Point:
+        """The verdict of one look's runs (their per-request arrays are then let go: a rate is never
+        looked at again with the same length)."""
+        keys = [key for key, _ in self.jobs(label, rate, n, seeds=seeds)]
+        point = judge([self.runner.get(key) for key in keys], self.slos, self.s, look, self.size(label, rate), extend)
+        for key in keys:
+            self.runner.release(key)
+        return point
+
+    def probe(self) -> None:
+        s, say = self.s, self.runner.progress
         wanted = []
-        for label, search in pooled.items():
-            rate = search.next_rate()
-            if rate is not None:
-                wanted += [job(label, rate, seed) for seed in s.seeds]
-        for (label, seed), search in per_seed.items():
-            rate = search.next_rate()
-            if rate is not None:
-                wanted.append(job(label, rate, seed))
-        if not wanted:
-            break
-        rounds += 1
-        new = runner.run(wanted)
-        for label, search in pooled.items():
-            rate = search.next_rate()
-            if rate is not None:
-                search.record(rate, verdicts[label]([runner.get(label, rate, seed) for seed in s.seeds]))
-        for (label, seed), search in per_seed.items():
-            rate = search.next_rate()
-            if rate is not None:
-                search.record(rate, verdicts[label]([runner.get(label, rate, seed)]))
-        say(f"round {rounds}: {new} runs ({runner.runs} so far); brackets (req/s) " + ", ".join(
-            f"{label} {_bracket_text(search)}" for label, search in pooled.items()))
+        for label, config in self.configs.items():
+            n = max(s.min_requests, PROBE_BATCHES * config.engine.max_batch_size)
+            wanted.append(((label, "probe"), ("probe", config, s.seeds[0], n)))
+        self.runner.run(wanted)
+        self.probes = {label: self.runner.get((label, "probe")) for label in self.configs}
+        say("saturation probe (req/s): " + ", ".join(f"{label} {p.throughput:.4g}" for label, p in self.probes.items()))
+        largest = max(self.size(label, p.throughput * START_ABOVE * 2 ** s.max_doublings) * LONGEST
+                      for label, p in self.probes.items())
+        problem = memory_problem(request_bytes(largest))
+        if problem is not None:
+            raise InputError(f"the longest runs the search may need ({largest} requests) {problem}",
+                             source="--service-times")
 
-    # The curves of a group share their rates (so they are comparable): evenly up to its fastest probe.
-    group = {label: curve_groups.get(label, "") for label in configs}
-    top = {g: max(saturation[label] for label in configs if group[label] == g) for g in group.values()}
-    curve = {label: [top[group[label]] * j / s.curve_points for j in range(1, s.curve_points + 1)]
-             for label in configs}
-    finals = {label: search.lo for label, search in pooled.items() if search.lo is not None}
-    runner.run([job(label, rate, seed) for label in configs for rate in curve[label] for seed in s.seeds]
-               + [job(label, rate, s.seeds[0], True) for label, rate in finals.items()])
+    def run(self, curve_groups: dict[str, str]) -> dict[str, PolicyOutcome]:
+        s, say = self.s, self.runner.progress
+        self.probe()
+        searches = {label: RateSearch(START_ABOVE * p.throughput, s) for label, p in self.probes.items()}
+        looks: dict[str, tuple[int, int]] = {}  # label -> (look, requests per seed) due at its current rate
+        rounds = 0
+        while True:
+            due = {label: search.next_rate() for label, search in searches.items()}
+            due = {label: rate for label, rate in due.items() if rate is not None}
+            if not due:
+                break
+            rounds += 1
+            for label, rate in due.items():
+                looks.setdefault(label, (0, self.size(label, rate)))
+            new = self.runner.run(job for label, rate in due.items() for job in self.jobs(label, rate, looks[label][1]))
+            for label, rate in due.items():
+                look, n = looks.pop(label)
+                point = self.looked(label, rate, n, look)
+                if point.verdict == "extend":
+                    looks[label] = (look + 1, point.rerun)
+                    continue
+                self.points[label][rate] = point
+                searches[label].record(rate, point.verdict == "pass")
+            say(f"round {rounds}: {new} runs ({self.runner.runs} so far); brackets (req/s) " + ", ".join(
+                f"{label} {_bracket_text(search)}" for label, search in searches.items()))
+        self.curves(curve_groups)
+        outcomes = {}
+        finals = {label: search.lo for label, search in searches.items() if search.lo is not None}
+        self.runner.run(job for label, rate in finals.items()
+                        for job in self.jobs(label, rate, self.points[label][rate].requests, True, s.seeds[:1]))
+        for label, search in searches.items():
+            max_rate = search.lo or 0.0
+            steps = None
+            if search.lo is not None:
+                n = self.points[label][max_rate].requests
+                steps = self.runner.get((label, max_rate, s.seeds[0], n, True)).steps
+            outcomes[label] = PolicyOutcome(label=label, config=self.configs[label], probe=self.probes[label],
+                                            max_rate=max_rate, bracket=(max_rate, search.hi),
+                                            points=dict(sorted(self.points[label].items())), steps=steps,
+                                            runs=self.runner.by_label.get(label, 0))
+        return outcomes
 
-    outcomes = {}
-    for label in configs:
-        search = pooled[label]
-        seed_rates = [per_seed[(label, seed)].lo or 0.0 for seed in s.seeds]
-        complete = sorted(rate for (lab, rate, seed, steps) in runner.cache
-                          if lab == label and seed == s.seeds[0] and not steps and rate != PROBE_RATE
-                          and all(runner.has(label, rate, other) for other in s.seeds))
-        points = {rate: pooled_stats([runner.get(label, rate, seed) for seed in s.seeds], slos) for rate in complete}
-        max_rate = search.lo or 0.0
-        outcomes[label] = PolicyOutcome(
-            label=label, config=configs[label], saturation=saturation[label], window_s=window[label],
-            max_rate=max_rate, bracket=(max_rate, search.hi), seed_max_rates=seed_rates,
-            uncertainty=uncertainty(max_rate, search.hi, seed_rates), points=points,
-            operating=points.get(max_rate), steps=runner.get(label, max_rate, s.seeds[0], True).steps
-            if search.lo is not None else None)
-    return outcomes
-
-
-def uncertainty(lo: float, hi: float | None, seed_rates: list[float]) -> float:
-    """Half the final bracket and the standard error of the per-seed maxima, added in quadrature."""
-    half = (hi - lo) / 2 if hi is not None and lo > 0 else 0.0
-    spread = float(np.std(seed_rates, ddof=1)) / math.sqrt(len(seed_rates)) if len(seed_rates) > 1 else 0.0
-    return math.hypot(half, spread)
+    def curves(self, curve_groups: dict[str, str]) -> None:
+        """Evenly spaced rates up to the fastest probe of the label's group, for the figures: one look
+        each, of the first seed (a curve point is drawn, not decided on; it is never rerun and its
+        queue test may stay undecided)."""
+        s = self.s
+        first = s.seeds[:1]
+        group = {label: curve_groups.get(label, "") for label in self.configs}
+        top = {g: max(self.probes[label].throughput for label in self.configs if group[label] == g)
+               for g in group.values()}
+        curve = {label: [r for r in (top[group[label]] * j / s.curve_points for j in range(1, s.curve_points + 1))
+                         if r not in self.points[label]] for label in self.configs}
+        self.runner.run(job for label, rates in curve.items() for rate in rates
+                        for job in self.jobs(label, rate, self.size(label, rate), seeds=first))
+        for label, rates in curve.items():
+            for rate in rates:
+                point = self.looked(label, rate, self.size(label, rate), 0, extend=False, seeds=first)
+                point.curve = True
+                self.points[label][rate] = point
 
 
 def _bracket_text(search: RateSearch) -> str:

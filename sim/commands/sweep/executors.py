@@ -8,15 +8,14 @@ the table in the sweep's own order, so the executor never changes the table.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import threading
 import time
 import traceback
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from typing import Any, Iterator
 
+from sim.commands.workers import default_workers, hidden_main, worker_pool
 from sim.config import RunConfig
 from sim.errors import InputError
 
@@ -56,10 +55,8 @@ def run_serial(tasks: list[Task]) -> Iterator[tuple[str, dict]]:
 
 
 def run_pool(tasks: list[Task], workers: int) -> Iterator[tuple[str, dict]]:
-    # forkserver: workers start clean, not as forks of a parent that may hold threads (tqdm, Dask).
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                             initializer=die_with, initargs=(os.getpid(),)) as pool:
+    """A local process pool (sim.commands.workers: safe from a script without a __main__ guard)."""
+    with worker_pool(workers) as pool:
         futures = {pool.submit(run_cell, config): key for key, config in tasks}
         try:
             for future in as_completed(futures):
@@ -67,25 +64,6 @@ def run_pool(tasks: list[Task], workers: int) -> Iterator[tuple[str, dict]]:
         finally:
             for future in futures:
                 future.cancel()
-
-
-def die_with(parent_pid: int, every_s: float = 0.5) -> None:
-    """A pool worker's initializer: exit as soon as the sweep's process is gone.
-
-    A pool's workers wait on a queue that a parent killed with ``kill -9`` never closes,
-    so they would run on (holding memory) forever; a watcher thread ends them instead.
-    """
-    def watch() -> None:
-        while True:
-            time.sleep(every_s)
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:  # the pid was reused by another user's process: ours is gone
-                os._exit(1)
-
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def run_dask(tasks: list[Task], address: str, workers: int | None) -> Iterator[tuple[str, dict]]:
@@ -97,8 +75,9 @@ def run_dask(tasks: list[Task], address: str, workers: int | None) -> Iterator[t
     if address == "local":
         with warnings.catch_warnings():  # no dashboard, but its HTTP server says when 8787 is taken
             warnings.filterwarnings("ignore", message="Port .* is already in use")
-            cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=logging.ERROR)
+            with hidden_main():  # its worker processes must not run the caller's script again
+                cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1,
+                                       processes=True, dashboard_address=None, silence_logs=logging.ERROR)
         client = Client(cluster)
     else:
         try:
@@ -114,13 +93,6 @@ def run_dask(tasks: list[Task], address: str, workers: int | None) -> Iterator[t
         client.close()
         if cluster is not None:
             cluster.close()
-
-
-def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def have_dask() -> bool:

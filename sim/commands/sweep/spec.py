@@ -17,7 +17,7 @@ from typing import Any
 
 from policies import PolicyError, make_policy
 from sim.config import RunConfig, flatten_sections, key_for, load_config
-from sim.errors import InputError, read_text
+from sim.errors import InputError, missing_file, read_text
 from sim.tomlsource import KeyLines, parse_toml
 
 POLICY_AXIS = "policy"
@@ -65,7 +65,7 @@ def load_sweep(path: str | Path) -> Sweep:
     """Parse a sweep file and resolve every cell's config; any bad input raises one InputError."""
     path = Path(path)
     if not path.is_file():
-        raise InputError("no such sweep file", source=path, field="sweep")
+        raise InputError(missing_file(path, "sweep file"), source=path, field="sweep")
     text = read_text(path, field="sweep")
     return sweep_from_data(parse_toml(text, path), _Where(path, text, path.parent))
 
@@ -134,7 +134,7 @@ def _base_file(base: Any, where: _Where) -> Path | None:
         raise where.error("base", f"expected the path of a scenario file, got {base!r}")
     resolved = where.base_dir / base
     if not resolved.is_file():
-        raise where.error("base", f"no such scenario file '{base}' (looked for {resolved})")
+        raise where.error("base", f"{missing_file(resolved, 'scenario file')} '{base}' (looked for {resolved})")
     return resolved
 
 

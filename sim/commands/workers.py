@@ -1,0 +1,95 @@
+"""Worker processes for sweeps and capacity searches, safe to start from any caller.
+
+A pool's workers are started by a fork server (spawn where there is none), never forked
+from the caller, which may hold threads (a notebook's kernel, tqdm's monitor, Dask). Both
+start methods would normally run the caller's ``__main__`` again in every worker, to find
+functions defined there: a plain script without an ``if __name__ == "__main__":`` guard
+would then run itself once per worker and fail ("An attempt has been made to start a new
+process before the current process has finished its bootstrapping phase"). Our workers
+only ever run functions of ``sim``, so while one starts the caller's ``__main__`` is
+hidden (swapped for an empty module, under a lock) and nothing of it is run again. The
+same holds for a Dask LocalCluster's worker processes, started inside :func:`hidden_main`.
+
+Every worker also exits as soon as the process that started it is gone (``die_with``), so
+``kill -9`` of a sweep or a search leaves no pool behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import types
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import context as mp_context
+
+METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+_BASE = mp_context.ForkServerProcess if METHOD == "forkserver" else mp_context.SpawnProcess
+_BASE_CONTEXT = mp_context.ForkServerContext if METHOD == "forkserver" else mp_context.SpawnContext
+_HIDING = threading.Lock()
+
+
+@contextlib.contextmanager
+def hidden_main():
+    """The caller's ``__main__`` replaced by an empty module for the duration: processes started
+    meanwhile are not told to import it (multiprocessing records the main module's file or name
+    in what a new process prepares from)."""
+    with _HIDING:
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            if main is not None:
+                sys.modules["__main__"] = main
+
+
+class WorkerProcess(_BASE):
+    """A pool worker that starts with the caller's ``__main__`` hidden."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        with hidden_main():
+            return _BASE._Popen(process_obj)
+
+
+class WorkerContext(_BASE_CONTEXT):
+    """The start method's context, whose processes are :class:`WorkerProcess`."""
+
+    Process = WorkerProcess
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """A process pool of ``workers`` for functions of ``sim`` (their arguments pickled)."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=WorkerContext(), initializer=die_with,
+                               initargs=(os.getpid(),))
+
+
+def die_with(parent_pid: int, every_s: float = 0.5) -> None:
+    """A pool worker's initializer: exit as soon as the process that started it is gone.
+
+    A pool's workers wait on a queue that a parent killed with ``kill -9`` never closes,
+    so they would run on (holding memory) forever; a watcher thread ends them instead.
+    """
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # the pid was reused by another user's process: ours is gone
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
