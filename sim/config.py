@@ -613,6 +613,14 @@ def _settle_speculation(read: dict[str, Any], sources: dict[str, Source], values
         return
     key = "speculative.config" if spec.engine == "vllm" else "speculative.algorithm"
     defaults = _shipped_defaults()
+    if read["engine.scheduler"] == "vllm-v1" and read["engine.async_scheduling"] and not spec.schedules_async:
+        # as the engine does, or refuses
+        if _set_by_user("engine.async_scheduling", read, sources, defaults):
+            raise error_at(sources, "engine.async_scheduling", f"the engine schedules asynchronously only with a "
+                           f"draft model or an EAGLE/MTP chain, not with {spec.label()}: give "
+                           f"--no-async-scheduling")
+        read["engine.async_scheduling"] = False
+        sources["engine.async_scheduling"] = sources[key]
     policy_given = sources.get("policy.name", Source("defaults")).where != "defaults" and (
         sources["policy.name"].line is None or values.get("policy.name") != defaults.get("policy.name")
         or any(values.get(k) != defaults.get(k) for k in values if k.startswith("policy.")))

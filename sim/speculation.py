@@ -52,6 +52,11 @@ SUFFIX_MAX_TREE_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth default (and
 MTP_DEFAULT_K = 1  # vLLM takes an MTP model's n_predict; DeepSeek-V3 ships one MTP module
 # SGLang (python/sglang/srt/server_args.py): --speculative-algorithm names -> methods; NEXTN is
 # SGLang's name for a model's own MTP layers (run by its EAGLE worker), STANDALONE a draft model.
+# The methods with which the engine schedules the next step while this one runs (vLLM's async
+# scheduling, on by default; vllm/config/vllm.py turns it off for any other method, and refuses it
+# when asked for: "async scheduling is only supported with EAGLE/MTP/Draft Model ... speculative
+# decoding", vLLM 0.17; SGLang's overlap scheduler supports chains, --speculative-eagle-topk 1, only).
+ASYNC_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 SGLANG_ALGORITHMS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "draft_model",
                      "NGRAM": "ngram"}
 SGLANG_DEFAULT_STEPS, SGLANG_DEFAULT_TOPK, SGLANG_DEFAULT_DRAFT_TOKENS = 5, 4, 8  # SGLang's documented defaults
@@ -103,6 +108,11 @@ class Speculation:
     @property
     def given(self) -> bool:
         return self.engine != "default"
+
+    @property
+    def schedules_async(self) -> bool:
+        """Whether the engine may plan the next step while this one runs with this method (ASYNC_METHODS)."""
+        return self.method in ASYNC_METHODS and not self.is_tree
 
     def lookahead(self, max_k: int) -> int:
         """vLLM V1's ``num_lookahead_tokens``: slots kept ahead per running request for a draft model

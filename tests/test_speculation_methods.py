@@ -208,6 +208,32 @@ def test_lookahead_and_lag_follow_the_method(config_with):
     assert {m: r.replica.lag_mode for m, r in runs.items()} == {"draft_model": 1, "eagle3": 2, "ngram": 0, "medusa": 0}
 
 
+def test_async_scheduling_follows_the_method_as_vllm_does():
+    """vLLM plans a step while the previous runs only with a draft model or an EAGLE/MTP head: for
+    any other method its default turns off, and asking for it is refused (vllm/config/vllm.py)."""
+    def engine(spec, **more):
+        flags = {"speculative.config": (spec, "--speculative-config"), **more}
+        return load_config(overrides=flags)
+    for method, scheduled_async in (("draft_model", True), ("eagle", True), ("eagle3", True), ("mtp", True),
+                                    ("ngram", False), ("suffix", False), ("medusa", False)):
+        config = engine({"method": method, "num_speculative_tokens": 3})
+        assert config.engine.async_scheduling is scheduled_async, method
+    assert load_config().engine.async_scheduling  # no method given: the default draft model, async
+    tree = load_config(overrides={"speculative.algorithm": ("EAGLE", "--speculative-algorithm")})
+    chain = load_config(overrides={"speculative.algorithm": ("EAGLE", "--speculative-algorithm"),
+                                   "speculative.eagle_topk": (1, "--speculative-eagle-topk")})
+    assert not tree.engine.async_scheduling and chain.engine.async_scheduling  # SGLang overlaps chains only
+    with pytest.raises(InputError, match="only with a draft model or an EAGLE/MTP chain.*--no-async-scheduling") \
+            as info:
+        engine({"method": "ngram", "num_speculative_tokens": 3},
+               **{"engine.async_scheduling": (True, "--async-scheduling")})
+    assert info.value.field == "engine.async_scheduling" and "\n" not in str(info.value)
+    assert not engine({"method": "eagle3", "num_speculative_tokens": 3},
+                      **{"engine.async_scheduling": (False, "--no-async-scheduling")}).engine.async_scheduling
+    v0 = engine({"method": "ngram", "num_speculative_tokens": 3}, **{"engine.scheduler": ("v0", "--scheduler")})
+    assert v0.engine.scheduler == "v0"  # v0 has no asynchronous scheduling to turn off
+
+
 def test_ngram_proposes_where_it_matches(config_with):
     """A row proposes k or nothing; over many steps the share that proposed is the match rate."""
     result = run(config_with(speculative__config={"method": "ngram", "num_speculative_tokens": 4},
