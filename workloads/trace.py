@@ -184,7 +184,7 @@ def read_trace_columns(path: Path) -> Requests | None:
         if not ((given > 0) & (given < 1)).all():
             return None
     if "label" in wanted:
-        label = pc.utf8_trim_whitespace(table["label"]).to_numpy(zero_copy_only=False)
+        label = np.array(pc.utf8_trim_whitespace(table["label"]).to_pylist(), dtype=object)
     ids = _prefix_columns(path, prefix_columns, prompt) if prefix_columns else {}
     if ids is None:
         return None
@@ -221,7 +221,7 @@ def _prefix_columns(path: Path, columns: list[str], prompt: np.ndarray) -> dict[
         table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(use_threads=False), convert_options=options)
     except (pa.ArrowInvalid, OSError):
         return None
-    text = {c: np.char.strip(table[c].to_numpy(zero_copy_only=False).astype(str)) for c in columns}
+    text = {c: np.char.strip(np.array(table[c].to_pylist(), dtype=str)) for c in columns}  # (_numbers: no pandas)
     out = {}
     if "prompt_id" in text:
         out["prompt_id"] = id_numbers(text["prompt_id"])
