@@ -1,33 +1,44 @@
-"""How fast the simulator runs: engine steps and simulated requests per wall-clock second.
+"""How fast the simulator runs: engine steps per second, and the whole process as a user waits for it.
 
-    python benchmarks/engine_speed.py                    # every case of the README's table, into runs/benchmarks/
-    python benchmarks/engine_speed.py --update           # the same, into the tracked JSON the README's table reads
-    python benchmarks/engine_speed.py --cases fixed cpu-fixed --out /tmp/engine_speed.json
-    python benchmarks/engine_speed.py --requests 100000 --policy none   # one run of your own; prints only
-    python benchmarks/engine_speed.py --config tests/baselines/scenarios/cpu.toml --policy goodput
+    python benchmarks/engine_speed.py                    # every case, into runs/benchmarks/engine_speed.json
+    python benchmarks/engine_speed.py --update           # the same, into the tracked benchmarks/results/
+    python benchmarks/engine_speed.py --cases real-run v0 --repeats 5
+    python benchmarks/engine_speed.py --config tests/baselines/scenarios/cpu.toml --policy goodput   # your own
 
-Each case is a continuous-batching run at a rate that keeps the batch busy (80% of the
-saturation rate, probed first). Prints the best of --repeats runs (the machine's noise
-only ever slows a run down). The default case's workload, at the same rate, then runs
-under the vllm-v1 scheduler (chunked prefill in mixed steps, paged KV; docs/scheduling.md)
-and its steps/s are printed on a last line (``--no-v1`` skips it).
+The cases run the default engine (vLLM V1 scheduling, compiled rules; docs/performance.md):
 
-Without scenario flags (--config, --policy, --k, --profile, --replicas, --rate) it
-measures the cases in ``CASES`` and writes their JSON to a scratch folder
-(runs/benchmarks/engine_speed.json, ignored by git); ``--update`` writes
-``benchmarks/results/engine_speed.json`` instead, from which docs/generate.py's
-``engine-speed`` block renders the README's Speed table, so a trial run never changes the
-tracked figures. With scenario flags it measures that one scenario and writes JSON only
-where --out says.
+* ``real-run``: the 16,800 requests of a real vLLM run (Llama-2-7b on an H100, the ``general``
+  workload of ``../shared/validation/vllm-h100``), replayed as a trace with the run's own engine
+  settings (max_num_seqs 128, a 2,048-token budget, the KV cache vLLM logged, prefix caching on
+  the run's prompt ids) on the composed H100 profile. Skipped, saying so, where the data is absent.
+* ``fixed``, ``goodput``, ``replicas``: the default scenario's 10,000 requests at 80% of the
+  saturation rate (probed first), fixed k = 3, goodput, and 4 replicas at 4x the rate.
+* ``v0``: the ``fixed`` case's workload, at its rate, under ``--scheduler v0``: V1 beside V0.
+* ``step-by-step``: the ``fixed`` case with ``--jit off`` (the same rules, interpreted): what
+  compiling buys, and the speed of a run whose policy cannot be compiled (docs/performance.md).
+* ``cpu-fixed``, ``cpu-goodput``: the CPU profile's scenario (tests/baselines/scenarios/cpu.toml).
+
+Per case: the engine loop's steps per second (in-process, best of ``--repeats``: the machine's
+noise only ever slows a run down) and the whole process, ``specbatch run --config <the case's
+config.toml>`` from start to exit (imports, the workload, the engine, metrics, writing), best of
+``--repeats`` fresh processes with the caches warm. ``--update`` writes
+``benchmarks/results/engine_speed.json``, from which docs/generate.py's ``engine-speed`` block
+renders the README's table; otherwise the JSON goes to ``runs/benchmarks/`` (or ``--out``).
+Compare two versions of the code with ``farm-bench``, not across runs of this script.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "engine_speed.json"  # tracked: written with --update
 SCRATCH = ROOT / "runs" / "benchmarks" / "engine_speed.json"    # otherwise
 CPU_SCENARIO = "tests/baselines/scenarios/cpu.toml"
+REAL_RUN = "llama-2-7b-tp1-general"
+REAL_PROFILE = "h100-llama-2-7b-llama-68m"
 
 
 @dataclass(frozen=True)
@@ -46,117 +59,124 @@ class Case:
     config: str | None = None
     policy: str = "fixed"
     k: int | None = 3
-    profile: str | None = None
     replicas: int = 1
     rate: float | None = None
-    v1: bool = False  # also run it under the vllm-v1 scheduler
+    overrides: tuple[tuple[str, object], ...] = ()  # more config keys (the scheduler, jit)
+    rate_of: str | None = None  # run at this other case's rate (its workload, another engine)
 
     @property
     def policy_label(self) -> str:
-        return f"`{self.policy} --k {self.k}`" if self.policy == "fixed" else f"`{self.policy}`"
+        return f"`fixed --k {self.k}`" if self.policy == "fixed" else f"`{self.policy}`"
 
 
 CASES = {
-    "fixed": Case("default (H100 profile, chat traffic)", v1=True),
+    "real-run": Case("a real vLLM run's 16,800 requests (Llama-2-7b, H100)", policy="none", k=None),
+    "fixed": Case("default (H100 profile, chat traffic)"),
+    "v0": Case("the same, `--scheduler v0`", overrides=(("engine.scheduler", "v0"),), rate_of="fixed"),
+    "step-by-step": Case("the same, `--jit off` (rules interpreted)", overrides=(("engine.jit", "off"),),
+                         rate_of="fixed"),
     "goodput": Case("default", policy="goodput", k=None),
     "replicas": Case("default, `--replicas 4` (round-robin, 4× the rate)", replicas=4),
-    "cpu-fixed": Case(f"CPU profile (`--config {CPU_SCENARIO}`)", config=CPU_SCENARIO),
+    "cpu-fixed": Case(f"CPU profile (`--config {CPU_SCENARIO}`, v0)", config=CPU_SCENARIO),
     "cpu-goodput": Case("CPU profile", config=CPU_SCENARIO, policy="goodput", k=None),
 }
 
 
-COMPILED_POLICIES = ("fixed", "none", "lut", "goodput")  # decode runs compile (engine.jit; sim/serving/compiled.py)
+def real_run_config(data: Path, folder: Path):
+    """The real run's requests as a trace (its own file, decompressed: the extra columns are ignored)
+    and its engine settings, as benchmarks/real_vllm.py simulates it; None without the data."""
+    from sim.config import load_config
+
+    runs = data / "runs.json"
+    if not runs.is_file():
+        return None
+    run = next(r for r in json.loads(runs.read_text())["runs"] if r["run"] == REAL_RUN)
+    trace = folder / f"{REAL_RUN}.csv"
+    with gzip.open(data / run["file"], "rb") as src, trace.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from real_vllm import run_overrides  # the run's engine settings, as that benchmark gives them
+
+    return load_config(None, {**run_overrides(run, REAL_PROFILE), "workload.trace": (str(trace), "benchmark"),
+                              "seed": (0, "benchmark")})
 
 
-def flags_of(case: Case, requests: int, max_batch_size: int) -> dict:
-    flags = {"workload.num_requests": (requests, "--requests"), "policy.name": (case.policy, "--policy"),
-             "engine.max_batch_size": (max_batch_size, "--max-batch-size"), "seed": (0, "--seed"),
-             "cluster.replicas": (case.replicas, "--replicas")}
+def flags_of(case: Case, requests: int) -> dict:
+    flags = {"workload.num_requests": (requests, "--num-requests"), "policy.name": (case.policy, "--policy"),
+             "seed": (0, "--seed"), "cluster.replicas": (case.replicas, "--replicas")}
     if case.policy == "fixed":
         flags["policy.k"] = (case.k, "--k")
-    if case.profile:
-        flags["profile"] = (case.profile, "--profile")
     if case.rate is not None:
         flags["workload.rate"] = (case.rate, "--rate")
+    flags.update({key: (value, "benchmark") for key, value in case.overrides})
     return flags
 
 
-def configure(case: Case, requests: int, max_batch_size: int):
+def configure(case: Case, requests: int, rate: float | None = None):
     """The case's config; without a rate, one that loads the server: 80% of a saturated probe's throughput."""
     from sim.config import load_config
     from sim.simulate import execute, prepare
 
-    flags = flags_of(case, requests, max_batch_size)
-    if case.rate is not None:
+    flags = flags_of(case, requests)
+    if rate is not None:
+        flags["workload.rate"] = (rate, "--rate")
+    if "workload.rate" in flags:
         return load_config(case.config, flags)
-    probe = execute(prepare(load_config(case.config, {**flags, "workload.num_requests": (200, "--requests"),
+    probe = execute(prepare(load_config(case.config, {**flags, "workload.num_requests": (200, "--num-requests"),
                                                       "workload.rate": (1e6, "--rate"),
                                                       "cluster.replicas": (1, "--replicas")})))
-    rate = 0.8 * probe.summary["request_throughput"] * case.replicas
-    return load_config(case.config, {**flags, "workload.rate": (rate, "--rate")})
+    return load_config(case.config, {**flags, "workload.rate": (0.8 * probe.summary["request_throughput"]
+                                                                * case.replicas, "--rate")})
 
 
 def fastest(config, repeats: int):
-    """The best of ``repeats`` runs: the machine's noise only ever slows a run down."""
+    """The best of ``repeats`` in-process runs, after one that loads the compiled rules."""
     from sim.simulate import execute, prepare
 
     best = None
-    for _ in range(repeats):
+    for _ in range(repeats + 1):
         result = execute(prepare(config))
-        if best is None or result.wall_s < best.wall_s:
+        if best is None or result.engine_wall_s < best.engine_wall_s:
             best = result
     return best
 
 
-def measure(name: str, case: Case, args) -> dict:
-    """Run one case (and its vllm-v1 twin), print what the README quotes, return its row."""
-    config = configure(case, args.requests, args.max_batch_size)
+def whole_process(config, folder: Path, repeats: int) -> float:
+    """The best of ``repeats`` fresh processes of ``specbatch run --config`` (after one warm-up)."""
+    path = folder / "config.toml"
+    path.write_text(config.to_toml())
+    command = [sys.executable, "-m", "sim.commands.cli", "run", "--config", str(path), "--out", str(folder / "out"),
+               "--quiet"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    times = []
+    for i in range(repeats + 1):
+        shutil.rmtree(folder / "out", ignore_errors=True)
+        started = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+        if i:
+            times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def measure(name: str, case: Case, config, args, folder: Path) -> dict:
+    """One case: print what the README quotes and return its row."""
     best = fastest(config, args.repeats)
     s = best.summary
     steps = int(s["num_steps"])
+    whole = whole_process(config, folder, args.repeats)
+    requests = int(s["completed"])
     row = {"case": name, "label": case.label, "policy": case.policy_label, "config": case.config,
-           "replicas": case.replicas, "requests": args.requests, "rate": config.workload.rate,
-           "profile": best.profile.name, "steps": steps, "decode_steps": int(s["num_decode_steps"]),
-           "prefill_steps": int(s["num_prefill_steps"]), "mean_batch": float(s["mean_batch_size"]),
-           "engine_s": best.engine_wall_s, "whole_s": best.wall_s,
-           "engine_steps_per_s": steps / best.engine_wall_s, "whole_steps_per_s": steps / best.wall_s,
-           "requests_per_s": args.requests / best.wall_s}
+           "scheduler": config.engine.scheduler, "jit": config.engine.jit, "replicas": config.cluster.replicas,
+           "requests": requests, "rate": config.workload.rate, "profile": best.profile.name, "steps": steps,
+           "mean_batch": float(s["mean_batch_size"]), "engine_s": best.engine_wall_s,
+           "engine_steps_per_s": steps / best.engine_wall_s, "whole_process_s": whole,
+           "requests_per_s": requests / whole, "load_average": os.getloadavg()[0]}
     print(f"case           {name}: {case.label}")
-    print(f"profile        {row['profile']}")
-    print(f"workload       {args.requests} requests at {row['rate']:.3g} req/s, policy {case.policy}"
-          f"{f' k={case.k}' if case.policy == 'fixed' else ''}, continuous batching (max {args.max_batch_size}), "
-          f"mean batch {row['mean_batch']:.1f}" + (f", {case.replicas} replicas" if case.replicas > 1 else ""))
-    print(f"engine steps   {steps} ({row['decode_steps']} decode, {row['prefill_steps']} prefill)")
-    print(f"engine loop    {row['engine_s']:.3f} s  -> {row['engine_steps_per_s']:,.0f} engine steps/s")
-    print(f"whole run      {row['whole_s']:.3f} s  -> {row['whole_steps_per_s']:,.0f} steps/s, "
-          f"{row['requests_per_s']:,.0f} simulated requests/s (tabulation, engine and metrics)", flush=True)
-    if case.policy in COMPILED_POLICIES:  # the same run with its decode runs compiled (sim/serving/compiled.py)
-        compiled_config = replace(config, engine=replace(config.engine, jit="on"))
-        compiled = fastest(compiled_config, args.repeats + 1)  # the extra run loads (or compiles) the kernel
-        row["compiled"] = {"engine_s": compiled.engine_wall_s, "whole_s": compiled.wall_s,
-                           "engine_steps_per_s": steps / compiled.engine_wall_s,
-                           "whole_steps_per_s": steps / compiled.wall_s,
-                           "identical": compiled.summary == s}
-        rc = row["compiled"]
-        print(f"compiled       --jit on: engine loop {rc['engine_s']:.3f} s -> {rc['engine_steps_per_s']:,.0f} engine "
-              f"steps/s, whole run {rc['whole_steps_per_s']:,.0f} steps/s; summary identical: {rc['identical']}",
-              flush=True)
-    if case.v1 and not args.no_v1:
-        v1 = fastest(replace(config, engine=replace(config.engine, scheduler="vllm-v1")), args.repeats)
-        s1 = v1.summary
-        row["v1"] = {"steps": int(s1["num_steps"]), "mixed_steps": int(s1["num_mixed_steps"]),
-                     "preemptions": int(s1["num_preemptions"]),
-                     "max_num_batched_tokens": config.engine.max_num_batched_tokens,
-                     "engine_s": v1.engine_wall_s, "whole_s": v1.wall_s,
-                     "engine_steps_per_s": s1["num_steps"] / v1.engine_wall_s,
-                     "whole_steps_per_s": s1["num_steps"] / v1.wall_s,
-                     "requests_per_s": args.requests / v1.wall_s}
-        r1 = row["v1"]
-        print(f"vllm-v1        {r1['steps']} steps ({r1['mixed_steps']} mixed, {r1['preemptions']} preemptions), "
-              f"max {r1['max_num_batched_tokens']} tokens/step: engine loop {r1['engine_steps_per_s']:,.0f} steps/s, "
-              f"whole run {r1['whole_steps_per_s']:,.0f} steps/s, {r1['requests_per_s']:,.0f} simulated requests/s",
-              flush=True)
-    row["load_average"] = os.getloadavg()[0]  # other work on the machine slows every figure
+    print(f"workload       {requests:,} requests on {row['profile']}, policy {case.policy}, scheduler "
+          f"{row['scheduler']}, jit {row['jit']}, mean batch {row['mean_batch']:.1f}"
+          + (f", {row['replicas']} replicas" if row["replicas"] > 1 else ""))
+    print(f"engine loop    {steps:,} steps in {row['engine_s']:.3f} s -> {row['engine_steps_per_s']:,.0f} steps/s")
+    print(f"whole process  {whole:.3f} s -> {row['requests_per_s']:,.0f} simulated requests/s", flush=True)
     return row
 
 
@@ -166,46 +186,45 @@ def rounded(x: float) -> str:
 
 
 def table(doc: dict) -> str:
-    """The README's Speed table and the vllm-v1 sentence (docs/generate.py's ``engine-speed`` block)."""
-    rows = ["| scenario | policy | engine steps | engine loop | compiled (`--jit on`) | whole run (tabulation, "
-            "engine, metrics) |", "|---|---|---:|---:|---:|---|"]
+    """The README's Speed table (docs/generate.py's ``engine-speed`` block)."""
+    rows = ["| scenario | policy | requests | engine steps | engine loop | whole process |",
+            "|---|---|---:|---:|---:|---:|"]
     for r in sorted(doc["rows"], key=lambda r: list(CASES).index(r["case"])):
-        bold = "**" if r["case"] == "fixed" else ""
-        compiled = (f"{bold}{rounded(r['compiled']['engine_steps_per_s'])} steps/s{bold}" if "compiled" in r
-                    else "step by step")
-        rows.append(f"| {r['label']} | {r['policy']} | {r['steps']:,} | {rounded(r['engine_steps_per_s'])} "
-                    f"steps/s | {compiled} | {rounded(r['whole_steps_per_s'])} steps/s, "
-                    f"{rounded(r['requests_per_s'])} simulated requests/s |")
-    rows.append("")
-    v0 = next((r for r in doc["rows"] if "v1" in r), None)
-    if v0:
-        v1 = v0["v1"]
-        which = "the first row's" if v0["case"] == "fixed" else f"the {v0['case']} case's"
-        rows.append(f"Under `--scheduler vllm-v1` {which} workload at the same rate needed {v1['steps']:,} steps "
-                    f"({v1['mixed_steps']:,} mixed) and ran {rounded(v1['engine_steps_per_s'])} engine steps/s "
-                    f"against the v0 scheduler's {rounded(v0['engine_steps_per_s'])}: "
-                    f"{v1['engine_steps_per_s'] / v0['engine_steps_per_s']:.2f}× (whole run "
-                    f"{rounded(v1['whole_steps_per_s'])} against {rounded(v0['whole_steps_per_s'])} steps/s).")
+        bold = "**" if r["case"] in ("real-run", "fixed") else ""
+        rows.append(f"| {r['label']} | {r['policy']} | {r['requests']:,} | {r['steps']:,} "
+                    f"| {rounded(r['engine_steps_per_s'])} steps/s | {bold}{r['whole_process_s']:.2f} s{bold} |")
+    by = {r["case"]: r for r in doc["rows"]}
+    notes = []
+    if "fixed" in by and "v0" in by:
+        notes.append(f"vllm-v1 runs {by['fixed']['engine_steps_per_s'] / by['v0']['engine_steps_per_s']:.2f}× the "
+                     f"v0 scheduler's engine steps/s on the same requests")
+    if "fixed" in by and "step-by-step" in by:
+        notes.append(f"compiled rules run {by['fixed']['engine_steps_per_s'] / by['step-by-step']['engine_steps_per_s']:.1f}× "
+                     f"the interpreted ones")
+    if "fixed" in by and "goodput" in by:
+        notes.append(f"`goodput` runs {by['goodput']['engine_steps_per_s'] / by['fixed']['engine_steps_per_s']:.2f}× "
+                     f"fixed k's engine steps/s")
     machine = doc["machine"]
     low, high = (f"{f(r['load_average'] for r in doc['rows']):.1f}" for f in (min, max))
-    rows.append(f"Measured {doc['date']} with `{doc['command']}` ({doc['requests']:,} requests, max batch "
-                f"{doc['max_batch_size']}, best of {doc['repeats']}) on {machine['cpu']} ({machine['cores']} cores), "
-                f"Python {machine['python']}, numpy {machine['numpy']}, with a 1-minute load average of "
-                f"{low if low == high else f'{low}–{high}'} during the runs.")
-    return "\n".join(rows) + "\n"
+    out = "\n".join(rows) + "\n\n"
+    if notes:
+        out += "On these runs " + "; ".join(notes) + ".\n"
+    out += (f"Measured {doc['date']} with `{doc['command']}` (best of {doc['repeats']}) on {machine['cpu']} "
+            f"({machine['cores']} cores), Python {machine['python']}, numpy {machine['numpy']}, with a 1-minute "
+            f"load average of {low if low == high else f'{low}–{high}'} during the runs.\n")
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=10_000, help="requests of the generated cases")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-v1", action="store_true", help="skip the vllm-v1 scheduler's run")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=None,
                         help="measure only these of the README's cases (default: all)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="the real runs' folder (default: ../shared/validation/vllm-h100)")
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"results JSON (default {SCRATCH.relative_to(ROOT)} for the README's cases, "
-                             "none for a scenario of your own)")
+                        help=f"results JSON (default {SCRATCH.relative_to(ROOT)}; none for a scenario of your own)")
     parser.add_argument("--update", action="store_true",
                         help=f"write the README's cases to the tracked {RESULTS.relative_to(ROOT)} (then run "
                              "python docs/generate.py)")
@@ -213,41 +232,53 @@ def main() -> int:
     own.add_argument("--config", default=None, help="scenario TOML under the flags (default: the shipped default)")
     own.add_argument("--policy", default=None, help="default: fixed")
     own.add_argument("--k", type=int, default=None, help="default: 3")
-    own.add_argument("--profile", default=None, help="default: the scenario's profile")
     own.add_argument("--replicas", type=int, default=None,
                      help="a cluster of N replicas (round-robin), at N times the rate")
     own.add_argument("--rate", type=float, default=None,
                      help="request rate (default: 80%% of the saturation rate on the profile)")
     args = parser.parse_args()
 
-    custom = any(getattr(args, name) is not None for name in ("config", "policy", "k", "profile", "replicas", "rate"))
+    custom = any(getattr(args, name) is not None for name in ("config", "policy", "k", "replicas", "rate"))
     if custom and args.cases:
         parser.error("--cases measures the README's cases; it does not combine with a scenario of your own")
     if args.update and (custom or args.out is not None):
         parser.error("--update writes the README's cases to the tracked results; it takes no --out or scenario")
     if custom:
         cases = {"custom": Case("custom", config=args.config, policy=args.policy or "fixed", k=args.k or 3,
-                                profile=args.profile, replicas=args.replicas or 1, rate=args.rate, v1=True)}
+                                replicas=args.replicas or 1, rate=args.rate)}
         out = args.out
     else:
         cases = {name: CASES[name] for name in (args.cases or CASES)}
         out = RESULTS if args.update else args.out or SCRATCH
     sys.path.insert(0, str(Path(__file__).parent))
-    from scale import machine  # one description of the machine for both benchmarks
-
-    import numpy as np
+    from real_vllm import DATA
+    from scale import machine  # one description of the machine for the benchmarks
 
     about = machine()
-    print(f"machine        {about['cpu']}, {about['cores']} cores, Python {about['python']}, numpy {np.__version__}")
-    rows = []
-    for name, case in cases.items():
-        rows.append(measure(name, case, args))
-        print()
-    if out is not None:
+    print(f"machine        {about['cpu']}, {about['cores']} cores, Python {about['python']}, numpy {about['numpy']}")
+    rows, configs = [], {}
+    with tempfile.TemporaryDirectory(prefix="engine-speed-") as scratch:
+        for name, case in cases.items():
+            folder = Path(scratch) / name
+            folder.mkdir()
+            if name == "real-run":
+                config = real_run_config(args.data or DATA, folder)
+                if config is None:
+                    print(f"case           real-run: skipped, no {(args.data or DATA) / 'runs.json'}\n")
+                    continue
+            else:
+                source = case.rate_of and CASES[case.rate_of]
+                rate = None
+                if source:
+                    configs.setdefault(case.rate_of, configure(source, args.requests))
+                    rate = configs[case.rate_of].workload.rate
+                config = configs.setdefault(name, configure(case, args.requests, rate))
+            rows.append(measure(name, case, config, args, folder))
+            print()
+    if out is not None and rows:
         command = shlex.join(["python", "benchmarks/engine_speed.py", *sys.argv[1:]])
         doc = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": about, "command": command,
-               "requests": args.requests, "max_batch_size": args.max_batch_size, "repeats": args.repeats,
-               "rows": rows}
+               "requests": args.requests, "repeats": args.repeats, "rows": rows}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {out}")
