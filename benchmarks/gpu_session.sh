@@ -1,33 +1,47 @@
 #!/bin/bash
-# What ran on the lent H100 (issues 15 and 16), phase by phase, resumable across machines.
+# Everything that runs on a lent H100 for one task, phase by phase, resumable across machines.
 #
 #   bash benchmarks/gpu_session.sh WORK SECONDS PHASE...
+#   bash benchmarks/gpu_session.sh WORK SECONDS issue-33     # the CUDA-graph session, in order
 #
 # WORK holds every output (a calibration killed by the deadline resumes from its partial
-# files when WORK is carried to the next machine); SECONDS is the wall-clock budget of the
-# whole call: the last phase gets what is left. Phases:
+# files, a validation from its finished cases, when WORK is carried to the next machine);
+# SECONDS is the wall-clock budget of the whole call: the last phase gets what is left. Dry-run
+# it on a CPU first with DRY_RUN=1 (tiny models, CPU, seconds): every command, every path.
+#
+# Phases of the CUDA-graph session (issue 33), in its order:
 #
 #   env       the machine: nvidia-smi, python and package versions
-#   smoke     a tiny CUDA calibration, then the real-model tests on CUDA
-#             (SPECBATCH_TEST_DEVICE=cuda: model, rejection sampler, real replay)
-#   replay-tests  the real replay's tests alone on CUDA
-#   eager     llama-3.1-8b / llama-3.2-1b, bf16, timed eagerly on a small grid: the profile
-#             the GPU validation prices with (the real replay runs its passes eagerly too)
-#   measure   llama-3.1-8b / llama-3.2-1b, bf16, CUDA graphs, on the composed H100 profile's
-#             grid (batch 1..256, q 1..9, context 128..32759, prompts 128..4096)
-#   validate  benchmarks/validation.py --suite gpu on the eager profile
-#   opt       opt-6.7b / opt-125m, fp16, CUDA graphs, on the composed profile's grid
-#   probe     benchmarks/replay_pass_probe.py: one target pass timed as calibration and as the replay do
-#   gc-check  one validate case replayed with the garbage collector off, then on
+#   tests     the graph path on CUDA: the replay with identical draft and target (every draft
+#             accepted only if both KV caches are right after padded, graphed passes), the
+#             draft's catch-up, and the model and rejection-sampler tests
+#   calibrate llama-3.1-8b / llama-3.2-1b, bf16, decode/draft/verify passes from CUDA graphs,
+#             on the GPU validation suite's grid: the profile the validation prices with
+#             (shipped as sim/profiles/h100-graphs-llama-3.1-8b-llama-3.2-1b)
+#   probe     benchmarks/replay_pass_probe.py: one target pass timed as calibration and as the
+#             replay runs it (eager, and from its graph)
+#   validate  benchmarks/validation.py --suite gpu on that profile (4 cases x 2 x 150 requests,
+#             loads at 80% and 35% of the simulated capacity)
+#   measure   part of the composed H100 profile's grid (batch 1..128), graphs, with an EAGLE-3
+#             head: more points for the composed-vs-measured comparison
+#             (benchmarks/composed_vs_measured.py) and the head's timing
+#
+# Earlier sessions' phases (issues 15 and 16) stay runnable: eager (the eager profile),
+# opt (opt-6.7b / opt-125m), gc-check, smoke, replay-tests.
 #
 # Each phase runs under its own timeout and failures do not stop the next phase; every
 # log is in WORK/logs. The machine has torch, numpy, pandas and scipy; simpy, tomli-w and
-# tomlkit travel as wheels in .whl (see docs/gpu-profiles.md).
+# tomlkit travel as wheels in .whl (see docs/gpu-profiles.md). NUMBA_DISABLE_JIT: the
+# simulator's rules run interpreted (identical results), so no machine time goes to compiling.
 set -u
 WORK=$1; BUDGET=$2; shift 2
 DEADLINE=$((SECONDS + BUDGET))
 mkdir -p "$WORK/logs"
-export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD" SPECBATCH_CACHE_DIR=/tmp/specbatch-cache
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD" SPECBATCH_CACHE_DIR=/tmp/specbatch-cache NUMBA_DISABLE_JIT=1
+DEVICE=cuda TARGET=llama-3.1-8b DRAFT=llama-3.2-1b DTYPE=bfloat16 SUITE=gpu
+if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny models
+  DEVICE=cpu TARGET=llama-160m DRAFT=llama-68m DTYPE=float32 SUITE=gpu-dry
+fi
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >"$WORK/logs/wheels.log" 2>&1 || echo "wheels failed" >&2
@@ -42,8 +56,16 @@ run() {  # run NAME SECONDS CMD...: one phase under a timeout (SIGINT: the calib
   local rc=$?
   echo "[$name] rc=$rc $((SECONDS - t0))s" | tee -a "$WORK/logs/phases.txt"
 }
-GRID_H100="--batch-sizes 1,2,4,8,16,32,64,128,256 --k-max 8 --contexts 128,256,512,1024,2048,4096,8192,16384,32759
-  --prompts 128,256,512,1024,2048,4096 --max-prefill-tokens 32768 --warmup 2 --repeats 10 --point-budget 0.3"
+VALID_GRID="--batch-sizes 1,2,4,8,16 --k-max 4 --contexts 64,128,256,512,1024 --prompts 32,64,128,256,512
+  --max-prefill-tokens 8192 --warmup 2 --repeats 10 --point-budget 0.3"
+MEASURE_GRID="--batch-sizes 1,8,32,128 --k-max 4 --contexts 512,2048 --prompts 512 --max-prefill-tokens 32768
+  --warmup 1 --repeats 5 --point-budget 0.2"
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  VALID_GRID="--batch-sizes 1,2,4 --k-max 4 --contexts 16,64 --prompts 8,32 --max-prefill-tokens 128 --warmup 1 --repeats 2"
+  MEASURE_GRID="$VALID_GRID"
+fi
+PROFILE="$WORK/h100-graphs-$TARGET-$DRAFT"
+[ "${1:-}" = issue-33 ] && set -- env tests calibrate probe validate measure
 for phase in "$@"; do
   case $phase in
     env)
@@ -51,6 +73,25 @@ for phase in "$@"; do
 print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.mem_get_info());
 print(numpy.__version__, pandas.__version__, scipy.__version__)"; python3 -m pip list 2>/dev/null |
 grep -iE "^(numba|pyarrow|tqdm|simpy|tomli|tomlkit|hypothesis|pytest) "' ;;
+    tests)
+      run tests 120 env SPECBATCH_TEST_DEVICE=$DEVICE python3 -m pytest -q -p no:cacheprovider -x \
+        tests/test_replay.py -k "identical or catch_up or graph_keys" ;
+      run model-tests 60 env SPECBATCH_TEST_DEVICE=$DEVICE python3 -m pytest -q -p no:cacheprovider \
+        tests/test_calibrate_model.py tests/test_calibrate_verify.py ;;
+    calibrate)
+      # shellcheck disable=SC2086
+      run calibrate 200 python3 -m calibrate --device $DEVICE --target $TARGET --draft $DRAFT --dtype $DTYPE \
+        $VALID_GRID --quiet --out "$PROFILE" ;;
+    probe)
+      if [ "$DEVICE" = cuda ]; then run probe 60 python3 benchmarks/replay_pass_probe.py;
+      else run probe 60 python3 benchmarks/replay_pass_probe.py --target $TARGET --repeats 3; fi ;;
+    validate)
+      run validate 300 python3 benchmarks/validation.py --suite $SUITE --profile "$PROFILE" \
+        --out "$WORK/validation-gpu" ;;
+    measure)
+      # shellcheck disable=SC2086
+      run measure 600 python3 -m calibrate --device $DEVICE --target $TARGET --draft $DRAFT --dtype $DTYPE \
+        --drafters eagle3 $MEASURE_GRID --quiet --out "$WORK/h100-measured-$TARGET-$DRAFT" ;;
     smoke)
       run smoke-calibrate 120 python3 -m calibrate --device cuda --target tiny-llama --draft tiny-llama \
         --batch-sizes 1,4 --k-max 2 --contexts 16,64 --prompts 8,32 --max-prefill-tokens 128 --warmup 1 \
@@ -64,10 +105,6 @@ grep -iE "^(numba|pyarrow|tqdm|simpy|tomli|tomlkit|hypothesis|pytest) "' ;;
         --dtype bfloat16 --no-cuda-graphs --batch-sizes 1,2,4,8,16 --k-max 4 --contexts 64,128,256,512,1024 \
         --prompts 32,64,128,256,512 --max-prefill-tokens 8192 --warmup 2 --repeats 10 --point-budget 0.3 \
         --out "$WORK/h100-eager-llama-3.1-8b-llama-3.2-1b" ;;
-    measure)
-      # shellcheck disable=SC2086
-      run measure 600 python3 -m calibrate --device cuda --target llama-3.1-8b --draft llama-3.2-1b \
-        --dtype bfloat16 $GRID_H100 --out "$WORK/h100-measured-llama-3.1-8b-llama-3.2-1b" ;;
     opt)
       # shellcheck disable=SC2086
       run opt 600 python3 -m calibrate --device cuda --target opt-6.7b --draft opt-125m --dtype float16 \

@@ -1,4 +1,4 @@
-"""Why a real replay's passes can run slower than calibration timed them: one pass, timed six ways.
+"""Why a real replay's passes can run slower than calibration timed them: one pass, timed seven ways.
 
     python benchmarks/replay_pass_probe.py [--target llama-3.1-8b] [--batch 16] [--query 4] [--context 330]
 
@@ -6,8 +6,10 @@ Times the same target forward pass (random weights, bf16 on CUDA, float32 on CPU
 calibration does (CUDA events, eager and from a CUDA graph), as the replay does
 (``perf_counter`` around the pass plus a synchronize), the host's launch time alone (no
 synchronize), the pass on a replay-shaped cache (a view of a larger, per-slot cache), and
-the replay's way again with a large Python heap and the garbage collector on. Prints the
-median and the worst of each, in ms. Written for issue 16's GPU validation.
+the replay's way again with a large Python heap and the garbage collector on, and the replay's
+CUDA-graph path (calibrate.graphs: static inputs, rows padded to vLLM V0's batch sizes, the
+span rounded up; eager on a CPU). Prints the median and the worst of each, in ms. Written
+for issue 16's GPU validation, extended for issue 33's.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import time
 import torch
 
 from calibrate.configs import get_config
+from calibrate.graphs import PassGraphs
 from calibrate.model import Transformer
 from calibrate.timing import _capture, _event_time
+from sim.costmodel import v0_graph_batch_sizes
 
 
 def timed(name: str, fn, n: int) -> None:
@@ -96,7 +100,26 @@ def main() -> None:
     del heap
     if cuda:
         replay = _capture(run_exact, 2)
-        timed("CUDA graph replay, CUDA events", lambda: _event_time(replay), n)
+        timed("calibration: CUDA graph replay, CUDA events", lambda: _event_time(replay), n)
+    graphs = PassGraphs(torch.device(device), v0_graph_batch_sizes(b))
+    rows = graphs.rows(b)
+    padded = model.new_cache(rows, ctx + q + 300)
+    padded.fill(ctx)
+    span = graphs.span(ctx, q, padded.max_len)
+
+    def build():
+        static = torch.zeros(rows, q, dtype=torch.long, device=device)
+        return {"tokens": static}, lambda: model(static, padded.rows(0, rows, span))
+    graph = graphs.get(("target", rows, q, span), build, [padded.lengths])
+
+    def replay_step():
+        graph.inputs["tokens"][:b].copy_(tokens)
+        padded.lengths[b:rows].zero_()
+        graph.replay()
+        padded.lengths[:b].sub_(q)
+    timed(f"replay: its graph path ({rows} rows, span {span}), perf_counter + sync", wall(replay_step), n)
+    print(f"graph capture: {graphs.capture_s * 1e3:.0f} ms" + (f"; fell back: {graphs.fallbacks}" if graphs.fallbacks
+                                                              else ""))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
 
 

@@ -75,35 +75,61 @@ SUITES = {
             "calibrate": ["--target", "llama-160m", "--draft", "llama-68m", "--device", "cpu",
                           "--batch-sizes", "1,2,3,4,5,6,7,8", "--k-max", "4", "--contexts", "16,64,128",
                           "--prompts", "16,32,64", "--threads", "1"]},
-    # capacity of this workload on the eager H100 profile, simulated (fixed k=3, rate inf): 6.7 req/s
+    # loads: fractions of this workload's capacity on the profile, simulated (fixed k=3, every request
+    # at t = 0; :func:`capacity_rate`), so the cases sit at 80% and 35% of whatever GPU runs them
     "gpu": {"workload": ["--prompt-tokens", "uniform:64:512", "--output-tokens", "uniform:16:112",
                          "--max-batch-size", "16", "--alpha", "0.7", "--seed", "1"],
             "policies": ("fixed-k3", "goodput"),
-            "loads": {"continuous": {"high": 5.5, "low": 2.5}},
-            "profile": "h100-eager-llama-3.1-8b-llama-3.2-1b", "requests": 150, "repeat": 2,
+            "loads": {"continuous": {"high": 0.8, "low": 0.35}}, "loads_are_fractions": True,
+            "profile": "h100-graphs-llama-3.1-8b-llama-3.2-1b", "requests": 150, "repeat": 2,
             "results": "benchmarks/results/validation-gpu.json",
-            # benchmarks/gpu_session.sh's "eager" phase: ~5 min on an H100
+            # benchmarks/gpu_session.sh's "calibrate" phase: passes from CUDA graphs, as the replay runs them
             "calibrate": ["--target", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--device", "cuda",
-                          "--dtype", "bfloat16", "--no-cuda-graphs", "--batch-sizes", "1,2,4,8,16", "--k-max", "4",
+                          "--dtype", "bfloat16", "--batch-sizes", "1,2,4,8,16", "--k-max", "4",
                           "--contexts", "64,128,256,512,1024", "--prompts", "32,64,128,256,512",
                           "--max-prefill-tokens", "8192", "--warmup", "2", "--repeats", "10",
                           "--point-budget", "0.3"]},
 }
+# The GPU suite's commands on a CPU with small models, in seconds: a dry run of
+# benchmarks/gpu_session.sh (DRY_RUN=1) before a lent GPU's minutes are spent.
+SUITES["gpu-dry"] = {**SUITES["gpu"], "workload": ["--prompt-tokens", "uniform:16:64", "--output-tokens",
+                                                   "uniform:8:40", "--max-batch-size", "4", "--alpha", "0.7",
+                                                   "--seed", "1"],
+                     "profile": "cpu-llama-160m-llama-68m", "requests": 20, "repeat": 2,
+                     "results": None, "calibrate": SUITES["cpu"]["calibrate"]}
 POLICIES = {"none": ["--policy", "none"], "fixed-k3": ["--policy", "fixed", "--k", "3"],
             "goodput": ["--policy", "goodput"]}
 SHOWN = (("mean_e2el_ms", "mean E2EL"), ("p99_e2el_ms", "p99 E2EL"), ("output_throughput", "output tput"))
 BAR = {"mean_e2el_ms": 0.02, "output_throughput": 0.02, "p99_e2el_ms": 0.05}  # the goal, speed-corrected
 
 
-def cases(suite: str = "cpu") -> list[tuple[str, str, str, float]]:
-    """(name, batching, policy, rate), high loads first (the shortest replays)."""
+def cases(suite: str = "cpu", capacity: float = 1.0) -> list[tuple[str, str, str, float]]:
+    """(name, batching, policy, rate), high loads first (the shortest replays). ``capacity``: the
+    workload's capacity in req/s, for a suite whose loads are fractions of it."""
     spec = SUITES[suite]
+    scale = capacity if spec.get("loads_are_fractions") else 1.0
     out = []
     for load in ("high", "low"):
         for batching, loads in spec["loads"].items():
             for policy in spec["policies"]:
-                out.append((f"{batching}-{policy}-{load}", batching, policy, loads[load]))
+                out.append((f"{batching}-{policy}-{load}", batching, policy, round(loads[load] * scale, 2)))
     return out
+
+
+def capacity_rate(profile: str, spec: dict, requests: int) -> float:
+    """The suite's workload's capacity on ``profile`` (req/s): every request at t = 0, fixed k = 3, as
+    the replay runs it (v0 scheduler, padded prefill), simulated; the completed requests over the makespan."""
+    import tempfile
+
+    from sim.commands.cli import main as specbatch
+
+    with tempfile.TemporaryDirectory() as folder:
+        code = specbatch(["run", "--profile", profile, "--scheduler", "v0", "--prefill", "padded", "--rate", "inf",
+                          "--num-requests", str(max(requests, 300)), *spec["workload"], *POLICIES["fixed-k3"],
+                          "--records", "none", "--out", f"{folder}/run", "--quiet"])
+        if code != 0:
+            raise SystemExit(code)
+        return float(json.loads((Path(folder) / "run" / "summary.json").read_text())["metrics"]["request_throughput"])
 
 
 def case_row(name: str, batching: str, policy: str, rate: float, doc: dict, folder: Path | None = None) -> dict:
@@ -381,7 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     results = json.loads(results_path.read_text()) if results_path.is_file() else {"cases": []}
     results["suite"] = args.suite
     started = time.perf_counter()
-    for name, batching, policy, rate in cases(args.suite):
+    capacity = 1.0
+    if spec.get("loads_are_fractions"):
+        capacity = results["capacity_req_s"] = round(capacity_rate(profile, spec, requests), 3)
+        print(f"capacity of the workload on {profile}: {capacity:.2f} req/s (simulated); loads "
+              + ", ".join(f"{load} {frac:g}x" for load, frac in next(iter(spec["loads"].values())).items()),
+              file=sys.stderr)
+    for name, batching, policy, rate in cases(args.suite, capacity):
         if not fnmatch.fnmatch(name, args.cases):
             continue
         case = out / name
@@ -402,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 return code
         row = case_row(name, batching, policy, rate, json.loads((case / "validation.json").read_text()), case)
         results["cases"] = [r for r in results["cases"] if r["case"] != name] + [row]
-        order = [c[0] for c in cases(args.suite)]
+        order = [c[0] for c in cases(args.suite, capacity)]
         results["cases"].sort(key=lambda r: order.index(r["case"]))
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")

@@ -92,12 +92,13 @@ class Block(nn.Module):
         b, q, _ = x.shape
         d, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         qkv = F.linear(self.norm(x, 1) if qkv_input is None else qkv_input, self.qkv_w, getattr(self, "qkv_b", None))
-        xq, xk, xv = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
-        xq = xq.view(b, q, nh, d).transpose(1, 2)
-        xk = xk.view(b, q, nkv, d).transpose(1, 2)
+        qk, xv = qkv.split([(nh + nkv) * d, nkv * d], dim=-1)
+        qk = qk.view(b, q, nh + nkv, d)
+        if rope is not None:  # queries and keys rotated together: one set of kernels, as vLLM's fused rotary
+            qk = apply_rope(qk, *rope)
+        xq, xk = qk.split([nh, nkv], dim=2)
+        xq, xk = xq.transpose(1, 2), xk.transpose(1, 2)
         xv = xv.view(b, q, nkv, d).transpose(1, 2)
-        if rope is not None:
-            xq, xk = apply_rope(xq, *rope), apply_rope(xk, *rope)
         attn = attend(xq, xk, xv, cache, layer, positions, mask)
         x = x + F.linear(attn.transpose(1, 2).reshape(b, q, nh * d), self.out_w, getattr(self, "out_b", None))
         y = self.norm(x, 2)
@@ -182,15 +183,15 @@ class Transformer(CachedModel):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm, computed in float32 as the reference implementation does."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    """Llama's RMSNorm: torch's (one fused kernel on CUDA, accumulating in float32, as an engine's)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[b, 1, q, head_dim]`` for absolute positions ``[b, q]`` (computed per pass, no table)."""
+    """cos/sin ``[b, q, 1, head_dim]`` for absolute positions ``[b, q]`` (computed per pass, no table), to
+    rotate ``[b, q, heads, head_dim]``."""
     freqs = positions[..., None].float() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 

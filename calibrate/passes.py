@@ -28,7 +28,7 @@ from calibrate.model import Transformer
 from calibrate.verify import sample, verify_logits
 
 GRAPHABLE = {("decode", "draft"), ("decode", "target"), ("decode", "eagle"), ("decode", "eagle3"), ("decode", "mtp"),
-             ("decode", "medusa")}  # decode-sized passes, as vLLM captures
+             ("decode", "medusa"), ("verify", "target")}  # decode-sized passes, as vLLM captures
 
 
 @dataclass
@@ -51,7 +51,7 @@ def build_pass(point: Point, models: dict[str, Transformer], generator: torch.Ge
         logits = torch.randn(b, k + 1, vocab, generator=generator, device=device).to(model.dtype)
         draft_probs = torch.softmax(torch.randn(b, k, vocab, generator=generator, device=device), dim=-1)
         draft_tokens = sample(draft_probs, generator) if k else torch.empty(b, 0, dtype=torch.long, device=device)
-        return Pass(lambda: verify_logits(logits, draft_probs, draft_tokens, generator), graphable)
+        return Pass(lambda: verify_logits(logits, draft_probs, draft_tokens), graphable)  # default generator: graph-safe
 
     tokens = torch.randint(0, vocab, (b, q), generator=generator, device=device)
     cache = model.new_cache(b, ctx + q)

@@ -47,16 +47,19 @@ import torch
 
 from calibrate.configs import check_buildable, get_config
 from calibrate.model import TORCH_DTYPES, Transformer
-from calibrate.verify import sample, verify_logits
+from calibrate.graphs import PassGraphs
+from calibrate.verify import VerifyResult, sample, verify_logits
 from policies.base import BatchView
 from sim.config import RunConfig
+from sim.costmodel import v0_graph_batch_sizes
 from sim.errors import InputError
 from sim.metrics import by_label, summarize
 from sim.serving.clock import serve_wall_clock
 from sim.serving.queues import arrival_queue
 from sim.serving.recorded import RecordedSteps
 from sim.serving.records import DECODE, PREFILL
-from sim.simulate import PreparedRun, RunResult, acceptance_values, make_sampler, prepare, request_table
+from sim.simulate import (PreparedRun, RunResult, acceptance_values, graph_padding, make_sampler, prepare,
+                          request_table)
 
 ACCEPTANCE_MODES = ("synthetic", "real")
 
@@ -78,6 +81,7 @@ class ReplayResult:
     # and per step the accepted draft tokens per running row (None: prefill or k = 0).
     clock_readings: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     step_accepted: tuple = field(default=(), repr=False)
+    graphs: dict = field(default_factory=dict)  # calibrate.graphs.PassGraphs.summary(): captured, capture time
 
     def recorded_steps(self) -> RecordedSteps:
         """The steps as :class:`sim.serving.recorded.RecordedBackend` plays them back."""
@@ -95,7 +99,8 @@ class TorchBackend:
     follows_rows = True
 
     def __init__(self, run: PreparedRun, target: Transformer, draft: Transformer | None, *,
-                 acceptance: str = "synthetic", seed: int = 0, static: bool = False) -> None:
+                 acceptance: str = "synthetic", seed: int = 0, static: bool = False,
+                 cuda_graphs: bool = False) -> None:
         if acceptance not in ACCEPTANCE_MODES:
             raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_MODES)}")
         config, requests = run.config, run.requests
@@ -126,8 +131,12 @@ class TorchBackend:
                                    f"shorter lengths (--prompt-tokens, --output-tokens: prompt + output up to "
                                    f"{limit - 2 * (self.k_max + 2)} tokens), e.g. --config "
                                    f"tests/baselines/scenarios/cpu.toml")
-        self.t_cache = target.new_cache(slots, self.max_len)
-        self.d_cache = self.draft.new_cache(slots, self.max_len) if self.draft is not None else None
+        # Decode passes run from CUDA graphs padded to vLLM V0's batch sizes (calibrate.graphs), as the
+        # run is priced (sim.simulate.graph_padding): the caches hold the padded rows too.
+        self.graphs = PassGraphs(self.device, v0_graph_batch_sizes(slots), enabled=cuda_graphs)
+        rows = self.graphs.rows(slots) if self.graphs.enabled else slots
+        self.t_cache = target.new_cache(rows, self.max_len)
+        self.d_cache = self.draft.new_cache(rows, self.max_len) if self.draft is not None else None
         self.history = torch.zeros(slots, self.max_len, dtype=torch.long, device=self.device)
         self.t_frozen = torch.zeros(slots, dtype=torch.long, device=self.device)  # padding rows' cache lengths
         self.d_frozen = torch.zeros(slots, dtype=torch.long, device=self.device)
@@ -225,10 +234,9 @@ class TorchBackend:
         """k = 0: one target pass over each sequence's newest token, then sampling (verify at k = 0)."""
         rows = torch.arange(b, device=self.device)
         last = self.history[rows, torch.from_numpy(self.row_len[:b] - 1).to(self.device)][:, None]
-        logits = self._timed(self.target, last, self.t_cache.rows(0, b, int(self.row_len[:b].max()) - 1))
+        logits = self._timed(self._target_pass, last, int(self.row_len[:b].max()) - 1)
         empty = torch.empty(b, 0, dtype=torch.long, device=self.device)
-        result = self._timed(verify_logits, logits, torch.empty(b, 0, logits.shape[-1], device=self.device), empty,
-                             self.generator)
+        result = self._timed(self._verify, logits, torch.empty(b, 0, logits.shape[-1], device=self.device), empty)
         return result.tokens[:, 0]
 
     def _speculate(self, b: int, k: int, live: np.ndarray, ragged: np.ndarray | None, lag: np.ndarray,
@@ -260,9 +268,8 @@ class TorchBackend:
         t_len = row_len - 1
         rows = torch.arange(b, device=dev)
         newest = self.history[rows, torch.from_numpy(t_len).to(dev)]
-        logits = self._timed(self.target, torch.cat((newest[:, None], drafts), 1),
-                             self.t_cache.rows(0, b, int(t_len.max())))
-        result = self._timed(verify_logits, logits, torch.stack(draft_probs, 1), drafts, self.generator)
+        logits = self._timed(self._target_pass, torch.cat((newest[:, None], drafts), 1), int(t_len.max()))
+        result = self._timed(self._verify, logits, torch.stack(draft_probs, 1), drafts)
         if self.acceptance == "synthetic":  # drawn for the live rows, as the simulator draws
             accepted = np.zeros(b, np.int64)
             accepted[live] = self.sampler.accepted(scale, k if loop_ragged is None else loop_ragged)
@@ -280,6 +287,65 @@ class TorchBackend:
         self._drafts = tokens
         return accepted, final
 
+    def _target_pass(self, tokens: torch.Tensor, span: int) -> torch.Tensor:
+        """The target's pass over ``tokens [b, q]`` on rows ``0..b-1``, which hold ``span`` tokens at most:
+        from its CUDA graph when there is one (calibrate.graphs), else eagerly."""
+        b, q = tokens.shape
+        rows, graph = self._graph("target", b, q, span, self.t_cache)
+        if graph is None:
+            return self.target(tokens, self.t_cache.rows(0, b, span))
+        graph.inputs["tokens"][:b].copy_(tokens)
+        self.t_cache.lengths[b:rows].zero_()  # padded rows: free, empty
+        graph.replay()
+        return graph.output[:b]
+
+    def _graph(self, model: str, b: int, q: int, span: int, cache):
+        """(padded rows, the graph of this pass) or (b, None) when it runs eagerly."""
+        if not self.graphs.enabled:
+            return b, None
+        rows, cached = self.graphs.rows(b), self.graphs.span(span, q, self.max_len)
+        build = self._build_target if model == "target" else self._build_draft
+        return rows, self.graphs.get((model, rows, q, cached), lambda: build(rows, q, cached), [cache.lengths])
+
+    def _build_target(self, rows: int, q: int, span: int):
+        tokens = torch.zeros(rows, q, dtype=torch.long, device=self.device)
+        return {"tokens": tokens}, lambda: self.target(tokens, self.t_cache.rows(0, rows, span))
+
+    def _build_draft(self, rows: int, q: int, span: int):
+        feed = torch.zeros(rows, q, dtype=torch.long, device=self.device)
+        last = torch.full((rows,), q - 1, dtype=torch.long, device=self.device)
+        junk = torch.zeros(rows, dtype=torch.long, device=self.device)
+        index = torch.arange(rows, device=self.device)
+
+        def step():  # as the eager step below; the default generator is the one a graph can replay
+            logits = self.draft(feed, self.d_cache.rows(0, rows, span))[index, last]
+            self.d_cache.lengths[:rows].sub_(junk)
+            probs = torch.softmax(logits.float(), dim=-1)
+            return probs, sample(probs)
+        return {"feed": feed, "last": last, "junk": junk}, step
+
+    def _verify(self, logits: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.Tensor):
+        """The verification kernel on ``b`` rows: from its graph (padded rows of zeros) when there is one."""
+        b, k = drafts.shape
+        if not self.graphs.enabled:
+            return verify_logits(logits, draft_probs, drafts, self.generator)
+        rows = self.graphs.rows(b)
+
+        def build():
+            inputs = {"logits": torch.zeros((rows,) + tuple(logits.shape[1:]), dtype=logits.dtype, device=self.device),
+                      "probs": torch.zeros((rows,) + tuple(draft_probs.shape[1:]), dtype=draft_probs.dtype,
+                                           device=self.device),
+                      "drafts": torch.zeros(rows, k, dtype=torch.long, device=self.device)}
+            return inputs, lambda: verify_logits(inputs["logits"], inputs["probs"], inputs["drafts"])
+        graph = self.graphs.get(("verify", rows, k), build, [])
+        if graph is None:
+            return verify_logits(logits, draft_probs, drafts, self.generator)
+        for name, value in (("logits", logits), ("probs", draft_probs), ("drafts", drafts)):
+            graph.inputs[name][:b].copy_(value)
+            graph.inputs[name][b:].zero_()
+        graph.replay()
+        return VerifyResult(graph.output.accepted[:b].clone(), graph.output.tokens[:b].clone())
+
     def _draft_step(self, feed: torch.Tensor, span: int, last: torch.Tensor | None = None,
                     junk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft pass and the sampling of its token: what calibration times as a draft step.
@@ -287,6 +353,19 @@ class TorchBackend:
         A catch-up pass reads each row's logits at its own ``last`` position and then drops
         the ``junk`` right-padding it wrote to the cache.
         """
+        b, q = feed.shape
+        rows, graph = self._graph("draft", b, q, span, self.d_cache)
+        if graph is not None:
+            graph.inputs["feed"][:b].copy_(feed)
+            graph.inputs["feed"][b:].zero_()
+            graph.inputs["last"].fill_(q - 1)
+            if last is not None:
+                graph.inputs["last"][:b].copy_(last)
+            graph.inputs["junk"].copy_(junk[:rows]) if junk is not None else graph.inputs["junk"].zero_()
+            self.d_cache.lengths[b:rows].zero_()  # padded rows: free, empty
+            graph.replay()
+            probs, token = graph.output
+            return probs[:b].clone(), token[:b].clone()  # the next replay overwrites the graph's outputs
         logits = self.draft(feed, self.d_cache.rows(0, feed.shape[0], span))
         if last is None:
             logits = logits[:, -1]
@@ -298,11 +377,11 @@ class TorchBackend:
         return probs, sample(probs, self.generator)
 
     def _timed(self, fn, *args):
-        """Run one calibrated pass, adding its time to this step's model-pass time."""
-        started = time.perf_counter()
+        """Run one calibrated pass, adding its time to this step's model-pass time (not a graph's capture)."""
+        captured, started = self.graphs.capture_s, time.perf_counter()
         out = fn(*args)
         self._sync()
-        self._passes += time.perf_counter() - started
+        self._passes += time.perf_counter() - started - (self.graphs.capture_s - captured)
         return out
 
     def chunks(self, decode_tokens: int, tokens, prefixes) -> float:
@@ -406,14 +485,19 @@ def step_overheads(measured: ReplayResult) -> dict[str, float]:
 
 
 def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, acceptance: str = "synthetic",
-           seed: int = 0, on_start=None) -> ReplayResult:
+           seed: int = 0, on_start=None, cuda_graphs: bool | None = None) -> ReplayResult:
     """Serve ``run`` for real; returns what was measured (partial if interrupted with Ctrl-C).
 
     ``on_start`` is called once every input has been checked, just before the real clock starts.
+    ``cuda_graphs``: run decode passes from CUDA graphs (default: as the run is priced,
+    :func:`sim.simulate.graph_padding`); capturing one stops the replay's clock.
     """
     requests = run.requests
+    if cuda_graphs is None:
+        cuda_graphs = "graph_batch_sizes" in graph_padding(run.config, run.cost_model)
     backend = TorchBackend(run, target, draft, acceptance=acceptance, seed=seed,
-                           static=run.config.engine.batching == "static")
+                           static=run.config.engine.batching == "static", cuda_graphs=cuda_graphs)
+    graphs = backend.graphs
     # With a concurrency limit the client sends a request when a finish frees a slot, as the
     # simulation's client does (the loop reports finishes to the queue, in real time here).
     limit = run.config.workload.max_concurrency
@@ -425,8 +509,8 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     backend.warm_up()
     readings: list[float] = []  # every time the loop reads the clock: the logic check replays them
 
-    def clock() -> float:
-        now = time.perf_counter() - started
+    def clock() -> float:  # real time, less the time spent capturing graphs (an engine's start-up work)
+        now = time.perf_counter() - started - graphs.capture_s
         readings.append(now)
         return now
 
@@ -448,7 +532,7 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     return ReplayResult(table, pd.DataFrame(rec.steps), summary, acceptance, partial, wall_s,
                         np.asarray(backend.passes_s[:steps]), np.asarray(backend.predicted_s[:steps]),
                         by_label(table), np.asarray(readings, dtype=np.float64),
-                        tuple(backend.accepted_rows[:steps]))
+                        tuple(backend.accepted_rows[:steps]), graphs.summary())
 
 
 def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
@@ -500,6 +584,7 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
     extra = {"replay": {"acceptance": acceptance, "partial": measured.partial,
                         "completed": int(measured.summary["completed"]), "requests": len(run.requests),
                         "device": meta.get("device", {}), "dtype": meta.get("dtype"), "load_average": load,
+                        "cuda_graphs": measured.graphs,
                         **step_overheads(measured)}}
     result = RunResult(config, run.profile, measured.requests, measured.steps, measured.summary,
                        list(run.warnings), measured.wall_s, measured.wall_s, measured.by_label, extra=extra)

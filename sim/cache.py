@@ -174,16 +174,19 @@ def fitted_profile(directory: Path, key: str, fit=CostModel) -> tuple[Profile, C
     return profile, model
 
 
-def step_table(model: CostModel, reach: dict, profile_key: str, chunk_tokens: int = 0) -> StepTable:
-    """``model.tabulate(**reach, chunk_tokens=...)``, from the cache when this profile's table for this
-    reach is there (a vllm-v1 table's token budget is part of the key; its chunk row is stored)."""
-    key = f"{profile_key}-{reach_digest({**reach, 'chunk_tokens': chunk_tokens})}"
+def step_table(model: CostModel, reach: dict, profile_key: str, chunk_tokens: int = 0,
+               graphs: dict | None = None) -> StepTable:
+    """``model.tabulate(**reach, chunk_tokens=..., **graphs)``, from the cache when this profile's table for
+    this reach is there (a vllm-v1 table's token budget is part of the key; its chunk row is stored;
+    ``graphs``: tabulate's CUDA-graph padding arguments, part of the key when given)."""
+    graphs = graphs or {}
+    key = f"{profile_key}-{reach_digest({**reach, 'chunk_tokens': chunk_tokens, **graphs})}"
     arrays = load(key)
     if arrays is not None:
         try:
             return StepTable.from_arrays(arrays)
         except (KeyError, ValueError, TypeError):
             pass
-    table = model.tabulate(**reach, chunk_tokens=chunk_tokens)
+    table = model.tabulate(**reach, chunk_tokens=chunk_tokens, **graphs)
     store(key, table.arrays())
     return table

@@ -294,6 +294,9 @@ KEYS: tuple[Key, ...] = (
     Key("engine.async_scheduling", boolean(), "vllm-v1: schedule the next step while this one runs (vLLM's "
         "--async-scheduling): the engine's own work hides behind the passes, and a request that arrives during "
         "a step waits for the step after next", "--async-scheduling", write=_if_v1),
+    Key("engine.enforce_eager", boolean(), "run every pass eagerly, without CUDA graphs (vLLM's "
+        "--enforce-eager): a CUDA profile's steps are then not padded to graph capture sizes", "--enforce-eager",
+        write=lambda value, section: True if value else None),
     Key("engine.gpu_memory_utilization", number(inside=(0.0, 1.0001), optional=True),
         "fraction of the GPU's memory for weights and KV cache, as vLLM's; sets the KV capacity from the "
         "profile's memory figures (instead of --kv-cache-tokens)", "--gpu-memory-utilization"),

@@ -148,7 +148,7 @@ class CostModel:
         self.prefill_overhead = profile.engine_overhead_s("prefill")
         self.exposed_overhead = profile.exposed_overhead_s  # t_exposed, per step, never hidden
         self.overlapped = profile.overhead_overlapped
-        self.cuda_graphs = profile.meta.get("device", {}).get("type") == "cuda"  # vLLM pads steps to its graphs
+        self.cuda_graphs = graphed(profile.meta)  # vLLM pads steps to its graphs
         self.drafters = drafter_curves(profile)  # "decode/eagle3", "prefill/eagle3", "decode/medusa", "propose/ngram"
         self.drafter = DRAFT_MODEL  # the drafting this model prices (with_drafter)
 
@@ -418,15 +418,16 @@ class CostModel:
 
     def tabulate(self, max_batch: int, k_max: int, max_context: int, max_prompt: int,
                  with_draft: bool, chunk_tokens: int = 0, graph_sizes: tuple[int, ...] | None = None,
-                 drafter: "Drafter | dict | None" = None) -> "StepTable":
+                 drafter: "Drafter | dict | None" = None, graph_batch_sizes: tuple[int, ...] = ()) -> "StepTable":
         """``chunk_tokens``: a vllm-v1 step's token budget; P(x) is then tabulated up to it.
-        ``graph_sizes``: the CUDA-graph capture sizes steps are padded to; None: vLLM V1's defaults
-        (:func:`cuda_graph_sizes`) for a vllm-v1 table of a CUDA profile, no padding otherwise (a v0
-        table, or a device without CUDA graphs). ``drafter``: the speculation method's (default: the
-        draft model's; a tree's verified tokens per k set the graph sizes' largest step)."""
+        ``graph_sizes``: the CUDA-graph capture sizes steps are padded to, in tokens; None: vLLM V1's
+        defaults (:func:`cuda_graph_sizes`) for a vllm-v1 table of a CUDA profile, no padding otherwise.
+        ``graph_batch_sizes``: capture sizes in sequences instead, as vLLM V0 pads a decode batch
+        (:func:`v0_graph_batch_sizes`; a v0 table's, and the real replay's). ``drafter``: the speculation
+        method's (default: the draft model's; a tree's verified tokens per k set the graph sizes' largest step)."""
         if drafter is not None and Drafter.of(drafter) != self.drafter:
             return self.with_drafter(drafter).tabulate(max_batch, k_max, max_context, max_prompt, with_draft,
-                                                       chunk_tokens, graph_sizes)
+                                                       chunk_tokens, graph_sizes, graph_batch_sizes=graph_batch_sizes)
         k = np.arange(k_max + 1, dtype=float)[None, :, None]
         per = self.target_tokens(k)  # tokens per sequence a step verifies: k + 1, or a tree's
         widest = int(per.max())
@@ -440,7 +441,11 @@ class CostModel:
         c = (np.arange(TABLE_COLUMNS + 2) * ctx_step).astype(float)[None, None, :]
         pad = np.array([padded_tokens(t, graph_sizes) for t in range((max_batch + 1) * widest)], dtype=float)
         padded = np.maximum(pad[(b * per).astype(int)] / per, 1.0)
-        decode = self.step_times(np.maximum(b, 1), k, c, padded if graph_sizes else None, with_draft)
+        if graph_batch_sizes:  # whole sequences padded, whatever their tokens (vLLM V0)
+            rows = np.array([padded_tokens(r, tuple(graph_batch_sizes)) for r in range(max_batch + 1)], dtype=float)
+            padded = np.maximum(rows[b.astype(int)], 1.0) + 0.0 * per
+        decode = self.step_times(np.maximum(b, 1), k, c, padded if graph_sizes or graph_batch_sizes else None,
+                                 with_draft)
         decode[0] = 0.0
         bp = np.arange(max_batch + 1, dtype=float)[:, None]
         p = (np.arange(TABLE_COLUMNS + 2) * prompt_step).astype(float)[None, :]
@@ -479,6 +484,25 @@ def cuda_graph_sizes(max_num_seqs: int, k: int = 0, max_num_batched_tokens: int 
     if top >= 256:
         sizes += list(range(256, top + 1, 16))
     return tuple(sizes)
+
+
+def v0_graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """vLLM V0's CUDA-graph batch sizes, in sequences (vllm/config.py, ``_BATCH_SIZES_TO_CAPTURE``):
+    1, 2, 4, then every 8 up to 256, as far as the first one that holds ``max_num_seqs``. A decode
+    batch of b sequences runs the graph of the next size up, its padded rows empty."""
+    sizes = [1, 2, 4] + list(range(8, 257, 8))
+    top = next((s for s in sizes if s >= max_num_seqs), sizes[-1])
+    return tuple(s for s in sizes if s <= top)
+
+
+def graphed(meta: dict) -> bool:
+    """Whether a profile prices passes run from CUDA graphs: a CUDA device, and not calibrated eagerly
+    (``--no-cuda-graphs``: its sidecar lists no graphed phase; a composed profile names none and
+    sums the kernels a graphed engine runs)."""
+    if meta.get("device", {}).get("type") != "cuda":
+        return False
+    phases = meta.get("timing", {}).get("cuda_graphs")
+    return phases is None or len(phases) > 0
 
 
 def padded_tokens(tokens: int, graph_sizes: tuple[int, ...]) -> int:

@@ -26,7 +26,7 @@ from sim.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler
 from sim.cache import fitted_profile, profile_digest, step_table
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
-from sim.costmodel import CostModel, StepTable
+from sim.costmodel import CostModel, StepTable, v0_graph_batch_sizes
 from sim.errors import InputError
 from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
@@ -226,7 +226,8 @@ def prepare(config: RunConfig) -> PreparedRun:
     reach = _table_reach(config, policy, requests, speculation)
     if not (v1 and config.engine.async_scheduling) and cost_model.overlapped:  # the engine's work is not hidden
         cost_model, digest = cost_model.without_overlap(), digest + "-sync"
-    table = step_table(cost_model, reach, digest, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0)
+    table = step_table(cost_model, reach, digest, chunk_tokens=config.engine.max_num_batched_tokens if v1 else 0,
+                       graphs=graph_padding(config, cost_model))
     try:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
@@ -353,6 +354,17 @@ def vllm_requests(path: str, rng: np.random.Generator) -> Requests:
         return Requests(result.start_s[order], result.prompt_tokens[order], result.output_tokens[order])
     arrivals = gamma_arrivals(rng, result.request_rate, result.burstiness, num_requests=n)
     return Requests(arrivals, result.prompt_tokens, result.output_tokens)
+
+
+def graph_padding(config: RunConfig, cost_model: CostModel) -> dict:
+    """How a run's steps are padded to CUDA graphs (:meth:`CostModel.tabulate`'s arguments): none with
+    ``enforce_eager`` or a profile of passes run eagerly; vLLM V1's token sizes for a vllm-v1 run
+    (tabulate's default); vLLM V0's batch sizes for a v0 run, which the real replay pads to as well."""
+    if config.engine.enforce_eager or not cost_model.cuda_graphs:
+        return {"graph_sizes": ()}
+    if config.engine.scheduler == "v0":
+        return {"graph_batch_sizes": v0_graph_batch_sizes(config.engine.max_batch_size)}
+    return {}
 
 
 def _table_reach(config: RunConfig, policy: Policy, r: Requests, speculation: SpeculationPlan | None = None) -> dict:

@@ -59,28 +59,34 @@ def identical_pair(run):
     return Transformer(cfg, seed=5, device=TEST_DEVICE), Transformer(cfg, seed=5, device=TEST_DEVICE)  # same weights: the draft is the target
 
 
+@pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("batching", ["continuous", "static"])
-def test_identical_models_accept_every_draft_so_caches_are_right(tiny_profile, batching):
+def test_identical_models_accept_every_draft_so_caches_are_right(tiny_profile, batching, graphs):
     # With the draft equal to the target, rejection sampling keeps every draft token, but
     # only if both KV caches hold exactly the right context at every step: after rollbacks,
     # the draft's catch-up, rows joining and leaving. One wrong entry makes the two disagree.
+    # graphs: the CUDA-graph path (static buffers, rows padded to 1, 2, 4, 8, the span rounded
+    # up), captured on CUDA, run eagerly on a CPU; a batch of 5 pads past the 5 slots.
     run = prepare(scenario(tiny_profile, **{"engine.batching": batching, "policy.name": "fixed", "policy.k": 3,
-                                            "workload.output_tokens": "uniform:10:40", "workload.num_requests": 16}))
-    result = replay(run, *identical_pair(run), acceptance="real")
+                                            "workload.output_tokens": "uniform:10:40", "workload.num_requests": 16,
+                                            **({"engine.max_batch_size": 5} if graphs else {})}))
+    result = replay(run, *identical_pair(run), acceptance="real", cuda_graphs=graphs)
+    assert result.graphs["enabled"] is graphs
     assert not result.partial
     steps = result.steps[result.steps.phase == 1]
     assert steps.drafted_tokens.sum() > 100
     assert steps.accepted_tokens.sum() / steps.drafted_tokens.sum() > 0.98
 
 
+@pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("period", [3, 9])
-def test_catch_up_after_plain_steps_keeps_the_draft_in_step(tiny_profile, period):
+def test_catch_up_after_plain_steps_keeps_the_draft_in_step(tiny_profile, period, graphs):
     run = prepare(scenario(tiny_profile, **{"policy.name": "fixed", "policy.k": 3, "workload.prompt_tokens":
                                             "uniform:2:12", "workload.output_tokens": "uniform:10:40",
                                             "workload.num_requests": 16}))
     run.policy = Alternating()
     run.policy.period = period
-    result = replay(run, *identical_pair(run), acceptance="real")
+    result = replay(run, *identical_pair(run), acceptance="real", cuda_graphs=graphs)
     steps = result.steps[result.steps.phase == 1]
     spec = steps[steps.k > 0]
     assert (steps.k == 0).sum() > 10 and spec.drafted_tokens.sum() > 50
@@ -217,3 +223,15 @@ def test_a_concurrency_limited_client_is_replayed_and_its_logic_reproduced(tiny_
     assert "every request sent at max(its arrival" in capsys.readouterr().out
     simulated = pd.read_csv(out / "simulated" / "requests.csv")
     assert (simulated.arrival_s[:3] == 0).all() and (simulated.arrival_s[3:] > 0).all()
+
+
+def test_graph_keys_pad_rows_to_v0_sizes_and_round_the_span_within_the_cache():
+    from calibrate.graphs import PassGraphs
+    from sim.costmodel import v0_graph_batch_sizes
+
+    graphs = PassGraphs(torch.device("cpu"), v0_graph_batch_sizes(20))
+    assert graphs.batch_sizes == (1, 2, 4, 8, 16, 24)
+    assert [graphs.rows(b) for b in (1, 3, 5, 9, 17, 24)] == [1, 4, 8, 16, 24, 24]
+    assert graphs.span(0, 4, 500) == 0 and graphs.span(1, 4, 500) == 64 and graphs.span(130, 4, 500) == 192
+    assert graphs.span(490, 4, 500) == 496  # rounded no further than the cache holds
+    assert not PassGraphs(torch.device("cpu"), (), enabled=True).enabled  # no sizes: eager
