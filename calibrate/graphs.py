@@ -10,6 +10,9 @@ verification pass of a step with ``b`` running rows runs the graph captured for
   lengths are reset to 0, so they add linear-layer work and almost no attention, which is
   what the cost model charges for them: :meth:`sim.costmodel.CostModel.padding_times`);
 * ``q`` query tokens per row (k + 1 for the target, 1 or the catch-up for the draft);
+* for a prefill, ``n`` prompts (not padded: a padded prompt costs a whole prompt) right-padded
+  to the longest rounded up to ``prompt_bucket`` tokens, run into a scratch cache and copied
+  to the sequences' rows (a graph fixes its buffers; the rows a prefill lands in vary);
 * ``S`` cached tokens read by attention: the batch's longest row rounded up to
   ``span_bucket`` tokens (the attention here reads a dense ``[rows, S]`` block under a
   mask, so a graph fixes S; the rounding costs at most ``span_bucket`` keys per row, a
@@ -34,6 +37,7 @@ from typing import Callable
 import torch
 
 SPAN_BUCKET = 64  # tokens: attention's key block is rounded up to a multiple of this
+PROMPT_BUCKET = 32  # tokens: a prefill batch's padded length is rounded up to a multiple of this
 
 
 @dataclass
@@ -61,6 +65,7 @@ class PassGraphs:
     batch_sizes: tuple[int, ...]  # the capture sizes (rows), ascending
     enabled: bool = True
     span_bucket: int = SPAN_BUCKET
+    prompt_bucket: int = PROMPT_BUCKET
     graphs: dict[tuple, Graph] = field(default_factory=dict)
     capture_s: float = 0.0  # wall time spent capturing (and warming up for it)
     fallbacks: dict[tuple, str] = field(default_factory=dict)  # key -> why it runs eagerly
@@ -80,6 +85,10 @@ class PassGraphs:
         """Cached tokens attention reads: ``span`` rounded up to the bucket, within the cache's room."""
         rounded = -(-max(span, 0) // self.span_bucket) * self.span_bucket
         return max(span, min(rounded, max_len - q))
+
+    def prompt(self, longest: int, max_len: int) -> int:
+        """A prefill's padded length: ``longest`` rounded up to the bucket, within the scratch cache's room."""
+        return max(longest, min(-(-longest // self.prompt_bucket) * self.prompt_bucket, max_len))
 
     def get(self, key: tuple, build: Callable[[], tuple[dict[str, torch.Tensor], Callable[[], object]]],
             state: list[torch.Tensor]) -> Graph | None:
@@ -128,6 +137,7 @@ class PassGraphs:
     def summary(self) -> dict:
         """What the replay's record says about its graphs."""
         return {"enabled": self.enabled, "captured": len(self.graphs) if self.capture else 0, "capture_s": round(self.capture_s, 3),
-                "span_bucket": self.span_bucket, "batch_sizes": list(self.batch_sizes),
+                "span_bucket": self.span_bucket, "prompt_bucket": self.prompt_bucket,
+                "batch_sizes": list(self.batch_sizes),
                 "fallbacks": len(self.fallbacks),
                 **({"first_fallback": next(iter(self.fallbacks.values()))} if self.fallbacks else {})}

@@ -28,7 +28,8 @@ from calibrate.model import Transformer
 from calibrate.verify import sample, verify_logits
 
 GRAPHABLE = {("decode", "draft"), ("decode", "target"), ("decode", "eagle"), ("decode", "eagle3"), ("decode", "mtp"),
-             ("decode", "medusa"), ("verify", "target")}  # decode-sized passes, as vLLM captures
+             ("decode", "medusa"), ("verify", "target"),
+             ("prefill", "target"), ("prefill", "draft")}  # as the real replay runs them (calibrate.graphs)
 
 
 @dataclass

@@ -137,6 +137,10 @@ class TorchBackend:
         rows = self.graphs.rows(slots) if self.graphs.enabled else slots
         self.t_cache = target.new_cache(rows, self.max_len)
         self.d_cache = self.draft.new_cache(rows, self.max_len) if self.draft is not None else None
+        # A graphed prefill runs into a scratch cache of fixed rows, then its entries move to the rows it serves.
+        prompt_room = self.graphs.prompt(int(prompt.max()), self.max_len)
+        self.scratch = {id(m): m.new_cache(slots, prompt_room) for m in (target, self.draft)
+                        if m is not None and self.graphs.enabled}
         self.history = torch.zeros(slots, self.max_len, dtype=torch.long, device=self.device)
         self.t_frozen = torch.zeros(slots, dtype=torch.long, device=self.device)  # padding rows' cache lengths
         self.d_frozen = torch.zeros(slots, dtype=torch.long, device=self.device)
@@ -195,11 +199,37 @@ class TorchBackend:
 
     def _prefill(self, model: Transformer, cache, tokens: torch.Tensor, last: torch.Tensor, lo: int, hi: int,
                  lengths: np.ndarray) -> torch.Tensor:
+        graph = None
+        if self.graphs.enabled:
+            n, longest = tokens.shape
+            scratch = self.scratch[id(model)]
+            padded = self.graphs.prompt(longest, scratch.max_len)
+            name = "prefill-target" if model is self.target else "prefill-draft"
+            graph = self.graphs.get((name, n, padded), lambda: self._build_prefill(model, scratch, n, padded),
+                                    [scratch.lengths])
+        if graph is not None:
+            graph.inputs["tokens"].zero_()
+            graph.inputs["tokens"][:, :longest].copy_(tokens)
+            graph.inputs["last"].copy_(last)
+            graph.replay()
+            cache.k[:, lo:hi, :, :longest].copy_(scratch.k[:, :n, :, :longest])
+            cache.v[:, lo:hi, :, :longest].copy_(scratch.v[:, :n, :, :longest])
+            cache.lengths[lo:hi] = torch.from_numpy(lengths).to(cache.lengths.device)
+            return graph.output.clone()  # a later replay may reuse the graph's memory
         cache.lengths[lo:hi] = 0
         view = cache.rows(lo, hi, 0)
         logits = model(tokens, view, last_positions=last)
         cache.lengths[lo:hi] = torch.from_numpy(lengths).to(cache.lengths.device)  # padding is stale, masked
         return logits
+
+    def _build_prefill(self, model: Transformer, scratch, n: int, padded: int):
+        tokens = torch.zeros(n, padded, dtype=torch.long, device=self.device)
+        last = torch.zeros(n, dtype=torch.long, device=self.device)
+
+        def prefill():
+            scratch.lengths[:n].zero_()
+            return model(tokens, scratch.rows(0, n, 0), last_positions=last)
+        return {"tokens": tokens, "last": last}, prefill
 
     # ----------------------------------------------------------------- decode
     def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,

@@ -235,3 +235,37 @@ def test_graph_keys_pad_rows_to_v0_sizes_and_round_the_span_within_the_cache():
     assert graphs.span(0, 4, 500) == 0 and graphs.span(1, 4, 500) == 64 and graphs.span(130, 4, 500) == 192
     assert graphs.span(490, 4, 500) == 496  # rounded no further than the cache holds
     assert not PassGraphs(torch.device("cpu"), (), enabled=True).enabled  # no sizes: eager
+
+
+def test_graph_path_fills_the_caches_and_computes_the_logits_of_the_eager_path(tiny_profile):
+    # The CUDA-graph path (static buffers, a prefill through a scratch cache, rows padded to 8, the
+    # span rounded up) must leave exactly what the eager path leaves: run both on the same inputs.
+    from calibrate.replay import TorchBackend
+
+    run = prepare(scenario(tiny_profile, **{"policy.name": "fixed", "policy.k": 3, "engine.max_batch_size": 5}))
+    cfg = get_config("tiny-llama")
+    target, draft = Transformer(cfg, seed=5, device=TEST_DEVICE), Transformer(cfg, seed=6, device=TEST_DEVICE)
+    eager, graphed = (TorchBackend(run, target, draft, cuda_graphs=g) for g in (False, True))
+    assert graphed.graphs.enabled and graphed.t_cache.batch == 8 and not eager.graphs.enabled
+    gen = torch.Generator().manual_seed(0)
+    lengths = np.array([11, 7, 9, 3, 10])
+    tokens = torch.randint(0, cfg.vocab_size, (5, 11), generator=gen).to(TEST_DEVICE)
+    last = torch.from_numpy(lengths - 1).to(TEST_DEVICE)
+    decode = torch.randint(0, cfg.vocab_size, (5, 4), generator=gen).to(TEST_DEVICE)
+    out = {}
+    for name, backend in (("eager", eager), ("graphed", graphed)):
+        first = backend._prefill(target, backend.t_cache, tokens[:2], last[:2], 0, 2, lengths[:2])
+        rest = backend._prefill(target, backend.t_cache, tokens[2:], last[2:], 2, 5, lengths[2:])
+        backend._prefill(draft, backend.d_cache, tokens, last, 0, 5, lengths)
+        logits = backend._target_pass(decode, int(lengths.max()))
+        probs, _ = backend._draft_step(decode[:, :1], int(lengths.max()))
+        out[name] = (torch.cat((first, rest)), logits, probs, backend)
+    for a, b in zip(out["eager"][:3], out["graphed"][:3]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    e, g = out["eager"][3], out["graphed"][3]
+    for cache in ("t_cache", "d_cache"):
+        ce, cg = getattr(e, cache), getattr(g, cache)
+        assert ce.lengths[:5].tolist() == cg.lengths[:5].tolist()
+        for row, length in enumerate((lengths + np.array([4 if cache == "t_cache" else 1] * 5)).tolist()):
+            torch.testing.assert_close(ce.k[:, row, :, :length], cg.k[:, row, :, :length], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(ce.v[:, row, :, :length], cg.v[:, row, :, :length], rtol=1e-4, atol=1e-4)
