@@ -47,6 +47,32 @@ def joined(composed, measured) -> pd.DataFrame:
     return both
 
 
+def heads(composed, measured) -> str:
+    """The drafter heads both profiles price (EAGLE, EAGLE-3, MTP, Medusa: calibrate.heads), point by
+    point: per phase and head the median and p90 |error| and the bias, then the one-token decode's
+    measured and composed time by batch size and context."""
+    pick = lambda p: p.points[(p.points.status == "ok") & ~p.points.model.isin(("target", "draft"))][  # noqa: E731
+        KEYS + ["latency_median_s"]]
+    both = pick(composed).merge(pick(measured), on=KEYS, suffixes=("_composed", "_measured"))
+    if both.empty:
+        return "drafter heads: none in both profiles"
+    both["error"] = both.latency_median_s_composed / both.latency_median_s_measured - 1
+    table = errors(both)
+    lines = ["drafter heads, composed vs measured (points ok in both):",
+             f"{'phase':8} {'head':8} {'points':>6} {'median |err|':>12} {'p90 |err|':>10} {'bias':>8}"]
+    lines += [f"{r.phase:8} {r.model:8} {r.points:>6} {r.median_ape:>12.1%} {r.p90_ape:>10.1%} {r.bias:>+8.1%}"
+              for r in table.itertuples() if r.phase != "all"]
+    one = both[(both.phase == "decode") & (both.query_tokens == 1)].sort_values(["model", "context_tokens",
+                                                                                  "batch_size"])
+    lines += ["", "one-token decode of the head (ms): measured / composed", f"{'head':8} {'context':>7}  "
+              + "  ".join(f"{'b=' + str(b):>13}" for b in sorted(one.batch_size.unique()))]
+    for (model, context), g in one.groupby(["model", "context_tokens"], sort=True):
+        cells = [f"{m * 1e3:6.3f}/{c * 1e3:6.3f}" for m, c in zip(g.latency_median_s_measured,
+                                                                  g.latency_median_s_composed)]
+        lines.append(f"{model:8} {int(context):>7}  " + "  ".join(f"{cell:>13}" for cell in cells))
+    return "\n".join(lines)
+
+
 def errors(both: pd.DataFrame, predicted: pd.Series | None = None) -> pd.DataFrame:
     """Per (phase, model) and over all: points, median and p90 |error|, median error (of ``predicted`` if given)."""
     error = both.error if predicted is None else predicted / both.latency_median_s_measured - 1
@@ -317,11 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--composed", default="h100-llama-3.1-8b-llama-3.2-1b")
     parser.add_argument("--measured", default="h100-measured-llama-3.1-8b-llama-3.2-1b")
     parser.add_argument("--figure", help="also write a PNG (needs matplotlib)")
+    parser.add_argument("--heads", action="store_true",
+                        help="compare the drafter heads (EAGLE-3, MTP, ...) the two profiles price instead")
     args = parser.parse_args(argv)
     from sim.profile import load_profile
 
     composed, measured = load_profile(args.composed), load_profile(args.measured)
-    print(report(composed, measured))
+    print(heads(composed, measured) if args.heads else report(composed, measured))
     if args.figure:
         figure(composed, measured, args.figure)
     return 0

@@ -1,6 +1,6 @@
 """The simulator against real replays on this machine: every case, its error in parts, one table.
 
-    python benchmarks/validation.py [--suite cpu|gpu] [--out runs/validation-bench] [--profile DIR | --calibrate]
+    python benchmarks/validation.py [--suite cpu|gpu|gpu-dry] [--out runs/validation-bench] [--profile DIR | --calibrate]
                                     [--requests N] [--repeat N] [--cases PATTERN] [--results FILE]
     python benchmarks/validation.py --table FILE     # print the table(s) of a results file, run nothing
     python benchmarks/validation.py --reprice PROFILE --from OUT [--results FILE]
@@ -11,11 +11,13 @@ pooled) for every case of a suite:
 * ``--suite cpu`` (default): continuous and static batching x none / fixed k=3 / goodput x
   a low and a high load, on llama-160m / llama-68m on the CPU (the shipped profile
   ``cpu-llama-160m-llama-68m`` unless --profile names another), 5 x 60 requests a case;
-* ``--suite gpu``: continuous batching x fixed k=3 / goodput x 5.5 and 2.5 req/s, on
-  llama-3.1-8b / llama-3.2-1b in bf16 on CUDA, priced by a profile calibrated eagerly
-  (``--no-cuda-graphs``: the replay runs its passes eagerly; the shipped
-  ``h100-eager-llama-3.1-8b-llama-3.2-1b`` unless --profile names another), 2 x 150
+* ``--suite gpu``: continuous batching x fixed k=3 / goodput x 80% and 35% of the workload's
+  simulated capacity on the profile, on llama-3.1-8b / llama-3.2-1b in bf16 on CUDA, priced
+  by a profile calibrated with CUDA graphs as the replay runs its passes (the shipped
+  ``h100-graphs-llama-3.1-8b-llama-3.2-1b`` unless --profile names another), 2 x 150
   requests a case; results in benchmarks/results/validation-gpu.json;
+* ``--suite gpu-dry``: the gpu suite's commands on the CPU with small models, in seconds (the
+  dry run of benchmarks/gpu_session.sh);
 
 and prints per case:
 
@@ -356,11 +358,12 @@ def main(argv: list[str] | None = None) -> int:
                "prices the same cases by the composed profile (docs/validation.md, 'On an H100 GPU')")
     parser.add_argument("--suite", choices=sorted(SUITES), default="cpu",
                         help="cpu (default): llama-160m / llama-68m on the CPU, continuous and static batching; "
-                             "gpu: llama-3.1-8b / llama-3.2-1b in bf16 on CUDA, continuous batching, on an eager "
-                             "(--no-cuda-graphs) profile, as the replay runs its passes")
+                             "gpu: llama-3.1-8b / llama-3.2-1b in bf16 on CUDA, continuous batching, on a profile "
+                             "calibrated from CUDA graphs, as the replay runs its passes; gpu-dry: its commands on "
+                             "the CPU")
     parser.add_argument("--out", default="runs/validation-bench", help="one folder per case (default %(default)s)")
     parser.add_argument("--profile", help="the suite's profile (default: cpu-llama-160m-llama-68m for cpu, "
-                                          "h100-eager-llama-3.1-8b-llama-3.2-1b for gpu)")
+                                          "h100-graphs-llama-3.1-8b-llama-3.2-1b for gpu)")
     parser.add_argument("--calibrate", action="store_true",
                         help="calibrate a fresh profile on this machine right before each case runs (the suite's "
                              "grid, into OUT/profiles/CASE) and validate against it, so the raw errors are not the "

@@ -1,7 +1,8 @@
 """benchmarks/validation.py's GPU results and --reprice, without torch or a GPU.
 
-The shipped benchmarks/results/validation-gpu.json (issue 16: the H100 validation, and the
-same cases priced by the composed H100 profile) must print both tables; --reprice must
+The shipped benchmarks/results/validation-gpu.json (issue 33: the H100 validation with the
+replay's passes graphed, and the same cases priced by the composed H100 profile) must print
+both tables and hold what docs/validation.md says of it; --reprice must
 rebuild a case folder's scenario, price it by the profile it is given (prefill padded, as
 the replay runs it) and compare with the replays' stored pooled values, raw.
 """
@@ -32,8 +33,10 @@ def test_the_shipped_gpu_results_print_both_tables(bench, capsys):
     printed = capsys.readouterr().out
     table, repriced = printed.split(f"priced by the composed profile {COMPOSED}")
     for case in GPU_CASES:
-        assert table.count(case) == 1 and repriced.count(case) == 1
-    assert "(4 cases, 0 meeting the bar" in table and "not run" not in table
+        by_batch = "Decode steps by batch size" in table  # a second table, one row a case
+        assert table.count(case) == 1 + by_batch and repriced.count(case) == 1
+    met = sum(row["meets_bar"] for row in json.loads(RESULTS.read_text())["cases"])
+    assert f"(4 cases, {met} meeting the bar" in table and "not run" not in table
     for _, label, unit in bench.REPRICED:
         assert f"{label} ({unit})" in repriced
 
@@ -48,8 +51,19 @@ def test_the_shipped_repriced_errors_are_simulated_against_real(bench):
         for key, _, _ in bench.REPRICED:
             cell = row[key]
             assert cell["error"] == pytest.approx((cell["simulated"] - cell["real"]) / cell["real"])
-    # the composed profile prices CUDA-graph passes; the replay ran eager ones, slowed down: far too fast
-    assert all(row["mean_e2el_ms"]["error"] < -0.5 for row in entry["cases"])
+    # the composed profile prices vLLM's kernels, faster than the replay's plain-torch passes
+    assert all(row["mean_e2el_ms"]["error"] < -0.2 for row in entry["cases"])
+
+
+def test_the_shipped_gpu_replays_ran_at_calibrations_speed_with_a_low_noise_floor():
+    # issue 33's targets for the replay itself: passes within 1.2x of their calibrated time, noise
+    # floor (CV of mean E2EL over the replays) under 2%, the logic reproduced, 300 requests a case
+    results = json.loads(RESULTS.read_text())
+    for row in results["cases"]:
+        assert 1.0 <= row["speed_min"] <= row["speed_max"] < 1.2 and row["noise_cv_mean_e2el"] < 0.02
+        assert row["logic_reproduced"] and row["repeats"] * row["requests"] >= 300
+    assert results["capacity_req_s"] > 0 and {row["rate"] for row in results["cases"]} == {
+        round(0.8 * results["capacity_req_s"], 2), round(0.35 * results["capacity_req_s"], 2)}
 
 
 def test_repriced_row_is_the_raw_relative_error(bench):
