@@ -181,23 +181,59 @@ def test_stderr_is_not_piped(generate, tmp_path):
     assert generate.run_line("cat f missing | tail -1", str(tmp_path)).startswith("cat: missing")
 
 
-def test_engine_speed_table_orders_the_cases_and_prices_v1_against_its_own_v0(generate):
-    """The README's Speed block comes from engine_speed.py's JSON: rows in the table's order, v1 as a ratio."""
-    table = generate._load_doc_module("benchmarks/engine_speed.py").table
+def test_engine_speed_table_orders_the_cases_and_compares_them(generate):
+    """The README's Speed block comes from engine_speed.py's JSON: rows in the cases' order whatever the
+    file's, steps/s to three figures, the headline rows' whole process in bold, the ratios between cases."""
+    engine_speed = generate._load_doc_module("benchmarks/engine_speed.py")
 
-    def row(case, steps_per_s, load, **extra):
-        return {"case": case, "label": case, "policy": "`p`", "steps": 1000, "engine_steps_per_s": steps_per_s,
-                "whole_steps_per_s": steps_per_s / 2, "requests_per_s": 123.4, "load_average": load, **extra}
+    def row(case, steps, engine_s, whole_s, load, requests=10_000):
+        return {"case": case, "label": f"the {case} case", "policy": "`p`", "requests": requests, "steps": steps,
+                "engine_s": engine_s, "engine_steps_per_s": steps / engine_s, "whole_process_s": whole_s,
+                "requests_per_s": requests / whole_s, "load_average": load}
 
-    v1 = {"steps": 900, "mixed_steps": 90, "engine_steps_per_s": 15_000.0, "whole_steps_per_s": 6_000.0}
-    doc = {"date": "2026-01-02", "command": "python benchmarks/engine_speed.py", "requests": 10_000,
-           "max_batch_size": 32, "repeats": 3, "machine": {"cpu": "CPU", "cores": 2, "python": "3.11", "numpy": "2"},
-           "rows": [row("cpu-goodput", 9_876.0, 3.0),
-                    row("fixed", 20_000.0, 1.04, v1=v1, compiled={"engine_steps_per_s": 301_234.0})]}
-    lines = table(doc).splitlines()
-    assert lines[2].startswith("| fixed | `p` | 1,000 | 20,000 steps/s | **301,000 steps/s** | 10,000 steps/s, 123 "
-                               "simulated")
-    assert lines[3].startswith("| cpu-goodput | `p` | 1,000 | 9,880 steps/s | step by step |")
-    assert "ran 15,000 engine steps/s against the v0 scheduler's 20,000: 0.75×" in lines[5]
-    assert lines[6].startswith("Measured 2026-01-02 with `python benchmarks/engine_speed.py` (10,000 requests")
-    assert lines[6].endswith("load average of 1.0–3.0 during the runs.")
+    doc = {"date": "2026-01-02", "command": "python benchmarks/engine_speed.py --update", "requests": 10_000,
+           "repeats": 3, "machine": {"cpu": "CPU", "cores": 2, "python": "3.11", "numpy": "2"},
+           "rows": [row("goodput", 9_000, 0.02, 0.7, 3.0), row("v0", 8_000, 0.01, 0.6, 1.04),
+                    row("step-by-step", 10_000, 0.4, 1.5, 2.0), row("fixed", 10_000, 0.04, 0.8, 1.5),
+                    row("real-run", 123_456, 0.1, 0.975, 1.2, requests=16_800)]}
+    lines = engine_speed.table(doc).splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:7]] == [
+        "| the real-run case", "| the fixed case", "| the v0 case", "| the step-by-step case", "| the goodput case"]
+    assert lines[2] == "| the real-run case | `p` | 16,800 | 123,456 | 1,230,000 steps/s | **0.97 s** |"
+    assert lines[3] == "| the fixed case | `p` | 10,000 | 10,000 | 250,000 steps/s | **0.80 s** |"
+    assert lines[4] == "| the v0 case | `p` | 10,000 | 8,000 | 800,000 steps/s | 0.60 s |"
+    assert lines[8] == ("On these runs vllm-v1 runs 0.31× the v0 scheduler's engine steps/s on the same requests; "
+                        "a whole run compiled runs 10× the engine steps/s of one stepped in Python; "
+                        "`goodput` runs 1.80× fixed k's engine steps/s.")
+    assert lines[9].startswith("Measured 2026-01-02 with `python benchmarks/engine_speed.py --update` (best of 3) "
+                               "on CPU (2 cores), Python 3.11, numpy 2")
+    assert lines[9].endswith("load average of 1.0–3.0 during the runs.")
+    alone = engine_speed.table({**doc, "rows": [row("fixed", 10_000, 0.04, 0.8, 1.5)]}).splitlines()
+    assert "On these runs" not in "\n".join(alone) and alone[-1].endswith("load average of 1.5 during the runs.")
+
+
+def test_engine_speed_results_hold_what_the_readme_says_of_them():
+    """benchmarks/results/engine_speed.json as engine_speed.py --update writes it: every case once, the
+    figures consistent with each other, the cases that say so at the fixed case's rate."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from engine_speed import CASES, REAL_PROFILE
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    doc = json.loads((ROOT / "benchmarks" / "results" / "engine_speed.json").read_text())
+    by = {r["case"]: r for r in doc["rows"]}
+    assert sorted(by) == sorted(CASES) and len(doc["rows"]) == len(CASES)
+    for name, r in by.items():
+        case = CASES[name]
+        assert r["label"] == case.label and r["policy"] == case.policy_label and r["replicas"] == case.replicas
+        assert r["requests"] == (16_800 if name == "real-run" else doc["requests"])
+        assert r["engine_steps_per_s"] == pytest.approx(r["steps"] / r["engine_s"])
+        assert r["requests_per_s"] == pytest.approx(r["requests"] / r["whole_process_s"])
+        assert 0 < r["engine_s"] < r["whole_process_s"]
+        if case.rate_of:
+            assert r["rate"] == by[case.rate_of]["rate"]
+    assert by["real-run"]["profile"] == REAL_PROFILE
+    assert (by["fixed"]["scheduler"], by["v0"]["scheduler"]) == ("vllm-v1", "v0")
+    assert by["replicas"]["rate"] == pytest.approx(4 * by["fixed"]["rate"])
