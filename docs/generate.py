@@ -16,10 +16,10 @@ tool owns is fenced by two HTML comments that markdown does not render:
 
 ``console`` blocks rerun each ``$`` line (in a scratch folder) and keep its output; any
 other name is a generator function registered below, which returns the block's text. A
-``$`` line is ``specbatch ...`` (run in-process), ``echo``, ``python SCRIPT`` or one of a
-few plain file tools (``SHELL_TOOLS``), run with no shell; it may start with
-``PYTHONPATH=folder``, chain commands with ``|`` and ``&&``, end a command with
-``2>/dev/null`` to drop its stderr, and continue on the next line
+``$`` line is ``specbatch ...`` (run in-process), ``echo``, ``python SCRIPT`` (a script the
+marker's ``files=`` copies in, see below) or one of a few plain file tools (``SHELL_TOOLS``),
+run with no shell; it may start with ``PYTHONPATH=folder``, chain commands with ``|`` and
+``&&``, end a command with ``2>/dev/null`` to drop its stderr, and continue on the next line
 after a trailing backslash. Paths under the checkout are shown relative to it.
 
 A page that shows a file and runs it names the file in the marker, and the block copies
@@ -197,6 +197,10 @@ def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | N
     if argv[0] == "echo":  # $? is the exit code of the command before
         return 0, " ".join(str(status) if a == "$?" else a for a in argv[1:]) + "\n", ""
     if argv[0] == "python":
+        script = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+        if script is not None and not os.path.isfile(os.path.join(where, script)):
+            raise ValueError(f"python {script}: no such file in the block's scratch folder "
+                             f"(name it in the marker: files={script})")
         argv = [sys.executable, *argv[1:]]
     elif argv[0] not in SHELL_TOOLS:
         raise ValueError(f"only specbatch, echo, python and {', '.join(SHELL_TOOLS)} run here: {argv[0]!r}")

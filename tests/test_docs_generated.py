@@ -100,6 +100,18 @@ def test_files_are_copied_at_their_repo_paths(generate, tmp_path):
     assert fresh == "```console\n$ head -2 docs/examples/my_policy_baseline.toml\n" + expected + "```\n"
 
 
+def test_a_script_not_copied_in_is_refused_not_recorded(generate, tmp_path):
+    """`python SCRIPT` runs in the scratch folder: a script the marker does not copy in is an error naming
+    the page and the fix, not a recorded "can't open file"."""
+    block = _block(generate, tmp_path, "<!-- generated: console -->", "$ python docs/figures/drafter_costs.py\n")
+    with pytest.raises(ValueError, match=r"page.md:1: python docs/figures/drafter_costs.py: no such file .*"
+                                         r"files=docs/figures/drafter_costs.py"):
+        generate.console(block)
+    copied = _block(generate, tmp_path, "<!-- generated: console files=docs/figures/drafter_costs.py -->",
+                    "$ python docs/figures/drafter_costs.py\n")
+    assert "drafting k = 3 tokens per sequence" in generate.console(copied)
+
+
 @pytest.mark.parametrize("files", ["../outside.toml", "/etc/passwd", "docs/examples/no-such-file.toml"])
 def test_files_outside_the_repo_or_missing_are_refused(generate, tmp_path, files):
     block = _block(generate, tmp_path, f"<!-- generated: console files={files} -->", "$ echo hi\n")
