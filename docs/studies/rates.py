@@ -22,12 +22,12 @@ HERE = Path(__file__).resolve().parent
 
 FRACTIONS = (0.05, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # of the saturation rate
 SEEDS = (0, 1, 2)
-NUM_REQUESTS = 200          # per run
+FULL_BATCHES = 8            # requests per run: this many of the profile's largest batch (2,048 at 256)
 FIXED_K_MAX = 4             # fixed k = 1..min(this, profile k_max); goodput's default k_max is 4 too
 SATURATION_REQUESTS = 300   # the overloaded probe
 
 
-def config_for(profile: str, policy: str, *, rate: float | None = None, seed: int = 0, num_requests: int = NUM_REQUESTS,
+def config_for(profile: str, policy: str, *, rate: float | None = None, seed: int = 0, num_requests: int | None = None,
                k: int | None = None, rate_profile: str | None = None, duration_s: float | None = None,
                alpha: float | None = None, extra: dict | None = None):
     from serving import study_config
@@ -36,7 +36,9 @@ def config_for(profile: str, policy: str, *, rate: float | None = None, seed: in
     if rate_profile is not None:
         settings.update({"workload.rate_profile": rate_profile, "workload.duration_s": duration_s})
     else:
-        settings.update({"workload.rate": rate, "workload.num_requests": num_requests})
+        settings["workload.rate"] = rate
+        if num_requests is not None:  # else the default scenario's duration
+            settings["workload.num_requests"] = num_requests
     if k is not None:
         settings["policy.k"] = k
     if alpha is not None:
@@ -60,11 +62,15 @@ def policies_for(profile: str, k_max: int = FIXED_K_MAX) -> list[tuple[str, str,
     return [("none", "none", None)] + [(f"k={k}", "fixed", k) for k in range(1, top + 1)] + [("goodput", "goodput", None)]
 
 
-def sweep(profile: str, fractions=FRACTIONS, seeds=SEEDS, num_requests: int = NUM_REQUESTS,
+def sweep(profile: str, fractions=FRACTIONS, seeds=SEEDS, num_requests: int | None = None,
           k_max: int = FIXED_K_MAX, saturation: float | None = None, extra: dict | None = None) -> pd.DataFrame:
-    """One row per (rate, seed, policy) with the run's mean E2EL and TPOT; `extra`: more config overrides."""
+    """One row per (rate, seed, policy) with the run's mean E2EL and TPOT; `extra`: more config overrides.
+    Runs have FULL_BATCHES of the profile's largest batch unless ``num_requests`` says otherwise, so a
+    loaded run reaches a loaded server's steady state rather than one burst."""
+    from serving import max_batch_for
     from sim.simulate import simulate
 
+    num_requests = num_requests or FULL_BATCHES * max_batch_for(profile)
     sat = saturation_rate(profile, extra=extra) if saturation is None else saturation
     rows = []
     for fraction in fractions:

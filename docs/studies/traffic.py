@@ -4,9 +4,9 @@
     python docs/studies/traffic.py --profile PROFILE --out DIR
 
 The offered load steps through phases of 0.2, 0.6, 0.95 and 0.4 of the profile's
-saturation throughput (measured with a short overloaded run without speculation), each
-phase long enough for a few hundred arrivals, so the script runs unchanged on any
-profile. For each policy it records latency by arrival time, the k chosen and the batch
+saturation throughput (measured with a short overloaded run without speculation), the
+phases together long enough for 16 of the profile's largest batches of arrivals, so the
+script runs unchanged on any profile. For each policy it records latency by arrival time, the k chosen and the batch
 size over time. Writes traffic_timeline.png, traffic_phases.png, traffic.csv (per phase)
 and traffic_timeline.csv into the output folder and returns headline numbers.
 """
@@ -22,7 +22,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 
 PHASES = (0.2, 0.6, 0.95, 0.4)   # offered rate per phase, as a fraction of saturation
-REQUESTS_PER_RUN = 1200          # expected arrivals over the whole run: sets the phase length
+FULL_BATCHES = 16                # expected arrivals over the whole run, in the profile's largest batches
 SEEDS = (0, 1, 2, 3)              # pooled: every seed's requests go into the same buckets
 BUCKETS_PER_PHASE = 6
 FIXED_K = 3
@@ -53,12 +53,16 @@ def policies_for(profile: str) -> list[tuple[str, str, dict]]:
             ("goodput", "goodput", {}), ("none", "none", {})]
 
 
-def simulate_traffic(profile: str, saturation: float, phases=PHASES, requests_per_run: int = REQUESTS_PER_RUN,
+def simulate_traffic(profile: str, saturation: float, phases=PHASES, requests_per_run: int | None = None,
                      seeds=SEEDS) -> tuple[pd.DataFrame, pd.DataFrame, float]:
-    """Every policy and seed on the same phased rate profile: (requests, decode steps, phase length in s)."""
+    """Every policy and seed on the same phased rate profile: (requests, decode steps, phase length in s).
+    The phases' length sets about ``requests_per_run`` arrivals in all (default: FULL_BATCHES of the
+    profile's largest batch)."""
+    from serving import max_batch_for
     from sim.serving.records import DECODE
     from sim.simulate import simulate
 
+    requests_per_run = requests_per_run or FULL_BATCHES * max_batch_for(profile)
     rates = [f * saturation for f in phases]
     phase_s = requests_per_run / sum(rates)  # equal phases, about requests_per_run arrivals in all
     spec = "phases:" + ",".join(f"{r:.6g}" for r in rates) + ":" + ",".join(f"{phase_s:.6g}" for _ in rates)
