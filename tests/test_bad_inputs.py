@@ -31,7 +31,9 @@ TRACE_HEADER = "arrival_s,prompt_tokens,output_tokens\n"
 
 
 def listing(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    """What is under ROOT, less Python's bytecode cache: importing a plugin writes its ``__pycache__``
+    whatever the run does (unless PYTHONDONTWRITEBYTECODE is set), and that is not the run's output."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts)
 
 
 def refused(capsys, folder: Path, argv: list[str], *needles: str) -> str:
