@@ -15,7 +15,10 @@ The folder is ``$SPECBATCH_CACHE_DIR`` if set (empty: no cache), else
 ``$XDG_CACHE_HOME/specbatch``, else ``~/.cache/specbatch``. Entries are arrays only
 (``numpy.load`` without pickle), written whole via :mod:`sim.atomic_write`; one that
 cannot be read (truncated, corrupt, from other code) is ignored and rewritten. A
-folder that cannot be written leaves the run uncached, never failed. A cached value
+folder that cannot be written leaves the run uncached, never failed. The entries are kept
+under ``$SPECBATCH_CACHE_MAX_MB`` megabytes (default :data:`DEFAULT_MAX_MB`): a store that
+takes them past it removes the least recently used (a hit marks an entry used) down to
+80% of it, so a machine that runs many profiles and reaches never fills its disk. A cached value
 is the computed one to the last bit, so results are byte-identical with or without it
 (tests/test_cache.py).
 """
@@ -38,6 +41,8 @@ from sim.costmodel import CostModel, StepTable
 from sim.profile import Profile, load_profile
 
 ENV = "SPECBATCH_CACHE_DIR"
+MAX_ENV = "SPECBATCH_CACHE_MAX_MB"
+DEFAULT_MAX_MB = 2048  # a few hundred step tables (~10 MB each at the default batch of 256)
 # The code whose output is cached: a change to any of these files is a new cache key.
 _SOURCES = ("curves.py", "costmodel.py", "profile.py", "cache.py")
 
@@ -106,11 +111,17 @@ def load(key: str) -> dict[str, np.ndarray] | None:
     folder = cache_dir()
     if folder is None:
         return None
+    path = folder / f"{key}.npz"
     try:
-        with np.load(folder / f"{key}.npz", allow_pickle=False) as entry:
-            return {name: entry[name] for name in entry.files}
+        with np.load(path, allow_pickle=False) as entry:
+            arrays = {name: entry[name] for name in entry.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
         return None
+    try:
+        os.utime(path)  # used now: the last to go when the cache is trimmed
+    except OSError:
+        pass
+    return arrays
 
 
 def store(key: str, arrays: dict[str, np.ndarray]) -> None:
@@ -123,7 +134,46 @@ def store(key: str, arrays: dict[str, np.ndarray]) -> None:
     try:
         write_file(folder / f"{key}.npz", buffer.getvalue())
     except OSError:
-        pass
+        return
+    trim(folder, keep=folder / f"{key}.npz")
+
+
+def max_bytes() -> int:
+    """The cache's size limit: ``$SPECBATCH_CACHE_MAX_MB`` megabytes (a bad value: the default)."""
+    try:
+        megabytes = float(os.environ.get(MAX_ENV, DEFAULT_MAX_MB))
+    except ValueError:
+        megabytes = DEFAULT_MAX_MB
+    return int(max(megabytes, 0.0) * 1e6)
+
+
+def trim(folder: Path, keep: Path | None = None) -> int:
+    """Remove the least recently used entries while the folder's ``.npz`` files exceed the limit,
+    down to 80% of it (``keep``, the entry just written, stays); returns the bytes removed.
+    Processes sharing the folder may trim at once: an entry already gone is skipped."""
+    limit = max_bytes()
+    entries = []
+    for path in folder.glob("*.npz"):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        entries.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    if total <= limit:
+        return 0
+    removed = 0
+    for _, size, path in sorted(entries, key=lambda e: (e[0], str(e[2]))):
+        if total - removed <= 0.8 * limit:
+            break
+        if path == keep:
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        removed += size
+    return removed
 
 
 class CachedProfile(Profile):

@@ -314,3 +314,29 @@ def test_ctrl_c_inside_a_lazy_import_is_an_interrupt(monkeypatch, capsys):
     assert cli.main(["run"]) == 130
     assert capsys.readouterr().err.startswith("interrupted: nothing was written")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_cache_keeps_under_its_limit_dropping_the_least_recently_used(tmp_path, monkeypatch):
+    import os
+
+    from sim import cache
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
+    monkeypatch.setenv(cache.MAX_ENV, "0.51")  # 510 kB: five entries fit, six do not
+    payload = {"x": np.zeros(100_000 // 8)}  # ~100 kB an entry
+    for i in range(4):
+        cache.store(f"e{i}", payload)
+        os.utime(tmp_path / f"e{i}.npz", (1000 + i, 1000 + i))  # stored in this order, a second apart
+    assert cache.load("e0") is not None  # a hit: e0 is now the most recently used
+    cache.store("e4", payload)  # 5 x 100 kB: at the limit, nothing goes
+    assert sorted(p.stem for p in tmp_path.glob("*.npz")) == ["e0", "e1", "e2", "e3", "e4"]
+    cache.store("e5", payload)  # past it: the least recently used go until 80% (408 kB) is left
+    assert sorted(p.stem for p in tmp_path.glob("*.npz")) == ["e0", "e3", "e4", "e5"]
+    assert sum(p.stat().st_size for p in tmp_path.glob("*.npz")) <= cache.max_bytes()
+
+
+def test_a_bad_cache_limit_falls_back_to_the_default(monkeypatch):
+    from sim import cache
+
+    monkeypatch.setenv(cache.MAX_ENV, "lots")
+    assert cache.max_bytes() == cache.DEFAULT_MAX_MB * 1_000_000
