@@ -51,17 +51,25 @@ def run_config(synthetic_profile):
     return build
 
 
-@pytest.fixture()
-def validation_bench():
-    """benchmarks/validation.py as a module (it is a script, not a package)."""
+def load_script(relative: str, name: str):
+    """A script of this repository (``benchmarks/x.py``, ``docs/y.py``) as a module named ``name``: they
+    are scripts, not packages. It is in ``sys.modules`` while it runs (dataclasses look it up there);
+    pop it when done if the name must not outlive the test."""
     import importlib.util
     import sys
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validation.py"
-    spec = importlib.util.spec_from_file_location("validation_bench", path)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / relative)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    return module
+
+
+@pytest.fixture()
+def validation_bench():
+    """benchmarks/validation.py as a module (it is a script, not a package)."""
+    import sys
+
+    yield load_script("benchmarks/validation.py", "validation_bench")
+    sys.modules.pop("validation_bench", None)
 

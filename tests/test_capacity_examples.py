@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from dataclasses import replace
@@ -18,18 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 H100 = "h100-llama-3.1-8b-llama-3.2-1b"
 
 
 @pytest.fixture(scope="module")
 def examples():
-    spec = importlib.util.spec_from_file_location("capacity_examples", ROOT / "docs" / "capacity_examples.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield load_script("docs/capacity_examples.py", "capacity_examples")
+    sys.modules.pop("capacity_examples", None)
 
 
 def committed(examples, name: str, profile: str | None, policy: str) -> dict:

@@ -20,6 +20,7 @@ import pytest
 from calibrate.configs import get_config, param_count
 from sim.commands.cli import main as cli_main
 from sim.profile import load_profile, shipped_profiles
+from tests.conftest import load_script
 from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY, ctx_ms, gemm_ms, gen_ms, write_tiny_gpu
 
 HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
@@ -266,10 +267,7 @@ def test_mha_work_units_match_decode_tables_that_measure_multi_head_attention_di
     """The decode equivalence on a kernel that really ran 32 KV heads: SGLang's FlashAttention-3 and
     TensorRT-LLM's generation tables for H100, mapped (4b x 8 KV heads) over direct (b x 32), within
     each table (benchmarks/composed_vs_published.py prints the same; docs/gpu-profiles.md)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "composed_vs_published.py"
-    spec = importlib.util.spec_from_file_location("composed_vs_published", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/composed_vs_published.py", "composed_vs_published")
     tables = module.mha_ratios()
     assert len(tables) == 2
     for name, table in tables.items():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pandas as pd
 import pytest
 
 from sim.profile import load_profile
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = "h100-measured-llama-3.1-8b-llama-3.2-1b"
@@ -19,10 +19,7 @@ COMPOSED = "h100-llama-3.1-8b-llama-3.2-1b"
 
 @pytest.fixture(scope="module")
 def cvm():
-    spec = importlib.util.spec_from_file_location("composed_vs_measured", ROOT / "benchmarks" / "composed_vs_measured.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/composed_vs_measured.py", "composed_vs_measured")
 
 
 def changed_copy(name: str, out: Path, factor: float = 1.0, floor_s: float = 0.0, per_layer_s: float = 0.0) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sim.commands.compare import compare_measured
+from tests.conftest import load_script
 
 WINDOW = Path(__file__).parent / "baselines" / "scenarios" / "vllm-h100-llama-2-7b-general.csv"
 SETTINGS = {"profile": "h100-llama-2-7b-llama-68m", "policy.name": "none", "engine.scheduler": "vllm-v1",
@@ -51,13 +52,7 @@ def test_the_window_simulates_request_for_request_with_the_runs_settings():
 
 @pytest.fixture(scope="module")
 def bench():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "real_vllm.py"
-    spec = importlib.util.spec_from_file_location("real_vllm_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/real_vllm.py", "real_vllm_bench")
 
 
 RUN_7B = {"run": "llama-2-7b-tp1-general", "gpu": "H100-SXM-80GB", "tensor_parallel_size": 1,

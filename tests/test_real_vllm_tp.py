@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sim.commands.compare import compare_measured
+from tests.conftest import load_script
 
 WINDOWS = Path(__file__).parent / "baselines" / "scenarios"
 SETTINGS = {"policy.name": "none", "engine.scheduler": "vllm-v1", "engine.max_batch_size": 128,
@@ -45,15 +46,11 @@ def test_two_minutes_of_a_real_multi_gpu_run_within_bounds(case):
 
 
 def test_the_benchmark_finds_the_multi_gpu_profile_of_each_run():
-    import importlib.util
     import json
 
     from sim.profile import resolve_profile_path, shipped_profiles
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "real_vllm.py"
-    spec = importlib.util.spec_from_file_location("real_vllm_bench_tp", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/real_vllm.py", "real_vllm_bench_tp")
     profiles = {n: json.loads((resolve_profile_path(n) / "profile.json").read_text()) for n in shipped_profiles()}
     shapes = {"llama-2-70b": (8192, 28672, 80, 64, 8), "mixtral-8x7b": (4096, 14336, 32, 32, 8),
               "codellama-34b": (8192, 22016, 48, 64, 8)}

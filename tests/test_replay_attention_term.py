@@ -3,12 +3,13 @@ the H100 validation's shipped records (no GPU, no torch model)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "validation-gpu-h100-records"
@@ -17,10 +18,7 @@ PROBE = ROOT / "benchmarks" / "results" / "replay_pass_probe-h100-graphs.txt"
 
 @pytest.fixture(scope="module")
 def term():
-    spec = importlib.util.spec_from_file_location("replay_attention_term", ROOT / "benchmarks" / "replay_attention_term.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/replay_attention_term.py", "replay_attention_term")
 
 
 def test_step_contexts_interpolate_each_running_request(term):
