@@ -30,6 +30,10 @@ sequences' entries, as cheap as a paged engine's bookkeeping is not, but small n
 to a step). Static batching keeps finished rows in the batch as padding, as the
 simulator charges it; those rows are not the loop's any more.
 
+On CUDA, with a profile calibrated from CUDA graphs, every pass (prefill, draft, target,
+verification) runs from a graph padded as vLLM V0 pads a batch (:mod:`calibrate.graphs`),
+and the run is priced with that padding (:func:`sim.simulate.graph_padding`).
+
 Records are the simulator's (:mod:`sim.serving.records`, the request table of
 ``sim.simulate``), so ``sim.metrics`` summarises both alike. Ctrl-C stops the replay
 between steps and what it measured so far is returned, marked partial.
@@ -391,7 +395,10 @@ class TorchBackend:
             graph.inputs["last"].fill_(q - 1)
             if last is not None:
                 graph.inputs["last"][:b].copy_(last)
-            graph.inputs["junk"].copy_(junk[:rows]) if junk is not None else graph.inputs["junk"].zero_()
+            if junk is None:
+                graph.inputs["junk"].zero_()
+            else:
+                graph.inputs["junk"].copy_(junk[:rows])
             self.d_cache.lengths[b:rows].zero_()  # padded rows: free, empty
             graph.replay()
             probs, token = graph.output
@@ -519,8 +526,8 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     """Serve ``run`` for real; returns what was measured (partial if interrupted with Ctrl-C).
 
     ``on_start`` is called once every input has been checked, just before the real clock starts.
-    ``cuda_graphs``: run decode passes from CUDA graphs (default: as the run is priced,
-    :func:`sim.simulate.graph_padding`); capturing one stops the replay's clock.
+    ``cuda_graphs``: run every pass from CUDA graphs (calibrate.graphs; default: as the run is
+    priced, :func:`sim.simulate.graph_padding`); capturing one stops the replay's clock.
     """
     requests = run.requests
     if cuda_graphs is None:

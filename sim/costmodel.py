@@ -443,7 +443,7 @@ class CostModel:
         padded = np.maximum(pad[(b * per).astype(int)] / per, 1.0)
         if graph_batch_sizes:  # whole sequences padded, whatever their tokens (vLLM V0)
             rows = np.array([padded_tokens(r, tuple(graph_batch_sizes)) for r in range(max_batch + 1)], dtype=float)
-            padded = np.maximum(rows[b.astype(int)], 1.0) + 0.0 * per
+            padded = np.maximum(rows[b.astype(int)], 1.0)
         decode = self.step_times(np.maximum(b, 1), k, c, padded if graph_sizes or graph_batch_sizes else None,
                                  with_draft)
         decode[0] = 0.0
