@@ -28,8 +28,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import functools
 import json
+import math
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -139,12 +142,26 @@ def store(key: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 def max_bytes() -> int:
-    """The cache's size limit: ``$SPECBATCH_CACHE_MAX_MB`` megabytes (a bad value: the default)."""
+    """The cache's size limit: ``$SPECBATCH_CACHE_MAX_MB`` megabytes (a bad value: the default, said in
+    one warning line; the cache is an optimisation, so a bad limit does not stop a run)."""
+    text = os.environ.get(MAX_ENV)
+    if text is None:
+        return DEFAULT_MAX_MB * 1_000_000
     try:
-        megabytes = float(os.environ.get(MAX_ENV, DEFAULT_MAX_MB))
+        megabytes = float(text)
     except ValueError:
-        megabytes = DEFAULT_MAX_MB
-    return int(max(megabytes, 0.0) * 1e6)
+        megabytes = math.nan
+    if not (math.isfinite(megabytes) and megabytes >= 0):
+        _say_bad_limit(text)
+        return DEFAULT_MAX_MB * 1_000_000
+    return int(megabytes * 1e6)
+
+
+@functools.lru_cache(maxsize=None)
+def _say_bad_limit(text: str) -> None:
+    """One line on stderr, once per process and value."""
+    print(f"warning: {MAX_ENV}={text!r} is not a number of megabytes (>= 0); the cache keeps the default "
+          f"{DEFAULT_MAX_MB} MB", file=sys.stderr)
 
 
 def trim(folder: Path, keep: Path | None = None) -> int:
