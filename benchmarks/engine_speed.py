@@ -25,7 +25,7 @@ config.toml>`` from start to exit (imports, the workload, the engine, metrics, w
 ``--repeats`` fresh processes with the caches warm. ``--update`` writes
 ``benchmarks/results/engine_speed.json``, from which docs/generate.py's ``engine-speed`` block
 renders the README's table; otherwise the JSON goes to ``runs/benchmarks/`` (or ``--out``).
-Compare two versions of the code with ``farm-bench``, not across runs of this script.
+Compare two versions of the code in alternating runs on one machine (e.g. ``hyperfine``), not across runs of this script.
 """
 
 from __future__ import annotations

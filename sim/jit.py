@@ -22,6 +22,13 @@ Compiled code is cached on disk so that a process pays only numba's start (~0.3 
 compilation (tens of seconds, once per machine and code version). The cache folder is keyed by
 a hash of every file that holds a rule and of numba's version: numba itself checks only the
 timestamp of the file a compiled entry point lives in, not of the rules it inlined from others.
+
+The first run of a code version on a machine (:func:`use_compiled`): under ``auto``, a run of
+at most ``SMALL_RUN`` requests is interpreted, which is faster than compiling first, while a
+background process (``python -m sim.jit``, :func:`warm`) compiles every entry point into the
+cache for the runs after it; a larger run compiles in-process. Either way one line on stderr
+says so. ``SPECBATCH_BACKGROUND_COMPILE=0`` keeps every compilation in-process (no process is
+started: what a CI job or a test suite that must not leave processes behind wants).
 """
 
 from __future__ import annotations
@@ -29,12 +36,22 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
 JIT_MODES = ("auto", "on", "off")
+# A cold run of at most this many requests is interpreted rather than compiled first: interpreted,
+# the default scenario's 5,435 requests take about 5 s of CPU; compiling takes 12-20 s.
+SMALL_RUN = 10_000
+BACKGROUND_ENV = "SPECBATCH_BACKGROUND_COMPILE"
+READY = "ready"  # written in the cache folder once warm() has compiled every entry point
+FAILED = "warm-failed"  # ... or what stopped it (then runs compile in-process, as without a warm-up)
+WARMING = "warming"  # the background warm-up's lock: its process id; stale once that process is gone
+WARM_TIMEOUT_S = 600.0  # ... or after this long
 
 # The modules whose functions the compiled code is built from (their rules are registered, and
 # their bytes key the cache). Each lists its rules in a module-level tuple named RULES.
@@ -77,16 +94,13 @@ def _cache_folder() -> Path:
 def prepare() -> None:
     """Register every rule with numba and point its cache at this code version's folder (once per
     process: the folder is the cache directory's at the first call)."""
-    global _READY
+    global _READY, _folder
     if _READY:
         return
     import numba
     from numba.extending import register_jitable
 
     folder = _cache_folder()
-    if sys.stderr.isatty() and not (folder.is_dir() and any(folder.rglob("*.nbi"))):  # long work says so
-        print("note: compiling the simulation engine for this machine and code version (once; about ten "
-              "seconds of CPU)", file=sys.stderr)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         numba.config.CACHE_DIR = str(folder)
@@ -95,7 +109,131 @@ def prepare() -> None:
     for name in RULE_MODULES:
         for rule in importlib.import_module(name).RULES:
             register_jitable(_nrt=False)(rule)
+    _folder = folder
     _READY = True
+
+
+_folder: Path | None = None  # this process's compiled-code folder (prepare)
+_SAID: set[str] = set()  # the notes this process has printed (each once)
+
+
+def _note(text: str) -> None:
+    """Long or unusual work says so, once per process, on stderr whatever it is (a terminal, a CI
+    log, a notebook's cell)."""
+    if text not in _SAID:
+        _SAID.add(text)
+        print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+def cache_folder() -> Path:
+    """This code version's compiled-code folder (fixed at the process's first :func:`prepare`)."""
+    prepare()
+    return _folder
+
+
+def is_warm() -> bool:
+    """Whether :func:`warm` has compiled this code version on this machine."""
+    return (cache_folder() / READY).is_file()
+
+
+def use_compiled(mode: str, requests: int) -> bool:
+    """Whether a run of ``requests`` requests under ``engine.jit = mode`` runs compiled rules, and on a
+    cold cache what happens meanwhile (the module docstring)."""
+    if not wants_compiled(mode):
+        return False
+    if is_warm():
+        return True
+    if mode == "auto" and requests <= SMALL_RUN and start_warm_up():
+        _note("the first run of this specbatch version on this machine is interpreted while the engine "
+              "compiles in the background for the runs after it (about 20 s of CPU, once)")
+        return False
+    _note("compiling the simulation engine for this machine and code version (once; 10-30 s)")
+    return True
+
+
+def start_warm_up() -> bool:
+    """Start :func:`warm` in a background process unless one is running; False where background
+    compilation is off (``SPECBATCH_BACKGROUND_COMPILE=0``) or the process cannot be started."""
+    if os.environ.get(BACKGROUND_ENV, "1").strip() in ("0", "false", "no", "off"):
+        return False
+    folder = cache_folder()
+    if (folder / FAILED).is_file():
+        return False  # it failed here once (the file says why): compile in-process
+    lock = folder / WARMING
+    try:
+        if lock.is_file() and _warming(lock):
+            return True  # another process is compiling this version already
+        lock.unlink(missing_ok=True)
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return True  # another process took the lock between the check and the open
+    except OSError:
+        return False  # an unwritable cache: compile in-process
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "sim.jit"], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True, env={**os.environ, BACKGROUND_ENV: "0"})
+    except OSError:
+        os.close(fd)
+        lock.unlink(missing_ok=True)
+        return False
+    os.write(fd, str(process.pid).encode())
+    os.close(fd)
+    return True
+
+
+def _warming(lock: Path) -> bool:
+    """Whether the warm-up that took ``lock`` is still at work (its process alive, not timed out)."""
+    try:
+        if time.time() - lock.stat().st_mtime > WARM_TIMEOUT_S:
+            return False
+        text = lock.read_text().strip()
+    except OSError:
+        return False
+    if not text:
+        return True  # just taken: its process id is being written
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError):
+        return True  # alive under another user, or unreadable: leave it to the timeout
+    return True
+
+
+# What warm() runs: small runs that call every compiled entry point with every argument type a run
+# can give it (both schedulers; compiled runs with a k table and with goodput; the step-by-step rules
+# under a learning policy; a cluster's routed runs; a host drafter's proposals).
+WARM_RUNS: tuple[dict, ...] = (
+    {},
+    {"engine.scheduler": "v0"},
+    {"policy.name": "goodput"},
+    {"policy.name": "adaptive"},
+    {"policy.name": "adaptive", "engine.scheduler": "v0"},
+    {"cluster.replicas": 2},
+    {"speculative.config": {"method": "ngram", "num_speculative_tokens": 3}},
+)
+
+
+def warm(runs: tuple[dict, ...] = WARM_RUNS) -> None:
+    """Compile every entry point a run calls into this version's cache by running ``runs`` (small
+    variants of the default scenario) compiled, then mark the folder warm."""
+    from sim.config import load_config
+    from sim.simulate import execute, prepare as prepare_run
+
+    import traceback
+
+    folder = cache_folder()
+    try:
+        for overrides in runs:
+            settings = {"workload.num_requests": 40, "output.records": "none", "engine.jit": "on", **overrides}
+            execute(prepare_run(load_config(None, settings)))
+        (folder / READY).write_text("compiled by python -m sim.jit\n")
+    except Exception:
+        (folder / FAILED).write_text(traceback.format_exc())
+        raise
+    finally:
+        (folder / WARMING).unlink(missing_ok=True)
 
 
 def compiled(fn: Callable) -> Callable:
@@ -109,3 +247,9 @@ def compiled(fn: Callable) -> Callable:
     return twin
 
 
+
+
+if __name__ == "__main__":  # the background warm-up (start_warm_up), at low priority
+    if hasattr(os, "nice"):
+        os.nice(10)
+    warm()

@@ -8,11 +8,12 @@ acceptance sampler and queue, so replicas never share state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from sim.costmodel import StepTable
-from sim.jit import wants_compiled
+from sim.jit import use_compiled
 from sim.scheduler import kv_reserve, make_scheduler
 from sim.serving.compiled import compiled_runs_for
 from sim.serving.loop import Rules, ServingLoop
@@ -32,10 +33,12 @@ class ReplicaPlan:
     num_keys: int = 0  # vllm-v1: shared prefix-cache keys (sim.scheduler.kvcache.prefix_keys)
     lookahead: int | None = None  # vllm-v1's slots kept ahead per request (None: max_k; the method's, sim.speculation)
     lag_mode: int = 1  # how the drafter's lag moves (sim.speculation LAG_*; 0: no drafter to catch up)
+    requests: int = 0  # the run's requests: on a cold compiled-code cache a small run is interpreted (sim.jit)
 
-    @property
+    @cached_property
     def compiled(self) -> bool:
-        return wants_compiled(self.engine.jit)
+        """Decided once per run: every replica of a cluster runs the same way."""
+        return use_compiled(self.engine.jit, self.requests)
 
     def scheduler(self):
         """A fresh scheduler for one replica."""

@@ -234,7 +234,7 @@ def prepare(config: RunConfig) -> PreparedRun:
         raise _policy_error(config, exc) from None
     replica = ReplicaPlan(table, config.engine, budget, policy.max_k, max_blocks, num_keys,
                           lookahead=speculation.lookahead(policy.max_k),
-                          lag_mode=speculation.lag_mode if policy.max_k else 0)
+                          lag_mode=speculation.lag_mode if policy.max_k else 0, requests=len(requests))
     prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget, replica, keys,
                            speculation)
     prepared.warnings.extend(cost_model.range_warnings(**reach))

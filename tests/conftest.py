@@ -15,6 +15,8 @@ os.environ.setdefault("SPECBATCH_CACHE_DIR", os.path.join(tempfile.gettempdir(),
 # The compiled rules live in the session's cache too, fixed now for the whole process: a test
 # that points SPECBATCH_CACHE_DIR at a folder of its own would otherwise, when it happened to run
 # first, send this worker's compilation (tens of seconds) there, to be redone by every worker.
+# Compilation stays in the test processes (no background warm-up process left behind by a test).
+os.environ.setdefault("SPECBATCH_BACKGROUND_COMPILE", "0")
 from sim import jit  # noqa: E402
 
 if jit.numba_available():

@@ -1,0 +1,94 @@
+"""The first run of a code version on a machine (sim/jit.py): says so on any stderr, and a small
+run does not wait for the compiler (it is interpreted while a background process compiles)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from sim import jit
+
+pytestmark = pytest.mark.skipif(not jit.numba_available(), reason="numba is not installed")
+
+
+class FakeProcess:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+@pytest.fixture
+def cold(tmp_path, monkeypatch):
+    """A cold compiled-code folder, background compilation on, and the processes it would start."""
+    jit.prepare()
+    monkeypatch.setattr(jit, "_folder", tmp_path)
+    monkeypatch.setattr(jit, "_SAID", set())
+    monkeypatch.setenv(jit.BACKGROUND_ENV, "1")
+    started = []
+
+    def popen(argv, **kwargs):
+        started.append((argv, kwargs))
+        return FakeProcess(os.getpid())  # a live process id
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    return tmp_path, started
+
+
+def test_a_small_cold_run_is_interpreted_while_one_warm_up_compiles(cold, capsys):
+    folder, started = cold
+    assert jit.use_compiled("auto", 500) is False
+    assert jit.use_compiled("auto", 500) is False  # the warm-up already runs: not a second one
+    assert len(started) == 1
+    argv, kwargs = started[0]
+    assert argv[1:] == ["-m", "sim.jit"] and kwargs["start_new_session"]
+    assert kwargs["env"][jit.BACKGROUND_ENV] == "0"  # the warm-up compiles in its own process
+    assert (folder / jit.WARMING).read_text() == str(os.getpid())
+    err = capsys.readouterr().err  # not a terminal, and still said, once
+    assert err.count("\n") == 1 and "interpreted while the engine compiles in the background" in err
+
+
+def test_on_and_a_large_run_compile_now_and_say_so(cold, capsys):
+    _, started = cold
+    assert jit.use_compiled("on", 10) is True
+    assert jit.use_compiled("auto", jit.SMALL_RUN + 1) is True
+    assert started == []
+    assert capsys.readouterr().err.count("note: compiling the simulation engine") == 1
+    assert jit.use_compiled("off", 10) is False
+
+
+def test_a_warm_folder_runs_compiled_silently(cold, capsys):
+    folder, started = cold
+    (folder / jit.READY).write_text("")
+    assert jit.use_compiled("auto", 10) is True and started == []
+    assert capsys.readouterr().err == ""
+
+
+def test_background_compilation_can_be_turned_off(cold, monkeypatch):
+    _, started = cold
+    monkeypatch.setenv(jit.BACKGROUND_ENV, "0")
+    assert jit.use_compiled("auto", 10) is True and started == []
+
+
+def test_a_dead_warm_up_is_replaced_and_a_failed_one_is_not_retried(cold):
+    folder, started = cold
+    (folder / jit.WARMING).write_text("999999999")  # no such process
+    assert jit.use_compiled("auto", 10) is False and len(started) == 1
+    (folder / jit.WARMING).unlink()
+    (folder / jit.FAILED).write_text("Traceback ...")
+    assert jit.use_compiled("auto", 10) is True and len(started) == 1
+
+
+def test_warm_marks_the_folder_and_releases_its_lock(cold):
+    folder, _ = cold
+    (folder / jit.WARMING).write_text(str(os.getpid()))
+    jit.warm(runs=({"engine.scheduler": "v0"},))
+    assert (folder / jit.READY).is_file() and not (folder / jit.WARMING).exists()
+
+
+def test_a_failing_warm_up_says_why_and_releases_its_lock(cold):
+    folder, _ = cold
+    with pytest.raises(Exception):
+        jit.warm(runs=({"engine.scheduler": "no-such-scheduler"},))
+    assert "no-such-scheduler" in (folder / jit.FAILED).read_text()
+    assert not (folder / jit.READY).exists() and not (folder / jit.WARMING).exists()
