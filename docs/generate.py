@@ -138,7 +138,15 @@ def run_cli(argv: list[str], check: bool = True) -> str:
         code = main(argv)
     if check and code not in (0, None):
         raise RuntimeError(f"specbatch {shlex.join(argv)} exited {code}: {err.getvalue().strip()}")
-    return out.getvalue() + err.getvalue()
+    return as_on_a_warm_machine(out.getvalue() + err.getvalue())
+
+
+def as_on_a_warm_machine(text: str) -> str:
+    """What a command printed, without the one-off notes of a machine that has not compiled this code
+    version's engine yet (sim/jit.py): the docs show what every later run prints."""
+    from sim.jit import FIRST_RUN_NOTES
+
+    return "".join(line for line in text.splitlines(keepends=True) if line.rstrip("\n") not in FIRST_RUN_NOTES)
 
 
 # Plain tools a console block may use to show (or prepare) the files a run wrote. They run as
@@ -192,8 +200,8 @@ def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | N
                 code = main(argv[1:])
             except SystemExit as exc:  # argparse
                 code = exc.code
-        apart = err.getvalue() if piped and not quiet else ""
-        return (0 if code is None else int(code)), out.getvalue(), apart
+        apart = as_on_a_warm_machine(err.getvalue()) if piped and not quiet else ""
+        return (0 if code is None else int(code)), as_on_a_warm_machine(out.getvalue()), apart
     if argv[0] == "echo":  # $? is the exit code of the command before
         return 0, " ".join(str(status) if a == "$?" else a for a in argv[1:]) + "\n", ""
     if argv[0] == "python":
@@ -209,9 +217,10 @@ def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | N
         full_env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(os.path.join(where, p))
                                                  for p in env["PYTHONPATH"].split(os.pathsep))
     done = subprocess.run(argv, capture_output=True, text=True, cwd=where, input=stdin, env=full_env)
+    stdout, stderr = as_on_a_warm_machine(done.stdout), as_on_a_warm_machine(done.stderr)
     if quiet:
-        return done.returncode, done.stdout, ""
-    return (done.returncode, done.stdout, done.stderr) if piped else (done.returncode, done.stdout + done.stderr, "")
+        return done.returncode, stdout, ""
+    return (done.returncode, stdout, stderr) if piped else (done.returncode, stdout + stderr, "")
 
 
 def run_line(command: str, where: str, status: int = 0) -> str:

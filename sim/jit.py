@@ -144,11 +144,16 @@ def use_compiled(mode: str, requests: int) -> bool:
     if is_warm():
         return True
     if mode == "auto" and requests <= SMALL_RUN and start_warm_up():
-        _note("the first run of this specbatch version on this machine is interpreted while the engine "
-              "compiles in the background for the runs after it (about 20 s of CPU, once)")
+        _note(NOTE_BACKGROUND)
         return False
-    _note("compiling the simulation engine for this machine and code version (once; 10-30 s)")
+    _note(NOTE_COMPILING)
     return True
+
+
+NOTE_BACKGROUND = ("the first run of this specbatch version on this machine is interpreted while the engine "
+                   "compiles in the background for the runs after it (about 20 s of CPU, once)")
+NOTE_COMPILING = "compiling the simulation engine for this machine and code version (once; 10-30 s)"
+FIRST_RUN_NOTES = tuple(f"note: {text}" for text in (NOTE_BACKGROUND, NOTE_COMPILING))
 
 
 def start_warm_up() -> bool:

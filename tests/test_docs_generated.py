@@ -243,3 +243,14 @@ def test_engine_speed_results_hold_what_the_readme_says_of_them(generate):
     assert by["real-run"]["profile"] == REAL_PROFILE
     assert (by["fixed"]["scheduler"], by["v0"]["scheduler"]) == ("vllm-v1", "v0")
     assert by["replicas"]["rate"] == pytest.approx(4 * by["fixed"]["rate"])
+
+
+def test_the_first_run_notes_are_not_part_of_a_block(generate):
+    """A block regenerated on a machine that has not compiled the engine yet shows what every later
+    run prints: without sim.jit's one-off notes, and nothing else dropped."""
+    from sim.jit import FIRST_RUN_NOTES
+
+    text = "Simulated 10 requests\n"
+    for note in FIRST_RUN_NOTES:
+        assert generate.as_on_a_warm_machine(note + "\n" + text) == text
+    assert generate.as_on_a_warm_machine("note: something else\n" + text) == "note: something else\n" + text
