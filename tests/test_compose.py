@@ -211,6 +211,9 @@ def test_every_shipped_composed_profile_is_what_the_data_composes_today(name, tm
 
     real_info = calibrate.host.host_info
     monkeypatch.setattr(calibrate.host, "host_info", lambda: {**real_info(), "cpu": OTHER_CPU})
+    # The proposers' times are this machine's and are not compared (their points are): timing them
+    # was 46 of the default profile's 49 s here. tests/test_host_proposers.py checks the timing itself.
+    monkeypatch.setattr(calibrate.host, "time_proposer", lambda method, b, k, c: 1e-6)
     shipped = Path(load_profile(name).path)
     meta = json.loads((shipped / "profile.json").read_text())
     overhead = meta["engine_overhead"]
