@@ -146,7 +146,8 @@ def use_compiled(mode: str, requests: int) -> bool:
     if mode == "auto" and requests <= SMALL_RUN and start_warm_up():
         _note(NOTE_BACKGROUND)
         return False
-    _note(NOTE_COMPILING)
+    if not any(cache_folder().rglob("*.nbi")):  # nothing compiled yet (else most is loaded, not compiled)
+        _note(NOTE_COMPILING)
     return True
 
 

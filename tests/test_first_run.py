@@ -57,6 +57,15 @@ def test_on_and_a_large_run_compile_now_and_say_so(cold, capsys):
     assert jit.use_compiled("off", 10) is False
 
 
+def test_a_folder_that_holds_compiled_code_loads_it_without_a_note(cold, capsys, monkeypatch):
+    folder, _ = cold
+    monkeypatch.setenv(jit.BACKGROUND_ENV, "0")
+    (folder / "serving").mkdir()
+    (folder / "serving" / "kernel.run_steps-1.py311.nbi").write_bytes(b"")
+    assert jit.use_compiled("auto", 10) is True
+    assert capsys.readouterr().err == ""
+
+
 def test_a_warm_folder_runs_compiled_silently(cold, capsys):
     folder, started = cold
     (folder / jit.READY).write_text("")
