@@ -53,6 +53,14 @@ def run_config(synthetic_profile):
     return build
 
 
+def cache_with_compiled_engine(folder: Path) -> Path:
+    """An empty cache folder for a fresh process (``SPECBATCH_CACHE_DIR``) that holds this session's
+    compiled engine: the process fits its profile afresh but loads the engine instead of compiling it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / jit.cache_folder().name).symlink_to(jit.cache_folder(), target_is_directory=True)
+    return folder
+
+
 def load_script(relative: str, name: str):
     """A script of this repository (``benchmarks/x.py``, ``docs/y.py``) as a module named ``name``: they
     are scripts, not packages. It is in ``sys.modules`` while it runs (dataclasses look it up there);

@@ -135,7 +135,10 @@ def test_a_warm_run_imports_neither_pandas_nor_scipy(tmp_path):
     """Start-up: a run whose profile is cached pays for no fit (scipy's optimizers), no pandas and no
     scipy.stats (the post-run queue check takes its t quantile from scipy.special). (numba
     imports scipy's bare package, a few milliseconds, when it starts: not what this guards.)"""
-    env = {"SPECBATCH_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    from tests.conftest import cache_with_compiled_engine
+
+    env = {"SPECBATCH_CACHE_DIR": str(cache_with_compiled_engine(tmp_path / "cache")), "PATH": "/usr/bin:/bin",
+           "SPECBATCH_BACKGROUND_COMPILE": "0"}
     script = ("import sys; from sim.commands.cli import main; "
               f"main(['run', '--num-requests', '200', '--out', sys.argv[1]]); "
               "loaded = [m for m in ('pandas', 'scipy.optimize', 'scipy.interpolate', 'scipy.stats') if m in sys.modules "

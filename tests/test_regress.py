@@ -140,11 +140,9 @@ def test_project_baseline_passes_with_another_cpus_blas_kernels(coretype, tmp_pa
     import os
     import subprocess
 
-    from sim import jit
+    from tests.conftest import cache_with_compiled_engine
 
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / jit.cache_folder().name).symlink_to(jit.cache_folder(), target_is_directory=True)
+    cache = cache_with_compiled_engine(tmp_path / "cache")
     env = {**os.environ, "OPENBLAS_CORETYPE": coretype, "SPECBATCH_CACHE_DIR": str(cache)}
     done = subprocess.run([sys.executable, "-m", "sim.commands.cli", "regress", "--baseline", str(PROJECT_BASELINE)],
                           cwd=ROOT, env=env, capture_output=True, text=True)
