@@ -25,7 +25,7 @@ timestamp of the file a compiled entry point lives in, not of the rules it inlin
 
 The first run of a code version on a machine (:func:`use_compiled`): under ``auto``, a run of
 at most ``SMALL_RUN`` requests is interpreted, which is faster than compiling first, while a
-background process (``python -m sim.jit``, :func:`warm`) compiles every entry point into the
+background process (``python -m sim.warm``) compiles every entry point into the
 cache for the runs after it; a larger run compiles in-process. Either way one line on stderr
 says so. ``SPECBATCH_BACKGROUND_COMPILE=0`` keeps every compilation in-process (no process is
 started: what a CI job or a test suite that must not leave processes behind wants).
@@ -48,7 +48,7 @@ JIT_MODES = ("auto", "on", "off")
 # the default scenario's 5,435 requests take about 5 s of CPU; compiling takes 12-20 s.
 SMALL_RUN = 10_000
 BACKGROUND_ENV = "SPECBATCH_BACKGROUND_COMPILE"
-READY = "ready"  # written in the cache folder once warm() has compiled every entry point
+READY = "ready"  # written in the cache folder once sim.warm has compiled every entry point
 FAILED = "warm-failed"  # ... or what stopped it (then runs compile in-process, as without a warm-up)
 WARMING = "warming"  # the background warm-up's lock: its process id; stale once that process is gone
 WARM_TIMEOUT_S = 600.0  # ... or after this long
@@ -132,7 +132,7 @@ def cache_folder() -> Path:
 
 
 def is_warm() -> bool:
-    """Whether :func:`warm` has compiled this code version on this machine."""
+    """Whether sim.warm has compiled this code version on this machine."""
     return (cache_folder() / READY).is_file()
 
 
@@ -158,7 +158,7 @@ FIRST_RUN_NOTES = tuple(f"note: {text}" for text in (NOTE_BACKGROUND, NOTE_COMPI
 
 
 def start_warm_up() -> bool:
-    """Start :func:`warm` in a background process unless one is running; False where background
+    """Start sim.warm in a background process unless one is running; False where background
     compilation is off (``SPECBATCH_BACKGROUND_COMPILE=0``) or the process cannot be started."""
     if os.environ.get(BACKGROUND_ENV, "1").strip() in ("0", "false", "no", "off"):
         return False
@@ -176,7 +176,7 @@ def start_warm_up() -> bool:
     except OSError:
         return False  # an unwritable cache: compile in-process
     try:
-        process = subprocess.Popen([sys.executable, "-m", "sim.jit"], stdin=subprocess.DEVNULL,
+        process = subprocess.Popen([sys.executable, "-m", "sim.warm"], stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True, env={**os.environ, BACKGROUND_ENV: "0"})
     except OSError:
@@ -207,41 +207,6 @@ def _warming(lock: Path) -> bool:
     return True
 
 
-# What warm() runs: small runs that call every compiled entry point with every argument type a run
-# can give it (both schedulers; compiled runs with a k table and with goodput; the step-by-step rules
-# under a learning policy; a cluster's routed runs; a host drafter's proposals).
-WARM_RUNS: tuple[dict, ...] = (
-    {},
-    {"engine.scheduler": "v0"},
-    {"policy.name": "goodput"},
-    {"policy.name": "adaptive"},
-    {"policy.name": "adaptive", "engine.scheduler": "v0"},
-    {"cluster.replicas": 2},
-    {"speculative.config": {"method": "ngram", "num_speculative_tokens": 3}},
-)
-
-
-def warm(runs: tuple[dict, ...] = WARM_RUNS) -> None:
-    """Compile every entry point a run calls into this version's cache by running ``runs`` (small
-    variants of the default scenario) compiled, then mark the folder warm."""
-    from sim.config import load_config
-    from sim.simulate import execute, prepare as prepare_run
-
-    import traceback
-
-    folder = cache_folder()
-    try:
-        for overrides in runs:
-            settings = {"workload.num_requests": 40, "output.records": "none", "engine.jit": "on", **overrides}
-            execute(prepare_run(load_config(None, settings)))
-        (folder / READY).write_text("compiled by python -m sim.jit\n")
-    except Exception:
-        (folder / FAILED).write_text(traceback.format_exc())
-        raise
-    finally:
-        (folder / WARMING).unlink(missing_ok=True)
-
-
 def compiled(fn: Callable) -> Callable:
     """``fn``'s compiled twin (numba, cached on disk), made on first use."""
     twin = _TWINS.get(fn)
@@ -251,11 +216,3 @@ def compiled(fn: Callable) -> Callable:
 
         twin = _TWINS[fn] = numba.njit(cache=True, nogil=True, _nrt=False)(fn)
     return twin
-
-
-
-
-if __name__ == "__main__":  # the background warm-up (start_warm_up), at low priority
-    if hasattr(os, "nice"):
-        os.nice(10)
-    warm()

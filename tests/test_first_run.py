@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from sim import jit
+from sim.warm import warm
 
 pytestmark = pytest.mark.skipif(not jit.numba_available(), reason="numba is not installed")
 
@@ -41,7 +42,7 @@ def test_a_small_cold_run_is_interpreted_while_one_warm_up_compiles(cold, capsys
     assert jit.use_compiled("auto", 500) is False  # the warm-up already runs: not a second one
     assert len(started) == 1
     argv, kwargs = started[0]
-    assert argv[1:] == ["-m", "sim.jit"] and kwargs["start_new_session"]
+    assert argv[1:] == ["-m", "sim.warm"] and kwargs["start_new_session"]
     assert kwargs["env"][jit.BACKGROUND_ENV] == "0"  # the warm-up compiles in its own process
     assert (folder / jit.WARMING).read_text() == str(os.getpid())
     err = capsys.readouterr().err  # not a terminal, and still said, once
@@ -91,13 +92,13 @@ def test_a_dead_warm_up_is_replaced_and_a_failed_one_is_not_retried(cold):
 def test_warm_marks_the_folder_and_releases_its_lock(cold):
     folder, _ = cold
     (folder / jit.WARMING).write_text(str(os.getpid()))
-    jit.warm(runs=({"engine.scheduler": "v0"},))
+    warm(runs=({"engine.scheduler": "v0"},))
     assert (folder / jit.READY).is_file() and not (folder / jit.WARMING).exists()
 
 
 def test_a_failing_warm_up_says_why_and_releases_its_lock(cold):
     folder, _ = cold
     with pytest.raises(Exception):
-        jit.warm(runs=({"engine.scheduler": "no-such-scheduler"},))
+        warm(runs=({"engine.scheduler": "no-such-scheduler"},))
     assert "no-such-scheduler" in (folder / jit.FAILED).read_text()
     assert not (folder / jit.READY).exists() and not (folder / jit.WARMING).exists()

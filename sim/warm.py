@@ -1,0 +1,50 @@
+"""``python -m sim.warm``: compile every entry point of the engine into this code version's cache.
+
+sim.jit starts it in the background on a machine's first run of a code version (that run is
+interpreted meanwhile); it runs small variants of the default scenario compiled, which call
+every compiled entry point with every argument type a run can give it, then marks the cache
+folder ready (sim.jit.READY), or leaves why it failed (sim.jit.FAILED).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+from sim import jit
+from sim.config import load_config
+from sim.simulate import execute, prepare
+
+# Both schedulers; compiled runs with a k table and with goodput; the step-by-step rules under a
+# learning policy; a cluster's routed runs; a host drafter's proposals.
+WARM_RUNS: tuple[dict, ...] = (
+    {},
+    {"engine.scheduler": "v0"},
+    {"policy.name": "goodput"},
+    {"policy.name": "adaptive"},
+    {"policy.name": "adaptive", "engine.scheduler": "v0"},
+    {"cluster.replicas": 2},
+    {"speculative.config": {"method": "ngram", "num_speculative_tokens": 3}},
+)
+
+
+def warm(runs: tuple[dict, ...] = WARM_RUNS) -> None:
+    """Run ``runs`` compiled (40 requests each, nothing written), then mark the folder ready; the
+    lock sim.jit took for this process is released whatever happens."""
+    folder = jit.cache_folder()
+    try:
+        for overrides in runs:
+            settings = {"workload.num_requests": 40, "output.records": "none", "engine.jit": "on", **overrides}
+            execute(prepare(load_config(None, settings)))
+        (folder / jit.READY).write_text("compiled by python -m sim.warm\n")
+    except Exception:
+        (folder / jit.FAILED).write_text(traceback.format_exc())
+        raise
+    finally:
+        (folder / jit.WARMING).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":  # started by sim.jit.start_warm_up, at low priority
+    if hasattr(os, "nice"):
+        os.nice(10)
+    warm()
