@@ -136,11 +136,11 @@ def get_config(name: str, field: str = "model") -> ModelConfig:
         raise InputError(f"unknown model '{name}': not a built-in name ({', '.join(configs)}), a config.json "
                          "or a folder holding one, nor a Hugging Face id in the local cache "
                          f"({hf_config.hub_cache()}) or among aiconfigurator-core's configs", field=field)
-    fields_read = hf_config.read_config(*found)
+    fields_read = hf_config.read_config(found)
     try:
         return ModelConfig(**fields_read)
     except InputError as exc:
-        raise hf_config.placed(exc, found[0]) from None
+        raise hf_config.placed(exc, found) from None
 
 
 def check_buildable(cfg: ModelConfig, field: str = "model") -> None:

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,24 +109,35 @@ def shipped_ids() -> list[str]:
     return ids
 
 
-def locate(spec: str) -> tuple[Path, str, str] | None:
-    """(config.json, model name, where it came from) for a path, a folder or a Hugging Face id; None if
-    nothing matches."""
+@dataclass(frozen=True)
+class Found:
+    """A located config.json: the file, the model's name, where it came from (recorded in a profile's
+    sidecar) and the file as an error names it (a shipped one by its place in the package)."""
+
+    path: Path
+    name: str
+    source: str
+    shown: str
+
+
+def locate(spec: str) -> Found | None:
+    """The config.json of a path, a folder or a Hugging Face id; None if nothing matches."""
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / CONFIG_NAME
         if not path.is_file():
             raise InputError(f"the folder holds no {CONFIG_NAME}", source=spec)
     if path.is_file():
-        return path, name_of_path(path), str(path)
+        return Found(path, name_of_path(path), str(path), str(path))
     if not HF_ID.match(spec):
         return None
     cached = cached_config(spec)
     if cached is not None:
-        return cached, spec, f"{spec} (Hugging Face cache, snapshot {cached.parent.name})"
+        return Found(cached, spec, f"{spec} (Hugging Face cache, snapshot {cached.parent.name})", str(cached))
     shipped = shipped_config(spec)
     if shipped is not None:
-        return shipped, spec, f"{spec} (aiconfigurator-core model_configs/{shipped.name})"
+        return Found(shipped, spec, f"{spec} (aiconfigurator-core model_configs/{shipped.name})",
+                     f"aiconfigurator_core/model_configs/{shipped.name}")
     return None
 
 
@@ -146,7 +158,7 @@ def name_of_path(path: Path) -> str:
 class _Keys:
     """One config's (text) keys with the file's text, so an error names the key, the file and its line."""
 
-    def __init__(self, raw: dict[str, Any], text: str, path: Path, prefix: str = "") -> None:
+    def __init__(self, raw: dict[str, Any], text: str, path: str, prefix: str = "") -> None:
         self.raw, self.text, self.path, self.prefix = raw, text, path, prefix
 
     def line(self, key: str) -> int | None:
@@ -171,10 +183,11 @@ class _Keys:
         return value
 
 
-def read_config(path: Path, name: str, source: str) -> dict[str, Any]:
+def read_config(found: Found) -> dict[str, Any]:
     """The :class:`~calibrate.configs.ModelConfig` fields of one Hugging Face config.json (the caller
     builds it; an error it raises is placed in the file by :func:`placed`)."""
-    text = read_text(path)
+    path = found.shown
+    text = read_text(found.path)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -197,16 +210,17 @@ def read_config(path: Path, name: str, source: str) -> dict[str, Any]:
         if not isinstance(inner, dict):
             raise top.error("text_config", "must be an object (the language model's config)")
         keys = _Keys(inner, text, path, "text_config." if inner is not raw else "")
-    return {"name": name, "arch": "llama", "source": source, **_shape_of(family, keys)}
+    return {"name": found.name, "arch": "llama", "source": found.source, **_shape_of(family, keys)}
 
 
-def placed(error: InputError, path: Path) -> InputError:
+def placed(error: InputError, found: Found) -> InputError:
     """A shape check's error on a field, placed at that key's line of the config file."""
     keys = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "num_kv_heads": "num_key_value_heads", "num_experts": "num_experts",
             "experts_per_token": "num_experts_per_tok"}
     key = keys.get(error.field or "", error.field or "")
-    return InputError(error.message, field=key, source=path, line=_Keys({}, read_text(path), path).line(key))
+    return InputError(error.message, field=key, source=found.shown,
+                      line=_Keys({}, read_text(found.path), found.shown).line(key))
 
 
 def _shape_of(family: str, k: _Keys) -> dict[str, Any]:

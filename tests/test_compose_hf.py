@@ -355,3 +355,23 @@ def test_a_windowed_layer_reads_the_window_and_prefills_by_its_flops(tiny_data):
     # the GEMMs, small ops and LM head do not depend on the window
     for part in ("gemm", "small_ops", "lm_head"):
         assert float(win.decode_parts(4, 2, 1000)[part]) == float(full.decode_parts(4, 2, 1000)[part])
+
+
+# -- every command that takes a model ----------------------------------------------------------
+
+@needs_data
+def test_the_python_api_and_capacitys_tensor_parallel_variants_take_a_hugging_face_model(hf_cache, tmp_path):
+    """specbatch.compose with a cached id as target and a shipped one as draft; capacity --tp composes the
+    same models again at another split from the profile's own command, resolving the ids again."""
+    import specbatch
+    from sim.commands.capacity.parallel import variant
+    from sim.profile import load_profile
+
+    cache_model(hf_cache, "Qwen/Qwen3-14B", QWEN3_14B)
+    profile = specbatch.compose("h100_sxm", "Qwen/Qwen3-14B", tmp_path / "q14", draft="Qwen/Qwen3-0.6B",
+                                batch_sizes=[1, 16], k_max=2, contexts=[512], prompts=[64])
+    models = profile.meta["models"]
+    assert (models["target"]["name"], models["draft"]["name"]) == ("Qwen/Qwen3-14B", "Qwen/Qwen3-0.6B")
+    assert models["draft"]["params"] == pytest.approx(0.6e9, rel=0.01)  # Qwen3-0.6B's card: 0.6B, tied embeddings
+    split = load_profile(variant(profile, 2))
+    assert split.gpus_per_replica == 2 and split.meta["models"]["target"]["params"] == models["target"]["params"]
