@@ -304,6 +304,10 @@ def test_each_family_composes_on_h100(model, tp, dtype, hf_cache, tmp_path, caps
     assert target["name"] == model and target["params"] == param_count(config)
     assert target["config"] == config.to_dict() and target["tensor_parallel_size"] == tp
     assert profile.meta["command"].startswith(f"specbatch compose --gpu h100_sxm --target {model} ")
+    said = " | ".join(profile.meta["composition"]["assumptions"])  # what is unlike other models is stated
+    assert (f"{config.window_layers} of {config.num_layers} layers attend to at most" in said) == bool(config.window_layers)
+    assert (f"in {config.moe_layers} of {config.num_layers} layers" in said) == bool(config.dense_layers)
+    assert ("a shared expert" in said) == bool(config.shared_expert_intermediate_size)
 
 
 @needs_data

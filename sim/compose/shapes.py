@@ -126,6 +126,23 @@ class ModelShape:
                         num_experts=0, experts_per_token=0, shared_expert_intermediate_size=0)
         return experts, dense
 
+    def assumptions(self) -> list[str]:
+        """The sidecar's lines for what this shape has beyond like layers of full attention (none for most)."""
+        lines = []
+        if self.sliding_window:
+            lines.append(
+                f"{self.name}: {self.window_layers} of {self.num_layers} layers attend to at most "
+                f"{self.sliding_window} tokens (a sliding window, or Llama 4's attention chunks priced as a window "
+                "of the chunk size: an upper bound, as a chunk's tokens see 1 to that many keys): a decode reads "
+                "min(context, window) keys; a longer prompt costs the window's causal prefill x (1 + 2 (prompt - "
+                "window) / window), by FLOPs; the KV cache is counted for the whole context (vLLM frees blocks "
+                "that leave the window: the KV capacity is a lower bound)")
+        if self.shared_expert_intermediate_size:
+            lines.append(f"{self.name}: a shared expert (intermediate size {self.shared_expert_intermediate_size}) "
+                         "runs on every token beside the routed ones, priced as a dense MLP's GEMMs (split over "
+                         "the GPUs like one)")
+        return lines
+
     def attention_groups(self) -> tuple[tuple[int, int], ...]:
         """(layers, window) per kind of attention: window 0 attends to the whole context."""
         groups = ((self.num_layers - self.window_layers, 0), (self.window_layers, self.sliding_window))
