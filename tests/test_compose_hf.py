@@ -379,3 +379,13 @@ def test_the_python_api_and_capacitys_tensor_parallel_variants_take_a_hugging_fa
     assert models["draft"]["params"] == pytest.approx(0.6e9, rel=0.01)  # Qwen3-0.6B's card: 0.6B, tied embeddings
     split = load_profile(variant(profile, 2))
     assert split.gpus_per_replica == 2 and split.meta["models"]["target"]["params"] == models["target"]["params"]
+
+
+@needs_data
+def test_list_models_names_the_shipped_configs_it_can_price(capsys):
+    from calibrate.cli import main
+
+    assert main(["--list-models"]) == 0
+    listed = capsys.readouterr().out.splitlines()[-1]
+    assert "meta-llama/Llama-4-Scout-17B-16E-Instruct" in listed and "mistralai/Mixtral-8x22B-v0.1" in listed
+    assert "deepseek-ai/DeepSeek-V3" not in listed and "openai/gpt-oss-20b" not in listed
