@@ -182,6 +182,14 @@ class _Keys:
             raise self.error(key, f"must be a non-negative integer, not {value!r}")
         return value
 
+    def number(self, key: str, default: float) -> float:
+        value = self.raw.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(key, f"must be a number, not {value!r}")
+        return float(value)
+
 
 def read_config(found: Found) -> dict[str, Any]:
     """The :class:`~calibrate.configs.ModelConfig` fields of one Hugging Face config.json (the caller
@@ -232,55 +240,67 @@ def _shape_of(family: str, k: _Keys) -> dict[str, Any]:
         "num_heads": heads, "num_kv_heads": k.int("num_key_value_heads", heads),
         "intermediate_size": k.int("intermediate_size"),
         "max_position_embeddings": k.int("max_position_embeddings"),
-        "rope_theta": float(k.get("rope_theta", 10000.0)),
+        "rope_theta": k.number("rope_theta", 10000.0),
         "tie_word_embeddings": bool(k.get("tie_word_embeddings", False)),
-        "norm_eps": float(k.get("rms_norm_eps", 1e-6)),
+        "norm_eps": k.number("rms_norm_eps", 1e-6),
         "head_dim": k.int("head_dim", 0),
         "dtype": str(k.get("torch_dtype") or k.get("dtype") or ""),
     }
     quant = k.get("quantization_config")
     if isinstance(quant, dict):  # the checkpoint's weights as stored (compose prices --dtype's)
         out["dtype"] = str(quant.get("quant_method") or "quantized")
-    window = k.get("sliding_window")
-    kinds = k.get("layer_types")
-    if window and isinstance(kinds, list):  # newer configs list each layer's attention
-        windowed = sum(1 for kind in kinds if kind == "sliding_attention")
-        if windowed:
-            out["sliding_window"], out["window_layers"] = k.int("sliding_window"), windowed
-    elif family in ("llama", "mixtral") and window:  # Mistral-7B-v0.1: every layer attends to the last sliding_window tokens
-        out["sliding_window"], out["window_layers"] = k.int("sliding_window"), layers
-    elif family.startswith("qwen") and k.get("use_sliding_window") and window:  # layers from max_window_layers on
-        windowed = max(0, layers - k.int("max_window_layers", layers))
-        if windowed:
-            out["sliding_window"], out["window_layers"] = k.int("sliding_window"), windowed
+    out.update(_windows(family, k, layers))
     if family in ("qwen2", "qwen2_moe"):
         out["attention_bias"] = True  # Qwen2's q, k and v projections carry biases
     if family in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
+    out.update(_experts(family, k, layers, out["intermediate_size"]))
+    if family == "llama4":
+        out["qk_norm"] = bool(k.get("use_qk_norm"))
+    return out
+
+
+def _windows(family: str, k: _Keys, layers: int) -> dict[str, int]:
+    """sliding_window and window_layers: the layers that attend to recent tokens only (none: {})."""
+    window = k.get("sliding_window")
+    kinds = k.get("layer_types")
+    windowed = 0
+    if window and isinstance(kinds, list):  # newer configs list each layer's attention
+        windowed = sum(1 for kind in kinds if kind == "sliding_attention")
+    elif family in ("llama", "mixtral") and window:  # Mistral-7B-v0.1: every layer attends to the last window
+        windowed = layers
+    elif family.startswith("qwen") and k.get("use_sliding_window") and window:  # from max_window_layers on
+        windowed = max(0, layers - k.int("max_window_layers", layers))
+    if windowed:
+        return {"sliding_window": k.int("sliding_window"), "window_layers": windowed}
+    chunk = k.int("attention_chunk_size", 0) if family == "llama4" else 0
+    if chunk:  # Llama 4: rotary layers attend within chunks of attention_chunk_size, the no-rope layers globally
+        rope = k.get("no_rope_layers") or [int((i + 1) % LLAMA4_NOPE_INTERVAL != 0) for i in range(layers)]
+        return {"sliding_window": chunk, "window_layers": sum(1 for flag in rope if flag)}
+    return {}
+
+
+def _experts(family: str, k: _Keys, layers: int, intermediate: int) -> dict[str, int]:
+    """The mixture of experts' fields: experts, top-k, each expert's size, a shared expert, dense layers."""
     if family == "mixtral":
-        out["num_experts"], out["experts_per_token"] = k.int("num_local_experts"), k.int("num_experts_per_tok")
+        return {"num_experts": k.int("num_local_experts"), "experts_per_token": k.int("num_experts_per_tok")}
     if family in ("qwen2_moe", "qwen3_moe"):
-        experts = k.int("num_experts")
         step, dense_only = k.int("decoder_sparse_step", 1), k.get("mlp_only_layers", [])
         if not isinstance(dense_only, list):
             raise k.error("mlp_only_layers", "must be a list of layer indices")
         sparse = sum(1 for i in range(layers) if i not in dense_only and step and (i + 1) % step == 0)
-        out.update(num_experts=experts, experts_per_token=k.int("num_experts_per_tok"),
-                   intermediate_size=k.int("moe_intermediate_size"))
-        if sparse < layers:
-            out["dense_layers"], out["dense_intermediate_size"] = layers - sparse, k.int("intermediate_size")
+        out = {"num_experts": k.int("num_experts"), "experts_per_token": k.int("num_experts_per_tok"),
+               "intermediate_size": k.int("moe_intermediate_size")}
         if family == "qwen2_moe":
             out["shared_expert_intermediate_size"] = k.int("shared_expert_intermediate_size", 0)
-    if family == "llama4":
-        experts = k.int("num_local_experts")
+    elif family == "llama4":  # a shared expert as wide as each routed one; dense layers between expert ones
         step = k.int("interleave_moe_layer_step", 1)
-        moe_layers = k.get("moe_layers") or (list(range(step - 1, layers, step)) if step else [])
-        out.update(num_experts=experts, experts_per_token=k.int("num_experts_per_tok"),
-                   shared_expert_intermediate_size=out["intermediate_size"], qk_norm=bool(k.get("use_qk_norm")))
-        if len(moe_layers) < layers:
-            out["dense_layers"], out["dense_intermediate_size"] = layers - len(moe_layers), k.int("intermediate_size_mlp")
-        chunk = k.int("attention_chunk_size", 0)
-        if chunk:  # rotary layers attend within chunks of attention_chunk_size; the no-rope layers globally
-            rope = k.get("no_rope_layers") or [int((i + 1) % LLAMA4_NOPE_INTERVAL != 0) for i in range(layers)]
-            out["sliding_window"], out["window_layers"] = chunk, sum(1 for flag in rope if flag)
+        sparse = len(k.get("moe_layers") or (range(step - 1, layers, step) if step else ()))
+        out = {"num_experts": k.int("num_local_experts"), "experts_per_token": k.int("num_experts_per_tok"),
+               "shared_expert_intermediate_size": intermediate}
+    else:
+        return {}
+    if sparse < layers:
+        dense_key = "intermediate_size_mlp" if family == "llama4" else "intermediate_size"
+        out.update(dense_layers=layers - sparse, dense_intermediate_size=k.int(dense_key))
     return out
