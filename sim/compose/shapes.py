@@ -1,8 +1,8 @@
 """A model's forward pass as a list of kernels, on each GPU of its tensor-parallel group.
 
-The command turns a published config (``calibrate/models/*.json``) into a
-:class:`ModelShape`; this module never reads configs itself, so the core does not
-depend on ``calibrate``. Shapes follow vLLM's model code: fused QKV projection, fused
+The command turns a published config (a built-in ``calibrate/models/*.json`` or a Hugging Face
+``config.json``, both read by ``calibrate.configs.get_config``) into a :class:`ModelShape`; this
+module never reads configs itself, so the core does not depend on ``calibrate``. Shapes follow vLLM's model code: fused QKV projection, fused
 gate/up projection for Llama (``MergedColumnParallelLinear``), OPT's fc1/fc2 with ReLU
 and learned positions, and a mixture of experts (``FusedMoE``) in place of the MLP where
 the model has experts.
