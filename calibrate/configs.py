@@ -143,6 +143,16 @@ def get_config(name: str, field: str = "model") -> ModelConfig:
         raise hf_config.placed(exc, found) from None
 
 
+def recorded_config(record: dict[str, Any], field: str = "model") -> ModelConfig:
+    """The config a profile's sidecar recorded for one model (``models.<role>``): what was measured, so
+    a model read from a config.json is rebuilt without the file; a record without one names the model."""
+    config = record.get("config")
+    if isinstance(config, dict) and config.get("name") == record.get("name") and set(config) <= {
+            f.name for f in fields(ModelConfig)}:
+        return ModelConfig(**config)
+    return get_config(str(record.get("name")), field)
+
+
 def check_buildable(cfg: ModelConfig, field: str = "model") -> None:
     """``calibrate`` builds dense OPT and Llama models in torch; anything else is composed, said in one line."""
     why = ("a mixture of experts" if cfg.is_moe else "per-head q/k norms" if cfg.qk_norm else

@@ -389,3 +389,29 @@ def test_list_models_names_the_shipped_configs_it_can_price(capsys):
     listed = capsys.readouterr().out.splitlines()[-1]
     assert "meta-llama/Llama-4-Scout-17B-16E-Instruct" in listed and "mistralai/Mixtral-8x22B-v0.1" in listed
     assert "deepseek-ai/DeepSeek-V3" not in listed and "openai/gpt-oss-20b" not in listed
+
+
+def test_a_model_calibrated_from_its_config_json_is_replayed_from_the_profiles_record(tmp_path, hf_cache, capsys):
+    """calibrate --target FOLDER times a Llama read from its config.json; the real replay rebuilds it from
+    what the sidecar recorded, so it runs after the file is gone."""
+    pytest.importorskip("torch")
+    import shutil
+
+    from calibrate.cli import main as calibrate_main
+    from tests.test_replay import TINY_GRID
+
+    folder = tmp_path / "my-tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "max_position_embeddings": 2048, "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "vocab_size": 512}))
+    out = tmp_path / "profile"
+    assert calibrate_main(["--target", str(folder), "--draft", "tiny-llama", "--out", str(out), *TINY_GRID]) == 0
+    meta = json.loads((out / "profile.json").read_text())
+    assert meta["models"]["target"]["name"] == "my-tiny-llama" and meta["name"].endswith("-my-tiny-llama-tiny-llama")
+    shutil.rmtree(folder)
+    run = tmp_path / "real"
+    assert cli_main(["replay", "--profile", str(out), "--num-requests", "3", "--rate", "50", "--prompt-tokens", "8",
+                     "--output-tokens", "4", "--out", str(run)]) == 0, capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text())["metrics"]["completed"] == 3
