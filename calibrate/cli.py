@@ -56,9 +56,12 @@ def add_grid_axes(group) -> None:
 def build_parser(prog: str = "python -m calibrate") -> argparse.ArgumentParser:
     p = _Parser(prog=prog, description="Time draft/target forward passes and the verification kernel on this "
                 "machine and write a specbatch profile (CSV + JSON).")
-    p.add_argument("--target", default="tinyllama-1.1b", help="target model name (default: %(default)s)")
-    p.add_argument("--draft", default="llama-68m", help="draft model name (default: %(default)s)")
-    p.add_argument("--list-models", action="store_true", help="print the known model names and shapes, then exit")
+    p.add_argument("--target", default="tinyllama-1.1b",
+                   help="target model: a built-in name, a Hugging Face config.json (or its folder) or a Hugging "
+                        "Face id in the local cache (default: %(default)s)")
+    p.add_argument("--draft", default="llama-68m", help="draft model, as --target (default: %(default)s)")
+    p.add_argument("--list-models", action="store_true",
+                   help="print the built-in model names and shapes (and the Hugging Face ids with a shipped config), then exit")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available, else cpu")
     p.add_argument("--out", type=Path, help="output directory for the profile (required)")
     p.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_BYTES),
@@ -99,6 +102,11 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m calibrate") ->
     if args.list_models:
         for name in known_models():
             print(describe(get_config(name)))
+        from calibrate.hf_config import shipped_ids
+
+        ids = shipped_ids()
+        print("\nAny Hugging Face config.json (a path, its folder, or an id in the local Hugging Face cache) is "
+              "read too" + (f"; aiconfigurator-core ships the configs of: {', '.join(ids)}" if ids else ""))
         return 0
     try:
         settings = _settings(args)
@@ -137,7 +145,7 @@ def _settings(args: argparse.Namespace) -> Any:
                         k_max=args.k_max, contexts=args.contexts, prompts=args.prompts,
                         max_prefill_tokens=args.max_prefill_tokens, warmup=args.warmup, repeats=args.repeats,
                         budget_s=args.budget_s)
-    return Settings(target=target.name, draft=draft.name, device=device, dtype=resolve_dtype(args.dtype, device),
+    return Settings(target=args.target, draft=args.draft, device=device, dtype=resolve_dtype(args.dtype, device),
                     grid=grid, seed=args.seed, threads=args.threads, memory_fraction=args.memory_fraction,
                     cuda_graphs=not args.no_cuda_graphs, measure_overhead=not args.no_overhead,
                     drafters=tuple(args.drafters or ()))

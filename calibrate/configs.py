@@ -1,7 +1,9 @@
 """Published model shapes, so calibration can build a model without downloading a checkpoint.
 
 Timing depends on tensor shapes, not on weight values, so a config is all we need.
-Each shape lives in ``calibrate/models/<name>.json``. This module imports no torch, so
+The built-in shapes live in ``calibrate/models/<name>.json``; any other model is read from its
+Hugging Face ``config.json`` (:mod:`calibrate.hf_config`). :func:`get_config` is the one resolver
+every command's ``--target`` / ``--draft`` goes through. This module imports no torch, so
 ``specbatch calibrate --list-models`` and input checking work without it.
 
 One registry serves both profile sources: ``calibrate`` builds the dense shapes in torch;
@@ -47,6 +49,14 @@ class ModelConfig:
     qk_norm: bool = False  # an RMSNorm on each query and key head before rotary (Qwen3)
     source: str = ""
     notes: str = ""
+    # Read from Hugging Face configs (calibrate.hf_config); recorded in a sidecar only where set (NEWER_FIELDS)
+    attention_bias: bool = False  # biases on the q, k and v projections (Qwen2 / Qwen2.5)
+    shared_expert_intermediate_size: int = 0  # an always-on expert beside the routed ones (Llama 4, Qwen2-MoE)
+    dense_layers: int = 0  # layers of a mixture of experts whose MLP is dense (Llama-4 Maverick: every other one)
+    dense_intermediate_size: int = 0  # those layers' MLP
+    sliding_window: int = 0  # tokens a windowed layer attends to (Mistral's window, Llama 4's attention chunk)
+    window_layers: int = 0  # how many layers are windowed; the others attend to the whole context
+    dtype: str = ""  # the checkpoint's dtype (torch_dtype, or the quantization method), as published
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -62,13 +72,33 @@ class ModelConfig:
         if bool(self.num_experts) != bool(self.experts_per_token) or self.experts_per_token > self.num_experts:
             raise InputError("a mixture of experts needs num_experts and experts_per_token, at most num_experts",
                              field="experts_per_token", source=self.name)
+        if (self.shared_expert_intermediate_size or self.dense_layers) and not self.is_moe:
+            raise InputError("shared experts and dense layers belong to a mixture of experts (num_experts)",
+                             field="num_experts", source=self.name)
+        if bool(self.dense_layers) != bool(self.dense_intermediate_size) or self.dense_layers >= self.num_layers:
+            raise InputError("dense layers need dense_intermediate_size, and fewer of them than layers",
+                             field="dense_layers", source=self.name)
+        if bool(self.sliding_window) != bool(self.window_layers) or self.window_layers > self.num_layers:
+            raise InputError("a sliding window needs window_layers, at most num_layers", field="window_layers",
+                             source=self.name)
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, those added for Hugging Face configs only where set: a built-in model's sidecar
+        record stays what shipped profiles hold."""
+        return {k: v for k, v in asdict(self).items() if k not in NEWER_FIELDS or v != NEWER_FIELDS[k]}
+
+
+NEWER_FIELDS = {f.name: f.default for f in fields(ModelConfig) if f.name in (
+    "attention_bias", "shared_expert_intermediate_size", "dense_layers", "dense_intermediate_size",
+    "sliding_window", "window_layers", "dtype")}
 
 
 @lru_cache(maxsize=1)
@@ -87,22 +117,47 @@ def _all_configs() -> dict[str, ModelConfig]:
 
 
 def known_models() -> list[str]:
-    """Names accepted by :func:`get_config`."""
+    """The built-in names accepted by :func:`get_config` (besides Hugging Face configs)."""
     return list(_all_configs())
 
 
 def get_config(name: str, field: str = "model") -> ModelConfig:
-    """The config called ``name``; an unknown name is an :class:`InputError` naming ``field``."""
+    """The one model resolver: a built-in name, a path to a Hugging Face ``config.json`` or a folder
+    holding one, or a Hugging Face id whose config is in the local cache or ships with
+    aiconfigurator-core (:mod:`calibrate.hf_config`). Anything else is an :class:`InputError`
+    naming ``field``; a config that cannot be priced names its key, file and line."""
+    from calibrate import hf_config
+
     configs = _all_configs()
-    if name not in configs:
-        raise InputError(f"unknown model '{name}' (known: {', '.join(configs)})", field=field)
-    return configs[name]
+    if name in configs:
+        return configs[name]
+    found = hf_config.locate(name)
+    if found is None:
+        raise InputError(f"unknown model '{name}': not a built-in name ({', '.join(configs)}), a config.json "
+                         "or a folder holding one, nor a Hugging Face id in the local cache "
+                         f"({hf_config.hub_cache()}) or among aiconfigurator-core's configs", field=field)
+    fields_read = hf_config.read_config(found)
+    try:
+        return ModelConfig(**fields_read)
+    except InputError as exc:
+        raise hf_config.placed(exc, found) from None
+
+
+def recorded_config(record: dict[str, Any], field: str = "model") -> ModelConfig:
+    """The config a profile's sidecar recorded for one model (``models.<role>``): what was measured, so
+    a model read from a config.json is rebuilt without the file; a record without one names the model."""
+    config = record.get("config")
+    if isinstance(config, dict) and config.get("name") == record.get("name") and set(config) <= {
+            f.name for f in fields(ModelConfig)}:
+        return ModelConfig(**config)
+    return get_config(str(record.get("name")), field)
 
 
 def check_buildable(cfg: ModelConfig, field: str = "model") -> None:
     """``calibrate`` builds dense OPT and Llama models in torch; anything else is composed, said in one line."""
     why = ("a mixture of experts" if cfg.is_moe else "per-head q/k norms" if cfg.qk_norm else
-           "a head size other than hidden / heads" if cfg.head_dim * cfg.num_heads != cfg.hidden_size else None)
+           "a head size other than hidden / heads" if cfg.head_dim * cfg.num_heads != cfg.hidden_size else
+           "q/k/v biases" if cfg.attention_bias else "a sliding attention window" if cfg.sliding_window else None)
     if why:
         raise InputError(f"{cfg.name} has {why}, which calibrate does not build; compose its profile from "
                          "kernel tables instead (specbatch compose, docs/gpu-profiles.md)", field=field)
@@ -114,7 +169,7 @@ def param_count(cfg: ModelConfig) -> int:
     h, f, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
     kv = cfg.num_kv_heads * cfg.head_dim
     q = cfg.num_heads * cfg.head_dim
-    attn = h * (q + 2 * kv) + q * h + (2 * cfg.head_dim if cfg.qk_norm else 0)
+    attn = h * (q + 2 * kv) + q * h + (2 * cfg.head_dim if cfg.qk_norm else 0) + (q + 2 * kv if cfg.attention_bias else 0)
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
     if cfg.arch == "opt":
@@ -123,14 +178,17 @@ def param_count(cfg: ModelConfig) -> int:
         norms = 2 * 2 * h
         positions = (cfg.max_position_embeddings + OPT_POSITION_OFFSET) * h
         return embed + positions + head + layers * (attn + mlp + norms) + 2 * h
-    mlp = (cfg.num_experts * 3 * h * f + h * cfg.num_experts) if cfg.is_moe else 3 * h * f
+    mlp = 3 * h * f
+    if cfg.is_moe:  # routed experts, their router and any shared expert; the dense layers' MLPs apart
+        mlp = cfg.num_experts * 3 * h * f + h * cfg.num_experts + 3 * h * cfg.shared_expert_intermediate_size
     norms = 2 * h
-    return embed + head + layers * (attn + mlp + norms) + h
+    dense = cfg.dense_layers * (3 * h * cfg.dense_intermediate_size - mlp)
+    return embed + head + layers * (attn + mlp + norms) + dense + h
 
 
 def active_param_count(cfg: ModelConfig) -> int:
     """Parameters one token runs through: a mixture of experts counts its routed experts only."""
-    unused = cfg.num_layers * (cfg.num_experts - cfg.experts_per_token) * 3 * cfg.hidden_size * cfg.intermediate_size
+    unused = cfg.moe_layers * (cfg.num_experts - cfg.experts_per_token) * 3 * cfg.hidden_size * cfg.intermediate_size
     return param_count(cfg) - unused
 
 

@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibrate.configs import check_buildable, get_config
+from calibrate.configs import check_buildable, recorded_config
 from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.graphs import PassGraphs
 from calibrate.verify import VerifyResult, sample, verify_logits
@@ -595,9 +595,8 @@ def replay_config(config: RunConfig, *, acceptance: str = "synthetic",
     if device == "cuda" and not torch.cuda.is_available():
         raise config.error("profile", "was calibrated on CUDA, and no CUDA device is available here")
     models = meta.get("models", {})
-    names = {role: models[role].get("name") for role in ("target", "draft") if role in models}  # a target-only
-    try:                                                                                         # profile: no draft
-        cfgs = {role: get_config(name, role) for role, name in names.items()}
+    try:  # a target-only profile: no draft
+        cfgs = {role: recorded_config(models[role], role) for role in ("target", "draft") if role in models}
         for role, cfg in cfgs.items():
             check_buildable(cfg, role)
     except InputError as exc:

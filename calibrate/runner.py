@@ -37,7 +37,7 @@ from sim.profile import COLUMNS, INT_COLUMNS, KEY_COLUMNS, LATENCY_COLUMNS, writ
 class Settings:
     """Everything that determines what a calibration measures."""
 
-    target: str
+    target: str  # as given to --target: a built-in name, a config.json path or a Hugging Face id (get_config)
     draft: str
     device: str  # "cpu" | "cuda"
     dtype: str  # resolved: float32 | float16 | bfloat16
@@ -218,7 +218,7 @@ def build_meta(settings: Settings, cfgs: dict[str, ModelConfig], device: dict[st
     fallbacks = ok[ok.note.str.startswith("CUDA graph capture failed")]
     skipped = table[table.status != "ok"]
     return {
-        "name": f"{settings.device}-{settings.target}-{settings.draft}",
+        "name": f"{settings.device}-{cfgs['target'].name}-{cfgs['draft'].name}".replace("/", "--"),
         "device": device,
         "dtype": settings.dtype,
         "versions": versions(),

@@ -444,7 +444,9 @@ def compare(result: str | os.PathLike[str], config: str | os.PathLike[str] | Non
 def compose(gpu: str, target: str, out: str | os.PathLike[str], *, draft: str | None = None, tp: int = 1,
             draft_tp: int | None = None, **options: Any):
     """``specbatch compose`` from Python: write a composed profile at ``out`` and return it loaded
-    (:class:`sim.profile.Profile`). ``draft=None`` composes a target-only profile; ``tp`` is the
+    (:class:`sim.profile.Profile`). ``target`` and ``draft`` are what ``--target`` takes: a built-in
+    name, a Hugging Face ``config.json`` or its folder, or a Hugging Face id (in the local cache or
+    shipped with aiconfigurator-core). ``draft=None`` composes a target-only profile; ``tp`` is the
     GPUs per replica, ``draft_tp`` the draft's (its group or 1). Other keywords are the command's
     flags with underscores (``dtype="fp8"``, ``moe_routing=...``, ``batch_sizes=[1, 8, 64]``,
     ``k_max=4``...); a bad one raises the command's one-line :class:`InputError`. Needs the

@@ -1,6 +1,7 @@
 """``specbatch compose``: a profile for a GPU you do not have, from published kernel microbenchmarks.
 
-It resolves the model names to published shapes (``calibrate.configs``), builds the same
+It resolves the models to published shapes (``calibrate.configs.get_config``: a built-in name,
+a Hugging Face ``config.json`` or its folder, or a Hugging Face id), builds the same
 grid ``calibrate --device cuda`` would measure (same grid flags), and hands plain shapes
 and points to :mod:`sim.compose`. Everything is checked before any work; the profile is
 written atomically. Imported when the parser is built: top-level imports stay light.
@@ -19,9 +20,11 @@ DEFAULT_MAX_LEN = 32768  # longest context composed by default (the models may a
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True, help="GPU of the kernel data, e.g. h100_sxm, h200_sxm, l40s, a100_sxm")
-    p.add_argument("--target", required=True, help="target model name (calibrate --list-models)")
+    p.add_argument("--target", required=True,
+                   help="target model: a built-in name (calibrate --list-models), a Hugging Face config.json or "
+                        "its folder, or a Hugging Face id in the local cache or shipped with aiconfigurator-core")
     p.add_argument("--draft", default=None,
-                   help="draft model name (none: a target-only profile, on which only --policy none runs)")
+                   help="draft model, as --target (none: a target-only profile, on which only --policy none runs)")
     p.add_argument("--out", required=True, help="output profile folder (replaced atomically)")
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="GPUs per replica: the target's tensor-parallel size, 1, 2, 4 or 8 (default: %(default)s)")

@@ -286,6 +286,7 @@ def assumptions(request: Request, tables: KernelTables) -> list[str]:
         "but the steps between them and points that fit are interpolated between the two)",
         *parallel_assumptions(request),
         *experts_assumptions(request, tables),
+        *(line for shape in request.shapes().values() for line in shape.assumptions()),
         f"engine overhead: {request.engine_overhead_source}",
         *head_assumptions(request),
         *(f"not modelled: {what}" for what in NOT_MODELLED),
@@ -328,8 +329,10 @@ def draft_placement(request: Request) -> str:
 
 def experts_assumptions(request: Request, tables: KernelTables) -> list[str]:
     moe = [(role, shape) for role, shape in request.shapes().items() if shape.is_moe]
-    return [f"{role} {shape.name}: a mixture of {shape.num_experts} experts, top {shape.experts_per_token}, in every "
-            f"layer, priced from the MoE table's fused-experts kernel ({tables.kernels[f'experts_{role}']}) at the "
+    return [f"{role} {shape.name}: a mixture of {shape.num_experts} experts, top {shape.experts_per_token}, in "
+            + (f"{shape.num_layers - shape.dense_layers} of {shape.num_layers} layers (the others a dense MLP of "
+               f"intermediate size {shape.dense_intermediate_size})" if shape.dense_layers else "every layer")
+            + f", priced from the MoE table's fused-experts kernel ({tables.kernels[f'experts_{role}']}) at the "
             f"step's tokens and this tensor-parallel size; routing assumed '{request.moe_routing}' (the table's "
             "token distribution over the experts: balanced = every expert the same share; a real router is less "
             "even); the router's GEMM (hidden -> experts) from the GEMM table and its top-k as a small op"

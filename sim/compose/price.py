@@ -42,6 +42,14 @@ Equivalences (each stated in the sidecar and tested in tests/test_compose.py):
   head count the table has there, by the same flatness in head count.
 * Wide GEMMs. A GEMM wider than the table's largest n (the LM head of a 128k vocabulary)
   is priced as n_parts GEMMs of n / n_parts columns (same FLOPs, same weight bytes).
+* Windowed layers (Mistral's sliding window, Llama 4's attention chunks: a window of the chunk
+  size, an upper bound, as a chunk's tokens see 1 to chunk keys). A decode over context c reads
+  min(c, window) keys per sequence: priced as full attention over that context. A prompt of p
+  tokens longer than the window is priced as the causal prefill of the window plus p - window
+  rows attending to window keys each, scaled from it by FLOPs: prefill(window) x (1 + 2 (p - window)
+  / window).
+* Unlike layers (a mixture of experts' dense layers) are priced as groups of like ones
+  (:meth:`~sim.compose.shapes.ModelShape.layer_groups`).
 """
 
 from __future__ import annotations
@@ -147,10 +155,12 @@ class PassPricer:
         parts = max(1, math.ceil(n / n_top))
         return parts * table(m=m, n=max(n / parts, n_low), k=k)
 
-    def layer_gemms(self, tokens) -> np.ndarray:
-        """One layer's GEMMs, and a mixture of experts' fused experts kernel, at ``tokens`` tokens."""
-        gemms = sum(self.gemm(tokens, n, k) for _, n, k in self.model.layer_gemms())
-        return gemms + self.experts(tokens) if self.experts is not None else gemms
+    def layer_gemms(self, tokens, layer: ModelShape | None = None) -> np.ndarray:
+        """One layer's GEMMs, and a mixture of experts' fused experts kernel, at ``tokens`` tokens
+        (``layer``: a group of :meth:`ModelShape.layer_groups`; default the model's)."""
+        layer = layer or self.model
+        gemms = sum(self.gemm(tokens, n, k) for _, n, k in layer.layer_gemms())
+        return gemms + self.experts(tokens) if layer.is_moe else gemms
 
     def pass_gemms(self, tokens) -> np.ndarray | float:
         """GEMMs run once per pass (a head's input fusion); 0 for a plain model."""
@@ -171,9 +181,9 @@ class PassPricer:
         one = self.collectives.all_reduce(tokens, self.model.hidden_size)
         return 2 * one, one
 
-    def small_ops(self, tokens) -> tuple[np.ndarray, np.ndarray]:
+    def small_ops(self, tokens, layer: ModelShape | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Bandwidth-priced ops: (per layer, once per pass) seconds for ``tokens`` tokens."""
-        per_layer, per_pass = self.model.small_op_elements_per_token()
+        per_layer, per_pass = (layer or self.model).small_op_elements_per_token()
         kv_write = 2 * self.model.kv_heads * self.model.head_dim * KV_BYTES
         tokens = np.asarray(tokens, dtype=float)
         return tokens * (per_layer * ACT_BYTES + kv_write) / self.bw, tokens * per_pass * ACT_BYTES / self.bw
@@ -223,31 +233,45 @@ class PassPricer:
         b = np.asarray(b, dtype=float)
         return table(batch_size=b * scale, isl=p, num_heads=h0 * self.model.group)
 
+    def windowed_context_attention(self, b, p, window: int) -> np.ndarray:
+        """Prefill attention of one layer attending to the last ``window`` tokens (0: all; module docstring)."""
+        if not window:
+            return self.context_attention(b, p)
+        p = np.asarray(p, dtype=float)
+        return self.context_attention(b, np.minimum(p, window)) * (1 + 2 * np.maximum(p - window, 0) / window)
+
+    def layers_attention(self, per_layer) -> np.ndarray:
+        """Attention summed over the layers: ``per_layer(window)`` prices one layer of each kind."""
+        return sum(layers * per_layer(window) for layers, window in self.model.attention_groups())
+
     # -- passes ---------------------------------------------------------------
     def _parts(self, tokens, attention, logits) -> dict[str, np.ndarray]:
-        """A pass's time by kind; GEMMs include the experts; communication only when split over GPUs."""
-        layer_small, pass_small = self.small_ops(tokens)
-        layers = self.model.num_layers
-        gemm = layers * self.layer_gemms(tokens)
+        """A pass's time by kind (``attention``: all layers'); GEMMs include the experts; communication
+        only when split over GPUs."""
+        _, pass_small = self.small_ops(tokens)
+        groups = self.model.layer_groups()
+        gemm = sum(group.num_layers * self.layer_gemms(tokens, group) for group in groups)
         if self.model.pass_gemms:
             gemm = gemm + self.pass_gemms(tokens)
-        parts = {"gemm": gemm, "attention": layers * attention,
-                 "small_ops": layers * layer_small + pass_small, "lm_head": self.lm_head(logits)}
+        small = sum(group.num_layers * self.small_ops(tokens, group)[0] for group in groups)
+        parts = {"gemm": gemm, "attention": attention,
+                 "small_ops": small + pass_small, "lm_head": self.lm_head(logits)}
         if self.collectives is not None:
             layer_comm, pass_comm = self.communication(tokens)
-            parts["communication"] = layers * layer_comm + pass_comm
+            parts["communication"] = self.model.num_layers * layer_comm + pass_comm
         return parts
 
     def prefill_parts(self, b, p) -> dict[str, np.ndarray]:
         b, p = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(p, dtype=float))
-        return self._parts(b * p, self.context_attention(b, p), b)
+        return self._parts(b * p, self.layers_attention(lambda w: self.windowed_context_attention(b, p, w)), b)
 
     def decode_parts(self, b, q, c, logits_per_sequence=None) -> dict[str, np.ndarray]:
         """``logits_per_sequence``: None = all q tokens (a verification pass), else that many."""
         b, q, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (b, q, c)))
         tokens = b * q
         logits = tokens if logits_per_sequence is None else b * logits_per_sequence
-        return self._parts(tokens, self.decode_attention(b, q, c), logits)
+        attention = self.layers_attention(lambda w: self.decode_attention(b, q, np.minimum(c, w) if w else c))
+        return self._parts(tokens, attention, logits)
 
     def prefill(self, b, p) -> np.ndarray:
         return sum(self.prefill_parts(b, p).values())
@@ -265,12 +289,16 @@ class PassPricer:
         logits for the decodes' tokens and one per chunk.
         """
         tokens = b * q + sum(new for _, new in chunks)
-        attention = float(self.decode_attention(b, q, c)) if b else 0.0
-        for cached, new in chunks:
-            attention += float(self.context_attention(1, cached + new))
-            if cached:
-                attention -= float(self.context_attention(1, cached))
-        return float(sum(self._parts(float(tokens), attention, b * q + len(chunks)).values()))
+
+        def one_layer(window: int) -> float:
+            attention = float(self.decode_attention(b, q, min(c, window) if window else c)) if b else 0.0
+            for cached, new in chunks:
+                attention += float(self.windowed_context_attention(1, cached + new, window))
+                if cached:
+                    attention -= float(self.windowed_context_attention(1, cached, window))
+            return attention
+
+        return float(sum(self._parts(float(tokens), self.layers_attention(one_layer), b * q + len(chunks)).values()))
 
     def verify(self, b, k) -> np.ndarray:
         """Rejection sampling over the vocabulary: memory-bound, priced from bandwidth.

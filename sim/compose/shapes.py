@@ -1,8 +1,8 @@
 """A model's forward pass as a list of kernels, on each GPU of its tensor-parallel group.
 
-The command turns a published config (``calibrate/models/*.json``) into a
-:class:`ModelShape`; this module never reads configs itself, so the core does not
-depend on ``calibrate``. Shapes follow vLLM's model code: fused QKV projection, fused
+The command turns a published config (a built-in ``calibrate/models/*.json`` or a Hugging Face
+``config.json``, both read by ``calibrate.configs.get_config``) into a :class:`ModelShape`; this
+module never reads configs itself, so the core does not depend on ``calibrate``. Shapes follow vLLM's model code: fused QKV projection, fused
 gate/up projection for Llama (``MergedColumnParallelLinear``), OPT's fc1/fc2 with ReLU
 and learned positions, and a mixture of experts (``FusedMoE``) in place of the MLP where
 the model has experts.
@@ -16,6 +16,12 @@ twice a layer), experts are split along their intermediate size (vLLM's default 
 expert parallelism), and the embedding and LM head are vocabulary-parallel (the embedding
 all-reduced, the logits all-gathered). Everything here is per GPU unless it says
 otherwise; ``tp = 1`` is the whole model.
+
+Not every layer need be alike: a mixture of experts may keep a dense MLP in some layers (Llama-4
+Maverick's every other layer, Qwen-MoE's ``mlp_only_layers``) and add a shared expert beside the
+routed ones (Llama 4, Qwen2-MoE), priced as :meth:`ModelShape.layer_groups`, each group a shape
+of like layers; and some layers may attend to a window of recent tokens only (Mistral's
+``sliding_window``, Llama 4's attention chunks), priced as :meth:`ModelShape.attention_groups`.
 
 A *head* drafter (EAGLE, MTP: a decoder layer or a few at the target's width fed the
 target's hidden states) is a shape too: :meth:`ModelShape.head_of` builds one from the
@@ -51,6 +57,11 @@ class ModelShape:
     owns_vocab: bool = True  # False: a head using the target's LM head and embedding (no weights of its own)
     tp: int = 1  # GPUs the layers are split over (tensor parallelism)
     pass_gemms: tuple[tuple[str, int, int], ...] = ()  # (name, n, k) run once per pass (a head's input fusion)
+    shared_expert_intermediate_size: int = 0  # an always-on expert beside the routed ones (a dense MLP)
+    dense_layers: int = 0  # layers of a mixture of experts whose MLP is dense, of dense_intermediate_size
+    dense_intermediate_size: int = 0
+    sliding_window: int = 0  # tokens each of window_layers layers attends to (0: every layer sees the whole context)
+    window_layers: int = 0
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -69,8 +80,9 @@ class ModelShape:
             return f"{self.num_heads} attention heads do not split over {tp} GPUs"
         if self.num_kv_heads % tp and tp % self.num_kv_heads:
             return f"{self.num_kv_heads} KV heads neither split over nor replicate evenly onto {tp} GPUs"
-        if self.intermediate_size % tp:
-            return f"an intermediate size of {self.intermediate_size} does not split over {tp} GPUs"
+        for size in (self.intermediate_size, self.shared_expert_intermediate_size, self.dense_intermediate_size):
+            if size % tp:
+                return f"an intermediate size of {size} does not split over {tp} GPUs"
         return None
 
     @property
@@ -102,6 +114,40 @@ class ModelShape:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    # -- unlike layers --------------------------------------------------------------------
+    def layer_groups(self) -> tuple["ModelShape", ...]:
+        """The layers as groups of like ones, each a shape whose ``num_layers`` is the group's size:
+        the model itself when every layer is alike, else its expert layers and its dense ones."""
+        if not self.dense_layers:
+            return (self,)
+        experts = replace(self, num_layers=self.num_layers - self.dense_layers, dense_layers=0,
+                          dense_intermediate_size=0)
+        dense = replace(experts, num_layers=self.dense_layers, intermediate_size=self.dense_intermediate_size,
+                        num_experts=0, experts_per_token=0, shared_expert_intermediate_size=0)
+        return experts, dense
+
+    def assumptions(self) -> list[str]:
+        """The sidecar's lines for what this shape has beyond like layers of full attention (none for most)."""
+        lines = []
+        if self.sliding_window:
+            lines.append(
+                f"{self.name}: {self.window_layers} of {self.num_layers} layers attend to at most "
+                f"{self.sliding_window} tokens (a sliding window, or Llama 4's attention chunks priced as a window "
+                "of the chunk size: an upper bound, as a chunk's tokens see 1 to that many keys): a decode reads "
+                "min(context, window) keys; a longer prompt costs the window's causal prefill x (1 + 2 (prompt - "
+                "window) / window), by FLOPs; the KV cache is counted for the whole context (vLLM frees blocks "
+                "that leave the window: the KV capacity is a lower bound)")
+        if self.shared_expert_intermediate_size:
+            lines.append(f"{self.name}: a shared expert (intermediate size {self.shared_expert_intermediate_size}) "
+                         "runs on every token beside the routed ones, priced as a dense MLP's GEMMs (split over "
+                         "the GPUs like one)")
+        return lines
+
+    def attention_groups(self) -> tuple[tuple[int, int], ...]:
+        """(layers, window) per kind of attention: window 0 attends to the whole context."""
+        groups = ((self.num_layers - self.window_layers, 0), (self.window_layers, self.sliding_window))
+        return tuple(g for g in groups if g[0])
+
     # -- kernels --------------------------------------------------------------------------
     def layer_gemms(self) -> list[tuple[str, int, int]]:
         """(name, n, k) of each per-layer GEMM on one GPU: y[m, n] = x[m, k] @ W[k, n].
@@ -113,16 +159,20 @@ class ModelShape:
         if self.arch == "opt":
             return [("qkv", qkv, h), ("out", h, self.heads * hd), ("fc1", self.ffn, h), ("fc2", h, self.ffn)]
         mlp = [("router", self.num_experts, h)] if self.is_moe else [("gate_up", 2 * self.ffn, h), ("down", h, self.ffn)]
+        shared = self.shared_expert_intermediate_size // self.tp
+        if shared:  # column- and row-parallel like a dense MLP
+            mlp += [("shared_gate_up", 2 * shared, h), ("shared_down", h, shared)]
         return [("qkv", qkv, h), ("o", h, self.heads * hd), *mlp]
 
     def expert_params(self) -> int:
         """Expert weights on one GPU, all layers (each expert's gate/up and down, split over the GPUs)."""
-        return self.num_layers * self.num_experts * 3 * self.hidden_size * self.ffn
+        return (self.num_layers - self.dense_layers) * self.num_experts * 3 * self.hidden_size * self.ffn
 
     def gemm_params(self) -> int:
         """Linear-layer weights on one GPU, all layers: the GEMMs, the experts and the per-pass GEMMs."""
         per_pass = sum(n * k for _, n, k in self.pass_gemms)
-        return self.num_layers * sum(n * k for _, n, k in self.layer_gemms()) + self.expert_params() + per_pass
+        layers = sum(g.num_layers * sum(n * k for _, n, k in g.layer_gemms()) for g in self.layer_groups())
+        return layers + self.expert_params() + per_pass
 
     def vocab_params(self) -> int:
         """Embedding and LM head on one GPU (vocabulary-parallel; one matrix when tied; none when shared)."""
@@ -145,7 +195,8 @@ class ModelShape:
         Llama: two fused residual-add + RMSNorms over the whole hidden state (read x and residual,
         write both: 4h each), rotary on the GPU's q and k heads (read + write), q/k norms where the
         model has them (Qwen3: read + write q and k), SiLU-and-mul (read 2f, write f; inside the
-        fused kernel for experts, whose router's top-k reads the E logits instead), the KV-cache write.
+        fused kernel for experts, whose router's top-k reads the E logits instead, plus a shared
+        expert's own), the KV-cache write.
         OPT: two LayerNorms (2h each) and two residual adds (3h each), ReLU (2f), KV write.
         Per pass: the embedding gather (2h; OPT adds its learned positions, 2h + 3h) and the
         final norm. Elements are bf16; the KV write is counted at the KV dtype by the caller.
@@ -154,7 +205,7 @@ class ModelShape:
         if self.arch == "opt":
             return 2 * 2 * h + 2 * 3 * h + 2 * f, 2 * h + 5 * h + 2 * h
         qk = 2 * (self.heads + self.kv_heads) * hd
-        mlp = self.num_experts if self.is_moe else 3 * f
+        mlp = self.num_experts + 3 * (self.shared_expert_intermediate_size // self.tp) if self.is_moe else 3 * f
         return 2 * 4 * h + qk * (2 if self.qk_norm else 1) + mlp, 2 * h + 4 * h
 
     # -- construction ---------------------------------------------------------------------
@@ -178,7 +229,8 @@ class ModelShape:
         h = target.hidden_size
         fc = (("fc", h, fused_inputs * h),) if fused_inputs else ()
         head = replace(target, name=name, num_layers=layers, vocab_size=vocab_size or target.vocab_size,
-                       tie_word_embeddings=True, owns_vocab=vocab_size is not None, pass_gemms=fc, params=0, tp=1)
+                       tie_word_embeddings=True, owns_vocab=vocab_size is not None, pass_gemms=fc, params=0, tp=1,
+                       dense_layers=0, dense_intermediate_size=0, sliding_window=0, window_layers=0)
         norms = layers * (2 * h + (2 * head.head_dim if head.qk_norm else 0)) + h
         return replace(head, params=head.gemm_params() + head.vocab_params() + norms, tp=target.tp)
 
