@@ -11,8 +11,9 @@ import argparse
 import tomllib
 from typing import Any
 
-from sim.config import KEYS
+from sim.config import KEY_BY_NAME, KEYS
 from sim.errors import InputError
+from workloads.numbers import NotFinite, read_number
 
 # flag -> (config key, type of its text, help); in the key table's order.
 RUN_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -24,14 +25,18 @@ SEVERAL_WORDS = frozenset({"--goodput"})  # as vllm bench serve takes it: --good
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {key.flag: key.aliases for key in KEYS if key.aliases}
 
 
-def typed(flag: str, kind: type):
+def typed(flag: str, kind: type, infinite: bool = False):
     """An argparse ``type`` converting a flag's text with ``kind`` (int, float, str); a bad text is
-    argparse's one-line usage error, before any work."""
+    argparse's one-line usage error, before any work. A float is read as every number is
+    (:func:`workloads.numbers.read_number`): never NaN, and an infinity only where ``infinite``
+    (a setting that gives it a meaning, such as ``--rate inf``)."""
     def convert(text: str):
         if kind in (int, float) and not text.isascii():  # Python reads other scripts' digits as numbers
             raise argparse.ArgumentTypeError(f"'{text}' is not a valid {kind.__name__} (ASCII digits only)")
         try:
-            return kind(text)
+            return read_number(text, infinite=infinite) if kind is float else kind(text)
+        except NotFinite as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}' is not a valid {kind.__name__}") from None
     convert.__name__ = kind.__name__
@@ -49,8 +54,9 @@ def add_run_flags(parser: argparse.ArgumentParser, flags: list[str] | None = Non
                                 help=(helps or {}).get(flag, text))
             continue
         words = {"nargs": "+"} if flag in SEVERAL_WORDS else {}
-        parser.add_argument(*names, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text),
-                            **words)
+        value = KEY_BY_NAME[key].value
+        convert = typed(flag, kind, infinite=value is not None and value.infinite)
+        parser.add_argument(*names, dest=key, type=convert, default=None, help=(helps or {}).get(flag, text), **words)
 
 
 def run_overrides(args: argparse.Namespace, flags: list[str] | None = None) -> dict[str, tuple]:
