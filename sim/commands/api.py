@@ -157,9 +157,10 @@ def validate(config: str | os.PathLike[str] | None = None, *, overrides: dict[st
 def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict[str, tuple[Any, str]]:
     """Keywords -> load_config overrides, each sourced as its flag (so errors read as the CLI's);
     vllm bench serve's random dataset keywords (``random_input_len``...) become the lengths."""
-    from sim.commands.flags import RUN_FLAGS
+    from sim.commands.flags import RUN_FLAGS, one_name_per_setting
     from sim.commands.vllm_bench import DATASET_KEYWORDS, dataset_overrides
 
+    one_name_per_setting(settings, as_flag=lambda name: f"--{name.replace('_', '-')}")  # rate= and request_rate=
     flags = {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}
     overrides: dict[str, tuple[Any, str]] = {}
     if allowed is None and any(name in settings for name in DATASET_KEYWORDS):
