@@ -1,6 +1,8 @@
 """The Python API, for notebooks and scripts: ``import specbatch`` (the top-level module re-exports this).
 
-``run``, ``sweep`` and ``capacity`` are the commands without the command line: the same
+``run``, ``sweep`` and ``capacity`` are the commands without the command line (and
+``assert_no_regression``/``check_baseline`` are ``specbatch regress``'s, from
+:mod:`sim.commands.regress`): the same
 config resolution (:func:`sim.config.load_config`), the same simulation and the same
 one-line :class:`~sim.errors.InputError` for bad input, raised instead of printed. Keywords
 are named like the ``specbatch run`` flags (``rate``, ``num_requests``, ``max_batch_size``,
@@ -28,11 +30,12 @@ from typing import Any
 
 import pandas as pd
 
+from sim.commands.regress import assert_no_regression, check_baseline
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
 __all__ = ["InputError", "Run", "RunWarning", "CapacityReport", "run", "sweep", "capacity", "compare", "validate",
-           "tune", "compose"]
+           "tune", "compose", "assert_no_regression", "check_baseline"]
 
 
 class RunWarning(UserWarning):
