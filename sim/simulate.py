@@ -232,7 +232,10 @@ def prepare(config: RunConfig) -> PreparedRun:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
-    replica = ReplicaPlan(table, config.engine, budget, policy.max_k, max_blocks, num_keys,
+    # vllm-v1 holds its budget as arrays of blocks: beyond every request at its longest at once (which never
+    # evicts nor preempts) more blocks change nothing, so a budget of 2**40 tokens allocates what the run can use.
+    held = min(budget, int(reserve.sum())) if v1 else budget
+    replica = ReplicaPlan(table, config.engine, held, policy.max_k, max_blocks, num_keys,
                           lookahead=speculation.lookahead(policy.max_k),
                           lag_mode=speculation.lag_mode if policy.max_k else 0)
     prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget, replica, keys,

@@ -50,3 +50,10 @@ def test_a_measured_capacity_still_refuses_a_request_that_cannot_fit(unlimited, 
     small = str(make_profile(tmp_path / "small", kv_capacity_tokens=1100))
     with pytest.raises(specbatch.InputError, match="more than the budget of 1100 tokens .the profile's measured"):
         specbatch.run(profile=small, scheduler="vllm-v1", **LONE)
+
+
+def test_a_budget_beyond_what_the_run_can_use_allocates_only_that(unlimited):
+    """vllm-v1 holds KV as arrays of blocks: 2**40 tokens would be terabytes, and means the same as unlimited."""
+    vast = specbatch.run(profile=unlimited, scheduler="vllm-v1", kv_cache_tokens=2**40, **CROWD)
+    unbounded = specbatch.run(profile=unlimited, scheduler="vllm-v1", **CROWD)
+    assert vast.requests.equals(unbounded.requests) and vast.steps.equals(unbounded.steps)
