@@ -16,6 +16,7 @@ from calibrate.configs import DTYPE_BYTES, check_buildable, describe, get_config
 from calibrate.grid import DRAFTERS, default_grid, drafter_list
 from sim.errors import InputError
 from sim.profile import REQUIRED_PHASES
+from workloads.numbers import NotFinite, read_number
 
 EXIT_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -41,6 +42,16 @@ def int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
     return values
+
+
+def finite(text: str) -> float:
+    """A number flag's text, read as every number is (workloads.numbers: no NaN, no infinity)."""
+    try:
+        return read_number(text)
+    except NotFinite as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a valid float") from None
 
 
 def add_grid_axes(group) -> None:
@@ -75,11 +86,11 @@ def build_parser(prog: str = "python -m calibrate") -> argparse.ArgumentParser:
     g.add_argument("--max-prefill-tokens", type=int, metavar="N", help="skip prefill points with batch*prompt > N")
     g.add_argument("--warmup", type=int, metavar="N", help="untimed passes per point")
     g.add_argument("--repeats", type=int, metavar="N", help="timed passes per point (at most)")
-    g.add_argument("--point-budget", type=float, metavar="SEC", dest="budget_s",
+    g.add_argument("--point-budget", type=finite, metavar="SEC", dest="budget_s",
                    help="stop repeating a point once its samples add up to SEC seconds")
     r = p.add_argument_group("run")
     r.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    r.add_argument("--memory-fraction", type=float, default=0.9,
+    r.add_argument("--memory-fraction", type=finite, default=0.9,
                    help="fraction of free memory a point may use; larger points are skipped as oom (default 0.9)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="time decode passes eagerly on CUDA")
     r.add_argument("--no-overhead", action="store_true",

@@ -432,8 +432,26 @@ def engine_speed(block: Block) -> str:
     return _load_doc_module("benchmarks/engine_speed.py").table(doc)
 
 
+def regress_baseline(block: Block) -> str:
+    """What the project's regression baseline holds (docs/regress.md), counted from the file: its
+    scenarios, and per profile how many and their requests (each scenario's expected ``completed``)."""
+    from sim.commands.regress import load_baseline, scenario_config
+
+    base = load_baseline(ROOT / "tests" / "baselines" / "specbatch.toml")
+    requests: dict[str, list[int]] = {}
+    for scenario in base.scenarios:
+        profile = scenario_config(base, scenario, {}).profile
+        requests.setdefault(profile, []).append(int(scenario.expected["completed"]))
+    groups = [f"{len(counts)} of {min(counts):,}" + (f"–{max(counts):,}" if max(counts) > min(counts) else "")
+              + f" requests on `{profile}`" for profile, counts in requests.items()]
+    listed = groups[0] if len(groups) == 1 else f"{', '.join(groups[:-1])} and {groups[-1]}"
+    return (f"[`tests/baselines/specbatch.toml`](../tests/baselines/specbatch.toml) holds {len(base.scenarios)} "
+            f"scenarios: {listed}.\n")
+
+
 GENERATORS: dict[str, Callable[[Block], str]] = {
     "console": console,
+    "regress-baseline": regress_baseline,
     "scale": scale,
     "engine-speed": engine_speed,
     "policy-table": policy_table,

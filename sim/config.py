@@ -31,6 +31,7 @@ from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
 from sim.jit import JIT_MODES
 from sim.tomlsource import KeyLines, parse_toml
 from workloads.lengths import LengthSpec, parse_length_spec
+from workloads.numbers import read_number
 from workloads.shared_prefix import SharedPrefix, parse_shared_prefix
 from workloads.traffic import RateProfile, burstiness_from_cv, parse_rate_profile
 
@@ -58,6 +59,7 @@ class Value:
     type: Any                       # of the parsed value (the section dataclass's field type)
     parse: Callable[[Any], Any]     # raw (never None) -> value; raises ValueError(message)
     optional: bool = False          # may be absent (None); else "missing"
+    infinite: bool = False          # a number that may be +inf (a documented meaning, e.g. rate inf)
 
     def read(self, raw: Any) -> Any:
         if raw is None:
@@ -75,14 +77,9 @@ class Value:
 def number(*, positive: bool = False, inside: tuple[float, float] | None = None,
            optional: bool = False, maximum: float | None = None, infinite: bool = False) -> Value:
     def parse(raw: Any) -> float:
-        try:
-            value = float(raw) if not isinstance(raw, bool) and _ascii(raw) else math.nan
-        except (TypeError, ValueError):
-            raise ValueError(f"'{raw}' is not a number") from None
-        if infinite and value == math.inf:
+        value = read_number(raw, infinite=infinite)
+        if value == math.inf:
             return value
-        if not math.isfinite(value):
-            raise ValueError(f"'{raw}' is not a finite number")
         if positive and value <= 0:
             raise ValueError(f"must be greater than 0, got {raw}")
         if inside is not None and not inside[0] < value < inside[1]:
@@ -90,12 +87,7 @@ def number(*, positive: bool = False, inside: tuple[float, float] | None = None,
         if maximum is not None and value > maximum:
             raise ValueError(f"must be at most {maximum:g}, got {raw}")
         return value
-    return Value(float, parse, optional)
-
-
-def _ascii(raw: Any) -> bool:
-    """Text numbers in ASCII only: Python's float() would read other scripts' digits too."""
-    return not isinstance(raw, str) or raw.isascii()
+    return Value(float, parse, optional, infinite)
 
 
 def integer(*, minimum: int, optional: bool = False, maximum: int = INT64_MAX, why: str = "") -> Value:

@@ -330,12 +330,13 @@ def read_points(csv_path: Path) -> pd.DataFrame:
         numbers = values.to_numpy()
         lowest = 0.0 if col != "latency_median_s" else MIN_LATENCY_S  # a measured pass takes some time
         bad = ok & ~((numbers >= lowest) & (numbers <= MAX_LATENCY_S))
-        bad |= ~ok & table[col].ne("").to_numpy() & values.isna().to_numpy()
+        bad |= ~ok & table[col].ne("").to_numpy() & ~np.isfinite(numbers)  # a skipped point: blank, or a number
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             value = numbers[row]
             within = "" if np.isnan(value) or value < 0 else \
-                f" within [{lowest:g}, {MAX_LATENCY_S:g}], as a measured point's is"
+                f" within [{lowest:g}, {MAX_LATENCY_S:g}], as a measured point's is" if ok[row] else \
+                " (a skipped point's is blank or finite)"
             raise InputError(f"'{table[col].iloc[row]}' is not a non-negative number of seconds{within}",
                              source=csv_path, line=line_of(row), field=col)
         table[col] = values.astype(float)

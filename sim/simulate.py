@@ -205,8 +205,6 @@ def prepare(config: RunConfig) -> PreparedRun:
         budget = kv_capacity_at(config, profile)
     if budget is None:
         budget = kv_capacity_for(profile, speculation.spec)
-    if budget is None:  # neither says: an unlimited cache
-        budget = int(reserve.sum())
     v1 = config.engine.scheduler == "vllm-v1"
     keys, num_keys, max_blocks = None, 0, 1
     if v1:  # paged: a request alone must fit in whole blocks at its longest (its last step's slots and lookahead)
@@ -216,6 +214,8 @@ def prepare(config: RunConfig) -> PreparedRun:
         max_blocks = int(blocks_for(int(reserve.max()), block)) + 1
         if config.engine.enable_prefix_caching:
             keys, num_keys = prefix_keys(requests, block)
+    if budget is None:  # neither says: an unlimited cache, room for every request at its longest at once
+        budget = int(reserve.sum())  # (under vllm-v1 in whole blocks, with the lookahead)
     worst = int(np.argmax(reserve))
     if reserve[worst] > (budget // config.engine.block_size * config.engine.block_size if v1 else budget):
         key = "engine.kv_cache_tokens"
@@ -232,7 +232,10 @@ def prepare(config: RunConfig) -> PreparedRun:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
         raise _policy_error(config, exc) from None
-    replica = ReplicaPlan(table, config.engine, budget, policy.max_k, max_blocks, num_keys,
+    # vllm-v1 holds its budget as arrays of blocks: beyond every request at its longest at once (which never
+    # evicts nor preempts) more blocks change nothing, so a budget of 2**40 tokens allocates what the run can use.
+    held = min(budget, int(reserve.sum())) if v1 else budget
+    replica = ReplicaPlan(table, config.engine, held, policy.max_k, max_blocks, num_keys,
                           lookahead=speculation.lookahead(policy.max_k),
                           lag_mode=speculation.lag_mode if policy.max_k else 0, requests=len(requests))
     prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget, replica, keys,

@@ -495,3 +495,11 @@ def test_docs_figure_script_draws_a_comparison(tmp_path):
     comparison = check_baseline(path)
     out = module.draw(comparison.to_dict(), tmp_path / "fig.png")
     assert out.stat().st_size > 1000 and np.frombuffer(out.read_bytes()[:8], np.uint8)[1:4].tobytes() == b"PNG"
+
+
+def test_the_pytest_helpers_are_part_of_import_specbatch():
+    """A team's test suite imports them from the public module (docs/python-api.md), the same functions."""
+    import specbatch
+
+    assert specbatch.assert_no_regression is assert_no_regression and specbatch.check_baseline is check_baseline
+    assert {"assert_no_regression", "check_baseline"} <= set(specbatch.__all__)

@@ -12,7 +12,6 @@ scripts' digits, or ``1_000``, as numbers: a trace is data from elsewhere, so no
 """
 
 from __future__ import annotations
-from workloads.files import missing_file
 
 import codecs
 import csv
@@ -25,12 +24,12 @@ import numpy as np
 
 from workloads.files import missing_file
 from workloads.limits import MAX_TIME_S, MAX_TOKENS
+from workloads.numbers import read_number
 from workloads.requests import Requests
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_COLUMNS = ("alpha", "label", "prompt_id", "prefix_id", "prefix_tokens")
 ID_COLUMNS = ("prompt_id", "prefix_id")
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _WHOLE = re.compile(r"\+?[0-9]+")
 
 
@@ -180,6 +179,8 @@ def read_trace_columns(path: Path) -> Requests | None:
     alpha = label = None
     if "alpha" in wanted:
         alpha = _numbers(pc.fill_null(table["alpha"], float("nan")), np.float64)  # blank cells: NaN
+        if np.isnan(alpha).sum() != table["alpha"].null_count:  # a cell written "nan" is not a blank one
+            return None
         given = alpha[~np.isnan(alpha)]
         if not ((given > 0) & (given < 1)).all():
             return None
@@ -267,10 +268,10 @@ def write_trace(path: str | os.PathLike[str], requests: Requests) -> None:
 
 
 def _number(text: str, path: Path, line: int, field: str) -> float:
-    if not _DECIMAL.fullmatch(text.strip()):
-        kind = "finite number" if text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity") else "number"
-        raise TraceError(f"'{text.strip()}' is not a {kind}", path, line, field)
-    value = float(text)
+    try:
+        value = read_number(text)
+    except ValueError as exc:
+        raise TraceError(str(exc), path, line, field) from None
     if not 0 <= value <= MAX_TIME_S:
         raise TraceError(f"'{text.strip()}' must be a finite number >= 0 and at most {MAX_TIME_S:g} seconds (beyond "
                          "that the simulated clock cannot resolve a step)", path, line, field)
@@ -279,10 +280,11 @@ def _number(text: str, path: Path, line: int, field: str) -> float:
 
 def _alpha(text: str, path: Path, line: int) -> float:
     if not text.strip():
-        return math.nan
-    if not _DECIMAL.fullmatch(text.strip()):
-        raise TraceError(f"'{text.strip()}' is not a number", path, line, "alpha")
-    value = float(text)
+        return math.nan  # not given: the configured acceptance applies
+    try:
+        value = read_number(text)
+    except ValueError as exc:
+        raise TraceError(f"{exc} (leave the cell blank for the configured acceptance)", path, line, "alpha") from None
     if not 0.0 < value < 1.0:
         raise TraceError(f"'{text.strip()}' must be inside (0, 1)", path, line, "alpha")
     return value

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from workloads.files import missing_file
+from workloads.numbers import read_number
 from workloads.trace import TraceError
 
 DETAIL_FIELDS = ("input_lens", "output_lens")
@@ -93,16 +94,13 @@ def read_vllm_result(path: str | os.PathLike[str]) -> VllmResult:
     if "ttfts" in data:
         ttft = _seconds(data["ttfts"], path, "ttfts")[keep]
     if "itls" in data:
-        itl = [np.asarray(data["itls"][i], dtype=float) for i in keep]
-    rate = data.get("request_rate", "inf")
-    rate = math.inf if rate in ("inf", None) else float(rate)
-    if not rate > 0:
-        raise TraceError(f"request_rate {rate} must be > 0 (or \"inf\")", path, field="request_rate")
-    burstiness = float(data.get("burstiness") or 1.0)
+        itl = [_seconds(data["itls"][i], path, "itls") for i in keep]
+    rate = _setting(data, "request_rate", math.inf, path, infinite=True)
+    burstiness = _setting(data, "burstiness", 1.0, path)
     concurrency = data.get("max_concurrency")
     scalars = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
     if "latencies" in data and isinstance(data["latencies"], list) and len(data["latencies"]) == n:
-        scalars["latencies"] = [data["latencies"][i] for i in keep]
+        scalars["latencies"] = [float(v) for v in _seconds(data["latencies"], path, "latencies")[keep]]
     return VllmResult(prompt[keep], output[keep], start, ttft, itl, rate, burstiness,
                       int(concurrency) if concurrency else None, scalars)
 
@@ -112,6 +110,21 @@ def _counts(values: list, path: Path, field: str) -> np.ndarray:
     if out.dtype.kind not in "iu" or np.any(out < 0):
         raise TraceError("must be whole numbers of tokens >= 0", path, field=field)
     return out.astype(np.int64)
+
+
+def _setting(data: dict, field: str, default: float, path: Path, infinite: bool = False) -> float:
+    """A run setting of the file (absent or null: vLLM's default), a number > 0; ``"inf"`` only where
+    ``infinite`` (request_rate: every request at t = 0)."""
+    value = data.get(field)
+    if value is None:
+        return default
+    try:
+        number = read_number(value, infinite=infinite)
+    except ValueError as exc:
+        raise TraceError(str(exc), path, field=field) from None
+    if not number > 0:
+        raise TraceError(f"{field} {value} must be > 0" + (' (or "inf")' if infinite else ""), path, field=field)
+    return number
 
 
 def _seconds(values: list, path: Path, field: str) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from my_policy import SmallBatchSpec
-from sim.commands.regress import assert_no_regression
+from specbatch import assert_no_regression
 
 BASELINE = Path(__file__).with_name("my_policy_baseline.toml")
 

@@ -1,6 +1,8 @@
 """The Python API, for notebooks and scripts: ``import specbatch`` (the top-level module re-exports this).
 
-``run``, ``sweep`` and ``capacity`` are the commands without the command line: the same
+``run``, ``sweep`` and ``capacity`` are the commands without the command line (and
+``assert_no_regression``/``check_baseline`` are ``specbatch regress``'s, from
+:mod:`sim.commands.regress`): the same
 config resolution (:func:`sim.config.load_config`), the same simulation and the same
 one-line :class:`~sim.errors.InputError` for bad input, raised instead of printed. Keywords
 are named like the ``specbatch run`` flags (``rate``, ``num_requests``, ``max_batch_size``,
@@ -28,11 +30,12 @@ from typing import Any
 
 import pandas as pd
 
+from sim.commands.regress import assert_no_regression, check_baseline
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
 
 __all__ = ["InputError", "Run", "RunWarning", "CapacityReport", "run", "sweep", "capacity", "compare", "validate",
-           "tune", "compose"]
+           "tune", "compose", "assert_no_regression", "check_baseline"]
 
 
 class RunWarning(UserWarning):
@@ -157,9 +160,10 @@ def validate(config: str | os.PathLike[str] | None = None, *, overrides: dict[st
 def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict[str, tuple[Any, str]]:
     """Keywords -> load_config overrides, each sourced as its flag (so errors read as the CLI's);
     vllm bench serve's random dataset keywords (``random_input_len``...) become the lengths."""
-    from sim.commands.flags import RUN_FLAGS
+    from sim.commands.flags import RUN_FLAGS, one_name_per_setting
     from sim.commands.vllm_bench import DATASET_KEYWORDS, dataset_overrides
 
+    one_name_per_setting(settings, as_flag=lambda name: f"--{name.replace('_', '-')}")  # rate= and request_rate=
     flags = {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}
     overrides: dict[str, tuple[Any, str]] = {}
     if allowed is None and any(name in settings for name in DATASET_KEYWORDS):

@@ -47,11 +47,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but bad flags end as one line and exit code 2 like every other bad input (a flag of
-    vllm bench serve's that a simulation has no use for: a line saying what to give instead), and a
-    flag is taken only as spelled in full (``--num-req`` is not silently ``--num-requests``)."""
+    vllm bench serve's that a simulation has no use for: a line saying what to give instead), a
+    flag is taken only as spelled in full (``--num-req`` is not silently ``--num-requests``), and
+    one setting named twice in two spellings (``--request-rate 12 --rate 5``) is refused, in every
+    command that takes the run flags."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        from sim.commands.flags import flag_names, one_name_per_setting
+
+        one_name_per_setting(flag_names(sys.argv[1:] if args is None else args))
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # noqa: D401
         from sim.commands.vllm_bench import pointer

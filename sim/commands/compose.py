@@ -19,6 +19,8 @@ DEFAULT_MAX_LEN = 32768  # longest context composed by default (the models may a
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sim.commands.flags import typed
+
     p.add_argument("--gpu", required=True, help="GPU of the kernel data, e.g. h100_sxm, h200_sxm, l40s, a100_sxm")
     p.add_argument("--target", required=True,
                    help="target model: a built-in name (calibrate --list-models), a Hugging Face config.json or "
@@ -39,9 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GEMM and expert weights (default: %(default)s; fp8: the fp8 GEMM and MoE tables)")
     p.add_argument("--kernel-data", default=None, metavar="DIR",
                    help="a folder laid out like aiconfigurator-core's systems/ (default: the installed package)")
-    p.add_argument("--memory-fraction", type=float, default=None,
+    p.add_argument("--memory-fraction", type=typed("--memory-fraction", float), default=None,
                    help="share of GPU memory for weights + KV cache (default 0.9, vLLM's gpu_memory_utilization)")
-    p.add_argument("--engine-overhead-ms", type=float, default=None,
+    p.add_argument("--engine-overhead-ms", type=typed("--engine-overhead-ms", float), default=None,
                    help="the engine's own work per step (default 1.21 ms, a published vLLM figure)")
     p.add_argument("--engine-overlap", choices=("async", "none"), default=None,
                    help="async: that work overlaps the passes, a step takes the longer (vLLM V1's default "

@@ -2,17 +2,19 @@
 key table (``sim.config.KEYS``), and argparse conversion that fails with one line.
 
 ``run``, ``validate``, ``replay`` and ``capacity`` take (some of) the run flags; a sweep axis or
-an API keyword may be named like a flag. A setting added to the table is a flag everywhere.
+an API keyword may be named like a flag. A setting added to the table is a flag everywhere, and
+so is the rule that one command names each setting once (:func:`one_name_per_setting`).
 """
 
 from __future__ import annotations
 
 import argparse
 import tomllib
-from typing import Any
+from typing import Any, Callable, Iterable
 
-from sim.config import KEYS
+from sim.config import KEY_BY_NAME, KEYS, Key
 from sim.errors import InputError
+from workloads.numbers import NotFinite, read_number
 
 # flag -> (config key, type of its text, help); in the key table's order.
 RUN_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -24,14 +26,53 @@ SEVERAL_WORDS = frozenset({"--goodput"})  # as vllm bench serve takes it: --good
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {key.flag: key.aliases for key in KEYS if key.aliases}
 
 
-def typed(flag: str, kind: type):
+def spellings(key: Key) -> tuple[str, ...]:
+    """Every flag that sets ``key``: its flag, its aliases (vLLM's names), and for a true/false
+    setting the ``--no-`` form of each (argparse's BooleanOptionalAction)."""
+    names = (key.flag, *key.aliases) if key.flag is not None else ()
+    if key.value is not None and key.value.type is bool:
+        names += tuple(f"--no-{name[2:]}" for name in names)
+    return names
+
+
+SETTING_OF: dict[str, str] = {name: key.name for key in KEYS for name in spellings(key)}  # flag -> config key
+
+
+def one_name_per_setting(names: Iterable[str], as_flag: Callable[[str], str] = lambda name: name) -> None:
+    """Refuse one command naming a setting twice, in two spellings (``--request-rate 12 --rate 5``,
+    ``num_prompts=`` and ``num_requests=``): which one was meant would be a guess, so the line names
+    both. The same spelling repeated is argparse's last-wins, and a flag beside its TOML key is
+    the documented override. ``as_flag`` maps a name as given (an API keyword) to its flag."""
+    first: dict[str, str] = {}
+    for name in names:
+        key = SETTING_OF.get(as_flag(name))
+        if key is not None and first.setdefault(key, name) != name:
+            raise InputError(f"{first[key]} and {name} both set {key}: give one of them")
+
+
+def flag_names(argv: Iterable[str]) -> list[str]:
+    """The flags on a command line, as spelled (``--rate=5`` is ``--rate``), up to a ``--``."""
+    names = []
+    for token in argv:
+        if token == "--":
+            break
+        if token.startswith("--"):
+            names.append(token.split("=", 1)[0])
+    return names
+
+
+def typed(flag: str, kind: type, infinite: bool = False):
     """An argparse ``type`` converting a flag's text with ``kind`` (int, float, str); a bad text is
-    argparse's one-line usage error, before any work."""
+    argparse's one-line usage error, before any work. A float is read as every number is
+    (:func:`workloads.numbers.read_number`): never NaN, and an infinity only where ``infinite``
+    (a setting that gives it a meaning, such as ``--rate inf``)."""
     def convert(text: str):
         if kind in (int, float) and not text.isascii():  # Python reads other scripts' digits as numbers
             raise argparse.ArgumentTypeError(f"'{text}' is not a valid {kind.__name__} (ASCII digits only)")
         try:
-            return kind(text)
+            return read_number(text, infinite=infinite) if kind is float else kind(text)
+        except NotFinite as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}' is not a valid {kind.__name__}") from None
     convert.__name__ = kind.__name__
@@ -49,8 +90,9 @@ def add_run_flags(parser: argparse.ArgumentParser, flags: list[str] | None = Non
                                 help=(helps or {}).get(flag, text))
             continue
         words = {"nargs": "+"} if flag in SEVERAL_WORDS else {}
-        parser.add_argument(*names, dest=key, type=typed(flag, kind), default=None, help=(helps or {}).get(flag, text),
-                            **words)
+        value = KEY_BY_NAME[key].value
+        convert = typed(flag, kind, infinite=value is not None and value.infinite)
+        parser.add_argument(*names, dest=key, type=convert, default=None, help=(helps or {}).get(flag, text), **words)
 
 
 def run_overrides(args: argparse.Namespace, flags: list[str] | None = None) -> dict[str, tuple]:
