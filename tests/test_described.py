@@ -136,3 +136,14 @@ def test_tune_reports_name_what_its_stored_runs_ran(methods_profile, tmp_path, c
     for row in (f"| speculation method | {described['method_text']} |", f"| drafter | {described['drafter']} |",
                 f"| acceptance | {described['acceptance_text']} |"):
         assert row in md
+
+
+def test_the_python_api_takes_the_speculation_keywords_and_names_what_ran(methods_profile):
+    import specbatch
+
+    report = specbatch.capacity(slo={"p99_e2el_ms": 5000}, policies=["fixed"], profile=str(methods_profile),
+                                speculative_config=NGRAM, prompt_tokens="64", output_tokens="24", max_batch_size=8,
+                                seeds=1, min_requests=30, service_times=5, tolerance=0.5, curve_points=0)
+    described = next(iter(report.result.inputs.profiles.values())).facts["described"]
+    assert described["method"] == "ngram" and report.text.splitlines()[0] == f"Ran: {described['text']}"
+    assert report.result.outcomes[next(iter(report.result.outcomes))]["fixed"].config.policy.params["k"] == 2

@@ -17,18 +17,19 @@ from sim.config import RunConfig
 from sim.speculation import ACCEPTANCE_DEFAULTS, Speculation, default_match_rate
 
 
-def describe(config: RunConfig, profile: Any = None) -> dict[str, Any]:
+def describe(config: RunConfig, profile: Any = None, k_max: int | None = None) -> dict[str, Any]:
     """The method, drafter and acceptance of ``config`` (resolved: as ``load_config`` returns it).
 
     ``profile`` (a loaded ``sim.profile.Profile``, or None to load ``config.profile``) names the
-    drafter as its sidecar does. Keys: ``method``, ``method_text``, ``drafter``, ``acceptance``
-    (the model and its parameters as used), ``acceptance_text`` and ``text`` (one line)."""
+    drafter as its sidecar does; ``k_max``: the largest k the runs may draft (None: the method's
+    num_speculative_tokens, else the rates given). Keys: ``method``, ``method_text``, ``drafter``,
+    ``acceptance`` (the model and its parameters as used), ``acceptance_text`` and ``text`` (one line)."""
     if profile is None:
         from sim.profile import load_profile
 
         profile = load_profile(config.profile)
     spec = config.speculation
-    acceptance = acceptance_as_used(config, spec)
+    acceptance = acceptance_as_used(config, spec, k_max)
     drafter = drafter_name(spec, profile)
     text = acceptance_text(acceptance)
     return {"method": spec.method, "method_text": spec.label(), "drafter": drafter, "acceptance": acceptance,
@@ -49,11 +50,12 @@ def drafter_name(spec: Speculation, profile: Any) -> str:
     return f"{kind[spec.drafter]} (unnamed in the profile)"
 
 
-def acceptance_as_used(config: RunConfig, spec: Speculation | None = None) -> dict[str, Any]:
+def acceptance_as_used(config: RunConfig, spec: Speculation | None = None, k_max: int | None = None) -> dict[str, Any]:
     """The acceptance model and the parameters a run reads (``sim.acceptance``): alpha and its distribution
-    for the geometric model, the per-position rates up to the method's k (the last conditional rate
-    repeated beyond those given), a trace's file; the host proposers' match rate; a tree's sibling
-    rates; and whether the values are the method's defaults (docs/speculation-methods.md)."""
+    for the geometric model, the per-position rates up to ``k_max`` or the method's k (the last conditional
+    rate repeated beyond those given, as the runs extend them), a trace's file; the host proposers' match
+    rate; a tree's sibling rates; and whether the values are the method's defaults
+    (docs/speculation-methods.md)."""
     from sim.acceptance import position_rates
 
     spec = spec or config.speculation
@@ -64,7 +66,8 @@ def acceptance_as_used(config: RunConfig, spec: Speculation | None = None) -> di
         if a.distribution == "beta":
             out["concentration"] = a.concentration
     elif a.model == "per-position":
-        positions = spec.num_speculative_tokens if spec.given and spec.num_speculative_tokens else len(a.per_position)
+        positions = (k_max if k_max else spec.num_speculative_tokens if spec.given and spec.num_speculative_tokens
+                     else len(a.per_position))
         out["per_position"] = [round(float(r), 6) for r in position_rates(a.per_position, positions)]
     else:
         out["trace"] = a.trace
@@ -95,8 +98,20 @@ def acceptance_text(acceptance: dict[str, Any]) -> str:
         text = f"runlength trace {acceptance['trace']} ({acceptance['proposer']} runs)"
     if acceptance["method_default"]:
         text += " (the method's default)"
-    if "match_rate" in acceptance:
-        text += f"; proposes at {100 * acceptance['match_rate']:.4g}% of output positions"
+    if "match_rate" in acceptance:  # sim.speculation.default_match_rate: its meaning under each model
+        share = f"{100 * acceptance['match_rate']:.4g}%"
+        text += (f"; a run of 1 still matched at {share} of positions" if model == "runlength"
+                 else f"; proposes at {share} of output positions")
     if "sibling_rates" in acceptance:
         text += "; sibling rates " + ", ".join(f"{r:g}" for r in acceptance["sibling_rates"])
     return text
+
+
+def policy_k_max(config: RunConfig) -> int | None:
+    """The largest k the config's policy may choose (None where the policy cannot say without its run)."""
+    from policies.registry import make_policy
+
+    try:
+        return make_policy(config.policy.name, config.policy.params).max_k
+    except Exception:  # noqa: BLE001 - a policy that needs its run (or a plugin's) to know: the method's k stands
+        return None

@@ -161,7 +161,7 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     """Check every input (one InputError, named by its flag) and prepare each policy, before any run."""
     from sim.commands.capacity.inputs import SearchSettings, parse_policies, parse_slos, policy_config, positive
     from sim.commands.capacity.report import ReportInputs
-    from sim.commands.described import describe
+    from sim.commands.described import describe, policy_k_max
 
     parsed_slos = parse_slos(slos)
     specs = parse_policies(policies)
@@ -191,12 +191,15 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     _check_gpus(bases, gpus_per_replica)
     configs, members, described = {}, {}, {}
     for name, (base, profile) in bases.items():
+        mine = []
         for spec in specs:
             label = spec.label if len(bases) == 1 else f"{name} / {spec.label}"
             configs[label] = _prepared(policy_config(base, spec), label)
             members[label] = (name, spec.label)
-            # What the runs ran, from the configs the search is given (the policy is no part of it).
-            described.setdefault(name, describe(configs[label], profile))
+            mine.append(configs[label])
+        # What the runs ran, from the configs the search is given (their policies differ, not what drafts and
+        # accepts), the per-position rates up to the largest k any of them may draft.
+        described[name] = describe(mine[0], profile, max(policy_k_max(c) or 0 for c in mine))
     priced = _priced_profiles(bases, gpu_hour_price, gpu_price, described)
     first = next(iter(bases.values()))[0]
     settings = SearchSettings(seeds=tuple(range(first.seed, first.seed + seeds)), tolerance=tolerance,

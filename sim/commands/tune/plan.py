@@ -143,10 +143,14 @@ class TuneResult:
     @functools.cached_property
     def described(self) -> dict:
         """What every run of the tune ran (sim.commands.described): the scenario's method, drafter and
-        acceptance, from the tuned schedule's run config (the candidates differ only in their policy)."""
-        from sim.commands.described import describe
+        acceptance, from the tuned schedule's run config (the candidates differ only in their policy), with
+        per-position rates up to the largest k any of them may draft."""
+        from sim.commands.described import describe, policy_k_max
 
-        return describe(self.plan.config(self.plan.candidate(self.schedule), self.plan.holdout[0]))
+        plan = self.plan
+        runs = [plan.config(c, plan.holdout[0]) for c in plan.baselines]
+        k_max = max([plan.space.k_values[-1], *(policy_k_max(run) or 0 for run in runs)])
+        return describe(plan.config(plan.candidate(self.schedule), plan.holdout[0]), k_max=k_max)
 
     @property
     def verdict(self) -> str:
