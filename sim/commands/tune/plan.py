@@ -249,8 +249,10 @@ def check_runnable(base: RunConfig, candidate: Candidate) -> None:
     try:
         prepare(probe)
     except InputError as exc:
+        own = (exc.field or "").startswith("policy")  # the tune's own policy: no file or flag of the user's gave it
         raise InputError(f"the tune's {'baseline' if candidate.schedule is None else 'trial'} '{candidate.label}' "
-                         f"cannot run: {exc.message}", field=exc.field, source=exc.source) from None
+                         f"cannot run: {exc.message}", field=exc.field, source=None if own else exc.source,
+                         line=None if own else exc.line) from None
 
 
 def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], *, objective: str = DEFAULT,
