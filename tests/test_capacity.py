@@ -213,6 +213,13 @@ def _cli(args: list[str], capsys) -> tuple[int, str, str]:
     (["--seeds", "0"], "--seeds: must be at least 1"),
     (["--tolerance", "1.5"], "--tolerance: must be inside (0, 1)"),
     (["--alpha", "1.5"], "--alpha: acceptance.alpha: must be inside (0, 1)"),
+    (["--speculative-config", '{"method": "nope", "num_speculative_tokens": 2}'],
+     "--speculative-config: speculative.config: method 'nope' is not one of"),
+    # a method the profile cannot price, under the default policies (none, which never drafts, first)
+    (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 2}'],
+     "--speculative-config: speculative.config: profile 'synthetic' has no eagle3 passes"),
+    (["--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 2}', "--policies",
+      "sglang-adaptive"], "beyond the method's num_speculative_tokens = 2"),
 ])
 def test_bad_inputs_fail_first_with_one_line(args, says, synthetic_profile, tmp_path, capsys):
     out = tmp_path / "report"
