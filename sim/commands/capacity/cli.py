@@ -227,8 +227,8 @@ def plan_from_args(args: argparse.Namespace) -> CapacityPlan:
 def main(args: argparse.Namespace) -> int:
     from sim.atomic_write import check_output, output_lock
     from sim.commands.capacity.report import check_out_dir
-    from sim.commands.figures import have_matplotlib
     from sim.commands.capacity.search import stderr_progress
+    from sim.commands.figures import have_matplotlib
 
     if args.out:  # a named folder is checked before the plan fits its profiles
         check_out_dir(args.out)
