@@ -361,7 +361,9 @@ def plan_run(config, cost_model, policy_max_k: int) -> SpeculationPlan:
     key = "speculative.config" if spec.engine == "vllm" else "speculative.algorithm"
     acceptance = config.acceptance
     lag = {"model": LAG_DRAFT, "head": LAG_HEAD}.get(spec.drafter, LAG_NONE)
-    if policy_max_k > 0 and spec.profile_model not in cost_model.priced_drafters():
+    # A head or a host proposer must be priced even under a policy that never drafts (its step table is built
+    # for the method); a missing draft model is refused only where a policy would draft with it.
+    if (policy_max_k > 0 or spec.drafter != "model") and spec.profile_model not in cost_model.priced_drafters():
         raise config.error(key if spec.given else "profile",
                            f"profile '{cost_model.profile.name}' has no {spec.method} passes ({_phase_of(spec)}/"
                            f"{spec.profile_model} points) to price it; it prices {', '.join(_methods_of(cost_model))} "

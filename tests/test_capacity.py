@@ -213,6 +213,13 @@ def _cli(args: list[str], capsys) -> tuple[int, str, str]:
     (["--seeds", "0"], "--seeds: must be at least 1"),
     (["--tolerance", "1.5"], "--tolerance: must be inside (0, 1)"),
     (["--alpha", "1.5"], "--alpha: acceptance.alpha: must be inside (0, 1)"),
+    (["--speculative-config", '{"method": "nope", "num_speculative_tokens": 2}'],
+     "--speculative-config: speculative.config: method 'nope' is not one of"),
+    # a method the profile cannot price, under the default policies (none, which never drafts, first)
+    (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 2}'],
+     "--speculative-config: speculative.config: profile 'synthetic' has no eagle3 passes"),
+    (["--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 2}', "--policies",
+      "sglang-adaptive"], "beyond the method's num_speculative_tokens = 2"),
 ])
 def test_bad_inputs_fail_first_with_one_line(args, says, synthetic_profile, tmp_path, capsys):
     out = tmp_path / "report"
@@ -369,6 +376,7 @@ def _small_outcome(report: Path):
     from sim.commands.capacity.costing import Costing
     from sim.commands.capacity.report import PricedProfile, ReportInputs
     from sim.commands.capacity.search import PolicyOutcome
+    from sim.commands.described import describe
     from sim.config import load_config
 
     from sim.commands.capacity.search import Point, Probe
@@ -376,14 +384,16 @@ def _small_outcome(report: Path):
     stats = {"p99_e2el_ms": 10.0, "p99_e2el_ms_upper": 11.0, "goodput": 1.0, "mean_k": 0.0, "mean_batch_size": 1.0,
              "throughput": 1.0, "arrival_rate": 1.0}
     queue = {"growth": 0.0, "low": -0.001, "high": 0.001, "tolerated": 0.01, "verdict": "stable"}
-    outcome = PolicyOutcome("none", load_config(CPU_DEFAULTS), Probe(2.0, 10.0, 20.0), 1.0, (1.0, 1.1),
+    config = load_config(CPU_DEFAULTS)
+    outcome = PolicyOutcome("none", config, Probe(2.0, 10.0, 20.0), 1.0, (1.0, 1.1),
                             points={1.0: Point(1.0, 100, 0, 100, stats, queue, "pass", "shown")},
                             steps={"start_s": np.arange(3.0), "phase": np.ones(3), "running": np.ones(3),
                                    "k": np.zeros(3)})
-    facts = {"name": "p", "gpu": "?", "source": "measured", "device": {}, "dtype": None, "models": {}}
+    facts = {"name": "p", "gpu": "?", "source": "measured", "device": {}, "dtype": None, "models": {},
+             "described": describe(config)}
     inputs = ReportInputs({"p": PricedProfile(facts, None)},
-                          {"arrival": "a", "prompt_tokens": "1", "output_tokens": "1", "batching": "b",
-                           "acceptance": "c"}, (SLO("p99_e2el_ms", 20.0),), SearchSettings(), None, 1)
+                          {"arrival": "a", "prompt_tokens": "1", "output_tokens": "1", "batching": "b"},
+                          (SLO("p99_e2el_ms", 20.0),), SearchSettings(), None, 1)
     return inputs, {"p": {"none": outcome}}, {"p": {"none": Costing(None, None, None)}}
 
 

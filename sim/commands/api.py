@@ -323,7 +323,7 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     ``min_requests``, ``warmup``, ``curve_points``) default to the command's; ``jobs`` > 1 runs
     them on a process pool, which never runs the calling script again (no ``__main__`` guard needed).
     """
-    from sim.commands.capacity.cli import WORKLOAD_FLAGS, plan_capacity
+    from sim.commands.capacity.cli import plan_capacity, scenario_flags
     from sim.commands.capacity.report import check_out_dir
     from sim.commands.capacity.search import stderr_progress
 
@@ -333,7 +333,7 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     price_text = (gpu_price if gpu_price is None or isinstance(gpu_price, str)
                   else ",".join(f"{gpu}={price:g}" for gpu, price in gpu_price.items()))
     tp_text = tp if tp is None or isinstance(tp, str) else ",".join(str(n) for n in tp)
-    keyword_overrides = _keywords(settings, allowed=set(WORKLOAD_FLAGS))
+    keyword_overrides = _keywords(settings, allowed=set(scenario_flags()))
     search = {name: value for name, value in (("seeds", seeds), ("tolerance", tolerance),
                                                ("service_times", service_times), ("extensions", extensions),
                                                ("max_growth", max_growth), ("min_requests", min_requests),
@@ -413,9 +413,7 @@ def tune(config: str | os.PathLike[str] | None = None, *, objective: str = "mean
 
     folder = check_output(check_out_dir(out, source="out"), folder=True, field="out")
     with output_lock(folder, field="out"):
-        result = plan.run(folder, progress=progress)
-        result.write(folder)
-    return result
+        return plan.run_into(folder, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------

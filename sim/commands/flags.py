@@ -22,6 +22,11 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     for key in KEYS if key.flag is not None
 }
 
+# The flags that say how a run speculates: the method (vLLM's speculative_config, SGLang's flags) and its
+# acceptance model. Commands that take a scenario but not all of the run flags take these whole.
+SPECULATION_FLAGS: tuple[str, ...] = tuple(flag for flag, (key, _, _) in RUN_FLAGS.items()
+                                           if key.startswith(("speculative.", "acceptance.")))
+
 SEVERAL_WORDS = frozenset({"--goodput"})  # as vllm bench serve takes it: --goodput ttft:500 tpot:50
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {key.flag: key.aliases for key in KEYS if key.aliases}
 

@@ -26,8 +26,9 @@ import numpy as np
 
 import sim
 from sim.atomic_write import staged_dir
-from sim.errors import InputError
+from sim.commands.described import describe, policy_k_max
 from sim.config import RunConfig
+from sim.errors import InputError
 from sim.metrics import percentile_word
 from sim.simulate import Columns, RunResult
 
@@ -96,6 +97,7 @@ def summary_document(result: RunResult) -> dict:
         "profile": profile_section(result),
         "policy": {"name": cfg.policy.name, **cfg.policy.params},
         "speculation": cfg.speculation.to_dict(),
+        "described": describe(cfg, result.profile, policy_k_max(cfg)),
         "batching": cfg.engine.batching,
         "seed": cfg.seed,
         "metrics": {k: _json_number(v) for k, v in result.summary.items()},

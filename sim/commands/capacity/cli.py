@@ -18,9 +18,10 @@ from sim.errors import InputError
 from sim.limits import MAX_WORKERS, memory_problem, request_bytes
 
 # The flags of `specbatch run` that describe the workload's shape, the engine and the model
-# pair; they apply to every run of the search. The rate, run length, policy and output are
-# the search's to choose, and it sizes one replica (so no cluster flags). A flag that this
-# version of `specbatch run` lacks is left out.
+# pair, and how it speculates (sim.commands.flags.SPECULATION_FLAGS: the method and its acceptance);
+# they apply to every run of the search. The rate, run length, policy and output are the search's
+# to choose, and it sizes one replica (so no cluster flags). A flag that this version of
+# `specbatch run` lacks is left out.
 WORKLOAD_FLAGS = ("--profile", "--arrival", "--burstiness", "--cv", "--prompt-tokens", "--output-tokens",
                   "--batching", "--max-batch-size", "--prefill", "--kv-cache-tokens", "--scheduler",
                   "--max-num-batched-tokens", "--alpha", "--alpha-distribution", "--alpha-concentration", "--seed")
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--config", help="base scenario TOML (its rate and run length are ignored); "
                         "the flags below override it")
-    add_run_flags(parser, _workload_flags(), helps={
+    add_run_flags(parser, scenario_flags(), helps={
         "--seed": "first seed; the runs use seeds SEED..SEED+N-1 (default: the scenario's seed, 0)"})
     parser.add_argument("--slo", action="append", metavar="METRIC=MS",
                         help="an SLO, repeatable: p50/p90/p99 (or mean) of ttft, tpot, e2el in ms, named as in "
@@ -141,7 +142,7 @@ class CapacityResult:
         text = _text_table(result_header(inputs), result_rows(inputs, self.outcomes, self.costs))
         if len(inputs.profiles) > 1:
             text += "\n\n" + _text_table(comparison_header(inputs), comparison_rows(inputs, self.outcomes, self.costs))
-        return "\n".join([text, *price_lines(inputs)])
+        return "\n".join([*inputs.ran_lines(), text, *price_lines(inputs)])
 
     def write(self, out: str | os.PathLike[str]) -> Path:
         from sim.commands.capacity.report import write_report
@@ -160,6 +161,7 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     """Check every input (one InputError, named by its flag) and prepare each policy, before any run."""
     from sim.commands.capacity.inputs import SearchSettings, parse_policies, parse_slos, policy_config, positive
     from sim.commands.capacity.report import ReportInputs
+    from sim.commands.described import describe, policy_k_max
 
     parsed_slos = parse_slos(slos)
     specs = parse_policies(policies)
@@ -187,13 +189,18 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     if tp is not None:
         bases = _split_variants(config, overrides, bases, tp)
     _check_gpus(bases, gpus_per_replica)
-    priced = _priced_profiles(bases, gpu_hour_price, gpu_price)
-    configs, members = {}, {}
-    for name, (base, _) in bases.items():
+    configs, members, described = {}, {}, {}
+    for name, (base, profile) in bases.items():
+        mine = []
         for spec in specs:
             label = spec.label if len(bases) == 1 else f"{name} / {spec.label}"
             configs[label] = _prepared(policy_config(base, spec), label)
             members[label] = (name, spec.label)
+            mine.append(configs[label])
+        # What the runs ran, from the configs the search is given (their policies differ, not what drafts and
+        # accepts), the per-position rates up to the largest k any of them may draft.
+        described[name] = describe(mine[0], profile, max(policy_k_max(c) or 0 for c in mine))
+    priced = _priced_profiles(bases, gpu_hour_price, gpu_price, described)
     first = next(iter(bases.values()))[0]
     settings = SearchSettings(seeds=tuple(range(first.seed, first.seed + seeds)), tolerance=tolerance,
                               service_times=service_times, extensions=extensions, max_growth=max_growth,
@@ -208,7 +215,7 @@ def plan_from_args(args: argparse.Namespace) -> CapacityPlan:
     """The plan of a parsed ``specbatch capacity`` command line (every input checked)."""
     from sim.commands.flags import run_overrides
 
-    return plan_capacity(args.config, run_overrides(args, _workload_flags()), slos=args.slo,
+    return plan_capacity(args.config, run_overrides(args, scenario_flags()), slos=args.slo,
                          policies=args.policies, seeds=args.seeds, tolerance=args.tolerance,
                          service_times=args.service_times, extensions=args.extensions,
                          max_growth=args.max_growth, min_requests=args.min_requests, warmup=args.warmup,
@@ -219,8 +226,9 @@ def plan_from_args(args: argparse.Namespace) -> CapacityPlan:
 
 def main(args: argparse.Namespace) -> int:
     from sim.atomic_write import check_output, output_lock
-    from sim.commands.capacity.report import check_out_dir, have_matplotlib
+    from sim.commands.capacity.report import check_out_dir
     from sim.commands.capacity.search import stderr_progress
+    from sim.commands.figures import have_matplotlib
 
     if args.out:  # a named folder is checked before the plan fits its profiles
         check_out_dir(args.out)
@@ -297,8 +305,9 @@ def _check_gpus(bases: dict, gpus_per_replica: int | None) -> None:
                              f"{gpus_per_replica}; leave --gpus-per-replica out", source="--gpus-per-replica")
 
 
-def _priced_profiles(bases: dict, gpu_hour_price: float | None, gpu_price: str | None) -> dict:
-    """Profile name -> its facts and price per GPU-hour (None without a price flag)."""
+def _priced_profiles(bases: dict, gpu_hour_price: float | None, gpu_price: str | None, described: dict) -> dict:
+    """Profile name -> its facts (with ``described``: what its runs ran) and price per GPU-hour (None without
+    a price flag)."""
     from sim.commands.capacity.inputs import positive
     from sim.commands.capacity.prices import gpu_price as price_of, parse_gpu_prices
     from sim.commands.capacity.report import PricedProfile
@@ -316,7 +325,8 @@ def _priced_profiles(bases: dict, gpu_hour_price: float | None, gpu_price: str |
         key, price = None, one_price
         if prices is not None:
             key, price = price_of(profile.meta, prices, name)
-        priced[name] = PricedProfile(facts=_profile_facts(profile), price=price, price_key=key)
+        priced[name] = PricedProfile(facts={**_profile_facts(profile), "described": described[name]}, price=price,
+                                     price_key=key)
     return priced
 
 
@@ -336,10 +346,12 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _workload_flags() -> list[str]:
-    from sim.commands.flags import RUN_FLAGS
+def scenario_flags() -> list[str]:
+    """The run flags capacity takes: WORKLOAD_FLAGS, then the speculation method's and its acceptance's."""
+    from sim.commands.flags import RUN_FLAGS, SPECULATION_FLAGS
 
-    return [flag for flag in WORKLOAD_FLAGS if flag in RUN_FLAGS]
+    return [flag for flag in WORKLOAD_FLAGS if flag in RUN_FLAGS] + [
+        flag for flag in SPECULATION_FLAGS if flag not in WORKLOAD_FLAGS]
 
 
 def _at_least(value: int, minimum: int, flag: str, what: str | None = None) -> None:
@@ -371,18 +383,15 @@ def _profile_facts(profile) -> dict:
 
 
 def _workload_facts(config) -> dict:
-    w, e, a = config.workload, config.engine, config.acceptance
+    w, e = config.workload, config.engine
 
     def spec(length) -> str:
         return ", ".join(f"{k} {v}" for k, v in length.to_dict().items())
 
     arrival = "Poisson" if w.arrival == "poisson" else f"gamma, burstiness {w.burstiness:g}"
     kv = "the profile's KV capacity" if e.kv_cache_tokens is None else f"KV budget {e.kv_cache_tokens} tokens"
-    acceptance = f"alpha {a.alpha:g}, {a.distribution}" + (
-        f" (concentration {a.concentration:g})" if a.distribution == "beta" else "")
     return {"arrival": arrival, "prompt_tokens": spec(w.prompt_tokens), "output_tokens": spec(w.output_tokens),
-            "batching": f"{e.batching}, max batch {e.max_batch_size}, {e.prefill} prefill, {kv}",
-            "acceptance": acceptance}
+            "batching": f"{e.batching}, max batch {e.max_batch_size}, {e.prefill} prefill, {kv}"}
 
 
 def _digest(inputs, configs) -> str:

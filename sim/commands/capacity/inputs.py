@@ -138,9 +138,23 @@ def base_config(path: str | None, overrides: dict[str, tuple[Any, str]]) -> RunC
 
 
 def policy_config(base: RunConfig, spec: PolicySpec) -> RunConfig:
-    """The base config with this policy; parameters of the base's own policy apply when the names match."""
+    """The base config with this policy; parameters of the base's own policy apply when the names match.
+
+    With a speculation method given, its ``num_speculative_tokens`` is the largest k of a built-in
+    policy whose largest k is one parameter (``fixed``'s k, ``goodput``'s and ``lut``'s k_max) and was
+    not given, as vLLM sizes every step by it."""
+    import inspect
+
+    from policies.registry import BUILTIN
+
     params = dict(base.policy.params) if base.policy.name == spec.name else {}
     params.update(spec.params)
+    method = base.speculation
+    if method.given and spec.name in BUILTIN:
+        takes = inspect.signature(BUILTIN[spec.name]).parameters
+        param = "k" if "k" in takes else "k_max" if "k_max" in takes else None
+        if param is not None and not ({"k", "k_max", "table"} & set(params)):
+            params[param] = method.num_speculative_tokens
     return replace(base, policy=PolicyConfig(spec.name, params))
 
 

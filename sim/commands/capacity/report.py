@@ -25,6 +25,7 @@ from sim.atomic_write import staged_dir
 from sim.commands.capacity.costing import Costing
 from sim.commands.capacity.inputs import LONGEST, SLO, SearchSettings
 from sim.commands.capacity.search import PolicyOutcome
+from sim.commands.figures import NO_MATPLOTLIB, have_matplotlib
 from sim.errors import InputError
 from sim.stability import CONFIDENCE
 
@@ -59,6 +60,19 @@ class ReportInputs:
         return self.gpus_per_replica or int(self.profiles[name].facts.get("gpus", 1))
 
     @property
+    def described(self) -> dict[str, Any]:
+        """What the runs ran (sim.commands.described): method and acceptance, the same for every profile (its
+        drafter is each profile's own, in the profiles table)."""
+        return next(iter(self.profiles.values())).facts["described"]
+
+    def ran_lines(self) -> list[str]:
+        """What the runs ran, for the printed table: one line, or one per profile when their drafters differ."""
+        texts = {name: p.facts["described"]["text"] for name, p in self.profiles.items()}
+        if len(set(texts.values())) == 1:
+            return [f"Ran: {next(iter(texts.values()))}"]
+        return [f"Ran on {name}: {text}" for name, text in texts.items()]
+
+    @property
     def title(self) -> str:
         return "Capacity report: " + " vs ".join(self.profiles)
 
@@ -69,12 +83,6 @@ class ReportInputs:
 
 def figure_names(inputs: ReportInputs) -> tuple[str, ...]:
     return FIGURES + ((COMPARISON_FIGURE,) if len(inputs.profiles) > 1 else ())
-
-
-def have_matplotlib() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("matplotlib") is not None
 
 
 def write_report(out_dir: str | os.PathLike[str], inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> Path:
@@ -91,7 +99,7 @@ def write_report(out_dir: str | os.PathLike[str], inputs: ReportInputs, outcomes
     return out_dir
 
 
-NO_FIGURES = "No figures: matplotlib is not installed (pip install 'specbatch[report]')."
+NO_FIGURES = f"No figures: {NO_MATPLOTLIB}."
 
 
 def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
@@ -123,12 +131,14 @@ def _price_text(p: PricedProfile) -> str:
 
 def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
     w, s = inputs.workload, inputs.settings
+    ran = inputs.described
     return [
         ("arrivals", w["arrival"]),
         ("prompt tokens", w["prompt_tokens"]),
         ("output tokens", w["output_tokens"]),
         ("batching", w["batching"]),
-        ("acceptance", w["acceptance"]),
+        ("speculation method", ran["method_text"]),
+        ("acceptance", ran["acceptance_text"]),
         ("SLOs", "; ".join(str(slo) + " ms" for slo in inputs.slos)),
         ("seeds", ", ".join(str(seed) for seed in s.seeds)),
         ("tolerance", f"{s.tolerance:g} (relative width of the final bracket)"),
@@ -143,8 +153,7 @@ def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
     ]
 
 
-PROFILE_HEADER = ["profile", "source", "GPU / device", "GPUs / replica", "dtype", "target model", "draft model",
-                  "price"]
+PROFILE_HEADER = ["profile", "source", "GPU / device", "GPUs / replica", "dtype", "target model", "drafter", "price"]
 
 
 def profile_rows(inputs: ReportInputs) -> list[list[str]]:
@@ -153,7 +162,7 @@ def profile_rows(inputs: ReportInputs) -> list[list[str]]:
         f = p.facts
         device = f"{f['gpu']} [{f['device'].get('type', '?')}]"
         rows.append([name, str(f.get("source", "measured")), device, str(inputs.gpus(name)), str(f.get("dtype") or "?"),
-                     str(f["models"].get("target", "?")), str(f["models"].get("draft") or "none (target only)"),
+                     str(f["models"].get("target", "?")), f["described"]["drafter"],
                      _price_text(p)])
     return rows
 

@@ -4,7 +4,9 @@ The baselines are the policies a user would otherwise run: no speculation, every
 of the searched range (also what vLLM and TensorRT-LLM run without a schedule: their static
 ``num_speculative_tokens`` / ``max_draft_len`` at every step), the analytic ``lut`` at the
 scenario's alpha (what ``specbatch lut`` prints), ``goodput`` (SmartSpec) over the same k
-range, and SGLang's adaptive controller with its default ladder. Each runs on the held-out
+range, and SGLang's adaptive controller with its default ladder (its steps beyond the largest k the
+method or the profile allows left out; not with a tree, which SGLang adapts only as a chain). None
+goes beyond the method's ``num_speculative_tokens``: vLLM sizes every step by it. Each runs on the held-out
 seeds with the tuned schedule, so every row shares the tuned one's workloads and the
 differences are paired.
 """
@@ -20,16 +22,18 @@ SGLANG_DEFAULT_STEPS = (1, 3, 7)  # SGLang's default candidate_steps (policies/s
 TUNED = "tuned"
 
 
-def baselines(k_values: tuple[int, ...], alpha: float, profile_k_max: int) -> list[Candidate]:
+def baselines(k_values: tuple[int, ...], alpha: float, k_limit: int, tree: bool = False) -> list[Candidate]:
+    """The baselines over the searched k range; ``k_limit``: the largest k a run may choose (the profile's
+    k_max, or the method's num_speculative_tokens); ``tree``: the method drafts a tree (no SGLang row)."""
     top = k_values[-1]
-    steps = [s for s in SGLANG_DEFAULT_STEPS if s <= profile_k_max]
+    steps = [s for s in SGLANG_DEFAULT_STEPS if s <= k_limit]
     sglang = ({"name": "sglang-adaptive"} if len(steps) == len(SGLANG_DEFAULT_STEPS) else
               {"name": "sglang-adaptive", "adaptive_config": {"candidate_steps": steps}})
     return ([Candidate("none", {"name": "none"})]
             + [Candidate(f"fixed k={k}", {"name": "fixed", "k": k}) for k in range(1, top + 1)]
             + [Candidate(f"lut alpha={alpha:g}", {"name": "lut", "alpha": alpha, "k_max": top}),
-               Candidate(f"goodput k_max={top}", {"name": "goodput", "k_max": top}),
-               Candidate(f"sglang-adaptive steps {steps}", sglang)])
+               Candidate(f"goodput k_max={top}", {"name": "goodput", "k_max": top})]
+            + ([] if tree else [Candidate(f"sglang-adaptive steps {steps}", sglang)]))
 
 
 @dataclass(frozen=True)

@@ -83,13 +83,15 @@ def main(args: argparse.Namespace) -> int:
     check_output(out, folder=True, field="out", source=source)
     try:
         with output_lock(out, field="out", source=source):
-            result = plan.run(out, progress=not args.no_progress)
-            result.write(out)
+            result = plan.run_into(out, progress=not args.no_progress)
     except KeyboardInterrupt:
         print(f"interrupted: the runs finished so far are in {out / 'cells'}; the same command resumes",
               file=sys.stderr)
         return 130
+    from sim.commands.figures import have_matplotlib
+
     print(result.text())
+    figure = "" if have_matplotlib() else "; no figure: matplotlib is not installed, pip install 'specbatch[report]'"
     print(f"{result.ran} runs now, {result.stored} from the store; the tune took {result.wall_s:.1f} s. "
-          f"Wrote {out}/ (report.html, report.md, tune.json, schedule files, trials.csv)")
+          f"Wrote {out}/ (report.html, report.md, tune.json, schedule files, trials.csv{figure})")
     return 0

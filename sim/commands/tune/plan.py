@@ -9,6 +9,7 @@ often each band was used (which also checks that the run is the executor's, byte
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -81,6 +82,24 @@ class TunePlan:
         shares = self.cell_shares(tuned, by_label[TUNED][0])
         return TuneResult(self, found, rows, shares, trials.ran, trials.stored, time.perf_counter() - started)
 
+    def run_into(self, out: str | os.PathLike[str], progress: bool = False) -> "TuneResult":
+        """Run into the folder ``out`` and write its report there. Ctrl-C keeps the runs stored so far (the
+        same command resumes); any other failure removes what this call put in a folder it found absent or
+        empty, so a failed tune leaves nothing behind (a resumed folder keeps its store: its runs are whole)."""
+        out = Path(out)
+        existed = out.exists()
+        fresh = not existed or (out.is_dir() and not any(out.iterdir()))
+        try:
+            result = self.run(out, progress=progress)
+            result.write(out)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            if fresh:
+                remove_contents(out, keep_folder=existed)
+            raise
+        return result
+
     def cell_shares(self, tuned: Candidate, expected: dict) -> list[float]:
         """Each cell's share of the decode steps of the tuned schedule on the first held-out seed."""
         import numpy as np
@@ -120,6 +139,18 @@ class TuneResult:
     @property
     def schedule(self) -> Schedule:
         return self.search.best
+
+    @functools.cached_property
+    def described(self) -> dict:
+        """What every run of the tune ran (sim.commands.described): the scenario's method, drafter and
+        acceptance, from the tuned schedule's run config (the candidates differ only in their policy), with
+        per-position rates up to the largest k any of them may draft."""
+        from sim.commands.described import describe, policy_k_max
+
+        plan = self.plan
+        runs = [plan.config(c, plan.holdout[0]) for c in plan.baselines]
+        k_max = max([plan.space.k_values[-1], *(policy_k_max(run) or 0 for run in runs)])
+        return describe(plan.config(plan.candidate(self.schedule), plan.holdout[0]), k_max=k_max)
 
     @property
     def verdict(self) -> str:
@@ -170,6 +201,21 @@ class TuneResult:
         return write_report(Path(out), self)
 
 
+def remove_contents(folder: Path, keep_folder: bool) -> None:
+    """Everything a failed tune wrote into ``folder``, which it found absent or empty (then ``keep_folder``)."""
+    import shutil
+
+    if not folder.is_dir():
+        return
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    if not keep_folder:
+        folder.rmdir()
+
+
 def decode_steps_by_batch(run) -> list[int]:
     """Decode steps per charged batch size (0..max batch) of a prepared run, simulated here."""
     import numpy as np
@@ -180,6 +226,33 @@ def decode_steps_by_batch(run) -> list[int]:
     steps = execute(run).step_columns
     batch = np.asarray(steps["batch_size"])[np.asarray(steps["phase"]) != PREFILL]
     return np.bincount(batch, minlength=run.config.engine.max_batch_size + 1).tolist()
+
+
+def k_limit(base: RunConfig, profile) -> tuple[int, str]:
+    """The largest k any policy of the tune may choose, and why: the profile's measured k_max, or the speculation
+    method's num_speculative_tokens where smaller (vLLM sizes every step by it: the k_max of every baseline)."""
+    method = base.speculation
+    if method.given and method.num_speculative_tokens < profile.k_max:
+        return method.num_speculative_tokens, f"the {method.method} method's num_speculative_tokens"
+    return profile.k_max, "the profile's measured k_max"
+
+
+def check_runnable(base: RunConfig, candidate: Candidate) -> None:
+    """Prepare the candidate's run on a two-request copy of the scenario (its policy bound to the profile, its
+    k against the method and the profile): an InputError naming the candidate, before any run."""
+    from sim.simulate import prepare
+
+    probe = run_config(base, candidate, base.seed)
+    w = probe.workload
+    if w.trace is None and w.trace_vllm is None:  # generated arrivals: two requests are checked as a run's
+        probe = replace(probe, workload=replace(w, num_requests=2, duration_s=None))
+    try:
+        prepare(probe)
+    except InputError as exc:
+        own = (exc.field or "").startswith("policy")  # the tune's own policy: no file or flag of the user's gave it
+        raise InputError(f"the tune's {'baseline' if candidate.schedule is None else 'trial'} '{candidate.label}' "
+                         f"cannot run: {exc.message}", field=exc.field, source=None if own else exc.source,
+                         line=None if own else exc.line) from None
 
 
 def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], *, objective: str = DEFAULT,
@@ -219,10 +292,10 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
         raise base.error("seed", f"the tune uses seeds {base.seed}..{base.seed + seeds + holdout - 1}, beyond {SEED_MAX}")
     profile = load_profile(base.profile)
     k_min = SGLANG_MIN_K if fmt == "sglang" else 0
-    top = min(DEFAULT_K_MAX, profile.k_max) if k_max is None else k_max
-    if isinstance(top, bool) or not isinstance(top, int) or not max(k_min, 1) <= top <= profile.k_max:
-        raise InputError(f"must be in {max(k_min, 1)}..{profile.k_max} (the profile's measured k_max), got {top!r}",
-                         source="--k-max")
+    limit, why = k_limit(base, profile)
+    top = min(DEFAULT_K_MAX, limit) if k_max is None else k_max
+    if isinstance(top, bool) or not isinstance(top, int) or not max(k_min, 1) <= top <= limit:
+        raise InputError(f"must be in {max(k_min, 1)}..{limit} ({why}), got {top!r}", source="--k-max")
     count = int(bands) if isinstance(bands, int) or (isinstance(bands, str) and bands.strip().isdigit()) else None
     if count is None:
         batch = batch_bands(bands, base.engine.max_batch_size)
@@ -233,7 +306,7 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
         raise InputError(f"{fmt} takes one k per batch size; with --context-bands the schedule is written as a "
                          "lut (context) table: --format lut", source="--format")
     k_values = tuple(range(k_min, top + 1))
-    others = baselines(k_values, base.acceptance.alpha, profile.k_max)
+    others = baselines(k_values, base.acceptance.alpha, limit, tree=base.speculation.is_tree)
     # Prepared here: every input of the scenario is checked before the first run, and the lut
     # baseline's own table (built at bind from the step table) places the bands and seeds the search.
     lut = next(c for c in others if c.policy["name"] == "lut")
@@ -251,6 +324,11 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
     projected = space.project(first.policy.k_for, steps)
     if projected not in starts:
         starts.append(projected)
+    # Every policy the tune will run, checked as its run would be (each trial is a table of k within the
+    # searched range, so the two extreme uniform schedules stand for them all): one line before any run.
+    trials = [Candidate(space.text(s), space.policy(s), s) for s in (starts[0], starts[len(k_values) - 1])]
+    for candidate in trials + others:
+        check_runnable(base, candidate)
     origin = base.seed
     return TunePlan(base=replace(base, policy=PolicyConfig("none", {})), space=space, objective=goal,
                     seeds=tuple(range(origin, origin + seeds)),

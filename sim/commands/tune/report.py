@@ -7,7 +7,10 @@ Beside ``cells/`` (one file per run, the resumable store) and ``trials.csv``:
   ``trtllm.txt`` (draft_len_schedule): each read back by its policy gives the tuned runs;
 * ``tuned.toml``: the whole scenario with the tuned schedule, at the first held-out seed;
   ``specbatch run --config tuned.toml`` reproduces that run;
-* ``report.md`` with ``tune.png``, ``report.html`` (the figure embedded), ``tune.json``.
+* ``report.md`` with ``tune.png``, ``report.html`` (the figure embedded), ``tune.json``; without
+  matplotlib (the README's first install) no ``tune.png``, and the report says so in one line.
+
+Every report names what ran (method, drafter, acceptance as used: ``sim.commands.described``).
 
 Everything is a function of the inputs and the runs (no dates, no wall times, PNGs without
 matplotlib's Software tag), each file written atomically. ``result`` below is a
@@ -25,10 +28,12 @@ from pathlib import Path
 
 import sim
 from sim.atomic_write import write_file
+from sim.commands.figures import NO_MATPLOTLIB, have_matplotlib
 from sim.errors import InputError
 
 MARKER = "tune.json"
 FIGURE = "tune.png"
+NO_FIGURE = f"No figure: {NO_MATPLOTLIB}."
 FILES = {"lut": "schedule.toml", "vllm": "vllm.json", "sglang": "sglang.json", "trtllm": "trtllm.txt"}
 SCENARIO = "tuned.toml"
 COLUMNS = (("mean_ttft_ms", "mean TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"), ("mean_tpot_ms", "mean TPOT (ms)"),
@@ -107,8 +112,12 @@ def comparison_rows(result: "TuneResult", short: bool = False) -> list[list[str]
 def input_rows(result: "TuneResult") -> list[tuple[str, str]]:
     plan, found = result.plan, result.search
     space = plan.space
+    ran = result.described
     return [
         ("profile", plan.base.profile),
+        ("speculation method", ran["method_text"]),
+        ("drafter", ran["drafter"]),
+        ("acceptance", ran["acceptance_text"]),
         ("objective", f"{plan.objective} (mean over seeds of each seed's statistic, vLLM's definitions)"),
         ("request goodput SLOs", "—" if not plan.base.output.goodput else
          " ".join(f"{k}:{v:g}" for k, v in plan.base.output.goodput.items()) + " (ms, vllm bench serve --goodput)"),
@@ -124,9 +133,11 @@ def input_rows(result: "TuneResult") -> list[tuple[str, str]]:
 
 
 def result_text(result: "TuneResult") -> str:
-    """What ``specbatch tune`` prints: the schedule, the held-out comparison, the verdict, the chosen format."""
+    """What ``specbatch tune`` prints: what ran, the schedule, the held-out comparison, the verdict, the chosen
+    format."""
     plan = result.plan
-    lines = [f"Tuned schedule ({plan.objective}): {plan.space.text(result.schedule)}",
+    lines = [f"Ran: {result.described['text']}",
+             f"Tuned schedule ({plan.objective}): {plan.space.text(result.schedule)}",
              text_table(BAND_HEADER, band_rows(result)), "",
              f"On the held-out seeds ({', '.join(map(str, plan.holdout))}), means over seeds:",
              text_table(comparison_header(result, short=True), comparison_rows(result, short=True)), "",
@@ -139,8 +150,11 @@ def result_text(result: "TuneResult") -> str:
 # ---------------------------------------------------------------- files
 
 def write_report(out: Path, result: "TuneResult") -> Path:
-    figure = render_figure(result)
+    """Every file of the folder but the runs' store; everything is computed before the first is written."""
+    figure = render_figure(result) if have_matplotlib() else None
     formats = result.formats()
+    report_md, report_html = markdown(result, formats, figure is not None), html_page(result, formats, figure)
+    doc = json.dumps(document(result, formats), indent=2, sort_keys=True, allow_nan=False) + "\n"
     for fmt, text in formats.items():
         if text is not None:
             write_file(out / FILES[fmt], text + "\n")
@@ -150,10 +164,13 @@ def write_report(out: Path, result: "TuneResult") -> Path:
     tuned = plan.config(plan.candidate(result.schedule), plan.holdout[0])
     write_file(out / SCENARIO, f"# specbatch tune: the tuned schedule at held-out seed {plan.holdout[0]}\n"
                                + tuned.to_toml())
-    write_file(out / FIGURE, figure)
-    write_file(out / "report.md", markdown(result, formats))
-    write_file(out / "report.html", html_page(result, formats, figure))
-    write_file(out / MARKER, json.dumps(document(result, formats), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    if figure is not None:
+        write_file(out / FIGURE, figure)
+    else:  # an earlier tune's figure in a resumed folder would not be this report's
+        (out / FIGURE).unlink(missing_ok=True)
+    write_file(out / "report.md", report_md)
+    write_file(out / "report.html", report_html)
+    write_file(out / MARKER, doc)
     return out
 
 
@@ -184,7 +201,7 @@ def _method(result: "TuneResult") -> str:
             f"within noise means the interval reaches zero. {ENGINE_DEFAULTS}")
 
 
-def markdown(result: "TuneResult", formats: dict[str, str | None]) -> str:
+def markdown(result: "TuneResult", formats: dict[str, str | None], figure: bool = True) -> str:
     plan = result.plan
     lines = [f"# Tuned speculation schedule: {plan.base.profile}", "", "## Inputs", "", "| input | value |", "|---|---|"]
     lines += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in input_rows(result)]
@@ -192,8 +209,8 @@ def markdown(result: "TuneResult", formats: dict[str, str | None]) -> str:
     lines += _md_table(BAND_HEADER, band_rows(result))
     lines += ["", "## On the held-out seeds", "", f"The tuned schedule is {result.verdict}.", ""]
     lines += _md_table(comparison_header(result), comparison_rows(result))
-    lines += ["", _method(result), "", f"![the tuned schedule, the comparison and the search]({FIGURE})", "",
-              "## Ready to use", ""]
+    lines += ["", _method(result), "", f"![the tuned schedule, the comparison and the search]({FIGURE})"
+              if figure else NO_FIGURE, "", "## Ready to use", ""]
     lines += _formats_md(formats)
     lines += [f"`{SCENARIO}` is the whole scenario with the tuned schedule at seed {plan.holdout[0]}.", "",
               "## The scenario", "", "```toml", plan.base.to_toml().rstrip("\n"), "```", "",
@@ -201,7 +218,7 @@ def markdown(result: "TuneResult", formats: dict[str, str | None]) -> str:
     return "\n".join(lines)
 
 
-def html_page(result: "TuneResult", formats: dict[str, str | None], figure: bytes) -> str:
+def html_page(result: "TuneResult", formats: dict[str, str | None], figure: bytes | None) -> str:
     e = html.escape
     plan = result.plan
 
@@ -222,7 +239,8 @@ def html_page(result: "TuneResult", formats: dict[str, str | None], figure: byte
              f"<p>The tuned schedule is {e(result.verdict)}.</p>",
              table(comparison_header(result), comparison_rows(result)), f"<p>{e(_method(result))}</p>",
              f'<img alt="the tuned schedule, the comparison and the search" '
-             f'src="data:image/png;base64,{base64.b64encode(figure).decode("ascii")}">', "<h2>Ready to use</h2>"]
+             f'src="data:image/png;base64,{base64.b64encode(figure).decode("ascii")}">' if figure is not None
+             else f"<p>{e(NO_FIGURE)}</p>", "<h2>Ready to use</h2>"]
     for fmt, text in formats.items():
         parts.append(f"<p><b>{e(fmt)}</b> (<code>{e(FILES[fmt])}</code>):</p>"
                      + (f"<pre>{e(text)}</pre>" if text is not None else "<p>not written (SGLang drafts at least "
@@ -242,6 +260,7 @@ def document(result: "TuneResult", formats: dict[str, str | None]) -> dict:
     return {
         "specbatch_version": sim.__version__,
         "profile": plan.base.profile,
+        "described": result.described,
         "objective": {"metric": goal.metric, "maximize": goal.maximize},
         "goodput_slos_ms": plan.base.output.goodput,
         "space": {"bands": [list(b) for b in space.bands],
