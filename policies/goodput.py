@@ -11,7 +11,12 @@ which is 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) when every r_j is one rate 
 (geometric acceptance). Real engines' acceptance falls with position, faster than any
 one rate, so pricing k with one pooled rate over-prices long speculation there.
 
-and the policy returns the k in 0..k_max with the largest goodput; a larger k wins
+step_time(b, k, c) of a k >= 1 adds the draft's catch-up, the emitted tokens it has not seen:
+whole up to a lag of 2 (it recurs every speculative step), and beyond it, the debt k = 0 steps
+pile up, spread over the steps paying it opens (goodput_rules.spread_catch_up): priced whole,
+it kept the policy at k = 0 until the lagging rows finished (docs/policy-goodput.md).
+
+The policy returns the k in 0..k_max with the largest goodput; a larger k wins
 over the best smaller one only if it is better by more than ``tie_break`` (relative),
 so exact ties go to the smaller k (and to k = 0).
 
@@ -170,15 +175,21 @@ class Goodput(Policy):
 
     def choose_k(self, view: BatchView) -> int | np.ndarray:
         b, c, step_time, prices = view.batch_size, view.mean_context_tokens, self.step_time, self._prices
-        catch_up = 0.0  # what a speculative step pays on top for the tokens the draft has not seen
+        catch_up = recurring = 0.0  # what the next speculative step pays for the tokens the draft has not seen
+        horizon = 0.0  # ... and the tokens each row has left to use the speculation it buys
         if self.catch_up_time is not None:
             lag = view.max_lag
             if lag > 1:
                 catch_up = self.catch_up_time(b, lag, c)
-        prices[0] = step_time(b, 0, c)
-        for k in range(1, self.k_max + 1):
-            prices[k] = step_time(b, k, c) + catch_up
+                recurring = catch_up if lag == 2 else self.catch_up_time(b, 2, c)
+                remaining = view.remaining_tokens
+                if remaining.shape[0]:
+                    horizon = int(np.add.reduce(remaining)) / remaining.shape[0]
+        for k in range(self.k_max + 1):
+            prices[k] = step_time(b, k, c)
         expected = self._rows[EXPECTED]
+        if catch_up:
+            rules.spread_catch_up(prices, expected, recurring, catch_up - recurring, horizon, self.k_max)
         best_k = rules.best_k(expected, prices, self._scalars[MARGIN], self.k_max)
         if view.explain is not None:  # b multiplies every candidate alike; the timeline shows tokens/s
             view.explain.update(alpha_hat=round(self.alpha_hat, 6),

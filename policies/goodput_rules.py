@@ -34,6 +34,24 @@ def best_k(expected, prices, margin, k_max):
     return chosen
 
 
+def spread_catch_up(prices, expected, recurring, debt, horizon, k_max):
+    """Add the draft's catch-up to the price of every k >= 1: ``recurring`` whole, ``debt`` spread.
+
+    The catch-up feeds the draft every emitted token it has not seen. Up to a lag of 2 it recurs on
+    every speculative step (a row that kept all its drafts lags 2): ``recurring``, priced whole. Each
+    k = 0 step adds one token per row beyond that: ``debt``, paid once by the next speculative step,
+    and not avoided by another k = 0 step, only deferred and grown. Priced whole, it would keep the
+    policy at k = 0 until the lagging rows finish; what it buys is speculation for the rest of the
+    batch's rows, ``horizon`` tokens each (their mean remaining), about horizon / E[tokens](k) steps
+    at k, so each of those steps carries E[tokens](k) / horizon of it (all of it when fewer tokens
+    than one step's are left, or when the horizon is unknown: 0)."""
+    for k in range(1, k_max + 1):
+        share = 1.0
+        if expected[k] < horizon:
+            share = expected[k] / horizon
+        prices[k] += recurring + debt * share
+
+
 def price_positions(scalars, rows, k_max):
     """r_j, each position's estimate shrunk towards alpha_hat, and E[tokens](k) = 1 + r_1 + r_1 r_2 + ..."""
     shrink = scalars[PRIOR] * scalars[ALPHA]
@@ -97,4 +115,4 @@ def observe_rows(scalars, rows, kept, ks, m, k_max, scratch):
     price_positions(scalars, rows, k_max)
 
 
-RULES = (best_k, price_positions, update_pooled, observe_rows)
+RULES = (best_k, spread_catch_up, price_positions, update_pooled, observe_rows)

@@ -25,7 +25,7 @@ runs from its first arrival to its last finish in a handful of calls.
 
 from __future__ import annotations
 
-from policies.goodput_rules import EXPECTED, MARGIN, best_k, observe_rows
+from policies.goodput_rules import EXPECTED, MARGIN, best_k, observe_rows, spread_catch_up
 from sim.proposals import propose_rows
 from sim.costmodel_rules import (blend, catch_up_price, chunk_price, decode_price, prefill_price,
                                   prefix_attention_price, tokens_price)
@@ -37,7 +37,7 @@ from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOK
                                 C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
                                 C_STEPS, C_TOTAL_CONTEXT, DECODE, IDLE, LAST_STEP_END, LIMIT, MIXED, NOTHING, NOW,
                                 PENDING_END,
-                                PREFILL, REFILL, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
+                                PREFILL, REFILL, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
                                 STEP_MEAN)
 from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, exact_delay, retire,
                                step_rows_stats, write_step)
@@ -54,12 +54,16 @@ def _choose(b, charged, rows, ctr, policy_kind, k_by_batch, gp, gp_rows, gp_pric
     lag = 1
     if track_lag:
         total, lag = step_rows_stats(rows, b, track_lag)
-    extra = 0.0  # Goodput.choose_k: the step table's step_time, plus the draft's catch-up
+    for k in range(k_max + 1):  # Goodput.choose_k: the step table's step_time, plus the draft's catch-up
+        gp_prices[k] = blend(decode[charged][k], x)
     if gp_catch_up and lag > 1:
         extra = catch_up_price(catch_up[charged], lag, x)
-    gp_prices[0] = blend(decode[charged][0], x)
-    for k in range(1, k_max + 1):
-        gp_prices[k] = blend(decode[charged][k], x) + extra
+        if extra:
+            recurring = extra if lag == 2 else catch_up_price(catch_up[charged], 2, x)
+            remaining = 0
+            for i in range(b):
+                remaining += rows[ROW_REMAINING, i]
+            spread_catch_up(gp_prices, gp_rows[EXPECTED], recurring, extra - recurring, remaining / b, k_max)
     return best_k(gp_rows[EXPECTED], gp_prices, gp[MARGIN], k_max)
 
 
