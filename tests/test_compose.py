@@ -406,3 +406,18 @@ def test_multi_head_attention_is_priced_as_more_sequences_with_the_tables_kv_hea
     pricer = _tiny_pricer(tiny_data, "tiny-opt")
     assert float(pricer.decode_attention(3, 1, 100)) == pytest.approx(gen_ms(6, 100, 2) * 1e-3, rel=1e-12)
     assert float(pricer.context_attention(3, 64)) == pytest.approx(ctx_ms(6, 64, 2) * 1e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize("flag", ["--request-latency-ms", "--exposed-overhead-ms"])
+def test_the_fitted_terms_can_be_given_and_a_bad_value_is_one_line(tiny_data, tmp_path, capsys, flag):
+    out = tmp_path / "given"
+    code, _, err = run_cli(capsys, "compose", *TINY, "--kernel-data", str(tiny_data), flag, "3", "--out", str(out))
+    assert code == 0, err
+    overhead = json.loads((out / "profile.json").read_text())["engine_overhead"]
+    term = "request_latency_s" if flag == "--request-latency-ms" else "exposed_overhead_s"
+    assert overhead[term] == pytest.approx(3e-3) and "given on the command line" in overhead["request_latency_source"]
+    assert flag in json.loads((out / "profile.json").read_text())["command"]
+    code, _, err = run_cli(capsys, "compose", *TINY, "--kernel-data", str(tiny_data), flag, "-1",
+                           "--out", str(tmp_path / "bad"))
+    assert code == 2 and err.count("\n") == 1 and flag.lstrip("-") in err, err
+    assert not (tmp_path / "bad").exists()
