@@ -572,6 +572,11 @@ def main(argv: list[str] | None = None) -> int:
     profiles = {name: json.loads((resolve_profile_path(name) / "profile.json").read_text())
                 for name in shipped_profiles()}
     runs, sources, not_covered = [], [], {}
+    missing = [folder for folder in args.data if not (folder / "runs.json").is_file()]
+    if missing:
+        print(f"error: --data: {missing[0]} holds no runs.json (a folder of real runs, as ../shared/validation's)",
+              file=sys.stderr)
+        return 2
     for folder in args.data:
         index = json.loads((folder / "runs.json").read_text())
         sources.append(f"{folder.name}: {index.get('source', folder.name)}")

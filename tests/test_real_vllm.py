@@ -143,3 +143,11 @@ def test_every_dev_run_is_simulated_or_listed_with_the_reason(bench, tmp_path):
     settings = {k: v for k, (v, _) in bench.run_overrides(run, "p").items()}
     assert settings["engine.block_size"] == 16 and "engine.kv_cache_tokens" not in settings
     assert settings["engine.chunked_prefill"] is True and settings.get("engine.enable_prefix_caching", True) is True
+
+
+def test_a_data_folder_without_runs_is_one_line_before_any_work(bench, tmp_path, capsys):
+    results = tmp_path / "r.json"
+    assert bench.main(["--data", str(tmp_path), "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--data" in err and "runs.json" in err
+    assert not results.exists()
