@@ -21,21 +21,6 @@ specbatch compose --gpu h100_sxm --tp 4 --target llama-3.1-70b --draft llama-3.1
 specbatch compose --gpu h100_sxm --tp 4 --target llama-3.1-70b --draft llama-3.2-1b --out sim/profiles/h100-tp4-llama-3.1-70b-llama-3.2-1b
 specbatch compose --gpu h100_sxm --tp 4 --target llama-3.1-8b --draft llama-3.2-1b --out sim/profiles/h100-tp4-llama-3.1-8b-llama-3.2-1b
 specbatch compose --gpu h200_sxm --tp 2 --dtype fp8 --target llama-3.1-70b --draft llama-3.2-1b --out sim/profiles/h200-tp2-llama-3.1-70b-llama-3.2-1b
-# What kernel tables cannot say: the serving stack's own latency per request (its frontend) and the
-# engine's per-step time no overlap hides. Fitted (specbatch fit, leave-one-run-out errors in the
-# sidecar) to the three Llama-2-7b vLLM 0.15.1 runs on H100 that ../shared/validation holds, then
-# carried over to the other composed profiles (the same serving stack on other models and GPUs:
-# the runs of other models measure how well the terms carry, docs/validation.md).
-RUNS="${SPECBATCH_VALIDATION:-../shared/validation}/vllm-h100"
-FITTED=sim/profiles/h100-llama-2-7b-llama-68m
-specbatch fit --profile "$FITTED" --out "$FITTED" --terms request_latency_s,exposed_overhead_s \
-    --measured "$RUNS/llama-2-7b-tp1-codegen.csv.gz" "$RUNS/llama-2-7b-tp1-general.csv.gz" "$RUNS/llama-2-7b-tp1-roleplay.csv.gz" \
-    --policy none --max-num-seqs 128 --max-num-batched-tokens 2048 --block-size 16 --kv-cache-tokens 119392
-for profile in sim/profiles/h100-llama-3.1-8b-llama-3.2-1b sim/profiles/h100-opt-6.7b-opt-125m \
-               sim/profiles/h200-llama-3.1-8b-llama-3.2-1b sim/profiles/l40s-llama-3.1-8b-llama-3.2-1b \
-               sim/profiles/a100-opt-6.7b-opt-125m \
-               sim/profiles/h100-tp4-llama-2-70b sim/profiles/h100-tp2-mixtral-8x7b sim/profiles/h100-tp2-codellama-34b \
-               sim/profiles/h100-tp4-llama-3.1-70b-llama-3.1-8b sim/profiles/h100-tp4-llama-3.1-70b-llama-3.2-1b \
-               sim/profiles/h100-tp4-llama-3.1-8b-llama-3.2-1b sim/profiles/h200-tp2-llama-3.1-70b-llama-3.2-1b; do
-    specbatch fit --profile "$profile" --out "$profile" --terms request_latency_s,exposed_overhead_s --terms-from "$FITTED"
-done
+# What kernel tables cannot say, the serving frontend's latency per request, compose writes itself
+# (sim/compose/build.py's REQUEST_LATENCY_S, fitted by benchmarks/real_vllm.py leaving one model out):
+# a profile composed by hand is the profile shipped. No fitted term is carried over afterwards.

@@ -1,19 +1,31 @@
-"""The simulator against real vLLM on H100: every measured run a shipped profile covers.
+"""The simulator against real vLLM, out of sample: every dev run the project can compose.
 
-    python benchmarks/real_vllm.py [--data DIR] [--results FILE] [--figure PNG] [--runs PATTERN]
+    python benchmarks/real_vllm.py [--data DIR ...] [--results FILE] [--figure PNG] [--runs PATTERN]
     python benchmarks/real_vllm.py --table FILE     # print a results file's tables, run nothing
 
-The runs are the BLIS project's sixteen vLLM 0.15.1 runs on H100 SXM (``../shared/validation/
-vllm-h100``, its README says how they were made): per request the arrival, prompt and
-output length, prompt id, stage, and the measured TTFT and E2E latency. A run is simulated
-when a shipped profile covers it: the profile's target model has the run's shape (layers,
-widths, heads, KV heads, vocabulary), on the run's GPU, at its tensor-parallel size (all
-sixteen: Llama-2-7b on one GPU, Llama-2-70b on four, Mixtral-8x7B and CodeLlama-34b on two,
-the last three on target-only composed profiles). Each is simulated request for request
-by ``specbatch compare`` (sim.commands.compare.compare_measured) with the run's own engine
-settings from ``runs.json``: the vllm-v1 scheduler, max_num_seqs, max_num_batched_tokens,
-block size, the KV cache vLLM logged (gpu_kv_blocks x block size tokens), chunked prefill,
-and prefix caching with the prompt ids where the simulator has them.
+The dev runs are every ``runs.json`` folder given (default: ``../shared/validation/vllm-h100``,
+the BLIS project's sixteen vLLM 0.15.1 runs on H100 SXM, and ``vllm-llmservingsim``, three
+vLLM 0.19 runs on other GPUs; their READMEs say how they were made): per request the arrival,
+prompt and output length, the measured TTFT and E2E latency, and where recorded the prompt
+id and the stage. A run is simulated on the shipped profile whose target has the run's shape
+(layers, widths, heads, KV heads, vocabulary) on the run's GPU at its tensor-parallel size,
+else on the profile ``specbatch compose`` writes for the run's model, GPU and size; a run it
+cannot compose (a model compose cannot read, a GPU without kernel data, data parallelism) is
+listed with the reason, in one line. Each is simulated request for request by ``specbatch
+compare`` (sim.commands.compare.compare_measured) with the run's own engine settings: the
+vllm-v1 scheduler, max_num_seqs, max_num_batched_tokens, block size, the KV cache vLLM logged
+(gpu_kv_blocks x block size tokens; else the profile's), chunked prefill, and prefix caching
+with the prompt ids where the simulator has them (vLLM V1's defaults where a run did not log
+a setting).
+
+No fitted term is scored on the model it was fitted to. The two terms no independent data
+gives (the frontend's latency per request, the engine's exposed time per step) are fitted
+leaving one model out (sim.commands.fit.fit_on_grid: the step time over EXPOSED_GRID_S, one
+simulation of every run at each value, the latency in closed form), for each of TERM_SETS;
+the set whose held-out error is least is what profiles carry (its value on every model is
+sim/compose/build.py's, which compose writes), and the headline scores each run with that
+set fitted without its model. The physics alone (no fitted term) is summarised beside it,
+and the signed median error per group of runs beside the results this file replaced.
 
 It prints, per run and stage, the mean, p50, p90 and p99 of TTFT, ITL ((E2E - TTFT) /
 (output tokens - 1)) and E2E, real beside simulated with the error, whether the real engine
@@ -31,15 +43,19 @@ vanish), and the real engines' warm-up (requests of a run's first seconds much s
 the rest, and the first stage's p99 E2E error without them).
 
 Results go to ``benchmarks/results/real_vllm.json`` (what docs/validation.md's
-section "Against real vLLM on H100" is generated from), the figure (real vs simulated
+section "Against real vLLM on H100" is generated from; a new file keeps the first file's
+"before"), the figure (real vs simulated
 latency CDFs per run) to ``docs/figures/real-vllm-cdf.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import io
+import shutil
+import tempfile
 import json
 import math
 import re
@@ -47,13 +63,21 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = next((p / "shared" / "validation" / "vllm-h100" for p in ROOT.parents
-             if (p / "shared" / "validation" / "vllm-h100").is_dir()), ROOT.parent / "shared" / "validation" / "vllm-h100")
+VALIDATION = next((p / "shared" / "validation" for p in ROOT.parents if (p / "shared" / "validation").is_dir()),
+                  ROOT.parent / "shared" / "validation")
+DATA = (VALIDATION / "vllm-h100", VALIDATION / "vllm-llmservingsim")  # the dev runs: every folder's runs.json
 RESULTS = ROOT / "benchmarks" / "results" / "real_vllm.json"
 FIGURE = ROOT / "docs" / "figures" / "real-vllm-cdf.png"
 TARGETS = (("e2e", "mean", 0.03), ("itl", "mean", 0.03), ("ttft", "mean", 0.10), ("e2e", "p99", 0.05))
 SHAPE = {"hidden_size": "hidden_dim", "intermediate_size": "intermediate_dim", "num_layers": "num_layers",
          "num_heads": "num_heads", "num_kv_heads": "num_kv_heads", "vocab_size": "vocab_size"}
+# The engine's exposed time per step is fitted on this grid (each value one simulation of every run);
+# the frontend's latency per request in closed form at each (sim.commands.fit.fit_on_grid).
+EXPOSED_GRID_S = tuple(round(i * 5e-5, 6) for i in range(21))  # 0 to 1 ms by 0.05 ms
+# What a profile may carry, tried in turn: the set whose held-out error is least is what ships.
+TERM_SETS = {"none": (), "request latency": ("request_latency_s",),
+             "request latency + exposed step time": ("request_latency_s", "exposed_overhead_s")}
+VLLM_BLOCK_SIZE = 16  # vLLM's default KV block, where a run did not log its own
 
 
 def gpu_key(name: str) -> str:
@@ -61,8 +85,20 @@ def gpu_key(name: str) -> str:
     return re.sub(r"\d+gb$", "", re.sub(r"[^a-z0-9]", "", name.lower()))
 
 
+def normalise(run: dict, folder: Path) -> dict:
+    """A run of either folder's runs.json with the keys the benchmark reads (vLLM V1's defaults where
+    a run did not log a setting: prefix caching and chunked prefill on, blocks of 16)."""
+    prefix = run.get("prefix_caching", run.get("enable_prefix_caching"))
+    return {**run, "folder": str(folder), "prefix_caching": True if prefix is None else bool(prefix),
+            "chunked_prefill": True if run.get("chunked_prefill") is None else bool(run["chunked_prefill"]),
+            "block_size": run.get("block_size") or VLLM_BLOCK_SIZE,
+            "tensor_parallel_size": int(run.get("tensor_parallel_size") or 1)}
+
+
 def covering_profile(run: dict, profiles: dict[str, dict]) -> str | None:
     """The shipped profile whose target is the run's model on the run's GPU at its TP size (composed first)."""
+    if "model_config" not in run:
+        return None
     found = []
     for name, meta in sorted(profiles.items()):
         config = meta.get("models", {}).get("target", {}).get("config", {})
@@ -73,8 +109,60 @@ def covering_profile(run: dict, profiles: dict[str, dict]) -> str | None:
     return min(found)[1] if found else None
 
 
+def data_gpu(name: str, gpus: list[str]) -> str | None:
+    """The kernel data's GPU a run's GPU name is ('NVIDIA RTX PRO 6000 Blackwell Server Edition' ->
+    rtx_pro_6000_server): every word of the data's name among the run's, the most words first."""
+    words = set(re.findall(r"[a-z0-9]+", name.lower()))
+    matches = [(len(g.split("_")), g) for g in gpus if set(g.split("_")) <= words]
+    return max(matches)[1] if matches else None
+
+
+def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:
+    """A run no shipped profile covers: the profile ``specbatch compose`` writes for its model, GPU and
+    TP size (in ``scratch``), or None and why it cannot be composed (one line)."""
+    from sim.commands.compose import add_arguments, main as compose_main
+    from sim.compose import data
+    from sim.errors import InputError
+
+    if int(run.get("data_parallel_size") or 1) > 1:
+        ep = " with expert parallelism" if run.get("enable_expert_parallel") else ""
+        return None, (f"data parallelism ({run['data_parallel_size']} ranks{ep}) is not simulated: vLLM runs each "
+                      "rank as its own engine and, with expert parallelism, exchanges tokens between them "
+                      "every MoE layer (all-to-all); specbatch prices a replica as one tensor-parallel group")
+    root = data.systems_dir(None)
+    gpus = [g.name for g in (root / "data").iterdir() if (root / f"{g.name}.yaml").is_file()
+            and (g / "gemm").is_dir()]
+    gpu = data_gpu(run["gpu"], gpus)
+    if gpu is None:
+        return None, f"no kernel data for {run['gpu']} in aiconfigurator-core {data.package_version()}"
+    out = scratch / re.sub(r"[^a-z0-9.-]+", "-", run["run"].lower())
+    versions = sorted((root / "data" / gpu / "gemm" / "vllm").iterdir()) if (root / "data" / gpu / "gemm" / "vllm").is_dir() else []
+    errors = []
+    for target in (run["model"], run["model"].split("/")[-1].lower()):  # a Hugging Face id, then a built-in name
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        argv = ["--gpu", gpu, "--target", target, "--tp", str(run["tensor_parallel_size"]), "--out", str(out)]
+        if versions:
+            argv += ["--framework-version", versions[-1].name]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                compose_main(parser.parse_args(argv))
+            return str(out), None
+        except InputError as exc:
+            errors.append(str(exc).splitlines()[0])
+    if errors[0].startswith("target: unknown model"):
+        return None, (f"model {run['model']} is not readable yet (compose knows built-in names; reading a "
+                      "model from its Hugging Face config.json is issue 40's first item)")
+    return None, f"not composable: {_short(errors[0])}"
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def run_overrides(run: dict, profile: str) -> dict:
-    """The run's engine settings as the simulator's config keys (prefix caching where it has the key)."""
+    """The run's engine settings as the simulator's config keys (prefix caching where it has the key;
+    the KV cache vLLM logged, else the profile's)."""
     from sim.config import KEYS
 
     keys = {key.name for key in KEYS}
@@ -82,25 +170,127 @@ def run_overrides(run: dict, profile: str) -> dict:
                 "policy.name": "none", "engine.scheduler": "vllm-v1",
                 "engine.max_batch_size": run["max_num_seqs"],
                 "engine.max_num_batched_tokens": run["max_num_batched_tokens"],
-                "engine.block_size": run["block_size"],
-                "engine.kv_cache_tokens": run["gpu_kv_blocks"] * run["block_size"],
-                "engine.chunked_prefill": bool(run["chunked_prefill"])}
+                "engine.block_size": run.get("block_size") or VLLM_BLOCK_SIZE,
+                "engine.chunked_prefill": bool(run.get("chunked_prefill", True))}
+    if run.get("gpu_kv_blocks"):
+        settings["engine.kv_cache_tokens"] = run["gpu_kv_blocks"] * settings["engine.block_size"]
     if "engine.enable_prefix_caching" in keys:
-        settings["engine.enable_prefix_caching"] = bool(run["prefix_caching"])
+        settings["engine.enable_prefix_caching"] = bool(run.get("prefix_caching", True))
     return {key: (value, "runs.json") for key, value in settings.items() if key in keys}
 
 
-def simulate_run(run: dict, profile: str, data: Path):
+def with_terms(profile: str, terms: dict[str, float], scratch: Path) -> Path:
+    """A copy of ``profile`` (in ``scratch``) whose overhead terms are exactly ``terms`` (the others 0):
+    the physics alone, or the physics with terms fitted elsewhere."""
+    from sim.profile import CSV_NAME, META_NAME, resolve_profile_path
+
+    source = resolve_profile_path(profile)
+    values = {t: float(terms.get(t, 0.0)) for t in ("exposed_overhead_s", "request_latency_s")}
+    folder = scratch / (source.name + "".join(f"-{v:.7f}" for v in values.values()))
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        shutil.copyfile(source / CSV_NAME, folder / CSV_NAME)
+        meta = json.loads((source / META_NAME).read_text())
+        overhead = meta.setdefault("engine_overhead", {})
+        for key in ("carried", "fitted"):
+            overhead.pop(key, None)
+        overhead.update(values)
+        (folder / META_NAME).write_text(json.dumps(meta))
+    return folder
+
+
+def simulate_run(run: dict, profile: str, terms: dict[str, float], scratch: Path):
     from sim.commands.compare import compare_measured
 
-    return compare_measured(data / run["file"], None, run_overrides(run, profile))
+    return compare_measured(Path(run["folder"]) / run["file"], None,
+                            run_overrides(run, str(with_terms(profile, terms, scratch))))
 
 
-def run_document(run: dict, profile: str, comparison) -> dict:
-    return {"run": run["run"], "model": run["model"], "profile": profile,
-            "tensor_parallel_size": int(run["tensor_parallel_size"]),
+def judged_rows(comparison) -> list[dict]:
+    """The comparison's rows (real, simulated) of the stages the real engine kept up with."""
+    kept = set(comparison.stages[comparison.stages.real_saturated == False].stage)  # noqa: E712 (None: unknown)
+    return [{"stage": r["stage"], "metric": r["metric"], "stat": r["stat"], "real": r["real"], "sim": r["sim"]}
+            for r in _records(comparison.table) if r["stage"] in kept and r["real"] and r["sim"] is not None]
+
+
+def scored(table: list[dict], latency_s: float) -> list[dict]:
+    """A run's table with the frontend's latency added (its errors recomputed)."""
+    from sim.commands.fit import shifted_error
+
+    return [{**r, "sim": None if r["sim"] is None else r["sim"] + (latency_s if r["metric"] in ("ttft", "e2e") else 0),
+             "rel_error": None if r["sim"] is None or not r["real"] else shifted_error(r["real"], r["sim"], r["metric"],
+                                                                                      latency_s)}
+            for r in table]
+
+
+def leave_one_model_out(rows: dict[str, dict[float, list[dict]]], model_of: dict[str, str],
+                        term_set: tuple[str, ...]) -> dict[str, dict]:
+    """Per model: the terms of ``term_set`` fitted on every other model's runs (stages at each grid
+    value of the exposed step time) and the models they were fitted on; terms outside the set are 0."""
+    from sim.commands.fit import fit_on_grid
+
+    out = {}
+    for model in sorted(set(model_of.values())):
+        train = [run for run in rows if model_of[run] != model]
+        grid = EXPOSED_GRID_S if "exposed_overhead_s" in term_set else (0.0,)
+        pooled = {e: [row for run in train for row in rows[run][e]] for e in grid}
+        if not term_set or not any(pooled.values()):
+            out[model] = {"terms": {}, "fitted_on": []}
+            continue
+        terms, _ = fit_on_grid(pooled)
+        out[model] = {"terms": {t: v for t, v in terms.items() if t in term_set},
+                      "fitted_on": sorted({model_of[run] for run in train if rows[run][0.0]})}
+    return out
+
+
+def held_out_rms(rows: dict[str, dict[float, list[dict]]], model_of: dict[str, str], folds: dict[str, dict]) -> float:
+    """RMS of the held-out runs' relative errors of mean ITL, mean E2E and mean TTFT, each run scored with
+    the terms fitted without its model (what fit_on_grid minimises, on runs it never saw)."""
+    from sim.commands.fit import shifted_error
+
+    errors = []
+    for run, by_grid in rows.items():
+        terms = folds[model_of[run]]["terms"]
+        for r in by_grid[terms.get("exposed_overhead_s", 0.0)]:
+            if r["stat"] == "mean" and r["metric"] in ("itl", "e2e", "ttft"):
+                errors.append(shifted_error(r["real"], r["sim"], r["metric"], terms.get("request_latency_s", 0.0)))
+    return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else math.nan
+
+
+def group_name(run: dict) -> str:
+    """'Llama-2-70b-hf TP 4 on H100-SXM-80GB' (results written before runs recorded their GPU: H100 SXM)."""
+    model = re.sub(r"-hf$", "", run["model"].split("/")[-1], flags=re.I)
+    return f"{model} TP {run['tensor_parallel_size']} on {run.get('gpu', 'H100-SXM-80GB')}"
+
+
+def group_medians(doc: dict) -> dict[str, dict[str, float | None]]:
+    """Per group of runs (model, GPU, GPUs) the signed median error of each target statistic over the
+    stages the real engine kept up with."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for run in doc["runs"]:
+        name = group_name(run)
+        errors = groups.setdefault(name, {f"{stat}_{metric}": [] for metric, stat, _ in TARGETS})
+        for stage in run["stages"]:
+            if stage["real_saturated"]:
+                continue
+            for metric, stat, _ in TARGETS:
+                row = next(r for r in run["table"] if r["stage"] == stage["stage"] and r["metric"] == metric
+                           and r["stat"] == stat)
+                if row["rel_error"] is not None:
+                    errors[f"{stat}_{metric}"].append(row["rel_error"])
+    return {name: {key: _median(values) for key, values in errors.items()} for name, errors in sorted(groups.items())}
+
+
+def run_document(run: dict, profile: str, comparison, physics: list[dict], fold: dict) -> dict:
+    """A run's entry: ``table`` is the headline (scored with the shipped terms fitted without its model),
+    ``physics_table`` the same simulation without any fitted term."""
+    tp = int(run["tensor_parallel_size"])
+    return {"run": run["run"], "model": run["model"], "profile": Path(profile).name, "tensor_parallel_size": tp,
+            "gpu": run["gpu"], "source": Path(run["folder"]).name,
             "settings": {key: value for key, (value, _) in run_overrides(run, profile).items()},
-            "stages": _records(comparison.stages), "table": _records(comparison.table),
+            "stages": _records(comparison.stages), "table": scored(_records(comparison.table),
+                                                                  fold["terms"].get("request_latency_s", 0.0)),
+            "physics_table": physics, "fitted": fold,
             "terms": pass_terms(profile, comparison), "warm_up": warm_up(comparison)}
 
 
@@ -196,48 +386,20 @@ def _median(values: list[float]) -> float | None:
     return float(ordered[middle]) if len(ordered) % 2 else float(sum(ordered[middle - 1:middle + 1]) / 2)
 
 
-def fitted_terms(meta: dict) -> dict | None:
-    """What of a profile's engine overhead ``specbatch fit`` set, on which runs, and its held-out errors."""
-    overhead = meta.get("engine_overhead", {})
-    fit, carried = overhead.get("fitted"), overhead.get("carried")
-    if fit:
-        return {"terms": fit["terms"], "fitted_on": fit["on"], "leave_one_out_test": fit.get("test"),
-                "carried_from": None}
-    if carried:
-        return {"terms": carried["terms"], "fitted_on": carried.get("fitted_on"),
-                "leave_one_out_test": carried.get("fit_test_errors"), "carried_from": carried["from"]}
-    return None
+def fitted_on(fold: dict | None) -> str:
+    """'request_latency_s 7.110 ms (fitted on A, B)', or 'none' for the physics alone."""
+    if not fold or not fold.get("terms"):
+        return "none (physics only)"
+    terms = ", ".join(f"{t} {1e3 * v:.3f} ms" for t, v in sorted(fold["terms"].items()))
+    return f"{terms} (fitted on {', '.join(fold['fitted_on'])})"
 
 
-def tables(doc: dict) -> str:
-    """The results file's tables: per run the per-stage comparison, then the summary."""
-    import pandas as pd
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
 
-    from sim.commands.compare import StageComparison, format_stages
 
-    out = [f"vLLM runs on H100 from {doc['source']}; simulated with specbatch's shipped profiles", ""]
-    for run in doc["runs"]:
-        out.append(f"{run['run']} ({run['model']}) on {run['profile']}:")
-        comparison = StageComparison(pd.DataFrame(run["table"]).fillna(math.nan), pd.DataFrame(run["stages"]),
-                                     None, None)
-        out += [format_stages(comparison), ""]
-    out.append("Per stage (error = (simulated - real) / real; none where the real engine did not keep up):")
-    out.append(f"{'run':<28}{'stage':>6}{'req/s':>7}{'mean E2E':>10}{'p99 E2E':>9}{'mean ITL':>10}"
-               f"{'mean TTFT':>11}  kept up: real / simulation")
-    for run in doc["runs"]:
-        for stage in run["stages"]:
-            cells = []
-            for metric, stat, _ in TARGETS:
-                row = next(r for r in run["table"] if r["stage"] == stage["stage"] and r["metric"] == metric
-                           and r["stat"] == stat)
-                value = row["rel_error"]
-                cells.append("-" if stage["real_saturated"] or value is None else f"{100 * value:+.1f}%")
-            kept = {True: "no", False: "yes", None: "?"}
-            out.append(f"{run['run']:<28}{stage['stage']!s:>6}{stage['rate_rps']:>7.1f}{cells[0]:>10}{cells[3]:>9}"
-                       f"{cells[1]:>10}{cells[2]:>11}  {kept[stage['real_saturated']]} / {kept[stage['sim_saturated']]}")
-    summary = doc["summary"]
-    out.append("")
-    out.append(f"median |error| over the {summary['stages_judged']} stages the real engine kept up with (target):")
+def _summary_lines(summary: dict, label: str) -> list[str]:
+    out = [f"{label}: median |error| over the {summary['stages_judged']} stages the real engine kept up with (target):"]
     for metric, stat, target in TARGETS:
         value = summary["median_abs_error"][f"{stat}_{metric}"]
         shown = "n/a" if value is None else f"{100 * value:.1f}%"
@@ -247,23 +409,68 @@ def tables(doc: dict) -> str:
         cells = "  ".join(f"{stat} {metric.upper()} {100 * part['median_abs_error'][f'{stat}_{metric}']:.1f}%"
                           for metric, stat, _ in TARGETS if part["median_abs_error"][f"{stat}_{metric}"] is not None)
         out.append(f"  TP {tp} ({part['stages_judged']} stages): {cells}")
-    behind = summary["sim_fell_behind_where_real_kept_up"]
+    return out
+
+
+def tables(doc: dict) -> str:
+    """The results file's tables: per run the per-stage comparison, then the summaries."""
+    import pandas as pd
+
+    from sim.commands.compare import StageComparison, format_stages
+
+    out = [f"Real vLLM runs ({doc['source']}) against specbatch's composed profiles; every fitted term fitted "
+           "leaving out the model it is scored on", ""]
+    for run in doc["runs"]:
+        out.append(f"{run['run']} ({run['model']}) on {run['profile']}; terms: {fitted_on(run.get('fitted'))}:")
+        comparison = StageComparison(pd.DataFrame(run["table"]).fillna(math.nan), pd.DataFrame(run["stages"]),
+                                     None, None)
+        out += [format_stages(comparison), ""]
+    out.append("Per stage (error = (simulated - real) / real; none where the real engine did not keep up):")
+    out.append(f"{'run':<33}{'stage':>6}{'req/s':>7}{'mean E2E':>10}{'p99 E2E':>9}{'mean ITL':>10}"
+               f"{'mean TTFT':>11}  kept up: real / simulation")
+    for run in doc["runs"]:
+        for stage in run["stages"]:
+            cells = []
+            for metric, stat, _ in TARGETS:
+                row = next(r for r in run["table"] if r["stage"] == stage["stage"] and r["metric"] == metric
+                           and r["stat"] == stat)
+                cells.append("-" if stage["real_saturated"] else _cell(row["rel_error"]))
+            kept = {True: "no", False: "yes", None: "?"}
+            out.append(f"{run['run']:<33}{stage['stage']!s:>6}{stage['rate_rps']:>7.1f}{cells[0]:>10}{cells[3]:>9}"
+                       f"{cells[1]:>10}{cells[2]:>11}  {kept[stage['real_saturated']]} / {kept[stage['sim_saturated']]}")
+    out.append("")
+    out += _summary_lines(doc["summary"], "Out of sample (each run with the terms fitted without its model)")
+    if doc.get("summary_physics"):
+        out += _summary_lines(doc["summary_physics"], "The physics alone (no fitted term)")
+    behind = doc["summary"]["sim_fell_behind_where_real_kept_up"]
     out.append("stages the real engine kept up with but the simulation fell behind in: "
                + (", ".join(behind) if behind else "none"))
-    out.append(f"not covered by a shipped profile: {', '.join(doc['not_covered']) or 'none'}")
-    for name, fit in (doc.get("fitted_terms") or {}).items():
-        if not fit:
-            continue
-        terms = ", ".join(f"{t} {1e3 * v:.3f} ms" for t, v in fit["terms"].items())
-        where = f"carried over from {fit['carried_from']}, " if fit["carried_from"] else ""
-        out.append(f"{name}: {terms} ({where}fitted by specbatch fit to {', '.join(fit['fitted_on'] or [])}); "
-                   "runs fitted to are in-sample for these terms")
-        test = fit.get("leave_one_out_test")
-        if test:
-            cells = ", ".join(f"{label} {100 * test[key]:.1f}%" for label, key in (
-                ("mean E2E", "mean_e2e"), ("mean ITL", "mean_itl"), ("mean TTFT", "mean_ttft"), ("p99 E2E", "p99_e2e"))
-                if test.get(key) is not None)
-            out.append(f"  the fit's leave-one-run-out test (median |error| over the held-out runs' stages): {cells}")
+    lomo = doc.get("leave_one_model_out")
+    if lomo:
+        out += ["", "Leave one model out: RMS of the held-out runs' mean ITL, E2E and TTFT errors, per set of "
+                    "fitted terms (the least is what profiles carry):"]
+        for label, value in lomo["held_out_rms"].items():
+            out.append(f"  {label:<40} {100 * value:6.2f}%" + ("  <- carried" if label == lomo["chosen"] else ""))
+            for model, fold in (lomo.get("trials") or {}).get(label, {}).items():
+                if fold["terms"]:
+                    out.append(f"    {model} held out: {fitted_on(fold)}")
+        if lomo["all_models"]:
+            out.append("  fitted on every model (what a composed profile carries): "
+                       + ", ".join(f"{t} {1e3 * v:.3f} ms" for t, v in sorted(lomo["all_models"].items())))
+    groups, before = doc.get("group_medians") or {}, ((doc.get("before") or {}).get("group_medians") or {})
+    if groups:
+        out += ["", "Per group, signed median error (before: the in-sample results this replaced; after: out of sample):",
+                f"{'group':<52}{'E2E before':>11}{'after':>8}{'ITL before':>11}{'after':>8}{'TTFT after':>11}"]
+        for name, medians in groups.items():
+            old = before.get(name, {})
+            out.append(f"{name:<52}{_cell(old.get('mean_e2e')):>11}{_cell(medians['mean_e2e']):>8}"
+                       f"{_cell(old.get('mean_itl')):>11}{_cell(medians['mean_itl']):>8}{_cell(medians['mean_ttft']):>11}")
+    out.append("")
+    not_covered = doc.get("not_covered") or {}
+    if isinstance(not_covered, list):
+        not_covered = {name: "no shipped profile covers it" for name in not_covered}
+    out.append("Runs not simulated: " + ("none" if not not_covered else ""))
+    out += [f"  {name}: {reason}" for name, reason in not_covered.items()]
     out += ["", *term_table(doc)]
     return "\n".join(out)
 
@@ -348,7 +555,8 @@ def figure(comparisons: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DATA, help="folder of runs.json and the runs (default: %(default)s)")
+    parser.add_argument("--data", type=Path, nargs="+", default=list(DATA),
+                        help="folders of runs.json and the runs (default: %(default)s)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="results file to write (default: %(default)s)")
     parser.add_argument("--figure", type=Path, default=FIGURE, help="CDF figure to write (default: %(default)s)")
     parser.add_argument("--runs", default="*", help="only runs matching this pattern (default: all covered)")
@@ -361,29 +569,81 @@ def main(argv: list[str] | None = None) -> int:
     from sim.atomic_write import write_file
     from sim.profile import resolve_profile_path, shipped_profiles
 
-    index = json.loads((args.data / "runs.json").read_text())
     profiles = {name: json.loads((resolve_profile_path(name) / "profile.json").read_text())
                 for name in shipped_profiles()}
-    doc = {"source": index["source"], "runs": [], "not_covered": []}
-    comparisons = {}
-    for run in index["runs"]:
-        if not fnmatch.fnmatch(run["run"], args.runs):
-            continue
-        profile = covering_profile(run, profiles)
-        if profile is None:
-            doc["not_covered"].append(run["run"])
-            continue
-        print(f"simulating {run['run']} on {profile} ...", file=sys.stderr, flush=True)
-        comparisons[run["run"]] = comparison = simulate_run(run, profile, args.data)
-        doc["runs"].append(run_document(run, profile, comparison))
-    doc["summary"] = summarize(doc)
-    doc["fitted_terms"] = {name: fitted_terms(profiles[name]) for name in sorted({r["profile"] for r in doc["runs"]})}
+    runs, sources, not_covered = [], [], {}
+    missing = [folder for folder in args.data if not (folder / "runs.json").is_file()]
+    if missing:
+        print(f"error: --data: {missing[0]} holds no runs.json (a folder of real runs, as ../shared/validation's)",
+              file=sys.stderr)
+        return 2
+    for folder in args.data:
+        index = json.loads((folder / "runs.json").read_text())
+        sources.append(f"{folder.name}: {index.get('source', folder.name)}")
+        runs += [normalise(run, folder) for run in index["runs"] if fnmatch.fnmatch(run["run"], args.runs)]
+    with tempfile.TemporaryDirectory(prefix="specbatch-real-vllm-") as scratch:
+        scratch = Path(scratch)
+        covered = {}
+        for run in runs:
+            profile = covering_profile(run, profiles)
+            if profile is None:
+                profile, reason = compose_for(run, scratch / "composed")
+                if profile is None:
+                    not_covered[run["run"]] = reason
+                    continue
+            covered[run["run"]] = (run, profile)
+        model_of = {name: _target_name(profile) for name, (_, profile) in covered.items()}
+        comparisons, rows = {}, {}
+        for name, (run, profile) in covered.items():  # the physics alone, then each grid value where it is judged
+            print(f"simulating {name} on {Path(profile).name} ...", file=sys.stderr, flush=True)
+            comparisons[name] = {0.0: simulate_run(run, profile, {}, scratch)}
+            rows[name] = {0.0: judged_rows(comparisons[name][0.0])}
+            for exposed in EXPOSED_GRID_S[1:]:
+                if rows[name][0.0]:
+                    comparisons[name][exposed] = simulate_run(run, profile, {"exposed_overhead_s": exposed}, scratch)
+                rows[name][exposed] = judged_rows(comparisons[name][exposed]) if rows[name][0.0] else []
+        trials = {label: leave_one_model_out(rows, model_of, terms) for label, terms in TERM_SETS.items()}
+        scores = {label: held_out_rms(rows, model_of, folds) for label, folds in trials.items()}
+        chosen = min(TERM_SETS, key=lambda label: (scores[label], len(TERM_SETS[label])))
+        from sim.commands.fit import fit_on_grid
+
+        everything = {e: [r for run in rows for r in rows[run][e]] for e in EXPOSED_GRID_S}
+        whole = fit_on_grid(everything if "exposed_overhead_s" in TERM_SETS[chosen] else {0.0: everything[0.0]})[0] \
+            if TERM_SETS[chosen] else {}
+        previous = json.loads(args.results.read_text()) if args.results.is_file() else None
+        doc = {"source": "; ".join(sources), "runs": [], "not_covered": not_covered,
+               "leave_one_model_out": {"grid_exposed_s": list(EXPOSED_GRID_S),
+                                       "held_out_rms": scores, "chosen": chosen,
+                                       "folds": trials[chosen], "trials": trials,
+                                       "all_models": {t: v for t, v in whole.items() if t in TERM_SETS[chosen]}}}
+        shown = {}
+        for name, (run, profile) in covered.items():
+            fold = trials[chosen][model_of[name]]
+            exposed = fold["terms"].get("exposed_overhead_s", 0.0)
+            if exposed not in comparisons[name]:  # a run with no judged stage was simulated at 0 only
+                comparisons[name][exposed] = simulate_run(run, profile, {"exposed_overhead_s": exposed}, scratch)
+            comparison = comparisons[name][exposed]
+            physics = _records(comparisons[name][0.0].table)
+            doc["runs"].append(run_document(run, profile, comparison, physics, fold))
+            shown[name] = comparison
+        doc["summary"] = summarize(doc)
+        doc["summary_physics"] = summarize({"runs": [{**r, "table": r["physics_table"]} for r in doc["runs"]]})
+        doc["group_medians"] = group_medians(doc)
+        doc["before"] = (previous or {}).get("before") or ({"group_medians": group_medians(previous),
+                                                           "summary": previous["summary"]} if previous else None)
     write_file(args.results, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    if comparisons:
-        figure(comparisons, args.figure)
+    if shown:
+        figure({name: c for name, c in shown.items()}, args.figure)
     print(tables(doc))
-    print(f"wrote {args.results}" + (f" and {args.figure}" if comparisons else ""))
+    print(f"wrote {args.results}" + (f" and {args.figure}" if shown else ""))
     return 0
+
+
+def _target_name(profile: str) -> str:
+    """The model a profile's target is (runs are grouped by it when one model is left out)."""
+    from sim.profile import load_profile
+
+    return load_profile(profile).meta["models"]["target"]["name"]
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ def reduce_ms(size, eager=False):
     return (3e-3 if eager else 1e-3) * size ** 0.5
 
 
+def nccl_reduce_ms(size):
+    """nccl-tests' all-reduce: a latency floor above the framework's graph table for small messages, below it for large."""
+    return 4e-3 * size ** 0.25
+
+
 def gather_ms(size):
     return 2e-3 * size ** 0.4
 
@@ -56,7 +61,7 @@ def tiny_tp(tmp_path_factory) -> Path:
         folders["comm"] / "custom_allreduce_perf.parquet")
     pd.DataFrame([dict(framework="TRTLLM", version="2.27.3", device="Tiny GPU", op_name=op, kernel_source="NCCL",
                        nccl_dtype="half", num_gpus=g, message_size=s,
-                       latency=gather_ms(s) if op == "all_gather" else 1.0)
+                       latency=gather_ms(s) if op == "all_gather" else nccl_reduce_ms(s))
                   for g in (2, 4) for s in sizes for op in ("all_gather", "all_reduce")]).to_parquet(
         folders["nccl"] / "nccl_perf.parquet")
     pd.DataFrame([dict(framework="VLLM", version="0.24.0", device="Tiny GPU", op_name="moe",
@@ -108,9 +113,10 @@ def test_a_pass_split_over_two_gpus_is_one_gpus_share_plus_the_collectives(tiny_
 
     def decode(b, q, c):
         t = b * q
+        reduce = max(reduce_ms(t * h), nccl_reduce_ms(t * h))  # a running model's all-reduce: at least NCCL's
         per_layer = (sum(gemm_ms(t, n, k) for n, k in gemms) + gen_ms(b, c + q - 1, kv * 2 * q)
-                     + 2 * reduce_ms(t * h)) * 1e-3
-        return (layers * (per_layer + t * layer_bytes / bw) + t * pass_bytes / bw + reduce_ms(t * h) * 1e-3
+                     + 2 * reduce) * 1e-3
+        return (layers * (per_layer + t * layer_bytes / bw) + t * pass_bytes / bw + reduce * 1e-3
                 + (gemm_ms(t, vocab_gpu, h) + gather_ms(t * vocab)) * 1e-3)
 
     for b in (1, 2):
@@ -118,11 +124,23 @@ def test_a_pass_split_over_two_gpus_is_one_gpus_share_plus_the_collectives(tiny_
             assert pts.loc[("decode", "target", b, q, 100), "latency_median_s"] == rounded(decode(b, q, 100))
         for k in (0, 1, 2):  # sampling reads the whole vocabulary on every GPU after the all-gather
             assert pts.loc[("verify", "target", b, k, 0), "latency_median_s"] == rounded(
-                MEM_LATENCY + b * (2 * k + 1) * vocab * 4 / bw)
+                2 * MEM_LATENCY + b * vocab * ((k + 1) * (2 + 4) + (2 * k + 1) * 4) / bw)
     meta = json.loads((out / "profile.json").read_text())
     assert meta["tensor_parallel_size"] == 2 and meta["draft_placement"]["tensor_parallel_size"] == 2
     assert meta["composition"]["collectives"]["all_gather"] == "NCCL 2.27.3 (nccl-tests)"
     assert any("tensor parallelism over 2 GPUs" in a for a in meta["composition"]["assumptions"])
+
+
+def test_a_running_models_all_reduce_costs_at_least_a_synchronising_nccl_all_reduce(tiny_tp):
+    """Small messages: the framework's graph table times them back to back below NCCL's handshake, and the
+    running model pays NCCL's; large ones: the framework's kernel is the larger and is what is paid."""
+    pricer = _pricers(tiny_tp, "tiny-llama", tp=2)["target"]
+    small, large = 2, 256  # tokens: 128 and 16,384 elements of a 64-wide hidden state
+    assert reduce_ms(small * 64) < nccl_reduce_ms(small * 64) and reduce_ms(large * 64) > nccl_reduce_ms(large * 64)
+    assert float(pricer.collectives.kernel_all_reduce(small, 64)) == pytest.approx(reduce_ms(small * 64) * 1e-3)
+    assert float(pricer.communication(small)[1]) == pytest.approx(nccl_reduce_ms(small * 64) * 1e-3)
+    assert float(pricer.communication(large)[1]) == pytest.approx(reduce_ms(large * 64) * 1e-3)
+    assert pricer.collectives.sources["all_reduce_floor"] == "NCCL 2.27.3 all_reduce (nccl-tests)"
 
 
 def test_steps_past_the_largest_cuda_graph_all_reduce_eagerly(tiny_tp, tmp_path, capsys):

@@ -6,8 +6,9 @@ stage, the first 90 s of the 20 req/s one): Llama-2-70b on four GPUs and Mixtral
 mixture of experts) on two. Each is simulated with the run's own engine settings on the
 shipped target-only composed profile of its model, GPU and tensor-parallel size, as
 benchmarks/real_vllm.py does for the whole runs (docs/validation.md). The bounds are what the
-model reaches today with a margin; the 70B run's mean ITL is about 11% low at 20 req/s, about
-the collectives' share of its decode pass (docs/validation.md says why that part is not priced).
+model reaches today with a margin. Since each all-reduce is priced at least at a synchronising NCCL
+all-reduce (issue 40), the 70B window's mean ITL at 20 req/s is within 2% (it was 11% low), and its
+first 30 s (few requests: the p99 is two or three of them) are simulated slower than they ran.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ SETTINGS = {"policy.name": "none", "engine.scheduler": "vllm-v1", "engine.max_ba
             "engine.enable_prefix_caching": True}
 CASES = {  # window file, profile, vLLM's logged KV blocks (runs.json), |relative error| bounds per stage
     "llama-2-70b-tp4": ("vllm-h100-llama-2-70b-tp4-general.csv", "h100-tp4-llama-2-70b", 31356,
-                        {("e2e", "mean"): 0.16, ("itl", "mean"): 0.16, ("e2e", "p99"): 0.30, ("ttft", "mean"): 0.45}),
+                        {("e2e", "mean"): 0.16, ("itl", "mean"): 0.16, ("e2e", "p99"): 0.36, ("ttft", "mean"): 0.45}),
     "mixtral-8x7b-tp2": ("vllm-h100-mixtral-8x7b-tp2-general.csv", "h100-tp2-mixtral-8x7b", 27510,
                          {("e2e", "mean"): 0.08, ("itl", "mean"): 0.08, ("e2e", "p99"): 0.12, ("ttft", "mean"): 0.40}),
 }

@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of GPU memory for weights + KV cache (default 0.9, vLLM's gpu_memory_utilization)")
     p.add_argument("--engine-overhead-ms", type=typed("--engine-overhead-ms", float), default=None,
                    help="the engine's own work per step (default 1.21 ms, a published vLLM figure)")
+    p.add_argument("--request-latency-ms", type=float, default=None,
+                   help="the serving frontend's latency per request, added to TTFT and E2E (default 10.351 ms, "
+                        "fitted on real vLLM runs, docs/validation.md)")
+    p.add_argument("--exposed-overhead-ms", type=float, default=None,
+                   help="the engine's time per step no overlap hides (default 0.25 ms, fitted on real vLLM runs, "
+                        "docs/validation.md)")
     p.add_argument("--engine-overlap", choices=("async", "none"), default=None,
                    help="async: that work overlaps the passes, a step takes the longer (vLLM V1's default "
                         "asynchronous scheduling); none: it adds to them (default: async)")
@@ -70,7 +76,8 @@ def build_request(args: argparse.Namespace):
     from calibrate.grid import default_grid
     from sim.compose import ModelShape, Request, points_of
     from sim.compose.moe import ROUTINGS
-    from sim.compose.build import ENGINE_OVERHEAD_S, ENGINE_OVERHEAD_SOURCE, ENGINE_OVERLAP, MEMORY_FRACTION
+    from sim.compose.build import (ENGINE_OVERHEAD_S, ENGINE_OVERHEAD_SOURCE, ENGINE_OVERLAP, MEMORY_FRACTION,
+                                   EXPOSED_OVERHEAD_S, REQUEST_LATENCY_S, REQUEST_LATENCY_SOURCE)
     from sim.errors import InputError
 
     configs = {"target": get_config(args.target, "target")}
@@ -93,6 +100,10 @@ def build_request(args: argparse.Namespace):
     overhead_ms = args.engine_overhead_ms
     if overhead_ms is not None and not overhead_ms >= 0:
         raise InputError("must be at least 0", field="engine-overhead-ms")
+    latency_ms, exposed_ms = args.request_latency_ms, args.exposed_overhead_ms
+    for value, field in ((latency_ms, "request-latency-ms"), (exposed_ms, "exposed-overhead-ms")):
+        if value is not None and not 0 <= value <= 1000:
+            raise InputError("must be from 0 to 1000 ms", field=field)
     if args.k_max is not None and args.k_max < 0:
         raise InputError("must be at least 0", field="k-max")
     grid = default_grid("cuda", max_len, batch_sizes=args.batch_sizes or COMPOSE_BATCHES,
@@ -122,6 +133,11 @@ def build_request(args: argparse.Namespace):
         engine_overhead_source=ENGINE_OVERHEAD_SOURCE if overhead_ms is None and args.engine_overlap is None else
         f"given on the command line (--engine-overhead-ms {overhead_ms if overhead_ms is not None else ENGINE_OVERHEAD_S * 1e3:g}, "
         f"--engine-overlap {args.engine_overlap or ENGINE_OVERLAP})",
+        request_latency_s=REQUEST_LATENCY_S if latency_ms is None else latency_ms * 1e-3,
+        exposed_overhead_s=EXPOSED_OVERHEAD_S if exposed_ms is None else exposed_ms * 1e-3,
+        request_latency_source=REQUEST_LATENCY_SOURCE if latency_ms is None and exposed_ms is None else
+        f"given on the command line (--request-latency-ms {REQUEST_LATENCY_S * 1e3 if latency_ms is None else latency_ms:g}, "
+        f"--exposed-overhead-ms {EXPOSED_OVERHEAD_S * 1e3 if exposed_ms is None else exposed_ms:g})",
         name=args.name, command=command_line(args), heads=heads,
         host_points=tuple(host_points(hosts, grid)) if hosts else (),
         host_timing=host_timing(hosts) if hosts else None)
@@ -191,7 +207,7 @@ def command_line(args: argparse.Namespace) -> str:
     words += ["--draft", args.draft] if args.draft is not None else []
     defaults = {"framework": "vllm", "framework_version": "0.24.0", "dtype": "bf16", "tp": 1, "moe_routing": "balanced"}
     for key in ("tp", "draft_tp", "moe_routing", "framework", "framework_version", "dtype", "kernel_data",
-                "memory_fraction", "engine_overhead_ms",
+                "memory_fraction", "engine_overhead_ms", "request_latency_ms", "exposed_overhead_ms",
                 "engine_overlap",
                 "max_len", "name", "batch_sizes", "query_tokens", "k_max", "contexts", "prompts",
                 "max_prefill_tokens", "drafters"):

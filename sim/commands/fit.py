@@ -308,3 +308,42 @@ def format_fit(record: dict) -> str:
         lines.append(row(f"  test on {fold['left_out']}", fold["test"]))
     lines.append(row("test (left out, median of folds)", record["test"]))
     return "\n".join(lines)
+
+
+# -- leave one model out over runs already simulated (benchmarks/real_vllm.py) ---------------------------
+
+LATENCY_TERM, STEP_TERM = "request_latency_s", "exposed_overhead_s"
+
+
+def shifted_error(real: float, sim: float, metric: str, latency_s: float) -> float:
+    """A stage statistic's relative error with the frontend's latency added: TTFT and E2E (every request,
+    so its mean and each percentile) move by it, ITL does not."""
+    return (sim + (latency_s if metric in ("ttft", "e2e") else 0.0)) / real - 1.0
+
+
+def best_latency(stages: list[dict]) -> float:
+    """The request latency that minimises the squared relative errors of the stages' mean TTFT and mean
+    E2E (closed form: each is (sim - real + L) / real), within BOUNDS_S; ``stages``: rows with
+    ``metric``, ``stat``, ``real``, ``sim``."""
+    rows = [r for r in stages if r["stat"] == "mean" and r["metric"] in ("ttft", "e2e") and r["real"]]
+    if not rows:
+        return 0.0
+    weight = sum(1.0 / r["real"] ** 2 for r in rows)
+    value = -sum((r["sim"] - r["real"]) / r["real"] ** 2 for r in rows) / weight
+    return min(max(value, BOUNDS_S[0]), BOUNDS_S[1])
+
+
+def fit_on_grid(simulated: dict[float, list[dict]]) -> tuple[dict[str, float], float]:
+    """Both overhead terms fitted to stages simulated at a grid of exposed per-step times: for each grid
+    value the closed-form request latency, then the grid value whose RMS of the relative errors of mean
+    ITL, mean E2E and mean TTFT is least (ties: the smaller time). ``simulated``: grid value -> judged
+    stage rows (``metric``, ``stat``, ``real``, ``sim``). Returns the terms and their RMS error."""
+    best = None
+    for exposed in sorted(simulated):
+        rows = [r for r in simulated[exposed] if r["stat"] == "mean" and r["metric"] in ("itl", "e2e", "ttft")]
+        latency = best_latency(rows)
+        errors = [shifted_error(r["real"], r["sim"], r["metric"], latency) for r in rows]
+        rms = math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else math.inf
+        if best is None or rms < best[1] - 1e-12:
+            best = ({STEP_TERM: exposed, LATENCY_TERM: round(latency, 7)}, rms)
+    return best

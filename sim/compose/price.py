@@ -301,11 +301,18 @@ class PassPricer:
         return float(sum(self._parts(float(tokens), self.layers_attention(one_layer), b * q + len(chunks)).values()))
 
     def verify(self, b, k) -> np.ndarray:
-        """Rejection sampling over the vocabulary: memory-bound, priced from bandwidth.
+        """Sampling over the vocabulary, as vLLM V1's sampler runs it: memory-bound, priced from bandwidth.
 
-        It reads the target's probabilities at k + 1 positions and the draft's at k (fp32),
-        plus one memory-bound kernel's fixed latency; k = 0 is sampling one token.
+        vLLM's sampler (``vllm/v1/sample/sampler.py``) first turns the LM head's bf16 logits into
+        fp32 (``logits.to(torch.float32)``: each of the target's k + 1 positions read at 2 bytes an
+        element and written at 4), then samples: at k = 0 a greedy argmax over them (the benchmark
+        client's default temperature 0: read at 4 bytes), at k >= 1 the rejection sampler, which
+        reads the target's probabilities at k + 1 positions and the draft's at k (fp32). Two
+        memory-bound kernels' fixed latency (the cast and the sampling kernel). Per sequence this is
+        vocabulary-sized work: 128k columns for Llama-3 against 32k for Llama-2.
         """
         b, k = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(k, dtype=float))
-        bytes_read = b * (2 * k + 1) * self.model.vocab_size * PROB_BYTES
-        return self.tables.spec.mem_latency_s + bytes_read / self.bw
+        elements = b * self.model.vocab_size
+        cast = elements * (k + 1) * (ACT_BYTES + PROB_BYTES)
+        sample = elements * (2 * k + 1) * PROB_BYTES
+        return 2 * self.tables.spec.mem_latency_s + (cast + sample) / self.bw
