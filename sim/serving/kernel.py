@@ -25,6 +25,7 @@ runs from its first arrival to its last finish in a handful of calls.
 
 from __future__ import annotations
 
+from policies.base import BY_BATCH_SIZE, GOODPUT_RULE
 from policies.goodput_rules import EXPECTED, MARGIN, best_k, observe_rows
 from sim.proposals import propose_rows
 from sim.costmodel_rules import (blend, catch_up_price, chunk_price, decode_price, prefill_price,
@@ -42,7 +43,8 @@ from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOK
 from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, exact_delay, retire,
                                step_rows_stats, write_step)
 
-STATIC_K, GOODPUT_K = 0, 1  # how a run picks k: a table by batch size, or goodput's argmax
+# How a run picks k, as the policy's compiled_form says: a table by batch size, or goodput's argmax.
+STATIC_K, GOODPUT_K = BY_BATCH_SIZE, GOODPUT_RULE
 
 
 def _choose(b, charged, rows, ctr, policy_kind, k_by_batch, gp, gp_rows, gp_prices, gp_catch_up, k_max,

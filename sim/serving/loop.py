@@ -77,16 +77,19 @@ class StepBackend(Protocol):
 class Rules:
     """The rules a loop calls, interpreted or compiled (sim/jit.py): one source either way."""
 
-    NAMES = {"plan_v0": v0.plan_v0, "prefill_prompt": v0.prefill_prompt, "plan_v1": v1.plan_v1,
-             "apply_decode": rules.apply_decode, "apply_prefill": rules.apply_prefill,
-             "apply_chunks": rules.apply_chunks, "retire": rules.retire, "write_step": rules.write_step,
-             "step_rows_stats": rules.step_rows_stats, "count_accepted": rules.count_accepted,
-             "propose_rows": proposal_rules.propose_rows}
-
     def __init__(self, compile_them: bool) -> None:
         self.compiled = compile_them
-        for name, fn in self.NAMES.items():
-            setattr(self, name, compiled(fn) if compile_them else fn)
+        pick = compiled if compile_them else _as_written
+        self.plan_v0, self.prefill_prompt, self.plan_v1 = pick(v0.plan_v0), pick(v0.prefill_prompt), pick(v1.plan_v1)
+        self.apply_decode, self.apply_prefill = pick(rules.apply_decode), pick(rules.apply_prefill)
+        self.apply_chunks, self.retire, self.write_step = pick(rules.apply_chunks), pick(rules.retire), pick(rules.write_step)
+        self.step_rows_stats, self.count_accepted = pick(rules.step_rows_stats), pick(rules.count_accepted)
+        self.propose_rows, self.runlength_accepted = pick(proposal_rules.propose_rows), pick(proposal_rules.runlength_accepted)
+
+
+def _as_written(rule):
+    """A rule interpreted: the plain function."""
+    return rule
 
 
 class ServingLoop:
@@ -106,8 +109,7 @@ class ServingLoop:
         self.view = BatchView(k_max)
         self.feedback = StepFeedback()
         self._final = np.zeros(scheduler.max_batch_size, dtype=np.int64)  # the view's final contexts
-        # Fill in feedback only for policies that listen (fixed and none do not).
-        self._observes = type(policy).observe is not Policy.observe
+        self._observes = policy.observes  # feedback is filled in only for policies that listen
         self.tracks_lag = lag_mode if policy.max_k > 0 else 0  # a run with a drafter that lags pays its catch-up
         self.proposals = proposals  # sim.acceptance.ProposalModel: rows propose only where they match (None: always)
         self._follows = backend.follows_rows

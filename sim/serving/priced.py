@@ -16,7 +16,7 @@ import numpy as np
 
 from policies.base import BatchView
 from sim.acceptance import AcceptanceSampler
-from sim.costmodel import StepTable
+from sim.costmodel import DrafterKind, StepTable
 
 
 class PricedBackend:
@@ -39,7 +39,7 @@ class PricedBackend:
         charged, context = view.batch_size, view.mean_context_tokens
         if not k:
             return self.table.decode_time(charged, 0, context), None
-        if ragged is not None and self.table.drafter_kind == "host":  # priced by its tokens, not padded
+        if ragged is not None and self.table.drafter_kind is DrafterKind.HOST:  # priced by its tokens, not padded
             dt = self.table.decode_time_by_tokens(charged, ragged.tolist(), context)
         else:
             dt = self.table.decode_time_at_lag(charged, k, context, max_lag)
