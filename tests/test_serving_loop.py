@@ -123,7 +123,7 @@ def _loop(run, backend_of) -> ServingLoop:
                           acceptance_scale(run.alphas), None)
     sampler = make_sampler(run.config, run.alphas)
     return run.replica.loop(queue, run.policy, sampler,
-                            backend_of(PricedBackend(run.table, sampler, run.config.engine.prefill)))
+                            backend_of(PricedBackend(run.table, sampler)))
 
 
 @pytest.mark.parametrize("batching,policy", [("continuous", "goodput"), ("static", "fixed"), ("continuous", "none")])

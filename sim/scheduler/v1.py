@@ -247,13 +247,8 @@ def plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, clk, sched, kv, key_block, sl
     return ctr[C_PHASE]
 
 
-def has_work(ctr):
-    """Whether a step can run now: running or prefilling requests, or waiting ones."""
-    return ctr[C_RUNNING] > 0 or ctr[C_PREFILLING] > 0 or ctr[C_REQUEUED] > 0 or ctr[C_ARRIVED] > ctr[C_HEAD]
-
-
 RULES = (_requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _admit_waiting,
-         admission_horizon, plan_v1, has_work)
+         admission_horizon, plan_v1)
 
 
 @dataclass

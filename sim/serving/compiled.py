@@ -27,6 +27,7 @@ import numpy as np
 from policies.base import BY_BATCH_SIZE, CompiledForm
 from sim.jit import compiled
 from sim.serving import kernel
+from sim.serving.priced import ragged_by_tokens
 from sim.serving.layout import ARRIVAL, C_DRAW_POS, C_STEPS, IDLE, MANY, NOW, PENDING_END, REFILL
 from sim.serving.records import ITL_ROOM, RECORD_ROOM
 
@@ -62,7 +63,8 @@ class CompiledRuns:
                        float(table.context_step), float(table.prompt_step), float(table.chunk_step),
                        float(table.prefill_overhead), float(table.exposed_overhead), bool(table.overlapped),
                        float(table.kv_read_cost), float(table.attention_coefficient),
-                       np.asarray(table.graph_pad if table.graph_pad is not None else [], dtype=np.int64))
+                       np.asarray(table.graph_pad if table.graph_pad is not None else [], dtype=np.int64),
+                       ragged_by_tokens(table))
         p = sampler.proposals  # how rows propose (sim.proposals)
         self.proposals = (int(p.mode), float(p.match_rate), int(p.seed), p.runs, p.start, p.length)
         self.counts = np.zeros(table.k_max + 1, dtype=np.int64)  # accepted-count tally, folded into the sampler's

@@ -29,6 +29,7 @@ from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
 from sim.jit import compiled
 from sim.scheduler import v0, v1
+from sim.scheduler.work import has_work
 from sim import proposals as proposal_rules
 from sim.serving import rules
 from sim.serving.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
@@ -48,7 +49,8 @@ from sim.serving.state import ReplicaState
 class StepBackend(Protocol):
     """What executes a step: prices it (simulated time) or runs it (measured time).
 
-    ``prefill`` (v0) and ``decode`` return the step's duration in seconds, or None when the step
+    ``prefill`` (v0: n prompts at the head of the queue, priced at the length the scheduler says,
+    their mean or, right-padded, their longest) and ``decode`` return the step's duration in seconds, or None when the step
     really ran and the clock measures it; ``decode`` also returns the draft tokens each of the
     step's rows kept (None at k = 0). ``chunks`` (vllm-v1) is what a step's prefill chunks add.
     Backends that keep per-row state of their own (KV caches) set ``follows_rows`` and are told
@@ -57,7 +59,7 @@ class StepBackend(Protocol):
 
     follows_rows: bool
 
-    def prefill(self, queue, head: int, n: int, mean_prompt: float) -> float | None: ...
+    def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> float | None: ...
 
     def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
                max_lag: int) -> tuple[float | None, np.ndarray | None]: ...
@@ -124,9 +126,8 @@ class ServingLoop:
 
     # ------------------------------------------------------------ schedule + execute
     def has_work(self) -> bool:
-        """Whether a step can start now (else the replica waits for an arrival)."""
-        ctr = self.state.ctr
-        return bool(ctr[C_RUNNING] or ctr[C_PREFILLING] or ctr[C_REQUEUED] or ctr[C_ARRIVED] > ctr[C_HEAD])
+        """Whether a step can start now (else the replica waits for an arrival): sim.scheduler.work."""
+        return bool(has_work(self.state.ctr))
 
     def start_step(self, now: float) -> float | None:
         """Plan the next step and run it: its duration (None: it ran and the clock measures it)."""
@@ -145,8 +146,8 @@ class ServingLoop:
             if phase == PREFILL:
                 self._phase = phase
                 n = int(ctr[C_ADMIT])
-                self._mean_prompt = r.prefill_prompt(self.queue.reqi, ctr, st.par)[1]
-                return self.backend.prefill(self.queue, int(ctr[C_HEAD]), n, self._mean_prompt)
+                priced, self._mean_prompt = r.prefill_prompt(self.queue.reqi, ctr, st.par)
+                return self.backend.prefill(self.queue, int(ctr[C_HEAD]), n, float(priced))
             if phase == v0.STUCK:
                 raise RuntimeError("a waiting request can never be admitted (checked before the run)")
             if phase == DECODE:
