@@ -115,12 +115,12 @@ class AcceptanceSampler:
     """Draws accepted-token counts for a batch, one step at a time.
 
     The draws come from a buffer refilled in blocks from the seeded generator; what a row keeps
-    is :func:`sim.serving.rules.count_accepted` of its draw (``kind`` says how), the rule the
+    is :func:`sim.proposals.count_accepted` of its draw (``kind`` says how), the rule the
     compiled runs apply to the same buffer: :meth:`reserve` hands them the buffer and
     :meth:`advance` takes back how far they read, so one stream of draws serves both paths.
     """
 
-    kind = 1  # sim.serving.layout.SCALED: an exponential times the row's 1 / -ln(alpha)
+    kind = 1  # sim.scheduler.layout.SCALED: an exponential times the row's 1 / -ln(alpha)
     keyed = False
 
     def __init__(self, rng: np.random.Generator, block: int | None = None) -> None:
@@ -176,8 +176,7 @@ def interpreted_rules():
     """The rules a sampler counts with before its replica hands it its own: the plain functions."""
     from types import SimpleNamespace
 
-    from sim.proposals import runlength_accepted
-    from sim.serving.rules import count_accepted
+    from sim.proposals import count_accepted, runlength_accepted
 
     return SimpleNamespace(count_accepted=count_accepted, runlength_accepted=runlength_accepted)
 
@@ -189,7 +188,7 @@ class SharedAlphaSampler(AcceptanceSampler):
     at the cost of one clip per step instead of a multiply, a clip and a cast.
     """
 
-    kind = 0  # sim.serving.layout.SHARED
+    kind = 0  # sim.scheduler.layout.SHARED
 
     def __init__(self, rng: np.random.Generator, scale: float, block: int | None = None) -> None:
         self._scale = scale
@@ -205,7 +204,7 @@ class PositionSampler(AcceptanceSampler):
     With the rates non-increasing that set is a prefix, so P(a >= j) = rate[j - 1] exactly.
     """
 
-    kind = 2  # sim.serving.layout.POSITIONS
+    kind = 2  # sim.scheduler.layout.POSITIONS
 
     def __init__(self, rng: np.random.Generator, rates: np.ndarray, block: int | None = None) -> None:
         super().__init__(rng, block)

@@ -214,7 +214,7 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
     from sim.costmodel import StepTable
     from sim.jit import compiled as compile_rule
     from sim.serving.kernel import GOODPUT_K, _choose
-    from sim.serving.layout import C_TOTAL_CONTEXT, N_COUNTERS, ROW_INTS, ROW_LAG
+    from sim.scheduler.layout import C_TOTAL_CONTEXT, N_COUNTERS, ROW_INTS, ROW_LAG
 
     choose = compile_rule(_choose)
     rng = np.random.default_rng(3)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sim.acceptance import acceptance_scale
 from sim.serving.clock import exact_delay, serve_wall_clock, simulate_replica
-from sim.serving.layout import ROW_LAG
+from sim.scheduler.layout import ROW_LAG
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
 from sim.serving.queues import arrival_queue

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.serving.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, KV_FIELDS, KV_KEY, KV_NEXT, KV_PREV, KV_REF, NO_KEY,
+from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, KV_FIELDS, KV_KEY, KV_NEXT, KV_PREV, KV_REF, NO_KEY,
                                 P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS, REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY,
                                 REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY, S_FREE_SLOT)
 

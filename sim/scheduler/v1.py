@@ -36,7 +36,7 @@ import numpy as np
 
 from sim.scheduler.kvcache import (SLOT_CACHED, SLOT_HELD, admit_slot, blocks_for, cache_slot, free_slot, grow_slot,
                                     lookup, shortfall)
-from sim.serving.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
+from sim.scheduler.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
                                 C_FREE_BLOCKS, C_HEAD, C_PEAK_BLOCKS, C_PHASE, C_PREEMPTED_NOW, C_PREFILLING,
                                 C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RESUME_HITS, C_RESUME_QUERIES, C_RUNNING,
                                 C_STEP_BLOCKS, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, DECODE, MIXED, N_PARAMS,

@@ -1,12 +1,12 @@
 """Whether a replica has a step to run: the one rule the clock, the loop and the compiled runs ask.
 
-Both schedulers keep their queues in the same counters (sim/serving/layout.py): v0 never has
+Both schedulers keep their queues in the same counters (sim/scheduler/layout.py): v0 never has
 prefilling or requeued requests, so the rule is the same for both.
 """
 
 from __future__ import annotations
 
-from sim.serving.layout import C_ARRIVED, C_HEAD, C_PREFILLING, C_REQUEUED, C_RUNNING
+from sim.scheduler.layout import C_ARRIVED, C_HEAD, C_PREFILLING, C_REQUEUED, C_RUNNING
 
 
 def has_work(ctr):

@@ -28,7 +28,7 @@ from policies.base import BY_BATCH_SIZE, CompiledForm
 from sim.jit import compiled
 from sim.serving import kernel
 from sim.serving.priced import ragged_by_tokens
-from sim.serving.layout import ARRIVAL, C_DRAW_POS, C_STEPS, IDLE, MANY, NOW, PENDING_END, REFILL
+from sim.scheduler.layout import ARRIVAL, C_DRAW_POS, C_STEPS, IDLE, MANY, NOW, PENDING_END, REFILL
 from sim.serving.records import ITL_ROOM, RECORD_ROOM
 
 

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from policies.base import BY_BATCH_SIZE, GOODPUT_RULE
 from policies.goodput_rules import EXPECTED, MARGIN, best_k, observe_rows
-from sim.proposals import propose_rows
+from sim.proposals import count_accepted, propose_rows
 from sim.costmodel_rules import (blend, catch_up_price, chunk_price, decode_price, prefill_price,
                                   prefix_attention_price, tokens_price)
 from sim.scheduler.v0 import charged_batch, plan_v0, prefill_prompt
 from sim.scheduler.v1 import plan_v1
 from sim.scheduler.work import has_work
-from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS,
+from sim.scheduler.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS,
                                 C_OFFERED_K,
                                 C_ITL_END, C_ITL_POS, C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_REC_END, C_REC_POS,
                                 C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
@@ -41,7 +41,7 @@ from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOK
                                 PENDING_END,
                                 PREFILL, REFILL, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
                                 STEP_MEAN)
-from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, exact_delay, retire,
+from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, exact_delay, retire,
                                step_rows_stats, write_step)
 
 # How a run picks k, as the policy's compiled_form says: a table by batch size, or goodput's argmax.

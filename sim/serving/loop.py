@@ -32,7 +32,7 @@ from sim.scheduler import v0, v1
 from sim.scheduler.work import has_work
 from sim import proposals as proposal_rules
 from sim.serving import rules
-from sim.serving.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
+from sim.scheduler.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
                                 C_PREFILLING, C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RUNNING, C_STEP_BLOCKS,
                                 C_OFFERED_K, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT,
                                 C_TOTAL_REMAINING, DECODE,
@@ -85,7 +85,7 @@ class Rules:
         self.plan_v0, self.prefill_prompt, self.plan_v1 = pick(v0.plan_v0), pick(v0.prefill_prompt), pick(v1.plan_v1)
         self.apply_decode, self.apply_prefill = pick(rules.apply_decode), pick(rules.apply_prefill)
         self.apply_chunks, self.retire, self.write_step = pick(rules.apply_chunks), pick(rules.retire), pick(rules.write_step)
-        self.step_rows_stats, self.count_accepted = pick(rules.step_rows_stats), pick(rules.count_accepted)
+        self.step_rows_stats, self.count_accepted = pick(rules.step_rows_stats), pick(proposal_rules.count_accepted)
         self.propose_rows, self.runlength_accepted = pick(proposal_rules.propose_rows), pick(proposal_rules.runlength_accepted)
 
 
@@ -317,7 +317,7 @@ class ServingLoop:
 
 def scheduler_counters(ctr: np.ndarray, par: np.ndarray) -> dict:
     """The vllm-v1 scheduler's run totals: the prefix cache's queries and hits, the peak KV blocks."""
-    from sim.serving.layout import C_CACHE_HITS, C_CACHE_QUERIES, C_PEAK_BLOCKS, C_RESUME_HITS, C_RESUME_QUERIES
+    from sim.scheduler.layout import C_CACHE_HITS, C_CACHE_QUERIES, C_PEAK_BLOCKS, C_RESUME_HITS, C_RESUME_QUERIES
 
     return {"prefix_cache_queries": int(ctr[C_CACHE_QUERIES]), "prefix_cache_hits": int(ctr[C_CACHE_HITS]),
             "resumed_prefix_cache_queries": int(ctr[C_RESUME_QUERIES]),
