@@ -33,7 +33,7 @@ from sim.costmodel_rules import (blend, catch_up_price, chunk_price, decode_pric
 from sim.scheduler.v0 import charged_batch, plan_v0, prefill_prompt
 from sim.scheduler.v1 import plan_v1
 from sim.scheduler.work import has_work
-from sim.scheduler.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS,
+from sim.scheduler.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS,
                                 C_OFFERED_K,
                                 C_ITL_END, C_ITL_POS, C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_REC_END, C_REC_POS,
                                 C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
