@@ -163,7 +163,7 @@ class AcceptanceSampler:
         out = np.empty(n, dtype=np.int64)
         shared = buffer.dtype.kind == "i"
         self.rules.count_accepted(self.kind, buffer if shared else _NO_INTS, _NO_FLOATS if shared else buffer, pos,
-                    np.ascontiguousarray(scale, dtype=np.float64), ks, n, self.negative_rates, out)
+                                  np.ascontiguousarray(scale, dtype=np.float64), ks, n, self.negative_rates, out)
         self._pos = pos + n
         return out
 
@@ -478,7 +478,8 @@ class RunLengthSampler(AcceptanceSampler):
         state, m = self._loop.state, keys.shape[0]
         ks = np.full(m, k, dtype=np.int64) if isinstance(k, int) else np.asarray(k, dtype=np.int64)
         out = np.empty(m, dtype=np.int64)
-        self.rules.runlength_accepted(ks, m, state.rows, state.rowf, self._loop.queue.reqi, self.runs, self.start, self.length, out)
+        self.rules.runlength_accepted(ks, m, state.rows, state.rowf, self._loop.queue.reqi, self.runs, self.start,
+                                      self.length, out)
         return out
 
 

@@ -34,13 +34,13 @@ from sim.scheduler.v0 import charged_batch, plan_v0, prefill_prompt
 from sim.scheduler.v1 import plan_v1
 from sim.scheduler.work import has_work
 from sim.scheduler.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS,
-                                C_OFFERED_K,
-                                C_ITL_END, C_ITL_POS, C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_REC_END, C_REC_POS,
-                                C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
-                                C_STEPS, C_TOTAL_CONTEXT, DECODE, IDLE, LAST_STEP_END, LIMIT, MIXED, NOTHING, NOW,
-                                PENDING_END,
-                                PREFILL, REFILL, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
-                                STEP_MEAN)
+                                  C_OFFERED_K,
+                                  C_ITL_END, C_ITL_POS, C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_REC_END, C_REC_POS,
+                                  C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
+                                  C_STEPS, C_TOTAL_CONTEXT, DECODE, IDLE, LAST_STEP_END, LIMIT, MIXED, NOTHING, NOW,
+                                  PENDING_END,
+                                  PREFILL, REFILL, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
+                                  STEP_MEAN)
 from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, exact_delay, retire,
                                step_rows_stats, write_step)
 

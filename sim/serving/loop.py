@@ -33,15 +33,15 @@ from sim.scheduler.work import has_work
 from sim import proposals as proposal_rules
 from sim.serving import rules
 from sim.scheduler.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
-                                C_PREFILLING, C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RUNNING, C_STEP_BLOCKS,
-                                C_OFFERED_K, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT,
-                                C_TOTAL_REMAINING, DECODE,
-                                LAST_STEP_END,
-                                MIXED, NOTHING, P_MAX_SEQS, PREFILL, REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS,
-                                REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN, REC_PREEMPTIONS, REC_SCHEDULED,
-                                REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX,
-                                S_CHUNK_TOKENS, S_PF_DONE,
-                                S_PF_REQ, S_PF_TARGET, S_REQUEUED, S_ROW_K)
+                                  C_PREFILLING, C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RUNNING, C_STEP_BLOCKS,
+                                  C_OFFERED_K, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT,
+                                  C_TOTAL_REMAINING, DECODE,
+                                  LAST_STEP_END,
+                                  MIXED, NOTHING, P_MAX_SEQS, PREFILL, REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS,
+                                  REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN, REC_PREEMPTIONS, REC_SCHEDULED,
+                                  REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX,
+                                  S_CHUNK_TOKENS, S_PF_DONE,
+                                  S_PF_REQ, S_PF_TARGET, S_REQUEUED, S_ROW_K)
 from sim.serving.records import ReplicaRecords
 from sim.serving.state import ReplicaState
 

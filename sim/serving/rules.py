@@ -29,11 +29,11 @@ import numpy as np
 
 from sim.scheduler.kvcache import free_slot
 from sim.scheduler.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C_KV_USED, C_PREFILLING, C_REC_POS,
-                                C_RUNNING, C_STATIC_BATCH, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, LAST_DECODE_END,
-                                REC_ACCEPTED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
-                                REC_FIRST_TOKEN, REC_LAST_EMIT, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE,
-                                ROW_CONTEXT, ROW_LAG, ROW_LAST_EMIT, ROW_REMAINING, ROW_REQ, ROW_SCALE, ROW_SLOT,
-                                S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ, S_PF_SLOT, S_PF_TARGET)
+                                  C_RUNNING, C_STATIC_BATCH, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, LAST_DECODE_END,
+                                  REC_ACCEPTED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
+                                  REC_FIRST_TOKEN, REC_LAST_EMIT, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE,
+                                  ROW_CONTEXT, ROW_LAG, ROW_LAST_EMIT, ROW_REMAINING, ROW_REQ, ROW_SCALE, ROW_SLOT,
+                                  S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ, S_PF_SLOT, S_PF_TARGET)
 
 
 def exact_delay(now, at):

@@ -6,8 +6,8 @@ import numpy as np
 
 from sim.scheduler.kvcache import KVCacheManager
 from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_STATIC_BATCH, LAST_STEP_END, N_CLOCKS, N_COUNTERS, REC_FINISH,
-                                REC_FIRST_TOKEN, REC_FLOATS, REC_INTS, REC_SCHEDULED, ROW_FLOATS, ROW_INTS,
-                                S_FREE_SLOT, SCHED_FIELDS)
+                                  REC_FIRST_TOKEN, REC_FLOATS, REC_INTS, REC_SCHEDULED, ROW_FLOATS, ROW_INTS,
+                                  S_FREE_SLOT, SCHED_FIELDS)
 from sim.serving.records import Buffers, grown
 
 
