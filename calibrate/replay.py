@@ -175,7 +175,7 @@ class TorchBackend:
         self._sync()
 
     # ---------------------------------------------------------------- prefill
-    def prefill(self, queue, head: int, n: int, mean_prompt: float) -> None:
+    def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> None:
         if self.static:  # a new static batch: the previous one has ended
             self.used = 0
         lo, hi = self.used, self.used + n

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -94,6 +95,37 @@ class StepFeedback:
         self.k_per_sequence: np.ndarray | None = None
 
 
+BY_BATCH_SIZE, GOODPUT_RULE = 0, 1  # the rules a compiled run can make a policy's choice with
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledForm:
+    """How a compiled run (sim/serving/kernel.py) makes a policy's choices itself, without calling it.
+
+    ``rule`` BY_BATCH_SIZE: ``k_by_batch[b]`` is the k at charged batch size b. ``rule``
+    GOODPUT_RULE: goodput's argmax and learning (policies/goodput_rules.py) over the policy's own
+    state arrays ``scalars`` and ``rows``, read and updated in place, for k up to ``k_max``, with the
+    draft's catch-up priced when ``catch_up``.
+    """
+
+    rule: int
+    k_by_batch: np.ndarray
+    scalars: np.ndarray
+    rows: np.ndarray
+    catch_up: bool = False
+    k_max: int = 0
+
+    @classmethod
+    def by_batch_size(cls, ks) -> "CompiledForm":
+        from policies.goodput_rules import N_ROWS, N_SCALARS
+
+        return cls(BY_BATCH_SIZE, np.asarray(ks, dtype=np.int64), np.zeros(N_SCALARS), np.zeros((N_ROWS, 1)))
+
+    @classmethod
+    def goodput(cls, scalars: np.ndarray, rows: np.ndarray, catch_up: bool, k_max: int) -> "CompiledForm":
+        return cls(GOODPUT_RULE, np.zeros(1, dtype=np.int64), scalars, rows, catch_up, k_max)
+
+
 class Policy:
     """Base class of speculation-length policies.
 
@@ -104,6 +136,20 @@ class Policy:
 
     name = "policy"
     max_k_param = "k"  # the parameter that sets max_k: a max_k beyond the profile is reported against it
+    observes = False  # whether observe() wants feedback (True for a class that defines it: __init_subclass__)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A class says what it changes: one that defines ``observe`` learns (the engine fills in its
+        feedback); one that changes ``choose_k`` or ``observe`` and says nothing of how it runs
+        compiled (``compiled_form``, ``k_by_batch_size``) runs step by step rather than inherit
+        its parent's table or rule, which would no longer be its choice."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        if "observe" in own and "observes" not in own:
+            cls.observes = True
+        if ("choose_k" in own or "observe" in own) and "compiled_form" not in own and "k_by_batch_size" not in own:
+            cls.compiled_form = Policy.compiled_form
+            cls.k_by_batch_size = Policy.k_by_batch_size
 
     def bind(self, k_max: int, cost_model: CostModelLike | None = None) -> None:
         """Called once before a run with the largest k the profile supports and the step costs."""
@@ -132,8 +178,15 @@ class Policy:
         """The k :meth:`choose_k` returns at each charged batch size 0..max_batch, for a policy whose
         choice depends on nothing else and that learns nothing; None (the default) otherwise.
         Answering lets the engine run stretches of decode steps in compiled code without asking
-        (sim.serving.compiled); a subclass that overrides choose_k must override this too."""
+        (:meth:`compiled_form`)."""
         return None
+
+    def compiled_form(self, max_batch: int, cost_model: CostModelLike | None) -> CompiledForm | None:
+        """How a compiled run makes this policy's choices for charged batch sizes 0..max_batch, priced
+        with ``cost_model``; None: it runs step by step, asked each step. The default: the table of
+        :meth:`k_by_batch_size`, for a policy that learns nothing."""
+        ks = None if self.observes else self.k_by_batch_size(max_batch)
+        return None if ks is None else CompiledForm.by_batch_size(ks)
 
     def params(self) -> dict[str, Any]:
         """Parameters as they would be written in a config (for the resolved config)."""

@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 
 from policies import goodput_rules as rules
-from policies.base import BatchView, CostModelLike, Policy, PolicyError, StepFeedback, check_k_max
+from policies.base import BatchView, CompiledForm, CostModelLike, Policy, PolicyError, StepFeedback, check_k_max
 from policies.goodput_rules import ACCEPTED_AVG, ALPHA, EXPECTED, MARGIN, MISSES, PRIOR, RATES, SMOOTHING, TESTED_AVG
 
 # Each position's estimate counts the pooled alpha_hat as this many tests on top of its own
@@ -147,6 +147,14 @@ class Goodput(Policy):
     def state_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """The learnt state (scalars, per-position rows) a compiled run reads and updates in place."""
         return self._scalars, self._rows
+
+    def compiled_form(self, max_batch: int, cost_model: CostModelLike | None) -> CompiledForm | None:
+        """goodput's rule over its state arrays, when bound to ``cost_model`` (a compiled run prices with
+        that model's own table) and batch-level (``per_request`` answers per sequence)."""
+        if (self.per_request or cost_model is None or self.step_time != cost_model.step_time
+                or self.catch_up_time not in (None, getattr(cost_model, "catch_up_time", None))):
+            return None
+        return CompiledForm.goodput(self._scalars, self._rows, self.catch_up_time is not None, self.k_max)
 
     @property
     def alpha_hat(self) -> float:

@@ -115,26 +115,26 @@ class AcceptanceSampler:
     """Draws accepted-token counts for a batch, one step at a time.
 
     The draws come from a buffer refilled in blocks from the seeded generator; what a row keeps
-    is :func:`sim.serving.rules.count_accepted` of its draw (``kind`` says how), the rule the
+    is :func:`sim.proposals.count_accepted` of its draw (``kind`` says how), the rule the
     compiled runs apply to the same buffer: :meth:`reserve` hands them the buffer and
     :meth:`advance` takes back how far they read, so one stream of draws serves both paths.
     """
 
-    kind = 1  # sim.serving.layout.SCALED: an exponential times the row's 1 / -ln(alpha)
+    kind = 1  # sim.scheduler.layout.SCALED: an exponential times the row's 1 / -ln(alpha)
     keyed = False
-    proposals = None  # the run's ProposalModel (set by sim.simulate; None: every row proposes its k)
 
     def __init__(self, rng: np.random.Generator, block: int | None = None) -> None:
         self._rng = rng
         self._block = block = block or DRAW_BLOCK
         self._buffer = self._fresh(block)
         self._pos = 0
-        self._count = _count_rule(False)
+        self.rules = interpreted_rules()  # what it counts with (use_rules: its replica's)
+        self.proposals = ALWAYS_PROPOSE  # how rows propose (sim.simulate sets a host matcher's)
         self.negative_rates = np.zeros(0)  # POSITIONS only
 
-    def compile_rules(self, on: bool) -> None:
-        """Count with the compiled rule (sim/jit.py) or the interpreted one."""
-        self._count = _count_rule(on)
+    def use_rules(self, rules) -> None:
+        """Count with its replica's rules (sim.serving.loop.Rules: compiled or interpreted, sim/jit.py)."""
+        self.rules = rules
 
     def _fresh(self, n: int) -> np.ndarray:
         return self._rng.standard_exponential(n)
@@ -162,8 +162,8 @@ class AcceptanceSampler:
         ks = np.full(n, k, dtype=np.int64) if isinstance(k, int) else k
         out = np.empty(n, dtype=np.int64)
         shared = buffer.dtype.kind == "i"
-        self._count(self.kind, buffer if shared else _NO_INTS, _NO_FLOATS if shared else buffer, pos,
-                    np.ascontiguousarray(scale, dtype=np.float64), ks, n, self.negative_rates, out)
+        self.rules.count_accepted(self.kind, buffer if shared else _NO_INTS, _NO_FLOATS if shared else buffer, pos,
+                                  np.ascontiguousarray(scale, dtype=np.float64), ks, n, self.negative_rates, out)
         self._pos = pos + n
         return out
 
@@ -171,13 +171,14 @@ class AcceptanceSampler:
 _NO_INTS, _NO_FLOATS = np.zeros(0, dtype=np.int64), np.zeros(0)
 
 
-def _count_rule(compiled_rules: bool):
-    from sim.serving.rules import count_accepted
+@lru_cache(maxsize=1)
+def interpreted_rules():
+    """The rules a sampler counts with before its replica hands it its own: the plain functions."""
+    from types import SimpleNamespace
 
-    if compiled_rules:
-        from sim.jit import compiled
-        return compiled(count_accepted)
-    return count_accepted
+    from sim.proposals import count_accepted, runlength_accepted
+
+    return SimpleNamespace(count_accepted=count_accepted, runlength_accepted=runlength_accepted)
 
 
 class SharedAlphaSampler(AcceptanceSampler):
@@ -187,7 +188,7 @@ class SharedAlphaSampler(AcceptanceSampler):
     at the cost of one clip per step instead of a multiply, a clip and a cast.
     """
 
-    kind = 0  # sim.serving.layout.SHARED
+    kind = 0  # sim.scheduler.layout.SHARED
 
     def __init__(self, rng: np.random.Generator, scale: float, block: int | None = None) -> None:
         self._scale = scale
@@ -203,7 +204,7 @@ class PositionSampler(AcceptanceSampler):
     With the rates non-increasing that set is a prefix, so P(a >= j) = rate[j - 1] exactly.
     """
 
-    kind = 2  # sim.serving.layout.POSITIONS
+    kind = 2  # sim.scheduler.layout.POSITIONS
 
     def __init__(self, rng: np.random.Generator, rates: np.ndarray, block: int | None = None) -> None:
         super().__init__(rng, block)
@@ -466,14 +467,9 @@ class RunLengthSampler(AcceptanceSampler):
         self.runs, self.start, self.length = trace.runs, trace.start[record], trace.length[record]
         self._loop = None
         super().__init__(rng, block)
-        self._rule = _runlength_rule(False)
 
     def _fresh(self, n: int) -> np.ndarray:
         return np.zeros(0)  # nothing is drawn
-
-    def compile_rules(self, on: bool) -> None:
-        super().compile_rules(on)
-        self._rule = _runlength_rule(on)
 
     def watch(self, loop) -> None:
         self._loop = loop
@@ -482,17 +478,9 @@ class RunLengthSampler(AcceptanceSampler):
         state, m = self._loop.state, keys.shape[0]
         ks = np.full(m, k, dtype=np.int64) if isinstance(k, int) else np.asarray(k, dtype=np.int64)
         out = np.empty(m, dtype=np.int64)
-        self._rule(ks, m, state.rows, state.rowf, self._loop.queue.reqi, self.runs, self.start, self.length, out)
+        self.rules.runlength_accepted(ks, m, state.rows, state.rowf, self._loop.queue.reqi, self.runs, self.start,
+                                      self.length, out)
         return out
-
-
-def _runlength_rule(compiled_rules: bool):
-    from sim.proposals import runlength_accepted
-
-    if compiled_rules:
-        from sim.jit import compiled
-        return compiled(runlength_accepted)
-    return runlength_accepted
 
 
 @dataclass(frozen=True, eq=False)
@@ -564,9 +552,9 @@ class RecordingSampler:
                 tally[:] = 0
         return self._counts
 
-    def compile_rules(self, on: bool) -> None:
-        """Count with the compiled rule or the interpreted one (sim/jit.py)."""
-        self.inner.compile_rules(on)
+    def use_rules(self, rules) -> None:
+        """Count with its replica's rules (sim/jit.py)."""
+        self.inner.use_rules(rules)
 
     def watch(self, loop) -> None:
         self.inner.watch(loop)

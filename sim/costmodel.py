@@ -83,6 +83,7 @@ import bisect
 import copy
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -92,16 +93,28 @@ from sim.costmodel_rules import (catch_up_price, chunk_price, decode_price, padd
 from sim.curves import Curve, decode_features, prefill_features, verify_features
 from sim.profile import Profile
 
+class DrafterKind(StrEnum):
+    """Whose drafting a step pays for (the module docstring), decided once when a drafter is made."""
+
+    MODEL = "model"  # a separate draft model: its own passes, prefill and catch-up
+    HEAD = "head"  # a head on the target's hidden states (EAGLE, MTP)
+    HEADS = "heads"  # Medusa's heads: one pass, no context
+    HOST = "host"  # a host-side matcher (n-gram, suffix): proposes only where the context matches
+
+
 @dataclass(frozen=True)
 class Drafter:
     """How a method's drafting is priced (the module docstring): ``kind`` model, head, heads or host;
     ``curve``: the profile's model holding its passes; ``width``: tokens per sequence in a head's later
     passes (a tree's top-k); ``tree_tokens[k]``: tokens a tree verifies at depth k (empty: k + 1)."""
 
-    kind: str = "model"
+    kind: DrafterKind = DrafterKind.MODEL
     curve: str = "draft"
     width: int = 1
     tree_tokens: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", DrafterKind(self.kind))
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "curve": self.curve, "width": self.width, "tree_tokens": list(self.tree_tokens)}
@@ -214,7 +227,7 @@ class CostModel:
         drafter = Drafter.of(drafter)
         if drafter == self.drafter:
             return self
-        if drafter.kind != "model" and self.drafter_curve(drafter) is None:
+        if drafter.kind is not DrafterKind.MODEL and self.drafter_curve(drafter) is None:
             raise KeyError(drafter.curve)
         model = copy.copy(self)
         model.drafter = drafter
@@ -222,7 +235,7 @@ class CostModel:
 
     def drafter_curve(self, drafter: "Drafter") -> Curve | None:
         """The curve of a drafter's passes (a head's, Medusa's, a host proposer's); None if not measured."""
-        phase = "propose" if drafter.kind == "host" else "decode"
+        phase = "propose" if drafter.kind is DrafterKind.HOST else "decode"
         return self.drafters.get(f"{phase}/{drafter.curve}")
 
     def priced_drafters(self) -> list[str]:
@@ -266,16 +279,16 @@ class CostModel:
         """What drafting k tokens per sequence costs a step (the module docstring's per-method terms)."""
         b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
         d = self.drafter
-        if d.kind == "model":  # a target-only profile has no draft: k is 0 there
+        if d.kind is DrafterKind.MODEL:  # a target-only profile has no draft: k is 0 there
             return k * (self.draft_times(b, 1, c) if self.decode_draft is not None else 0.0)
         curve = self.drafter_curve(d)
         drafting = k > 0
         one = np.maximum(k, 1.0)
-        if d.kind == "head":
+        if d.kind is DrafterKind.HEAD:
             first = curve(batch_size=b, query_tokens=one + 1, context_tokens=c)
             rest = curve(batch_size=b, query_tokens=np.full_like(k, d.width), context_tokens=c)
             return np.where(drafting, first + (one - 1) * rest, 0.0)
-        if d.kind == "heads":
+        if d.kind is DrafterKind.HEADS:
             return np.where(drafting, curve(batch_size=b, query_tokens=one), 0.0)
         return np.where(drafting, curve(batch_size=b, query_tokens=one, context_tokens=c), 0.0)
 
@@ -318,10 +331,10 @@ class CostModel:
         """
         lag = np.maximum(np.asarray(lag, dtype=float), 1.0)
         d = self.drafter
-        if d.kind == "model":
+        if d.kind is DrafterKind.MODEL:
             return self.draft_times(batch_size, lag, context_tokens) - self.draft_times(batch_size, 1, context_tokens)
         b, lag, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, lag, context_tokens)))
-        if d.kind != "head":
+        if d.kind is not DrafterKind.HEAD:
             return np.zeros(b.shape)
         curve = self.drafter_curve(d)
         return np.where(lag > 1, curve(batch_size=b, query_tokens=1 + lag, context_tokens=c)
@@ -336,9 +349,9 @@ class CostModel:
         t = self.prefill_target(batch_size=batch_size, query_tokens=prompt_tokens)
         if with_draft:
             d = self.drafter
-            if d.kind == "model":
+            if d.kind is DrafterKind.MODEL:
                 t = t + self.prefill_draft(batch_size=batch_size, query_tokens=prompt_tokens)
-            elif d.kind == "head" and f"prefill/{d.curve}" in self.drafters:
+            elif d.kind is DrafterKind.HEAD and f"prefill/{d.curve}" in self.drafters:
                 t = t + self.drafters[f"prefill/{d.curve}"](batch_size=batch_size, query_tokens=prompt_tokens)
         return t
 
@@ -358,13 +371,13 @@ class CostModel:
         reach = {"batch_size": max_batch, "context_tokens": max_context}
         checks = [(self.decode_target, {**reach, "query_tokens": int(self.target_tokens(k_max))}),
                   (self.prefill_target, {"batch_size": max_batch, "query_tokens": max_prompt})]
-        if k_max > 0 and self.drafter.kind == "model":
+        if k_max > 0 and self.drafter.kind is DrafterKind.MODEL:
             checks.append((self.decode_draft, reach))
             if with_draft:
                 checks.append((self.prefill_draft, {"batch_size": max_batch, "query_tokens": max_prompt}))
-        elif k_max > 0 and self.drafter.kind in ("head", "host"):
+        elif k_max > 0 and self.drafter.kind in (DrafterKind.HEAD, DrafterKind.HOST):
             checks.append((self.drafter_curve(self.drafter), {**reach, "query_tokens": k_max + 1
-                                                              if self.drafter.kind == "head" else k_max}))
+                                                              if self.drafter.kind is DrafterKind.HEAD else k_max}))
         out = []
         for curve, wanted in checks:
             for axis, value in wanted.items():
@@ -467,7 +480,7 @@ class CostModel:
                                       "exposed_overhead": self.exposed_overhead, "overlapped": self.overlapped,
                                       "kv_read_cost": self.kv_read_cost(max_batch),
                                       "attention_coefficient": self.attention_coefficient, **chunk,
-                                      **({"drafter_kind": self.drafter.kind} if self.drafter.kind != "model" else {})})
+                                      **({"drafter_kind": self.drafter.kind} if self.drafter.kind is not DrafterKind.MODEL else {})})
 
 
 def cuda_graph_sizes(max_num_seqs: int, k: int = 0, max_num_batched_tokens: int | None = None) -> tuple[int, ...]:
@@ -549,7 +562,7 @@ class StepTable:
     kv_read_cost: float = 0.0  # kappa: seconds per token of a chunk's cached prefix read
     attention_coefficient: float = 0.0  # theta: a chunk's Q tokens after S cached ones attend for 2 theta Q S
     graph_pad: list | None = None  # [tokens] -> the CUDA-graph size a step of that many tokens runs at
-    drafter_kind: str = "model"  # whose drafting the table prices: model, head, heads or host (sim.speculation)
+    drafter_kind: DrafterKind = DrafterKind.MODEL  # whose drafting the table prices (sim.speculation)
 
     def decode_time(self, batch_size: int, k: int, mean_context: float) -> float:
         return _blend(self.decode[batch_size][k], mean_context / self.context_step)
@@ -593,7 +606,7 @@ class StepTable:
             out["chunk"] = np.asarray(self.chunk, dtype=np.float64)
         if self.graph_pad is not None:
             out["graph_pad"] = np.asarray(self.graph_pad, dtype=np.int64)
-        if self.drafter_kind != "model":
+        if self.drafter_kind is not DrafterKind.MODEL:
             out["drafter_kind"] = np.array(self.drafter_kind)
         return out
 
@@ -610,7 +623,7 @@ class StepTable:
                    kv_read_cost=float(arrays.get("kv_read_cost", 0.0)),
                    attention_coefficient=float(arrays.get("attention_coefficient", 0.0)),
                    graph_pad=None if pad is None else np.asarray(pad, dtype=np.int64).tolist(),
-                   drafter_kind=str(arrays.get("drafter_kind", "model")))
+                   drafter_kind=DrafterKind(str(arrays.get("drafter_kind", "model"))))
 
     def padded(self, tokens: int) -> int:
         """The tokens a step of ``tokens`` runs at (the next CUDA-graph size; itself past the largest)."""

@@ -56,6 +56,7 @@ WARM_TIMEOUT_S = 600.0  # ... or after this long
 # The modules whose functions the compiled code is built from (their rules are registered, and
 # their bytes key the cache). Each lists its rules in a module-level tuple named RULES.
 RULE_MODULES = ("sim.serving.rules", "sim.scheduler.kvcache", "sim.scheduler.v0", "sim.scheduler.v1",
+                "sim.scheduler.work",
                 "sim.proposals", "sim.serving.kernel", "policies.goodput_rules", "sim.costmodel_rules")
 
 _TWINS: dict[Callable, Callable] = {}

@@ -1,4 +1,4 @@
-"""How many draft tokens each running row proposes, and the run-length acceptance: rules over the state.
+"""How many draft tokens each running row proposes and keeps: rules over the state.
 
 A model or a head always drafts the k it is asked for. A host-side matcher (n-gram prompt
 lookup, suffix decoding) proposes only where the request's context matches: in vLLM the proposer
@@ -21,11 +21,14 @@ position i, the run v_i of tokens starting at i that the proposer's guesses woul
 (1 = only the target's own token). A row at position i that proposes k keeps min(k, v_i - 1). The
 position is the request's emitted tokens less one (its first came from the prefill); request g
 replays its record's values (``runs[start[g]:start[g] + length[g]]``), wrapping round past its end.
+
+The other acceptance models keep what :func:`count_accepted` reads from the sampler's draws
+(sim.acceptance hands them over, to the loop and to the compiled runs alike).
 """
 
 from __future__ import annotations
 
-from sim.serving.layout import REQ_OUTPUT, ROW_REMAINING, ROW_REQ, ROW_SCALE
+from sim.scheduler.layout import POSITIONS, REQ_OUTPUT, ROW_REMAINING, ROW_REQ, ROW_SCALE, SHARED
 
 ALWAYS, MATCH, RUNS = 0, 1, 2
 _PRIME = 2147483647  # 2**31 - 1: every product below stays under 2**62, exact in int64 and in Python
@@ -94,4 +97,30 @@ def runlength_accepted(ks, m, rows, rowf, reqi, runs, start, length, out):
         out[i] = k if k < v else v
 
 
-RULES = (_mix, unit_hash, row_position, run_at, propose_rows, runlength_accepted)
+def count_accepted(kind, draws_i, draws_f, pos, scale, ks, m, neg_rates, out):
+    """Draft tokens rows [0, m) keep at their ks, from the sampler's draws at ``pos`` (sim.acceptance):
+    SHARED, G precomputed (one alpha); SCALED, an exponential times the row's scale; POSITIONS, the
+    number of rates a uniform falls under."""
+    n_rates = neg_rates.shape[0]
+    for i in range(m):
+        k = ks[i]
+        if kind == SHARED:
+            a = draws_i[pos + i]
+            if a > k:
+                a = k
+        elif kind == POSITIONS:
+            u = draws_f[pos + i]
+            a = 0
+            while a < n_rates and neg_rates[a] < u:
+                a += 1
+            if a > k:
+                a = k
+        else:
+            v = draws_f[pos + i] * scale[i]
+            if v > k:
+                v = k
+            a = int(v)
+        out[i] = a
+
+
+RULES = (_mix, unit_hash, row_position, run_at, propose_rows, runlength_accepted, count_accepted)

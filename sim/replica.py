@@ -60,13 +60,14 @@ class ReplicaPlan:
         its steps (the real replay, a playback), with compiled runs where they apply."""
         scheduler = self.scheduler()
         compiled = self.compiled
+        rules = Rules(compiled)
         if sampler is not None:
-            sampler.compile_rules(compiled)
+            sampler.use_rules(rules)
         loop = ServingLoop(queue, scheduler=scheduler, policy=policy, k_max=self.table.k_max,
-                           backend=backend or PricedBackend(self.table, sampler, scheduler.prefill),
-                           rules=Rules(compiled), max_blocks_per_request=self.max_blocks_per_request,
+                           backend=backend or PricedBackend(self.table, sampler),
+                           rules=rules, max_blocks_per_request=self.max_blocks_per_request,
                            num_keys=self.num_keys, lag_mode=self.lag_mode,
-                           proposals=getattr(sampler, "proposals", None))
+                           proposals=None if sampler is None else sampler.proposals)
         if sampler is not None:
             sampler.watch(loop)
         loop.compiled_runs = compiled_runs_for(loop, self.table, sampler, compiled)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sim import cache
 from sim.commands.outputs import write_run, write_table
-from sim.serving.layout import C_ITL_POS, C_REC_POS, N_COUNTERS
+from sim.scheduler.layout import C_ITL_POS, C_REC_POS, N_COUNTERS
 from sim.serving.records import STEP_DTYPE, Buffers
 from sim.simulate import _fitted, simulate
 

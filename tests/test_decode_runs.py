@@ -174,10 +174,10 @@ def test_only_static_k_policies_that_learn_nothing_run_compiled(run_config):
         def observe(self, feedback):
             pass
 
-    assert compiled.static_k_table(FixedK(2), 4, 4).tolist() == [2] * 5
-    assert compiled.static_k_table(Peeking(2), 4, 4) is None
-    assert compiled.static_k_table(Learning(2), 4, 4) is None
-    assert compiled.static_k_table(Goodput(), 4, 4) is None
+    assert compiled.policy_form(FixedK(2), 4, 4).k_by_batch.tolist() == [2] * 5
+    assert compiled.policy_form(Peeking(2), 4, 4) is None
+    assert compiled.policy_form(Learning(2), 4, 4) is None
+    assert compiled.policy_form(Goodput(), 4, 4) is None
 
 
 def test_what_does_not_run_compiled(run_config, monkeypatch):
@@ -214,7 +214,7 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
     from sim.costmodel import StepTable
     from sim.jit import compiled as compile_rule
     from sim.serving.kernel import GOODPUT_K, _choose
-    from sim.serving.layout import C_TOTAL_CONTEXT, N_COUNTERS, ROW_INTS, ROW_LAG
+    from sim.scheduler.layout import C_TOTAL_CONTEXT, N_COUNTERS, ROW_INTS, ROW_LAG
 
     choose = compile_rule(_choose)
     rng = np.random.default_rng(3)

@@ -9,7 +9,8 @@ An arrow may point down or stay inside its layer, never up; ``policies`` and
 ``workloads`` import neither ``sim`` nor ``calibrate``; nothing in the sim core,
 ``policies`` or ``workloads`` imports torch (importing ``sim`` stays cheap, and a GPU
 box with only torch can run ``calibrate``). No two files import each other, however
-long the way round, and a name starting with one underscore is private to its module.
+long the way round, no two parts of ``sim`` (a folder, or a module directly in it) import each
+other, and a name starting with one underscore is private to its module.
 """
 
 from __future__ import annotations
@@ -125,6 +126,30 @@ def test_no_file_imports_itself_the_long_way_round():
     assert cycle is None, "import cycle between files: " + " -> ".join(cycle)
 
 
+def sim_part(module: str) -> str | None:
+    """The part of ``sim`` a module belongs to: its folder (``sim.serving``) or, directly in ``sim``,
+    the module itself (``sim.acceptance``); None outside ``sim`` and for ``sim`` itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "sim" and len(parts) > 1 else None
+
+
+def two_way_pairs(arrows: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The pairs (a, b), a < b, with an arrow each way."""
+    return sorted((a, b) for a, b in arrows if a < b and (b, a) in arrows)
+
+
+def test_no_two_parts_of_sim_import_each_other():
+    arrows = set()
+    for name, tree in MODULES.items():
+        source = sim_part(name)
+        for target, _ in imports(name, tree):
+            dest = sim_part(target)
+            if source and dest and dest != source:
+                arrows.add((source, dest))
+    pairs = two_way_pairs(arrows)
+    assert not pairs, "parts of sim that import each other: " + ", ".join(f"{a} <-> {b}" for a, b in pairs)
+
+
 def test_no_cycle_between_layers_and_every_arrow_points_down():
     wrong = []
     for name, tree in MODULES.items():
@@ -159,6 +184,9 @@ def test_no_private_name_is_imported_from_another_module():
 def test_the_checks_catch_what_they_are_for():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+    assert two_way_pairs({("x", "y"), ("y", "x"), ("x", "z")}) == [("x", "y")]
+    assert sim_part("sim.serving.loop") == "sim.serving" and sim_part("sim.acceptance") == "sim.acceptance"
+    assert sim_part("sim") is None and sim_part("policies.base") is None
     assert layer("sim.commands.sweep.spec") == "commands" and layer("numpy") is None
     assert layer("sim.simulate") == "core" and layer("calibrate.replay") == "calibrate"
     tree = ast.parse("from sim.config import _flatten\nimport torch\n")

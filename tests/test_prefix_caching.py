@@ -17,7 +17,7 @@ from sim.commands.cli import main
 from sim.costmodel import CostModel
 from sim.profile import load_profile
 from sim.scheduler.kvcache import key_of, prefix_keys
-from sim.serving.layout import C_FREE_BLOCKS
+from sim.scheduler.layout import C_FREE_BLOCKS
 from tests.synthetic import make_profile
 from tests.test_scheduling_v1 import serve, steps_of
 from workloads import Requests
@@ -142,7 +142,7 @@ def test_cache_invariants_under_pressure(cost_model, reqs, block_size, budget, k
     """Stepped one step at a time: the manager's counts, free queue, tables and key map agree after
     every step; blocks never exceed the cache; a hit never reaches a prompt's last token; every
     prompt token is either found or prefilled; at the end nothing is held."""
-    from sim.serving.layout import C_RUNNING
+    from sim.scheduler.layout import C_RUNNING
 
     reqs.sort(key=lambda r: r[2])
     ids = np.array([r[0] for r in reqs])

@@ -24,7 +24,7 @@ from sim.errors import InputError
 from sim.profile import load_profile
 from sim.replica import ReplicaPlan
 from sim.serving.clock import simulate_replica
-from sim.serving.layout import C_FREE_BLOCKS, C_PREFILLING, C_REQUEUED, C_RUNNING
+from sim.scheduler.layout import C_FREE_BLOCKS, C_PREFILLING, C_REQUEUED, C_RUNNING
 from sim.serving.queues import arrival_queue
 from sim.serving.records import DECODE, MIXED, PREFILL
 from sim.simulate import simulate

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sim.acceptance import acceptance_scale
 from sim.serving.clock import exact_delay, serve_wall_clock, simulate_replica
-from sim.serving.layout import ROW_LAG
+from sim.scheduler.layout import ROW_LAG
 from sim.serving.loop import ServingLoop
 from sim.serving.priced import PricedBackend
 from sim.serving.queues import arrival_queue
@@ -123,7 +123,7 @@ def _loop(run, backend_of) -> ServingLoop:
                           acceptance_scale(run.alphas), None)
     sampler = make_sampler(run.config, run.alphas)
     return run.replica.loop(queue, run.policy, sampler,
-                            backend_of(PricedBackend(run.table, sampler, run.config.engine.prefill)))
+                            backend_of(PricedBackend(run.table, sampler)))
 
 
 @pytest.mark.parametrize("batching,policy", [("continuous", "goodput"), ("static", "fixed"), ("continuous", "none")])

@@ -20,14 +20,14 @@ from sim.serving.priced import PricedBackend
 from sim.serving.queues import arrival_queue
 from sim.serving.recorded import LogicDivergence, RecordedBackend, RecordedSteps
 from sim.serving.records import DECODE, PREFILL
-from sim.simulate import execute, make_sampler, prepare, scheduler_for
+from sim.simulate import execute, make_sampler, prepare
 
 
 class Spy(PricedBackend):
     """The simulator's own backend, keeping each step's accepted counts per row (as the replay does)."""
 
     def __init__(self, run):
-        super().__init__(run.table, make_sampler(run.config, run.alphas), scheduler_for(run).prefill)
+        super().__init__(run.table, make_sampler(run.config, run.alphas))
         self.accepted: list = []
 
     def prefill(self, queue, head, n, mean_prompt):

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.serving.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, KV_FIELDS, KV_KEY, KV_NEXT, KV_PREV, KV_REF, NO_KEY,
-                                P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS, REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY,
-                                REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY, S_FREE_SLOT)
+from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, KV_FIELDS, KV_KEY, KV_NEXT, KV_PREV, KV_REF, NO_KEY,
+                                  P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS, REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY,
+                                  REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY, S_FREE_SLOT)
 
 SLOT_HELD, SLOT_CACHED = 0, 1  # slot_blocks[slot, 0]: blocks held; [slot, 1]: blocks registered
 SLOT_FIRST = 2  # slot_blocks[slot, 2 + j]: the request's block j

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.serving.layout import (C_ADMIT, C_ARRIVED, C_HEAD, C_KV_USED, C_PHASE, C_RUNNING, C_STATIC_BATCH,
-                                C_STEP_ROWS, DECODE, N_PARAMS, NOTHING, P_KV_BUDGET, P_MAX_SEQS, P_PADDED, P_STATIC,
-                                PREFILL, REQ_PROMPT, REQ_RESERVE)
+from sim.scheduler.layout import (C_ADMIT, C_ARRIVED, C_HEAD, C_KV_USED, C_PHASE, C_RUNNING, C_STATIC_BATCH,
+                                  C_STEP_ROWS, DECODE, N_PARAMS, NOTHING, P_KV_BUDGET, P_MAX_SEQS, P_PADDED, P_STATIC,
+                                  PREFILL, REQ_PROMPT, REQ_RESERVE)
 
 STUCK = -2  # plan_v0: a waiting request can never be admitted (prepare checks this before a run)
 

@@ -36,16 +36,16 @@ import numpy as np
 
 from sim.scheduler.kvcache import (SLOT_CACHED, SLOT_HELD, admit_slot, blocks_for, cache_slot, free_slot, grow_slot,
                                     lookup, shortfall)
-from sim.serving.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
-                                C_FREE_BLOCKS, C_HEAD, C_PEAK_BLOCKS, C_PHASE, C_PREEMPTED_NOW, C_PREFILLING,
-                                C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RESUME_HITS, C_RESUME_QUERIES, C_RUNNING,
-                                C_STEP_BLOCKS, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, DECODE, MIXED, N_PARAMS,
-                                LAST_STEP_END, NOTHING, P_ASYNC, P_BLOCK, P_BLOCKS, P_BUDGET, P_CACHING, P_CHUNKED,
-                                P_LOOKAHEAD,
-                                P_MAX_BLOCKS, P_MAX_SEQS, PREFILL, REC_CACHED, REC_EMITTED, REC_LAST_EMIT,
-                                REC_PREEMPTIONS, REC_SCHEDULED, REQ_PROMPT, ROW_CONTEXT, ROW_LAST_EMIT,
-                                ROW_REMAINING, ROW_REQ, ROW_SLOT, S_CHUNK_ENTRY, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ,
-                                S_PF_SLOT, S_PF_TARGET, S_REQUEUED, S_ROW_K)
+from sim.scheduler.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
+                                  C_FREE_BLOCKS, C_HEAD, C_PEAK_BLOCKS, C_PHASE, C_PREEMPTED_NOW, C_PREFILLING,
+                                  C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RESUME_HITS, C_RESUME_QUERIES, C_RUNNING,
+                                  C_STEP_BLOCKS, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, DECODE, MIXED, N_PARAMS,
+                                  LAST_STEP_END, NOTHING, P_ASYNC, P_BLOCK, P_BLOCKS, P_BUDGET, P_CACHING, P_CHUNKED,
+                                  P_LOOKAHEAD,
+                                  P_MAX_BLOCKS, P_MAX_SEQS, PREFILL, REC_CACHED, REC_EMITTED, REC_LAST_EMIT,
+                                  REC_PREEMPTIONS, REC_SCHEDULED, REQ_PROMPT, ROW_CONTEXT, ROW_LAST_EMIT,
+                                  ROW_REMAINING, ROW_REQ, ROW_SLOT, S_CHUNK_ENTRY, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ,
+                                  S_PF_SLOT, S_PF_TARGET, S_REQUEUED, S_ROW_K)
 
 PREEMPTION = ("recompute",)  # vLLM V1 preempts by recompute only
 
@@ -247,13 +247,8 @@ def plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, clk, sched, kv, key_block, sl
     return ctr[C_PHASE]
 
 
-def has_work(ctr):
-    """Whether a step can run now: running or prefilling requests, or waiting ones."""
-    return ctr[C_RUNNING] > 0 or ctr[C_PREFILLING] > 0 or ctr[C_REQUEUED] > 0 or ctr[C_ARRIVED] > ctr[C_HEAD]
-
-
 RULES = (_requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _admit_waiting,
-         admission_horizon, plan_v1, has_work)
+         admission_horizon, plan_v1)
 
 
 @dataclass

@@ -11,8 +11,8 @@ finish in a few calls.
 
 It runs where the kernel can make every decision the step-by-step loop would, identically
 (``tests/test_decode_runs.py`` compares every record): a policy whose k depends on the batch
-size alone (:meth:`~policies.base.Policy.k_by_batch_size`: fixed, none, lut) or ``goodput``
-itself (batch-level, pricing with the run's own step table); the shared-alpha, per-request
+size alone (fixed, none, lut) or ``goodput`` (batch-level, pricing with the run's own step
+table): each says so itself (:meth:`~policies.base.Policy.compiled_form`); the shared-alpha, per-request
 alpha and per-position acceptance models, without per-request speculation metrics; the
 simulator's own step backend; a queue whose sends do not wait on finishes (not a client
 with a concurrency limit). Anything else runs step by step, with the same rules compiled.
@@ -20,61 +20,41 @@ with a concurrency limit). Anything else runs step by step, with the same rules 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from policies.base import BY_BATCH_SIZE, CompiledForm
 from sim.jit import compiled
 from sim.serving import kernel
-from sim.serving.layout import ARRIVAL, C_DRAW_POS, C_STEPS, IDLE, MANY, NOW, PENDING_END, REFILL
+from sim.serving.priced import ragged_by_tokens
+from sim.scheduler.layout import ARRIVAL, C_DRAW_POS, C_STEPS, IDLE, MANY, NOW, PENDING_END, REFILL
 from sim.serving.records import ITL_ROOM, RECORD_ROOM
 
 
-def static_k_table(policy, max_batch: int, k_max: int) -> np.ndarray | None:
-    """The policy's k per charged batch size 0..max_batch, when its choice depends on nothing else
-    and it learns nothing; None otherwise. A subclass that overrides ``choose_k`` (or ``observe``)
-    without its own ``k_by_batch_size`` is not trusted with its parent's table."""
-    from policies.base import Policy
-
-    cls = type(policy)
-    if cls.observe is not Policy.observe:
-        return None
-    defined = {name: next(c for c in cls.__mro__ if name in c.__dict__) for name in ("choose_k", "k_by_batch_size")}
-    if not issubclass(defined["k_by_batch_size"], defined["choose_k"]):
-        return None
-    ks = policy.k_by_batch_size(max_batch)
-    if ks is None:
-        return None
+def policy_form(policy, max_batch: int, k_max: int, cost_model=None) -> CompiledForm | None:
+    """The policy's own word on how a compiled run makes its choices (:meth:`~policies.base.Policy.compiled_form`),
+    with a table's ks checked as the loop checks each answer; None: it runs step by step."""
+    form = policy.compiled_form(max_batch, cost_model)
+    if form is None or form.rule != BY_BATCH_SIZE:
+        return form
     from sim.serving.loop import checked_k
-    return np.array([checked_k(k, k_max, policy, 1) for k in ks], dtype=np.int64)
-
-
-def compiled_goodput(policy, table) -> bool:
-    """Whether the kernel can stand in for this policy: ``goodput`` itself (not a subclass), batch-level
-    (``per_request`` answers per sequence), pricing with this very step table."""
-    from policies.goodput import Goodput
-
-    return (type(policy) is Goodput and not policy.per_request and policy.step_time == table.step_time
-            and policy.catch_up_time in (None, table.catch_up_time))
+    ks = np.array([checked_k(k, k_max, policy, 1) for k in form.k_by_batch.tolist()], dtype=np.int64)
+    return replace(form, k_by_batch=ks)
 
 
 class CompiledRuns:
     """One loop's compiled runs: the kernel's arguments besides the loop's own state."""
 
-    def __init__(self, loop, table, sampler, k_by_batch: np.ndarray | None) -> None:
+    def __init__(self, loop, table, sampler, form: CompiledForm) -> None:
         self.loop = loop
         self.sampler = sampler  # the RecordingSampler: its source's draw buffer is read in place
         self.source = sampler.inner
-        k_max = table.k_max
-        if k_by_batch is None:  # goodput: the kernel makes the policy's choices and does its learning
-            self.policy_kind = kernel.GOODPUT_K
-            self.k_by_batch = np.zeros(1, dtype=np.int64)
-            self.gp, self.gp_rows = loop.policy.state_arrays()
-            self.gp_catch_up = loop.policy.catch_up_time is not None
-            k_max = loop.policy.k_max
-        else:  # k by the batch size
-            self.policy_kind, self.k_by_batch = kernel.STATIC_K, k_by_batch
-            from policies.goodput_rules import N_ROWS, N_SCALARS
-
-            self.gp, self.gp_rows, self.gp_catch_up = np.zeros(N_SCALARS), np.zeros((N_ROWS, 1)), False
+        # The policy's choice as the kernel makes it: a k by batch size, or goodput's rule over its own
+        # state arrays (the kernel makes the policy's choices and does its learning).
+        self.policy_kind, self.k_by_batch = form.rule, form.k_by_batch
+        self.gp, self.gp_rows, self.gp_catch_up = form.scalars, form.rows, form.catch_up
+        k_max = table.k_max if form.rule == BY_BATCH_SIZE else form.k_max
         self.k_max = k_max
         self.gp_prices = np.zeros(k_max + 1)
         self.gp_scratch = np.zeros((2, k_max + 2), dtype=np.int64)
@@ -83,10 +63,9 @@ class CompiledRuns:
                        float(table.context_step), float(table.prompt_step), float(table.chunk_step),
                        float(table.prefill_overhead), float(table.exposed_overhead), bool(table.overlapped),
                        float(table.kv_read_cost), float(table.attention_coefficient),
-                       np.asarray(table.graph_pad if table.graph_pad is not None else [], dtype=np.int64))
-        from sim.acceptance import ALWAYS_PROPOSE
-
-        p = sampler.proposals or ALWAYS_PROPOSE  # how rows propose (sim.proposals)
+                       np.asarray(table.graph_pad if table.graph_pad is not None else [], dtype=np.int64),
+                       ragged_by_tokens(table))
+        p = sampler.proposals  # how rows propose (sim.proposals)
         self.proposals = (int(p.mode), float(p.match_rate), int(p.seed), p.runs, p.start, p.length)
         self.counts = np.zeros(table.k_max + 1, dtype=np.int64)  # accepted-count tally, folded into the sampler's
         sampler.add_tally(self.counts)
@@ -153,10 +132,6 @@ def compiled_runs_for(loop, table, sampler, jit: bool) -> CompiledRuns | None:
         return None
     if type(sampler.inner) not in (SharedAlphaSampler, AcceptanceSampler, PositionSampler):
         return None
-    if compiled_goodput(loop.policy, table):
-        return CompiledRuns(loop, table, sampler, None)
-    ks = static_k_table(loop.policy, loop.scheduler.max_batch_size, loop.k_max)
-    if ks is None:
-        return None
-    return CompiledRuns(loop, table, sampler, ks)
+    form = policy_form(loop.policy, loop.scheduler.max_batch_size, loop.k_max, table)
+    return None if form is None else CompiledRuns(loop, table, sampler, form)
 

@@ -25,24 +25,27 @@ runs from its first arrival to its last finish in a handful of calls.
 
 from __future__ import annotations
 
+from policies.base import BY_BATCH_SIZE, GOODPUT_RULE
 from policies.goodput_rules import EXPECTED, MARGIN, best_k, observe_rows, spread_catch_up
-from sim.proposals import propose_rows
+from sim.proposals import count_accepted, propose_rows
 from sim.costmodel_rules import (blend, catch_up_price, chunk_price, decode_price, prefill_price,
                                   prefix_attention_price, tokens_price)
 from sim.scheduler.v0 import charged_batch, plan_v0, prefill_prompt
-from sim.scheduler.v1 import has_work, plan_v1
-from sim.serving.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS,
-                                C_OFFERED_K,
-                                C_ITL_END, C_ITL_POS, C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_REC_END, C_REC_POS,
-                                C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
-                                C_STEPS, C_TOTAL_CONTEXT, DECODE, IDLE, LAST_STEP_END, LIMIT, MIXED, NOTHING, NOW,
-                                PENDING_END,
-                                PREFILL, REFILL, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
-                                STEP_MEAN)
-from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, count_accepted, exact_delay, retire,
+from sim.scheduler.v1 import plan_v1
+from sim.scheduler.work import has_work
+from sim.scheduler.layout import (ARRIVAL, C_ADMIT, C_ARRIVED, C_HEAD, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS,
+                                  C_OFFERED_K,
+                                  C_ITL_END, C_ITL_POS, C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_REC_END, C_REC_POS,
+                                  C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING,
+                                  C_STEPS, C_TOTAL_CONTEXT, DECODE, IDLE, LAST_STEP_END, LIMIT, MIXED, NOTHING, NOW,
+                                  PENDING_END,
+                                  PREFILL, REFILL, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K,
+                                  STEP_MEAN)
+from sim.serving.rules import (apply_chunks, apply_decode, apply_prefill, exact_delay, retire,
                                step_rows_stats, write_step)
 
-STATIC_K, GOODPUT_K = 0, 1  # how a run picks k: a table by batch size, or goodput's argmax
+# How a run picks k, as the policy's compiled_form says: a table by batch size, or goodput's argmax.
+STATIC_K, GOODPUT_K = BY_BATCH_SIZE, GOODPUT_RULE
 
 
 def _choose(b, charged, rows, ctr, policy_kind, k_by_batch, gp, gp_rows, gp_prices, gp_catch_up, k_max,
@@ -69,7 +72,7 @@ def _choose(b, charged, rows, ctr, policy_kind, k_by_batch, gp, gp_rows, gp_pric
 
 def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch,
                par, ks, accepted, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step, chunk_step,
-               prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind, k_by_batch, gp,
+               prefill_overhead, exposed, overlapped, kv_read, theta, pad, by_tokens, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind, k_by_batch, gp,
                gp_rows, gp_prices, gp_catch_up, k_max, prop, match_rate, seed, runs, run_start, run_len, now):
     """Plan, price and draw one step (ServingLoop.start_step); returns its duration. ``prop``...: how
     rows propose (sim.proposals; 0: every row proposes its k)."""
@@ -114,7 +117,7 @@ def start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, 
         ctr[C_STEP_CHARGED] = charged
         clk[STEP_MEAN] = mean
         k = ctr[C_STEP_K]
-        if prop and ctr[C_RAGGED]:  # a host matcher's rows: priced by their tokens (costmodel_rules)
+        if by_tokens and ctr[C_RAGGED]:  # a host matcher's rows: priced by their tokens (sim.serving.priced)
             dt = tokens_price(decode, charged, sched[S_ROW_K], m, mean / ctx_step)
         else:
             dt = decode_price(decode, lag2, catch_up, charged, k, mean / ctx_step, lag)
@@ -175,7 +178,7 @@ def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv,
 
 def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch,
               par, ks, accepted, arrivals, timed, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step,
-              chunk_step, prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind,
+              chunk_step, prefill_overhead, exposed, overlapped, kv_read, theta, pad, by_tokens, kind, draws_i, draws_f, neg_rates, counts, track_lag, policy_kind,
               k_by_batch, gp, gp_rows, gp_prices, gp_scratch, gp_catch_up, k_max, prop, match_rate, seed, runs,
               run_start, run_len, records, itl_v, itl_w, stop_at, max_steps, itl_room):
     """Steps from ``clk[NOW]`` until a stop (the module docstring); returns the reason."""
@@ -188,8 +191,7 @@ def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, k
             while arrived < arrivals.shape[0] and arrivals[arrived] <= now:
                 arrived += 1
             ctr[C_ARRIVED] = arrived
-        work = has_work(ctr) if paged else (ctr[C_RUNNING] > 0 or ctr[C_ARRIVED] > ctr[C_HEAD])
-        if not work:
+        if not has_work(ctr):
             if timed and ctr[C_ARRIVED] < arrivals.shape[0]:
                 clk[NOW] = now + exact_delay(now, arrivals[ctr[C_ARRIVED]])  # the clock's idle wait, to the bit
                 continue
@@ -201,7 +203,7 @@ def run_steps(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, k
             return REFILL
         dt = start_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks,
                         scratch, par, ks, accepted, decode, lag2, catch_up, prefill, chunk, ctx_step, prompt_step,
-                        chunk_step, prefill_overhead, exposed, overlapped, kv_read, theta, pad, kind, draws_i, draws_f, neg_rates, counts, track_lag,
+                        chunk_step, prefill_overhead, exposed, overlapped, kv_read, theta, pad, by_tokens, kind, draws_i, draws_f, neg_rates, counts, track_lag,
                         policy_kind, k_by_batch, gp, gp_rows, gp_prices, gp_catch_up, k_max, prop, match_rate, seed,
                         runs, run_start, run_len, now)
         if ctr[C_PHASE] < 0:

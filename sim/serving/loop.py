@@ -29,18 +29,19 @@ from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
 from sim.jit import compiled
 from sim.scheduler import v0, v1
+from sim.scheduler.work import has_work
 from sim import proposals as proposal_rules
 from sim.serving import rules
-from sim.serving.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
-                                C_PREFILLING, C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RUNNING, C_STEP_BLOCKS,
-                                C_OFFERED_K, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT,
-                                C_TOTAL_REMAINING, DECODE,
-                                LAST_STEP_END,
-                                MIXED, NOTHING, P_MAX_SEQS, PREFILL, REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS,
-                                REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN, REC_PREEMPTIONS, REC_SCHEDULED,
-                                REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX,
-                                S_CHUNK_TOKENS, S_PF_DONE,
-                                S_PF_REQ, S_PF_TARGET, S_REQUEUED, S_ROW_K)
+from sim.scheduler.layout import (C_ADMIT, C_ARRIVED, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
+                                  C_PREFILLING, C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RUNNING, C_STEP_BLOCKS,
+                                  C_OFFERED_K, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT,
+                                  C_TOTAL_REMAINING, DECODE,
+                                  LAST_STEP_END,
+                                  MIXED, NOTHING, P_MAX_SEQS, PREFILL, REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS,
+                                  REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN, REC_PREEMPTIONS, REC_SCHEDULED,
+                                  REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX,
+                                  S_CHUNK_TOKENS, S_PF_DONE,
+                                  S_PF_REQ, S_PF_TARGET, S_REQUEUED, S_ROW_K)
 from sim.serving.records import ReplicaRecords
 from sim.serving.state import ReplicaState
 
@@ -48,7 +49,8 @@ from sim.serving.state import ReplicaState
 class StepBackend(Protocol):
     """What executes a step: prices it (simulated time) or runs it (measured time).
 
-    ``prefill`` (v0) and ``decode`` return the step's duration in seconds, or None when the step
+    ``prefill`` (v0: n prompts at the head of the queue, priced at the length the scheduler says,
+    their mean or, right-padded, their longest) and ``decode`` return the step's duration in seconds, or None when the step
     really ran and the clock measures it; ``decode`` also returns the draft tokens each of the
     step's rows kept (None at k = 0). ``chunks`` (vllm-v1) is what a step's prefill chunks add.
     Backends that keep per-row state of their own (KV caches) set ``follows_rows`` and are told
@@ -57,7 +59,7 @@ class StepBackend(Protocol):
 
     follows_rows: bool
 
-    def prefill(self, queue, head: int, n: int, mean_prompt: float) -> float | None: ...
+    def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> float | None: ...
 
     def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
                max_lag: int) -> tuple[float | None, np.ndarray | None]: ...
@@ -77,16 +79,19 @@ class StepBackend(Protocol):
 class Rules:
     """The rules a loop calls, interpreted or compiled (sim/jit.py): one source either way."""
 
-    NAMES = {"plan_v0": v0.plan_v0, "prefill_prompt": v0.prefill_prompt, "plan_v1": v1.plan_v1,
-             "apply_decode": rules.apply_decode, "apply_prefill": rules.apply_prefill,
-             "apply_chunks": rules.apply_chunks, "retire": rules.retire, "write_step": rules.write_step,
-             "step_rows_stats": rules.step_rows_stats, "count_accepted": rules.count_accepted,
-             "propose_rows": proposal_rules.propose_rows}
-
     def __init__(self, compile_them: bool) -> None:
         self.compiled = compile_them
-        for name, fn in self.NAMES.items():
-            setattr(self, name, compiled(fn) if compile_them else fn)
+        pick = compiled if compile_them else _as_written
+        self.plan_v0, self.prefill_prompt, self.plan_v1 = pick(v0.plan_v0), pick(v0.prefill_prompt), pick(v1.plan_v1)
+        self.apply_decode, self.apply_prefill = pick(rules.apply_decode), pick(rules.apply_prefill)
+        self.apply_chunks, self.retire, self.write_step = pick(rules.apply_chunks), pick(rules.retire), pick(rules.write_step)
+        self.step_rows_stats, self.count_accepted = pick(rules.step_rows_stats), pick(proposal_rules.count_accepted)
+        self.propose_rows, self.runlength_accepted = pick(proposal_rules.propose_rows), pick(proposal_rules.runlength_accepted)
+
+
+def _as_written(rule):
+    """A rule interpreted: the plain function."""
+    return rule
 
 
 class ServingLoop:
@@ -106,8 +111,7 @@ class ServingLoop:
         self.view = BatchView(k_max)
         self.feedback = StepFeedback()
         self._final = np.zeros(scheduler.max_batch_size, dtype=np.int64)  # the view's final contexts
-        # Fill in feedback only for policies that listen (fixed and none do not).
-        self._observes = type(policy).observe is not Policy.observe
+        self._observes = policy.observes  # feedback is filled in only for policies that listen
         self.tracks_lag = lag_mode if policy.max_k > 0 else 0  # a run with a drafter that lags pays its catch-up
         self.proposals = proposals  # sim.acceptance.ProposalModel: rows propose only where they match (None: always)
         self._follows = backend.follows_rows
@@ -122,9 +126,8 @@ class ServingLoop:
 
     # ------------------------------------------------------------ schedule + execute
     def has_work(self) -> bool:
-        """Whether a step can start now (else the replica waits for an arrival)."""
-        ctr = self.state.ctr
-        return bool(ctr[C_RUNNING] or ctr[C_PREFILLING] or ctr[C_REQUEUED] or ctr[C_ARRIVED] > ctr[C_HEAD])
+        """Whether a step can start now (else the replica waits for an arrival): sim.scheduler.work."""
+        return bool(has_work(self.state.ctr))
 
     def start_step(self, now: float) -> float | None:
         """Plan the next step and run it: its duration (None: it ran and the clock measures it)."""
@@ -143,8 +146,8 @@ class ServingLoop:
             if phase == PREFILL:
                 self._phase = phase
                 n = int(ctr[C_ADMIT])
-                self._mean_prompt = r.prefill_prompt(self.queue.reqi, ctr, st.par)[1]
-                return self.backend.prefill(self.queue, int(ctr[C_HEAD]), n, self._mean_prompt)
+                priced, self._mean_prompt = r.prefill_prompt(self.queue.reqi, ctr, st.par)
+                return self.backend.prefill(self.queue, int(ctr[C_HEAD]), n, float(priced))
             if phase == v0.STUCK:
                 raise RuntimeError("a waiting request can never be admitted (checked before the run)")
             if phase == DECODE:
@@ -314,7 +317,7 @@ class ServingLoop:
 
 def scheduler_counters(ctr: np.ndarray, par: np.ndarray) -> dict:
     """The vllm-v1 scheduler's run totals: the prefix cache's queries and hits, the peak KV blocks."""
-    from sim.serving.layout import C_CACHE_HITS, C_CACHE_QUERIES, C_PEAK_BLOCKS, C_RESUME_HITS, C_RESUME_QUERIES
+    from sim.scheduler.layout import C_CACHE_HITS, C_CACHE_QUERIES, C_PEAK_BLOCKS, C_RESUME_HITS, C_RESUME_QUERIES
 
     return {"prefix_cache_queries": int(ctr[C_CACHE_QUERIES]), "prefix_cache_hits": int(ctr[C_CACHE_HITS]),
             "resumed_prefix_cache_queries": int(ctr[C_RESUME_QUERIES]),

@@ -7,7 +7,8 @@ draft lag of its rows (the draft's catch-up), a ragged one at its largest k: exa
 price of a uniform step at that k (batched drafting keeps the batch's shape, and padding
 keeps a ragged step priced by the same table a policy predicts with). A host matcher's
 ragged step (n-gram, suffix: rows without a match propose nothing) has no drafting to keep
-in shape and is priced by its tokens instead (sim.costmodel_rules.tokens_price).
+in shape and is priced by its tokens instead (sim.costmodel_rules.tokens_price):
+:func:`ragged_by_tokens` decides it for this backend and for the compiled runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ import numpy as np
 
 from policies.base import BatchView
 from sim.acceptance import AcceptanceSampler
-from sim.costmodel import StepTable
+from sim.costmodel import DrafterKind, StepTable
+
+
+def ragged_by_tokens(table: StepTable) -> bool:
+    """Whether a ragged step is priced by its tokens (a host matcher's drafting: no passes to keep in
+    shape) rather than padded to its largest k."""
+    return table.drafter_kind is DrafterKind.HOST
 
 
 class PricedBackend:
@@ -24,22 +31,21 @@ class PricedBackend:
 
     follows_rows = False
 
-    def __init__(self, table: StepTable, sampler: AcceptanceSampler, prefill: str = "packed") -> None:
+    def __init__(self, table: StepTable, sampler: AcceptanceSampler) -> None:
         self.table = table
         self.sampler = sampler
-        self._pads_prefill = prefill == "padded"
+        self._by_tokens = ragged_by_tokens(table)
 
-    def prefill(self, queue, head: int, n: int, mean_prompt: float) -> float:
-        if self._pads_prefill and n > 1:  # a right-padded batch costs as n prompts of the longest
-            return self.table.prefill_time(n, float(np.maximum.reduce(queue.prompt_tokens[head:head + n])))
-        return self.table.prefill_time(n, mean_prompt)
+    def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> float:
+        """``prompt_tokens``: the length the scheduler prices the block at (sim.scheduler.v0.prefill_prompt)."""
+        return self.table.prefill_time(n, prompt_tokens)
 
     def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
                max_lag: int) -> tuple[float, np.ndarray | None]:
         charged, context = view.batch_size, view.mean_context_tokens
         if not k:
             return self.table.decode_time(charged, 0, context), None
-        if ragged is not None and self.table.drafter_kind == "host":  # priced by its tokens, not padded
+        if ragged is not None and self._by_tokens:  # priced by its tokens, not padded
             dt = self.table.decode_time_by_tokens(charged, ragged.tolist(), context)
         else:
             dt = self.table.decode_time_at_lag(charged, k, context, max_lag)

@@ -29,10 +29,10 @@ from bisect import bisect_right
 
 import numpy as np
 
-from sim.serving.layout import C_ARRIVED, C_HEAD, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE
+from sim.scheduler.layout import C_ARRIVED, C_HEAD, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE
 from sim.serving.records import grown
 
-REQ_INPUTS = 7  # rows of reqi (sim/serving/layout.py REQ_*)
+REQ_INPUTS = 7  # rows of reqi (sim/scheduler/layout.py REQ_*)
 
 
 def request_inputs(prompt_tokens: np.ndarray, output_tokens: np.ndarray, reserve: np.ndarray,

@@ -125,7 +125,7 @@ class RecordedBackend:
             dt = math.nextafter(dt, math.inf if start + dt < until else -math.inf)
         return dt
 
-    def prefill(self, queue, head: int, n: int, mean_prompt: float) -> float:
+    def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> float:
         i = self._next(PREFILL, n, 0)
         # After an idle spell the simulated replica wakes at the arrival of the queue's head.
         start = float(queue.arrival_s[head]) if self.steps.idle_before[i] else self.now

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.serving.layout import C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, DECODE, MIXED, PREFILL
+from sim.scheduler.layout import C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, DECODE, MIXED, PREFILL
 
 __all__ = ["PREFILL", "DECODE", "MIXED", "STEP_DTYPE", "STEP_FIELDS", "V1_FIELDS", "Buffers", "ReplicaRecords",
            "grown"]

@@ -1,6 +1,6 @@
-"""The step rules every path runs: drawing acceptance, applying a step, joining and retiring rows.
+"""The step rules every path runs: applying a step, joining and retiring rows.
 
-Plain functions over the state's arrays (sim/serving/layout.py), in the subset of Python numba
+Plain functions over the state's arrays (sim/scheduler/layout.py), in the subset of Python numba
 compiles (sim/jit.py): the step-by-step loop (sim/serving/loop.py) calls them once a step, the
 compiled runs (sim/serving/kernel.py) in their own loop; neither has a copy of its own. Per
 step the work is one pass over the step's rows.
@@ -28,12 +28,12 @@ from __future__ import annotations
 import numpy as np
 
 from sim.scheduler.kvcache import free_slot
-from sim.serving.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C_KV_USED, C_PREFILLING, C_REC_POS,
-                                C_RUNNING, C_STATIC_BATCH, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, LAST_DECODE_END,
-                                POSITIONS, REC_ACCEPTED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
-                                REC_FIRST_TOKEN, REC_LAST_EMIT, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE,
-                                ROW_CONTEXT, ROW_LAG, ROW_LAST_EMIT, ROW_REMAINING, ROW_REQ, ROW_SCALE, ROW_SLOT,
-                                S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ, S_PF_SLOT, S_PF_TARGET, SHARED)
+from sim.scheduler.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C_KV_USED, C_PREFILLING, C_REC_POS,
+                                  C_RUNNING, C_STATIC_BATCH, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, LAST_DECODE_END,
+                                  REC_ACCEPTED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
+                                  REC_FIRST_TOKEN, REC_LAST_EMIT, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE,
+                                  ROW_CONTEXT, ROW_LAG, ROW_LAST_EMIT, ROW_REMAINING, ROW_REQ, ROW_SCALE, ROW_SLOT,
+                                  S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ, S_PF_SLOT, S_PF_TARGET)
 
 
 def exact_delay(now, at):
@@ -53,32 +53,6 @@ def exact_delay(now, at):
     while now + d < at:
         d = np.nextafter(d, np.inf)
     return d
-
-
-def count_accepted(kind, draws_i, draws_f, pos, scale, ks, m, neg_rates, out):
-    """Draft tokens rows [0, m) keep at their ks, from the sampler's draws at ``pos`` (sim.acceptance):
-    SHARED, G precomputed (one alpha); SCALED, an exponential times the row's scale; POSITIONS, the
-    number of rates a uniform falls under."""
-    n_rates = neg_rates.shape[0]
-    for i in range(m):
-        k = ks[i]
-        if kind == SHARED:
-            a = draws_i[pos + i]
-            if a > k:
-                a = k
-        elif kind == POSITIONS:
-            u = draws_f[pos + i]
-            a = 0
-            while a < n_rates and neg_rates[a] < u:
-                a += 1
-            if a > k:
-                a = k
-        else:
-            v = draws_f[pos + i] * scale[i]
-            if v > k:
-                v = k
-            a = int(v)
-        out[i] = a
 
 
 def step_rows_stats(rows, m, track_lag):
@@ -284,5 +258,5 @@ def write_step(records, ctr, start, end, phase, batch, running, k, mean_context,
     ctr[C_REC_POS] += 1
 
 
-RULES = (exact_delay, count_accepted, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill, apply_chunks,
+RULES = (exact_delay, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill, apply_chunks,
          write_step)

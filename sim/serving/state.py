@@ -1,13 +1,13 @@
-"""One replica's state as numpy arrays, laid out by sim/serving/layout.py and read by every rule."""
+"""One replica's state as numpy arrays, laid out by sim/scheduler/layout.py and read by every rule."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from sim.scheduler.kvcache import KVCacheManager
-from sim.serving.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_STATIC_BATCH, LAST_STEP_END, N_CLOCKS, N_COUNTERS, REC_FINISH,
-                                REC_FIRST_TOKEN, REC_FLOATS, REC_INTS, REC_SCHEDULED, ROW_FLOATS, ROW_INTS,
-                                S_FREE_SLOT, SCHED_FIELDS)
+from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_STATIC_BATCH, LAST_STEP_END, N_CLOCKS, N_COUNTERS, REC_FINISH,
+                                  REC_FIRST_TOKEN, REC_FLOATS, REC_INTS, REC_SCHEDULED, ROW_FLOATS, ROW_INTS,
+                                  S_FREE_SLOT, SCHED_FIELDS)
 from sim.serving.records import Buffers, grown
 
 

@@ -3,6 +3,9 @@
 A replica's state is a handful of numpy arrays (sim/serving/state.py builds them), so that
 the rules (sim/serving/rules.py, sim/scheduler/) read and write it alike whether Python
 interprets them step by step or numba runs them compiled (sim/jit.py). These are the indices.
+It lives here, below the serving loop, because the schedulers, the proposal rules
+(sim/proposals.py) and the loop all read it, and the loop imports them: none of them imports
+the loop back.
 
 Who writes what (docs/architecture.md, "Who owns the state"):
 
