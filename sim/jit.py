@@ -58,6 +58,8 @@ WARM_TIMEOUT_S = 600.0  # ... or after this long
 RULE_MODULES = ("sim.serving.rules", "sim.scheduler.kvcache", "sim.scheduler.v0", "sim.scheduler.v1",
                 "sim.scheduler.work",
                 "sim.proposals", "sim.serving.kernel", "policies.goodput_rules", "sim.costmodel_rules")
+# Modules whose constants the rules read (numba compiles a global's value in): their bytes key the cache too.
+CONSTANT_MODULES = ("sim.scheduler.layout", "policies.base")
 
 _TWINS: dict[Callable, Callable] = {}
 _READY = False
@@ -86,7 +88,7 @@ def _cache_folder() -> Path:
     digest.update(numba.__version__.encode())
     digest.update(sys.version.encode())
     digest.update(Path(__file__).read_bytes())  # how the rules are compiled
-    for name in RULE_MODULES:
+    for name in RULE_MODULES + CONSTANT_MODULES:
         digest.update(Path(importlib.import_module(name).__file__).read_bytes())
     base = cache_dir() or Path(tempfile.gettempdir()) / f"specbatch-{os.getuid() if hasattr(os, 'getuid') else 0}"
     return base / f"numba-{digest.hexdigest()[:16]}"

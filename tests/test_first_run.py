@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,19 @@ def test_a_failing_warm_up_says_why_and_releases_its_lock(cold):
         warm(runs=({"engine.scheduler": "no-such-scheduler"},))
     assert "no-such-scheduler" in (folder / jit.FAILED).read_text()
     assert not (folder / jit.READY).exists() and not (folder / jit.WARMING).exists()
+
+
+def test_the_compiled_code_folder_is_keyed_by_every_file_whose_values_it_compiles_in():
+    """numba compiles a global's value into the code: every project module a rule module imports from
+    (the state's slot layout, the policies' constants) must key the cache, or a changed slot would run
+    with stale compiled code."""
+    import ast
+    import importlib
+
+    keyed = set(jit.RULE_MODULES + jit.CONSTANT_MODULES)
+    for name in jit.RULE_MODULES:
+        tree = ast.parse(Path(importlib.import_module(name).__file__).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
+                    "sim", "policies", "workloads", "calibrate"):
+                assert node.module in keyed, f"{name} imports from {node.module}, which does not key the cache"
