@@ -199,6 +199,32 @@ def free_slot(slot, kv, slot_blocks, sched, ctr, par):
     ctr[C_FREE_SLOTS] += 1
 
 
+def request_block_keys(request, blocks):
+    """The shared keys of a request's first ``blocks`` blocks, from its input column (what
+    :func:`key_of` gives block by block), -1 where a block is the request's own: a router looks
+    them up before the request has a queue position, when no cache can hold its own blocks."""
+    j = np.arange(blocks, dtype=np.int64)
+    keys = np.full(blocks, -1, dtype=np.int64)
+    prefix = j < request[REQ_PREFIX_BLOCKS]
+    prompt = ~prefix & (j < request[REQ_PROMPT_BLOCKS])
+    keys[prefix] = request[REQ_PREFIX_KEY] + j[prefix]
+    keys[prompt] = request[REQ_PROMPT_KEY] + j[prompt]
+    return keys
+
+
+def held_keys(keys, key_block):
+    """Which of ``keys`` (-1: none) a cache holds, read-only: unlike :func:`lookup` followed by
+    :func:`admit_slot`, nothing is taken from the free queue, so no block's eviction order moves."""
+    shared = keys >= 0
+    return shared & (key_block[np.where(shared, keys, 0)] >= 0)
+
+
+def usage(ctr, par):
+    """The share of the cache's blocks not in the free queue (vLLM's ``kv_cache_usage_perc``:
+    blocks that are free but still hold cached contents count as free)."""
+    return 1.0 - ctr[C_FREE_BLOCKS] / par[P_BLOCKS] if par[P_BLOCKS] else 0.0
+
+
 RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, admit_slot, shortfall, grow_slot, cache_slot,
          free_slot)
 
