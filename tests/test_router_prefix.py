@@ -238,3 +238,19 @@ def test_same_config_and_seed_same_bytes(tmp_path, synthetic_profile, capsys):
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["cluster"] == {"replicas": 3, "router": "prefix-aware:prefix=3:queue=1:kv=2"}
     assert 'router = "prefix-aware:prefix=3:queue=1:kv=2"' in (tmp_path / "a" / "config.toml").read_text()
+
+
+def test_the_python_api_and_a_sweep_axis_take_the_same_spec(synthetic_profile):
+    import specbatch
+
+    common = dict(profile=str(synthetic_profile), scheduler="vllm-v1", kv_cache_tokens=3000, shared_prefix="4:2:128",
+                  max_batch_size=8,
+                  num_requests=60, rate=20, replicas=2)
+    run = specbatch.run(router="prefix-aware:kv=1", **common)
+    assert run.document()["cluster"]["router"] == run.config.cluster.router == "prefix-aware:prefix=3:queue=2:kv=1"
+    table = specbatch.sweep({"scenario": {"profile": str(synthetic_profile), "workload": {
+        "num_requests": 60, "rate": 20, "shared_prefix": "4:2:128"}, "engine": {"scheduler": "vllm-v1",
+        "kv_cache_tokens": 3000, "max_batch_size": 8}, "cluster": {"replicas": 2}}, "axes": {"router": ["round-robin", "prefix-aware:kv=1"]}},
+        executor="serial")
+    aware = table[table["cluster.router"] == "prefix-aware:kv=1"]  # the axis value, as written
+    assert aware.prefix_cache_hits.iloc[0] == run.summary["prefix_cache_hits"]
