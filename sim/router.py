@@ -102,8 +102,9 @@ class PrefixAware:
 
     def scores(self, replicas: Sequence[ReplicaCache], request: np.ndarray) -> np.ndarray:
         """Each replica's weighted score (the router picks the first highest)."""
-        return self.weights @ np.stack([prefix_scores(replicas, request), queue_scores(replicas),
-                                        1.0 - np.array([r.kv_usage() for r in replicas])])
+        prefix, queue, kv = self.weights
+        load = np.array([(r.waiting_requests(), r.kv_usage()) for r in replicas], dtype=np.float64)
+        return prefix * prefix_scores(replicas, request) + queue * queue_scores(load[:, 0]) + kv * (1.0 - load[:, 1])
 
     def choose(self, replicas: Sequence[ReplicaCache], request: np.ndarray) -> int:
         return int(np.argmax(self.scores(replicas, request)))  # argmax finds the first: the lowest index wins a tie
@@ -114,21 +115,21 @@ def prefix_scores(replicas: Sequence[ReplicaCache], request: np.ndarray) -> np.n
     lead its prompt and are in that replica's cache (gateway-api-inference-extension's
     prefix-cache-scorer: matched leading blocks / the prompt's blocks; 0 for a prompt under a block)."""
     blocks = min(int(request[REQ_PROMPT]) // replicas[0].block_size, MAX_PREFIX_BLOCKS)
-    if blocks == 0:
+    keys = request_block_keys(request, blocks)  # its own blocks cannot be held anywhere: only these can match
+    if keys.shape[0] == 0:
         return np.zeros(len(replicas))
-    keys = request_block_keys(request, blocks)
-    held = np.stack([held_keys(keys, r.key_block()) for r in replicas])
-    # leading run of held blocks: the first miss's index, or every block when none is missed
-    leading = np.where(held.all(axis=1), blocks, np.argmin(held, axis=1))
+    held = np.array([held_keys(keys, r.key_block()) for r in replicas])
+    # leading run of held blocks: the first miss's index, or every shared block when none is missed
+    leading = np.where(held.all(axis=1), keys.shape[0], held.argmin(axis=1))
     return leading / blocks
 
 
-def queue_scores(replicas: Sequence[ReplicaCache]) -> np.ndarray:
-    """gateway-api-inference-extension's queue-scorer: (longest - own) / (longest - shortest)
-    waiting queue, 1 for every replica when the queues are equal."""
-    waiting = np.array([r.waiting_requests() for r in replicas], dtype=np.float64)
-    spread = waiting.max() - waiting.min()
-    return np.ones(len(replicas)) if spread == 0 else (waiting.max() - waiting) / spread
+def queue_scores(waiting: np.ndarray) -> np.ndarray:
+    """gateway-api-inference-extension's queue-scorer over the replicas' waiting requests:
+    (longest - own) / (longest - shortest), 1 for every replica when the queues are equal."""
+    longest = waiting.max()
+    spread = longest - waiting.min()
+    return np.ones(waiting.shape[0]) if spread == 0 else (longest - waiting) / spread
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.commands.cli import main
-from sim.router import MAX_PREFIX_BLOCKS, PrefixAware, make_router, parse_router
+from sim.router import MAX_PREFIX_BLOCKS, PrefixAware, make_router, parse_router, prefix_scores, queue_scores
 from sim.scheduler.kvcache import KVCacheManager, held_keys, key_of, request_block_keys
 from sim.serving.layout import REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY, REQ_PROMPT, REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY
 from sim.simulate import execute, prepare, simulate
@@ -58,8 +58,10 @@ def test_request_block_keys_are_key_of_for_the_shared_blocks():
                       prefix_blocks + int(rng.integers(0, 6)))
         reqi = col[:, None]
         blocks = int(rng.integers(0, 12))
-        want = [max(key_of(reqi, 0, j, 16), -1) for j in range(blocks)]  # own blocks (<= -2) read as -1
-        assert request_block_keys(col, blocks).tolist() == want
+        want = [key for key in (key_of(reqi, 0, j, 16) for j in range(blocks))]
+        shared = next((j for j, key in enumerate(want) if key < 0), blocks)  # up to the first of its own
+        assert all(key < 0 for key in want[shared:])
+        assert request_block_keys(col, blocks).tolist() == want[:shared]
 
 
 def test_the_prefix_score_is_the_share_of_leading_blocks_each_replica_holds():
@@ -68,8 +70,6 @@ def test_the_prefix_score_is_the_share_of_leading_blocks_each_replica_holds():
     col = request(160, prefix_key=0, prefix_blocks=4, prompt_key=20, prompt_blocks=10)
     replicas = [FakeReplica([]), FakeReplica([0, 1, 2, 3]), FakeReplica([0, 1, 3]),
                 FakeReplica([0, 1, 2, 3, 24, 25, 26, 27, 28, 29]), FakeReplica([1, 2, 3])]
-    from sim.router import prefix_scores
-
     assert prefix_scores(replicas, col).tolist() == [0.0, 0.4, 0.2, 1.0, 0.0]
     # a prompt under one block scores 0 everywhere; a long one counts at most MAX_PREFIX_BLOCKS blocks
     assert prefix_scores(replicas, request(15, prefix_blocks=1)).tolist() == [0.0] * 5
@@ -80,6 +80,7 @@ def test_the_prefix_score_is_the_share_of_leading_blocks_each_replica_holds():
 def test_queue_and_kv_scores_follow_the_inference_extension():
     router = PrefixAware(prefix=0, queue=1, kv=0)
     replicas = [FakeReplica([], waiting=w) for w in (4, 0, 2, 4)]
+    assert queue_scores(np.array([4.0, 0, 2, 4])).tolist() == [0.0, 1.0, 0.5, 0.0]
     assert router.scores(replicas, request(64)).tolist() == [0.0, 1.0, 0.5, 0.0]
     assert router.scores([FakeReplica([], waiting=3)] * 3, request(64)).tolist() == [1.0, 1.0, 1.0]
     kv = PrefixAware(prefix=0, queue=0, kv=1)
@@ -110,8 +111,8 @@ def test_scoring_reads_the_cache_without_moving_anything():
     manager = KVCacheManager(num_blocks=32, max_blocks_per_request=8, slots=4, num_keys=16)
     manager.key_block[[0, 1, 2]] = [5, 6, 7]
     before = (manager.kv.copy(), manager.key_block.copy())
-    held = held_keys(np.array([0, 1, 2, 3, -1]), manager.key_block)
-    assert held.tolist() == [True, True, True, False, False]
+    held = held_keys(np.array([0, 1, 2, 3]), manager.key_block)
+    assert held.tolist() == [True, True, True, False]
     assert (manager.kv == before[0]).all() and (manager.key_block == before[1]).all()
 
 

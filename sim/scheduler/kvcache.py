@@ -200,23 +200,19 @@ def free_slot(slot, kv, slot_blocks, sched, ctr, par):
 
 
 def request_block_keys(request, blocks):
-    """The shared keys of a request's first ``blocks`` blocks, from its input column (what
-    :func:`key_of` gives block by block), -1 where a block is the request's own: a router looks
-    them up before the request has a queue position, when no cache can hold its own blocks."""
-    j = np.arange(blocks, dtype=np.int64)
-    keys = np.full(blocks, -1, dtype=np.int64)
-    prefix = j < request[REQ_PREFIX_BLOCKS]
-    prompt = ~prefix & (j < request[REQ_PROMPT_BLOCKS])
-    keys[prefix] = request[REQ_PREFIX_KEY] + j[prefix]
-    keys[prompt] = request[REQ_PROMPT_KEY] + j[prompt]
+    """The keys of a request's leading shared blocks, of its first ``blocks`` (what :func:`key_of`
+    gives block by block, up to the first of the request's own blocks): a router looks them up
+    before the request has a queue position, when no cache can hold its own blocks."""
+    prefix_blocks = request[REQ_PREFIX_BLOCKS]
+    keys = np.arange(min(blocks, max(prefix_blocks, request[REQ_PROMPT_BLOCKS])), dtype=np.int64)
+    keys += np.where(keys < prefix_blocks, request[REQ_PREFIX_KEY], request[REQ_PROMPT_KEY])
     return keys
 
 
 def held_keys(keys, key_block):
-    """Which of ``keys`` (-1: none) a cache holds, read-only: unlike :func:`lookup` followed by
+    """Which of ``keys`` a cache holds, read-only: unlike :func:`lookup` followed by
     :func:`admit_slot`, nothing is taken from the free queue, so no block's eviction order moves."""
-    shared = keys >= 0
-    return shared & (key_block[np.where(shared, keys, 0)] >= 0)
+    return key_block[keys] >= 0
 
 
 def usage(ctr, par):
