@@ -13,8 +13,8 @@ lowest replica index, so routing is deterministic.
   unfinished requests, prompt tokens not yet prefilled plus output tokens not
   yet emitted. A waiting request counts prompt + output tokens; a running one its
   remaining output tokens (its prompt is in the KV cache, its first token out).
-* ``prefix-aware``: llm-d's endpoint picker (the gateway-api-inference-extension scheduler's
-  default profile): each replica scores ``prefix * P + queue * Q + kv * K`` and the highest
+* ``prefix-aware``: llm-d's endpoint picker (gateway-api-inference-extension's scorers at the
+  weights of llm-d's inference-scheduling profile): each replica scores ``prefix * P + queue * Q + kv * K`` and the highest
   wins. P is the share of the request's full prompt blocks (at most
   ``MAX_PREFIX_BLOCKS``) that lead the prompt and are held in that replica's own prefix cache;
   Q its waiting requests, min-max normalised over the replicas (1 for the shortest queue, 0

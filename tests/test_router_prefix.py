@@ -196,13 +196,14 @@ def test_a_one_replica_prefix_aware_cluster_is_the_single_replica(run_config, po
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(replicas=st.integers(2, 4), seed=st.integers(0, 1000), groups=st.integers(1, 6),
        system=st.sampled_from([0, 40, 200]), kv=st.sampled_from([1024, 4096]),
-       weights=st.tuples(*[st.integers(0, 4)] * 3).filter(any))
-def test_every_request_and_token_is_served_once(run_config, replicas, seed, groups, system, kv, weights):
+       weights=st.tuples(*[st.integers(0, 4)] * 3).filter(any), limit=st.sampled_from([None, 6]))
+def test_every_request_and_token_is_served_once(run_config, replicas, seed, groups, system, kv, weights, limit):
     spec = "prefix-aware:prefix={}:queue={}:kv={}".format(*weights)
     result = simulate(run_config(workload__num_requests=120, workload__prompt_tokens="uniform:16:300",
                                  workload__output_tokens="uniform:1:48", workload__rate=5.0 * replicas,
                                  workload__shared_prefix=f"{groups}:3:{system}", cluster__replicas=replicas,
-                                 cluster__router=spec, seed=seed, **dict(V1, engine__kv_cache_tokens=kv)))
+                                 workload__max_concurrency=limit, cluster__router=spec, seed=seed,
+                                 **dict(V1, engine__kv_cache_tokens=kv)))
     req, steps = result.requests, result.steps
     assert not req[["scheduled_s", "first_token_s", "finish_s"]].isna().any().any()
     assert sorted(req.request_id) == list(range(120)) and set(req.replica) <= set(range(replicas))
