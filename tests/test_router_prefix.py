@@ -185,6 +185,22 @@ def test_affinity_splits_groups_that_arrive_together(run_config, tmp_path):
     assert load_only.requests.replica.tolist()[2:] == [0] * (n - 2)
 
 
+def test_a_burst_stays_with_its_prefix_unless_the_queue_weighs_more(run_config, tmp_path):
+    """One request of a group warms replica 0's cache; 6 more of the group arrive together later,
+    routed one after another at that instant. The queue score is min-max normalised, so a replica
+    with any request waiting scores 0 against an empty one's 1. At llm-d's 3:2:2 the prefix share
+    (32 of 37 blocks: 3 x 0.86 = 2.6) outweighs it (2): all 6 join replica 0. At prefix=1 the queue
+    wins (0.86 < 2) whenever replica 0 has more waiting, and the burst alternates."""
+    path = tmp_path / "burst.csv"
+    pd.DataFrame({"arrival_s": [0.0] + [10.0] * 6, "prompt_tokens": 600, "output_tokens": 4, "prefix_id": 0,
+                  "prefix_tokens": 512}).to_csv(path, index=False)
+    base = dict(V1, workload__trace=str(path), cluster__replicas=2)
+    affinity = simulate(run_config(**base, cluster__router="prefix-aware")).requests.replica.tolist()
+    assert affinity == [0] * 7
+    load = simulate(run_config(**base, cluster__router="prefix-aware:prefix=1")).requests.replica.tolist()
+    assert load == [0, 0, 1, 0, 1, 0, 1]
+
+
 @pytest.mark.parametrize("policy", ["fixed", "goodput"])
 def test_a_one_replica_prefix_aware_cluster_is_the_single_replica(run_config, policy):
     config = run_config(workload__num_requests=150, workload__prompt_tokens="uniform:16:256",
