@@ -272,3 +272,16 @@ def test_the_python_api_and_a_sweep_axis_take_the_same_spec(synthetic_profile):
         executor="serial")
     aware = table[table["cluster.router"] == "prefix-aware:kv=1"]  # the axis value, as written
     assert aware.prefix_cache_hits.iloc[0] == run.summary["prefix_cache_hits"]
+
+
+@pytest.mark.parametrize("rate,limit", [(30.0, None), (float("inf"), 8)])
+def test_compiled_and_interpreted_runs_route_alike(run_config, rate, limit):
+    """Compiled stretches of steps stop at each routing, so the router sees the same caches and
+    queues whether the rules run compiled or interpreted: the same bytes either way."""
+    from tests.test_decode_runs import _both, assert_identical
+
+    off, on = _both(run_config, workload__num_requests=150, workload__rate=rate, workload__max_concurrency=limit,
+                    workload__prompt_tokens="uniform:8:200", workload__output_tokens="uniform:1:60",
+                    workload__shared_prefix="5:3:96", cluster__replicas=3, cluster__router="prefix-aware:queue=1",
+                    **dict(V1, engine__kv_cache_tokens=1600))
+    assert_identical(off, on)
