@@ -9,6 +9,8 @@ replica's, unchanged (:mod:`sim.serving.clock` runs them).
 
 Each replica has its own scheduler, policy instance (policies keep state) and
 acceptance random stream, so results do not depend on the order replicas run in.
+The router reads each replica through a :class:`ReplicaSignals`: its load, and for the
+prefix-aware router its waiting queue and KV cache, read-only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 
 from sim.replica import ReplicaPlan
 from sim.router import make_router
+from sim.scheduler.kvcache import usage
+from sim.serving.layout import C_HEAD, C_REQUEUED, P_BLOCK
 from sim.serving.clock import simulate_cluster
 from sim.serving.loop import ServingLoop
 from sim.serving.queues import Dispatcher, LimitedRoutedQueue, RoutedQueue
@@ -56,6 +60,28 @@ class ClusterRecords:
                                  None if m.cached_tokens is None else m.cached_tokens[ids])
 
 
+class ReplicaSignals:
+    """What a router sees of one replica (sim/router.py's ReplicaLoad and ReplicaCache), read
+    from its loop's state at the routing instant and never written."""
+
+    def __init__(self, loop: ServingLoop) -> None:
+        self.loop = loop
+        self.outstanding_requests = loop.outstanding_requests
+        self.outstanding_tokens = loop.outstanding_tokens
+        self.block_size = int(loop.state.par[P_BLOCK]) if loop.scheduler.paged else 0
+
+    def waiting_requests(self) -> int:
+        """Routed to it and not yet taken by its scheduler, plus the preempted ones waiting again."""
+        ctr = self.loop.state.ctr
+        return int(self.loop.queue.count - ctr[C_HEAD] + ctr[C_REQUEUED])
+
+    def kv_usage(self) -> float:
+        return float(usage(self.loop.state.ctr, self.loop.state.par))
+
+    def key_block(self) -> np.ndarray:
+        return self.loop.state.kv.key_block
+
+
 def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.ndarray, replica: ReplicaPlan,
                 parts: list[ReplicaParts], router: str, max_concurrency: int | None = None,
                 reply_delay_s: float = 0.0) -> ClusterRecords:
@@ -70,7 +96,7 @@ def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: 
     for p in parts:
         queue = queue_type(dispatcher)
         loop = replica.loop(queue, p.policy, p.sampler)
-        dispatcher.add(queue, loop)
+        dispatcher.add(queue, ReplicaSignals(loop))
         loops.append(loop)
     simulate_cluster(dispatcher, loops)
     sent_s = dispatcher.sent_s

@@ -26,7 +26,7 @@ from sim.acceptance import DISTRIBUTIONS, MODELS, PROPOSERS, AcceptanceSpec, par
 from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
-from sim.router import ROUTERS
+from sim.router import CACHE_ROUTERS, ROUTERS, parse_router, router_text
 from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
 from sim.jit import JIT_MODES
 from sim.tomlsource import KeyLines, parse_toml
@@ -320,7 +320,8 @@ KEYS: tuple[Key, ...] = (
         "START:END seconds of simulated time", "--timeline-window", write=_window_text),
     Key("cluster.replicas", integer(minimum=1, maximum=MAX_REPLICAS, why=" (every replica is simulated in one "
                                                                        "process)"), "identical replicas behind one router (default 1)", "--replicas"),
-    Key("cluster.router", choice(ROUTERS), "round-robin, least-requests or least-tokens", "--router"),
+    Key("cluster.router", Value(str, router_text), "round-robin, least-requests, least-tokens or prefix-aware "
+        "(llm-d's scorers; weights as prefix-aware:prefix=3:queue=2:kv=2, llm-d's defaults)", "--router"),
     # vLLM compatibility: acceptance models, vllm bench serve's inputs and options, vLLM's speculation
     # metrics. Each is left out of config.toml at its default, so earlier runs keep their digests.
     Key("acceptance.model", choice(MODELS), "geometric (alpha), per-position (vLLM's per-position rates) or "
@@ -692,6 +693,11 @@ def _settle_engine(read: dict[str, Any], sources: dict[str, Source]) -> None:
     if given:
         other = "v0" if scheduler == "vllm-v1" else "vllm-v1"
         raise error_at(sources, given[0], f"applies only to --scheduler {other} (the scheduler is {scheduler})")
+    if parse_router(read["cluster.router"]).name in CACHE_ROUTERS and not (
+            scheduler == "vllm-v1" and read["engine.enable_prefix_caching"]):
+        why = "the scheduler is v0" if scheduler != "vllm-v1" else "prefix caching is off"
+        raise error_at(sources, "cluster.router", f"'{read['cluster.router']}' reads each replica's prefix cache: "
+                       f"it needs --scheduler vllm-v1 with --enable-prefix-caching ({why})")
     if scheduler == "vllm-v1" and read["engine.batching"] == "static":
         raise error_at(sources, "engine.batching", "static batching runs under --scheduler v0 (the vllm-v1 "
                        "scheduler batches continuously)")

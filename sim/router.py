@@ -13,13 +13,35 @@ lowest replica index, so routing is deterministic.
   unfinished requests, prompt tokens not yet prefilled plus output tokens not
   yet emitted. A waiting request counts prompt + output tokens; a running one its
   remaining output tokens (its prompt is in the KV cache, its first token out).
+* ``prefix-aware``: llm-d's endpoint picker (gateway-api-inference-extension's scorers at the
+  weights of llm-d's inference-scheduling profile): each replica scores ``prefix * P + queue * Q + kv * K`` and the highest
+  wins. P is the share of the request's full prompt blocks (at most
+  ``MAX_PREFIX_BLOCKS``) that lead the prompt and are held in that replica's own prefix cache;
+  Q its waiting requests, min-max normalised over the replicas (1 for the shortest queue, 0
+  for the longest, 1 for all when they are equal); K one minus its KV-cache usage (vLLM's
+  ``kv_cache_usage_perc``). Weights default to llm-d's (3, 2, 2) and are set as
+  ``prefix-aware:prefix=3:queue=2:kv=2``. It reads the vllm-v1 KV-cache manager, so it needs
+  ``--scheduler vllm-v1`` with prefix caching (sim/config.py refuses it otherwise).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-ROUTERS = ("round-robin", "least-requests", "least-tokens")
+import numpy as np
+
+from sim.scheduler.kvcache import held_keys, request_block_keys
+from sim.serving.layout import REQ_PROMPT
+
+ROUTERS = ("round-robin", "least-requests", "least-tokens")  # routers that read only the replicas' load
+CACHE_ROUTERS = ("prefix-aware",)  # routers that read the replicas' KV caches (vllm-v1 with prefix caching)
+ROUTER_NAMES = ROUTERS + CACHE_ROUTERS
+# llm-d's inference-scheduling profile: prefix-cache-scorer 3, queue-scorer 2, kv-cache-utilization-scorer 2
+PREFIX_AWARE_WEIGHTS = {"prefix": 3.0, "queue": 2.0, "kv": 2.0}
+# gateway-api-inference-extension's prefix-cache-scorer matches at most 256 blocks of a prompt
+MAX_PREFIX_BLOCKS = 256
 
 
 class ReplicaLoad(Protocol):
@@ -34,7 +56,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = 0
 
-    def choose(self, replicas: Sequence[ReplicaLoad]) -> int:
+    def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
         chosen = self._next
         self._next = (chosen + 1) % len(replicas)
         return chosen
@@ -43,7 +65,7 @@ class RoundRobin:
 class LeastRequests:
     name = "least-requests"
 
-    def choose(self, replicas: Sequence[ReplicaLoad]) -> int:
+    def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
         loads = [r.outstanding_requests() for r in replicas]
         return loads.index(min(loads))  # index() finds the first: the lowest replica wins a tie
 
@@ -51,13 +73,127 @@ class LeastRequests:
 class LeastTokens:
     name = "least-tokens"
 
-    def choose(self, replicas: Sequence[ReplicaLoad]) -> int:
+    def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
         loads = [r.outstanding_tokens() for r in replicas]
         return loads.index(min(loads))
 
 
-def make_router(name: str) -> RoundRobin | LeastRequests | LeastTokens:
+class ReplicaCache(ReplicaLoad, Protocol):
+    """What the prefix-aware router reads of a replica, at the routing instant (read-only)."""
+
+    block_size: int
+
+    def waiting_requests(self) -> int: ...  # vLLM's num_requests_waiting: queued or preempted, not yet running
+
+    def kv_usage(self) -> float: ...  # vLLM's kv_cache_usage_perc, in [0, 1]
+
+    def key_block(self) -> np.ndarray: ...  # its KV-cache manager's key -> block map (-1: not held)
+
+
+class PrefixAware:
+    """llm-d's weighted scorers (the module docstring). ``request`` is the request's input column
+    (sim/serving/queues.py: prompt tokens and prefix-cache keys). The cost per decision is numpy
+    over the request's blocks and the replicas: no step of the replicas is touched."""
+
+    name = "prefix-aware"
+
+    def __init__(self, prefix: float, queue: float, kv: float) -> None:
+        self.weights = np.array([prefix, queue, kv])
+
+    def scores(self, replicas: Sequence[ReplicaCache], request: np.ndarray) -> np.ndarray:
+        """Each replica's weighted score (the router picks the first highest)."""
+        prefix, queue, kv = self.weights
+        load = np.array([(r.waiting_requests(), r.kv_usage()) for r in replicas], dtype=np.float64)
+        return prefix * prefix_scores(replicas, request) + queue * queue_scores(load[:, 0]) + kv * (1.0 - load[:, 1])
+
+    def choose(self, replicas: Sequence[ReplicaCache], request: np.ndarray) -> int:
+        return int(np.argmax(self.scores(replicas, request)))  # argmax finds the first: the lowest index wins a tie
+
+
+def prefix_scores(replicas: Sequence[ReplicaCache], request: np.ndarray) -> np.ndarray:
+    """Per replica, the share of the request's full prompt blocks (at most MAX_PREFIX_BLOCKS) that
+    lead its prompt and are in that replica's cache (gateway-api-inference-extension's
+    prefix-cache-scorer: matched leading blocks / the prompt's blocks; 0 for a prompt under a block)."""
+    blocks = min(int(request[REQ_PROMPT]) // replicas[0].block_size, MAX_PREFIX_BLOCKS)
+    keys = request_block_keys(request, blocks)  # its own blocks cannot be held anywhere: only these can match
+    if keys.shape[0] == 0:
+        return np.zeros(len(replicas))
+    held = np.array([held_keys(keys, r.key_block()) for r in replicas])
+    # leading run of held blocks: the first miss's index, or every shared block when none is missed
+    leading = np.where(held.all(axis=1), keys.shape[0], held.argmin(axis=1))
+    return leading / blocks
+
+
+def queue_scores(waiting: np.ndarray) -> np.ndarray:
+    """gateway-api-inference-extension's queue-scorer over the replicas' waiting requests:
+    (longest - own) / (longest - shortest), 1 for every replica when the queues are equal."""
+    longest = waiting.max()
+    spread = longest - waiting.min()
+    return np.ones(waiting.shape[0]) if spread == 0 else (longest - waiting) / spread
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """A router and its parameters, as written: ``NAME`` or ``NAME:KEY=VALUE:...`` (the policies'
+    syntax). Only ``prefix-aware`` takes parameters: its weights ``prefix``, ``queue``, ``kv``."""
+
+    name: str
+    weights: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling config.toml records: the name alone at llm-d's default weights."""
+        if dict(self.weights) == PREFIX_AWARE_WEIGHTS or not self.weights:
+            return self.name
+        return ":".join([self.name, *(f"{k}={_number_text(v)}" for k, v in self.weights)])
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def parse_router(raw) -> RouterSpec:
+    """``round-robin``, ``least-requests``, ``least-tokens``, ``prefix-aware`` or
+    ``prefix-aware:prefix=3:queue=2:kv=2`` (any weights left out keep llm-d's default); a
+    ValueError with one line otherwise."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValueError(f"expected a router name such as least-requests, got {raw!r}")
+    name, *pieces = [p.strip() for p in raw.strip().split(":")]
+    if name not in ROUTER_NAMES:
+        raise ValueError(f"'{name}' is not one of {', '.join(ROUTER_NAMES)}")
+    if name not in CACHE_ROUTERS:
+        if pieces:
+            raise ValueError(f"'{name}' takes no parameters, got '{raw}'")
+        return RouterSpec(name)
+    weights = dict(PREFIX_AWARE_WEIGHTS)
+    given: set[str] = set()
+    for piece in pieces:
+        key, sep, value = (p.strip() for p in piece.partition("="))
+        if not sep or key not in weights:
+            raise ValueError(f"'{piece}' in '{raw}' is not one of prefix=W, queue=W, kv=W")
+        if key in given:
+            raise ValueError(f"'{raw}' gives '{key}' twice")
+        given.add(key)
+        try:
+            weight = float(value) if value.isascii() else math.nan
+        except ValueError:
+            weight = math.nan
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"weight {key}={value} must be a number >= 0")
+        weights[key] = weight
+    if not any(weights.values()):
+        raise ValueError(f"'{raw}': at least one weight must be above 0")
+    return RouterSpec(name, tuple(weights.items()))
+
+
+def router_text(raw) -> str:
+    """The canonical spelling of a router spec (the config's value)."""
+    return parse_router(raw).text
+
+
+def make_router(name: str) -> RoundRobin | LeastRequests | LeastTokens | PrefixAware:
+    spec = parse_router(name)
+    if spec.name == PrefixAware.name:
+        return PrefixAware(**dict(spec.weights))
     routers = {cls.name: cls for cls in (RoundRobin, LeastRequests, LeastTokens)}
-    if name not in routers:
-        raise ValueError(f"unknown router '{name}'; one of {', '.join(ROUTERS)}")
-    return routers[name]()
+    return routers[spec.name]()

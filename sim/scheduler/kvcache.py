@@ -199,6 +199,28 @@ def free_slot(slot, kv, slot_blocks, sched, ctr, par):
     ctr[C_FREE_SLOTS] += 1
 
 
+def request_block_keys(request, blocks):
+    """The keys of a request's leading shared blocks, of its first ``blocks`` (what :func:`key_of`
+    gives block by block, up to the first of the request's own blocks): a router looks them up
+    before the request has a queue position, when no cache can hold its own blocks."""
+    prefix_blocks = request[REQ_PREFIX_BLOCKS]
+    keys = np.arange(min(blocks, max(prefix_blocks, request[REQ_PROMPT_BLOCKS])), dtype=np.int64)
+    keys += np.where(keys < prefix_blocks, request[REQ_PREFIX_KEY], request[REQ_PROMPT_KEY])
+    return keys
+
+
+def held_keys(keys, key_block):
+    """Which of ``keys`` a cache holds, read-only: unlike :func:`lookup` followed by
+    :func:`admit_slot`, nothing is taken from the free queue, so no block's eviction order moves."""
+    return key_block[keys] >= 0
+
+
+def usage(ctr, par):
+    """The share of the cache's blocks not in the free queue (vLLM's ``kv_cache_usage_perc``:
+    blocks that are free but still hold cached contents count as free)."""
+    return 1.0 - ctr[C_FREE_BLOCKS] / par[P_BLOCKS] if par[P_BLOCKS] else 0.0
+
+
 RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, admit_slot, shortfall, grow_slot, cache_slot,
          free_slot)
 

@@ -285,7 +285,7 @@ class Dispatcher:
         self.routed = 0
         self.next_at = self.arrival_s[0] if self.count else math.inf  # the next send not yet routed
         self.queues: list[RoutedQueue] = []
-        self.loads: list = []  # what the router reads: one per queue, with outstanding_requests/_tokens
+        self.loads: list = []  # what the router reads: one per queue (sim/router.py: ReplicaLoad, ReplicaCache)
         self.limit = limit
         self.sent_s = np.array(arrival_s, dtype=np.float64) if limit is not None else None
         self.reply_delay_s = reply_delay_s  # with a limit: when the client sees a finish, after the engine
@@ -306,7 +306,7 @@ class Dispatcher:
         while i < self.count and arrivals[i] <= now:
             self.routed = i + 1
             self.next_at = arrivals[i + 1] if i + 1 < self.count else math.inf
-            self.queues[self.router.choose(self.loads)].push(i, arrivals[i])
+            self.queues[self.router.choose(self.loads, self.reqi[:, i])].push(i, arrivals[i])
             i += 1
 
     def _advance_limited(self, now: float) -> None:
@@ -315,7 +315,7 @@ class Dispatcher:
             self.sent_s[i] = sent
             self.routed = i + 1
             self.next_at = self._send_s(i + 1) if i + 1 < self.count else math.inf
-            self.queues[self.router.choose(self.loads)].push(i, sent)
+            self.queues[self.router.choose(self.loads, self.reqi[:, i])].push(i, sent)
             i += 1
 
     def finished(self, count: int, now: float) -> None:
