@@ -22,7 +22,7 @@ import numpy as np
 from sim.replica import ReplicaPlan
 from sim.router import make_router
 from sim.scheduler.kvcache import usage
-from sim.serving.layout import C_HEAD, C_REQUEUED, P_BLOCK
+from sim.scheduler.layout import C_HEAD, C_REQUEUED, P_BLOCK
 from sim.serving.clock import simulate_cluster
 from sim.serving.loop import ServingLoop
 from sim.serving.queues import Dispatcher, LimitedRoutedQueue, RoutedQueue

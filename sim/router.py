@@ -33,7 +33,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from sim.scheduler.kvcache import held_keys, request_block_keys
-from sim.serving.layout import REQ_PROMPT
+from sim.scheduler.layout import REQ_PROMPT
 
 ROUTERS = ("round-robin", "least-requests", "least-tokens")  # routers that read only the replicas' load
 CACHE_ROUTERS = ("prefix-aware",)  # routers that read the replicas' KV caches (vllm-v1 with prefix caching)
