@@ -303,7 +303,7 @@ def markdown(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: di
     lines += ["", f"Latencies in ms. {METHOD}", "", "## Evidence per rate", ""]
     for title, o in _evidence_sections(outcomes):
         lines += [f"### {title}", "", f"Saturation probe: {_num(o.probe.throughput)} req/s, service time "
-                  f"{_num(o.probe.service_s, 3)} s, {o.runs} runs.", ""]
+                  f"{_num(o.probe.service_s, 3)} s, {o.runs} runs, {o.requests:,} requests simulated.", ""]
         lines += _md_table(evidence_header(inputs), evidence_rows(inputs, o)) + [""]
     lines += ["## Figures", ""]
     lines += [f"![{name[:-4].replace('_', ' ')}]({name})" + "\n" for name in FIGURES] if figures else [NO_FIGURES, ""]
@@ -347,7 +347,7 @@ def html_page(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: d
     parts += [f"<p>Latencies in ms. {e(METHOD)}</p>", "<h2>Evidence per rate</h2>"]
     for title, o in _evidence_sections(outcomes):
         parts += [f"<h3>{e(title)}</h3>", f"<p>Saturation probe: {e(_num(o.probe.throughput))} req/s, service time "
-                  f"{e(_num(o.probe.service_s, 3))} s, {o.runs} runs.</p>"]
+                  f"{e(_num(o.probe.service_s, 3))} s, {o.runs} runs, {o.requests:,} requests simulated.</p>"]
         parts += table(evidence_header(inputs), evidence_rows(inputs, o))
     parts += ["<h2>Figures</h2>"]
     parts += [image(name) for name in FIGURES] if figures else [f"<p>{e(NO_FIGURES)}</p>"]
@@ -379,6 +379,7 @@ def results_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> 
                 "saturation_probe": {"throughput_req_s": o.probe.throughput, "service_s": o.probe.service_s,
                                      "mean_batch_size": o.probe.mean_batch_size},
                 "max_rate_req_s": o.max_rate, "bracket_req_s": [o.bracket[0], o.bracket[1]], "runs": o.runs,
+                "requests_simulated": o.requests,
                 "operating_point": {k: clean(v) for k, v in (o.operating or {}).items()},
                 "replicas": c.replicas, "fleet_cost_per_hour": c.fleet_cost_per_hour,
                 "cost_per_m_output_tokens_at_target": c.cost_per_m_at_target,
