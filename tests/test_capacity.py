@@ -154,8 +154,9 @@ def _scripted_search(verdict, mu: float = 10.0, tolerance: float = 0.02):
         def size(self, label, rate):
             return 100
 
-        def looked(self, label, rate, n, look, extend=True, seeds=None, steps=False):
-            asked.append((rate, look))
+        def looked(self, label, rate, n, look, extend=True, seeds=None, steps=False, keep=False):
+            if seeds is None or len(seeds) == len(self.s.seeds):  # a look of the first seed alone is a part of one
+                asked.append((rate, look))
             said = verdict(rate, look)
             return Point(rate, n, look, 100, {}, {}, said, said, rerun=200 * (look + 1) if said == "extend" else None)
 

@@ -25,10 +25,14 @@ and the time a request spends in a full batch, s. A rate r's first runs have arr
 ``service_times`` x s seconds, and at least the requests the queue test needs to show a
 queue of r x s requests stable (:func:`sim.stability.requests_for_power`).
 
-The search starts above mu (where the queue grows, a cheap fail), halves until a rate
+The search starts above mu (where the queue grows: a cheap fail, run on the first seed alone
+and on the others only should it not fail), halves until a rate
 passes (or doubles while they pass, should the probe have undershot), then bisects until
-(hi - lo) / lo <= tolerance. The max rate is the highest rate that passed. Every search
-advances in lock-step rounds, each round's runs going to a process pool at once.
+(hi - lo) / lo <= tolerance. A rate undecided at its first look counts as passing while the
+search goes higher, and is rerun longer only if it ends up the bracket's lo (``_Search.run``):
+a rate below one shown sustained needs no evidence of its own. The max rate is the highest
+rate that passed. Every search advances in lock-step rounds, each round's runs going to a
+process pool at once; the curve points for the figures go with the first round.
 """
 
 from __future__ import annotations
@@ -381,6 +385,7 @@ class _Search:
         self.probes: dict[str, Probe] = {}
         self.points: dict[str, dict[float, Point]] = {label: {} for label in configs}
         self.steps: dict[str, tuple[float, dict]] = {}  # label -> (its highest pass, that look's first-seed steps)
+        self.curve_points: dict[str, dict[float, Point]] = {}
 
     def size(self, label: str, rate: float) -> int:
         """Requests per seed of a rate's first look: arrivals over service_times service times, and
@@ -400,17 +405,17 @@ class _Search:
             yield (label, rate, seed, n, keep), ("point", self.configs[label], rate, seed, n, self.s.warmup, keep)
 
     def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True, seeds=None,
-               steps: bool = False) -> Point:
-        """The verdict of one look's runs (their per-request arrays are then let go: a rate is never
-        looked at again with the same length); a pass above the label's best so far keeps the first
-        seed's step records."""
+               steps: bool = False, keep: bool = False) -> Point:
+        """The verdict of one look's runs (their per-request arrays are then let go unless ``keep``: a
+        rate is never looked at again with the same length); a pass above the label's best so far
+        keeps the first seed's step records."""
         keys = [key for key, _ in self.jobs(label, rate, n, seeds, steps)]
         runs = [self.runner.get(key) for key in keys]
         point = judge(runs, self.slos, self.s, look, self.size(label, rate), extend)
         best = self.steps.get(label)
         if steps and point.verdict == "pass" and (best is None or rate > best[0]):
             self.steps[label] = (rate, runs[0].steps)
-        for key in keys:
+        for key in keys if not keep else ():
             self.runner.release(key)
         return point
 
@@ -444,7 +449,9 @@ class _Search:
         s, say = self.s, self.runner.progress
         self.probe()
         searches = {label: RateSearch(START_ABOVE * p.throughput, s) for label, p in self.probes.items()}
+        curve = self.curve_rates(curve_groups)  # run with the first round, which has few runs of its own
         looks: dict[str, tuple[int, int]] = {}  # label -> (look, requests per seed) due at its current rate
+        seeds: dict[str, tuple[int, ...]] = {}  # label -> the seeds of the look due (the first alone: see below)
         confirming: dict[str, float] = {}      # label -> the undecided lo being rerun longer
         tentative: dict[str, dict[float, tuple[int, int]]] = {label: {} for label in self.configs}
         standing: dict[str, set[float]] = {label: set() for label in self.configs}  # passed or counted as passing
@@ -462,12 +469,25 @@ class _Search:
                 break
             rounds += 1
             for label, rate in due.items():
-                looks.setdefault(label, (0, self.size(label, rate)))
-            new = self.runner.run(job for label, rate in due.items()
-                                  for job in self.jobs(label, rate, looks[label][1], steps=True))
+                if label not in looks:
+                    looks[label] = (0, self.size(label, rate))
+                    # Above the saturation throughput the queue grows: one seed shows that as well as
+                    # three (a fail can only lower the answer); the others run only if it does not.
+                    seeds[label] = s.seeds[:1] if rate >= self.probes[label].throughput else s.seeds
+            wanted = [job for label, rate in due.items()
+                      for job in self.jobs(label, rate, looks[label][1], seeds[label], steps=True)]
+            new = self.runner.run(wanted + [job for label, rates in curve.items() for rate in rates
+                                            for job in self.jobs(label, rate, self.size(label, rate), s.seeds[:1])])
+            curve = self.curve_looks(curve)
             for label, rate in due.items():
                 look, n = looks.pop(label)
-                point = self.looked(label, rate, n, look, steps=True)
+                partial = len(seeds[label]) < len(s.seeds)
+                point = self.looked(label, rate, n, look, seeds=seeds[label], steps=True, keep=partial)
+                if partial and point.verdict != "fail":
+                    looks[label], seeds[label] = (look, n), s.seeds  # the other seeds, at the same length
+                    continue
+                if partial:
+                    point.reason += " (the first seed alone: above the saturation throughput)"
                 if point.verdict == "extend" and label in confirming:
                     looks[label] = (look + 1, point.rerun)
                     continue
@@ -486,7 +506,8 @@ class _Search:
                     searches[label].record(rate, True)
             say(f"round {rounds}: {new} runs ({self.runner.runs} so far); brackets (req/s) " + ", ".join(
                 f"{label} {_bracket_text(search)}" for label, search in searches.items()))
-        self.curves(curve_groups)
+        for label, points in self.curve_points.items():  # where the search ran a curve's rate, its evidence wins
+            self.points[label] = {**points, **self.points[label]}
         outcomes = {}
         for label, search in searches.items():
             max_rate = search.lo or 0.0
@@ -499,24 +520,25 @@ class _Search:
                                             requests=self.runner.requests.get(label, 0))
         return outcomes
 
-    def curves(self, curve_groups: dict[str, str]) -> None:
+    def curve_rates(self, curve_groups: dict[str, str]) -> dict[str, list[float]]:
         """Evenly spaced rates up to the fastest probe of the label's group, for the figures: one look
         each, of the first seed (a curve point is drawn, not decided on; it is never rerun and its
         queue test may stay undecided)."""
         s = self.s
-        first = s.seeds[:1]
         group = {label: curve_groups.get(label, "") for label in self.configs}
         top = {g: max(self.probes[label].throughput for label in self.configs if group[label] == g)
                for g in group.values()}
-        curve = {label: [r for r in (top[group[label]] * j / s.curve_points for j in range(1, s.curve_points + 1))
-                         if r not in self.points[label]] for label in self.configs}
-        self.runner.run(job for label, rates in curve.items() for rate in rates
-                        for job in self.jobs(label, rate, self.size(label, rate), seeds=first))
+        return {label: [top[group[label]] * j / s.curve_points for j in range(1, s.curve_points + 1)]
+                for label in self.configs}
+
+    def curve_looks(self, curve: dict[str, list[float]]) -> dict[str, list[float]]:
+        """Judge the curve points just run; returns none left to run."""
         for label, rates in curve.items():
             for rate in rates:
-                point = self.looked(label, rate, self.size(label, rate), 0, extend=False, seeds=first)
+                point = self.looked(label, rate, self.size(label, rate), 0, extend=False, seeds=self.s.seeds[:1])
                 point.curve = True
-                self.points[label][rate] = point
+                self.curve_points.setdefault(label, {})[rate] = point
+        return {}
 
 
 def _bracket_text(search: RateSearch) -> str:
