@@ -143,7 +143,8 @@ def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
         ("seeds", ", ".join(str(seed) for seed in s.seeds)),
         ("tolerance", f"{s.tolerance:g} (relative width of the final bracket)"),
         ("run length", f"arrivals over {s.service_times:g} service times, and the requests the queue test needs "
-                       f"(at least {s.min_requests}); while undecided, rerun longer up to {s.extensions} time(s), "
+                       f"(at least {s.min_requests}); while undecided, the would-be max rate rerun longer up to "
+                       f"{s.extensions} time(s), "
                        f"at most {LONGEST}x; the first {s.warmup:.0%} of each run's arrival window not measured"),
         ("stable queue", f"its growth (arrivals - completions per second) below {s.max_growth:.0%} of the arrival "
                          f"rate at {CONFIDENCE:.0%} confidence (each of {s.looks} look(s) at {s.confidence:.2%})"),
@@ -271,9 +272,10 @@ METHOD = (
     f"(the one-sided {CONFIDENCE:.0%} upper bound of its growth, arrivals minus completions per second, is below "
     "--max-growth, 1% by default, of the arrival rate) and every SLO statistic's upper bound is within its limit. A policy's saturation "
     "throughput and a request's time in a full batch (its service time) come from a probe that sends every request at "
-    "t = 0; a rate's runs last a number of service times at that rate, and are rerun four times longer while the "
-    "queue test is undecided (still undecided at the longest, the rate fails). The search starts above saturation, "
-    "steps down until a rate passes, then bisects to the tolerance; the max rate is the highest rate that passed. "
+    "t = 0; a rate's runs last a number of service times at that rate, and are rerun longer while its verdict is "
+    "undecided (still undecided at the longest, the rate fails). The search starts above saturation, steps down "
+    "until a rate passes, then bisects to the tolerance; a rate undecided at its first runs counts as passing while "
+    "higher rates are tried and is rerun only if it would be the max rate, the highest rate that passed. "
     "Replicas = ceil(target / max rate), assuming an even split of the traffic. Goodput = rate × the fraction of "
     "measured requests meeting every per-request limit (the tightest limit per latency), so never above the rate. "
     "The evidence tables give every rate tried with its statistics and verdict (docs/capacity.md).")
