@@ -99,6 +99,7 @@ class Point:
     reason: str                      # why, in words
     rerun: int | None = None         # with verdict "extend": the requests per seed of the next look
     curve: bool = False              # run for the figures, not by the search (judged, never rerun)
+    doubt: str = ""                  # with verdict "extend": what was not shown, in words
 
     def document(self) -> dict:
         return {"rate_req_s": self.rate, "requests_per_seed": self.requests, "look": self.look,
@@ -252,7 +253,7 @@ def judge(runs: list[PointRun], slos: tuple[SLO, ...], settings: SearchSettings,
                                                                if hopeless else "")
         else:
             rerun = min(longest, math.ceil(n * max(2.0, factor))) if math.isfinite(factor) else longest
-            point.verdict, point.rerun = "extend", rerun
+            point.verdict, point.rerun, point.doubt = "extend", rerun, ", ".join(doubt)
             point.reason = "undecided (" + ", ".join(doubt) + f"): rerun with {point.rerun} requests"
     return point
 
@@ -496,8 +497,8 @@ class _Search:
                 if point.verdict == "extend":
                     tentative[label][rate] = (look + 1, point.rerun)
                     point.verdict = "undecided"
-                    point.reason = (point.reason.rsplit(": rerun with", 1)[0] + ": counted as passing while higher "
-                                    "rates were tried (rerun longer only if it is the max rate)")
+                    point.reason = (f"not shown ({point.doubt}): counted as passing while higher rates were tried "
+                                    "(rerun longer only if it is the max rate)")
                 if point.verdict == "fail":
                     standing[label].discard(rate)
                     searches[label].refute(rate, standing[label])
