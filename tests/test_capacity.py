@@ -145,7 +145,7 @@ def _scripted_search(verdict, mu: float = 10.0, tolerance: float = 0.02):
     records, and every look it asked for."""
     from sim.commands.capacity.search import Point, Probe, _Search
 
-    asked = []
+    asked, alone = [], []
 
     class Scripted(_Search):
         def probe(self):
@@ -157,11 +157,14 @@ def _scripted_search(verdict, mu: float = 10.0, tolerance: float = 0.02):
         def looked(self, label, rate, n, look, extend=True, seeds=None, steps=False, keep=False):
             if seeds is None or len(seeds) == len(self.s.seeds):  # a look of the first seed alone is a part of one
                 asked.append((rate, look))
+            else:
+                alone.append(rate)
             said = verdict(rate, look)
             return Point(rate, n, look, 100, {}, {}, said, said, rerun=200 * (look + 1) if said == "extend" else None)
 
     settings = SearchSettings(tolerance=tolerance, curve_points=0)
     outcome = Scripted(_ScriptedRunner(), {"p": None}, (), settings).run({})["p"]
+    _scripted_search.alone = alone  # the rates looked at on the first seed alone
     return outcome, asked
 
 
@@ -195,6 +198,22 @@ def test_undecided_rates_are_rerun_only_when_they_would_be_the_max_rate(sure, un
     for rate, look in asked:
         looks[rate] = looks.get(rate, 0) + 1
     assert max(looks.values()) <= SearchSettings().looks
+
+
+@pytest.mark.parametrize("boundary", [5.0, 30.0])
+def test_a_rate_above_saturation_runs_the_other_seeds_only_if_the_first_does_not_fail(boundary):
+    """The start, 1.1 x the probe's 10 req/s, fails on the first seed alone when the boundary is below it
+    (no other seed runs); above it, as the search doubles, each rate above saturation runs on the
+    other seeds exactly when the first does not fail it, and the answer is the boundary's."""
+    outcome, asked = _scripted_search(lambda rate, look: "pass" if rate <= boundary else "fail")
+    alone = _scripted_search.alone
+    assert alone[0] == pytest.approx(11.0) and all(rate >= 10.0 for rate in alone)
+    if boundary < 11:
+        assert all(rate < 10.0 for rate, _ in asked)  # the start never ran on the other seeds
+    else:
+        full = {rate for rate, _ in asked}
+        assert all((rate in full) == (rate <= boundary) for rate in alone)  # the other seeds only after no fail
+    assert boundary * 0.98 <= outcome.max_rate <= boundary
 
 
 def test_an_undecided_lo_that_fails_its_rerun_brings_the_bracket_down():
