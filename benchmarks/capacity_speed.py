@@ -65,7 +65,7 @@ def main() -> int:
 
     max_batch = load_config(None, {}).engine.max_batch_size
     command = ["specbatch capacity " + " ".join(f"--slo {s}" for s in SLOS) + f" --jobs {args.jobs}"]
-    lines = [machine_line(f"--jobs {args.jobs}"), f"$ {command[0]}"]
+    lines = [machine_line(f"--jobs {args.jobs}"), f"command: {command[0]}"]  # no "$ ": the docs show the file
     print("\n".join(lines))
     walls: dict[str, list[float]] = {}
     for name, checkout in order(args.repeat, args.against):
