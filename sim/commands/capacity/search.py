@@ -407,16 +407,17 @@ class _Search:
 
     def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True, seeds=None,
                steps: bool = False, keep: bool = False) -> Point:
-        """The verdict of one look's runs (their per-request arrays are then let go unless ``keep``: a
-        rate is never looked at again with the same length); a pass above the label's best so far
-        keeps the first seed's step records."""
+        """The verdict of one look's runs (their per-request arrays are then let go, unless ``keep`` and
+        the rate did not fail: a rate is never looked at again with the same length, but a look of the
+        first seed alone goes on with the others); a pass above the label's best so far keeps the first
+        seed's step records."""
         keys = [key for key, _ in self.jobs(label, rate, n, seeds, steps)]
         runs = [self.runner.get(key) for key in keys]
         point = judge(runs, self.slos, self.s, look, self.size(label, rate), extend)
         best = self.steps.get(label)
         if steps and point.verdict == "pass" and (best is None or rate > best[0]):
             self.steps[label] = (rate, runs[0].steps)
-        for key in keys if not keep else ():
+        for key in keys if not keep or point.verdict == "fail" else ():
             self.runner.release(key)
         return point
 
