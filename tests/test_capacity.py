@@ -129,6 +129,105 @@ def test_rate_search_invariants(truth, other, start, tolerance):
     assert _search_boundary(low, start, tolerance).lo <= _search_boundary(high, start, tolerance).lo
 
 
+class _ScriptedRunner:
+    """A Runner whose runs are never simulated: the scripted search below judges each look itself."""
+
+    def __init__(self):
+        self.runs, self.by_label, self.requests = 0, {}, {}
+        self.progress = lambda text: None
+
+    def run(self, wanted):
+        return len(list(wanted))
+
+
+def _scripted_search(verdict, mu: float = 10.0, tolerance: float = 0.02):
+    """The search's rounds over a scripted verdict (rate, look) -> pass | fail | extend: what it
+    records, and every look it asked for."""
+    from sim.commands.capacity.search import Point, Probe, _Search
+
+    asked, alone = [], []
+
+    class Scripted(_Search):
+        def probe(self):
+            self.probes = {label: Probe(mu, 1.0, 1.0) for label in self.configs}
+
+        def size(self, label, rate):
+            return 100
+
+        def looked(self, label, rate, n, look, extend=True, seeds=None, steps=False, keep=False):
+            if seeds is None or len(seeds) == len(self.s.seeds):  # a look of the first seed alone is a part of one
+                asked.append((rate, look))
+            else:
+                alone.append(rate)
+            said = verdict(rate, look)
+            return Point(rate, n, look, 100, {}, {}, said, said, rerun=200 * (look + 1) if said == "extend" else None)
+
+    settings = SearchSettings(tolerance=tolerance, curve_points=0)
+    outcome = Scripted(_ScriptedRunner(), {"p": None}, (), settings).run({})["p"]
+    _scripted_search.alone = alone  # the rates looked at on the first seed alone
+    return outcome, asked
+
+
+@settings(max_examples=200, deadline=None)
+@given(sure=st.floats(0.5, 9.0), unsure=st.floats(0.0, 3.0), holds=st.floats(0.0, 1.0))
+def test_undecided_rates_are_rerun_only_when_they_would_be_the_max_rate(sure, unsure, holds):
+    """Rates up to ``sure`` pass at their first look; up to ``sure + unsure`` they are undecided
+    there, and the longer rerun passes them up to ``sure + holds * unsure``; above, they fail. The
+    max rate is always a rate whose own runs passed, never above what the reruns hold; an undecided
+    rate is rerun only as the bracket's lo at the end (so none below the max rate is), and no rate
+    gets more looks than 1 + extensions."""
+    held = sure + holds * unsure
+
+    def verdict(rate, look):
+        if rate <= sure:
+            return "pass"
+        if rate > sure + unsure:
+            return "fail"
+        if look == 0:
+            return "extend"
+        return "pass" if rate <= held else "fail"
+
+    outcome, asked = _scripted_search(verdict)
+    final = outcome.points[outcome.max_rate]
+    assert final.verdict == "pass" and outcome.max_rate <= held
+    assert outcome.bracket[1] is not None and (outcome.bracket[1] - outcome.max_rate) / outcome.max_rate <= 0.02
+    reruns = [rate for rate, look in asked if look > 0]
+    assert all(rate >= outcome.max_rate for rate in reruns)  # nothing below the answer was rerun
+    assert all(rate not in reruns for rate, p in outcome.points.items() if p.verdict == "undecided")
+    looks = {}
+    for rate, look in asked:
+        looks[rate] = looks.get(rate, 0) + 1
+    assert max(looks.values()) <= SearchSettings().looks
+
+
+@pytest.mark.parametrize("boundary", [5.0, 30.0])
+def test_a_rate_above_saturation_runs_the_other_seeds_only_if_the_first_does_not_fail(boundary):
+    """The start, 1.1 x the probe's 10 req/s, fails on the first seed alone when the boundary is below it
+    (no other seed runs); above it, as the search doubles, each rate above saturation runs on the
+    other seeds exactly when the first does not fail it, and the answer is the boundary's."""
+    outcome, asked = _scripted_search(lambda rate, look: "pass" if rate <= boundary else "fail")
+    alone = _scripted_search.alone
+    assert alone[0] == pytest.approx(11.0) and all(rate >= 10.0 for rate in alone)
+    if boundary < 11:
+        assert all(rate < 10.0 for rate, _ in asked)  # the start never ran on the other seeds
+    else:
+        full = {rate for rate, _ in asked}
+        assert all((rate in full) == (rate <= boundary) for rate in alone)  # the other seeds only after no fail
+    assert boundary * 0.98 <= outcome.max_rate <= boundary
+
+
+def test_an_undecided_lo_that_fails_its_rerun_brings_the_bracket_down():
+    """Scripted: everything up to 8 is undecided at first and only up to 5 holds when rerun; the
+    search, having gone up to 8 on first looks, must come back down to a max rate of at most 5
+    shown by its own rerun, with the failed reruns as the bracket's hi."""
+    outcome, asked = _scripted_search(lambda rate, look: "fail" if rate > 8 else
+                                      "extend" if look == 0 else "pass" if rate <= 5 else "fail")
+    assert 5 * 0.98 <= outcome.max_rate <= 5
+    assert outcome.points[outcome.max_rate].verdict == "pass" and outcome.points[outcome.max_rate].look == 1
+    assert (outcome.bracket[1] - outcome.max_rate) / outcome.max_rate <= 0.02
+    assert any(look == 1 and rate > 5 for rate, look in asked)  # it did rerun higher undecided rates, which failed
+
+
 @given(target=st.floats(1e-3, 1e4), rate=st.floats(1e-3, 1e3))
 def test_replicas_are_the_fewest_that_carry_the_target(target, rate):
     n = replicas_needed(target, rate)

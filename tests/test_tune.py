@@ -7,6 +7,7 @@ scenarios and the serial executor, so the whole file runs in well under a minute
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -379,7 +380,13 @@ def test_an_interrupted_tune_resumes_to_the_same_result(linear_profile, tuned, t
     assert (out / "report.md").read_bytes() == (tuned / "report.md").read_bytes()
 
 
-def test_the_pool_gives_the_bytes_of_the_serial_run(linear_profile, tuned, tmp_path):
+def test_the_pool_gives_the_bytes_of_the_serial_run(linear_profile, tuned, tmp_path, monkeypatch):
+    """... and one pool serves every batch of the tune (each new pool's workers would load the engine again)."""
+    from sim.commands import workers
+
+    started = []
+    real = workers.worker_pool
+    monkeypatch.setattr(workers, "worker_pool", lambda n: started.append(n) or real(n))
     out = tmp_path / "pool"
     argv = ["tune", *flags(linear_profile, rate=SMALL["rate"], num_requests=SMALL["num_requests"]), "--no-progress",
             "--workers", "2", "--out", str(out)]
@@ -387,6 +394,8 @@ def test_the_pool_gives_the_bytes_of_the_serial_run(linear_profile, tuned, tmp_p
         argv += [f"--{key.replace('_', '-')}", str(SMALL[key])]
     assert main(argv) == 0
     assert (out / "tune.json").read_bytes() == (tuned / "tune.json").read_bytes()
+    batches = {row["phase"] for row in csv.DictReader((out / "trials.csv").open())}
+    assert len(batches) > 2 and started == [2]
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -132,6 +132,11 @@ class CapacityResult:
         """Simulations the search ran, over every profile and policy."""
         return sum(o.runs for by_policy in self.outcomes.values() for o in by_policy.values())
 
+    @property
+    def requests(self) -> int:
+        """Requests those simulations served, over every profile and policy."""
+        return sum(o.requests for by_policy in self.outcomes.values() for o in by_policy.values())
+
     def table_text(self) -> str:
         """What ``specbatch capacity`` prints: the results, with several profiles the cost
         comparison, and the prices it used."""
@@ -241,8 +246,8 @@ def main(args: argparse.Namespace) -> int:
         result.write(out)
     print(result.table_text())
     figures = "figures" if have_matplotlib() else "no figures: matplotlib is not installed, pip install 'specbatch[report]'"
-    print(f"Search took {result.wall_s:.1f} s wall on {args.jobs} worker(s), {result.runs} runs. "
-          f"Wrote {out}/ (report.html, report.md, capacity.json; {figures})")
+    print(f"Search took {result.wall_s:.1f} s wall on {args.jobs} worker(s), {result.runs} runs, "
+          f"{result.requests:,} requests. Wrote {out}/ (report.html, report.md, capacity.json; {figures})")
     return 0
 
 

@@ -143,7 +143,8 @@ def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
         ("seeds", ", ".join(str(seed) for seed in s.seeds)),
         ("tolerance", f"{s.tolerance:g} (relative width of the final bracket)"),
         ("run length", f"arrivals over {s.service_times:g} service times, and the requests the queue test needs "
-                       f"(at least {s.min_requests}); while undecided, rerun longer up to {s.extensions} time(s), "
+                       f"(at least {s.min_requests}); while undecided, the would-be max rate rerun longer up to "
+                       f"{s.extensions} time(s), "
                        f"at most {LONGEST}x; the first {s.warmup:.0%} of each run's arrival window not measured"),
         ("stable queue", f"its growth (arrivals - completions per second) below {s.max_growth:.0%} of the arrival "
                          f"rate at {CONFIDENCE:.0%} confidence (each of {s.looks} look(s) at {s.confidence:.2%})"),
@@ -271,9 +272,10 @@ METHOD = (
     f"(the one-sided {CONFIDENCE:.0%} upper bound of its growth, arrivals minus completions per second, is below "
     "--max-growth, 1% by default, of the arrival rate) and every SLO statistic's upper bound is within its limit. A policy's saturation "
     "throughput and a request's time in a full batch (its service time) come from a probe that sends every request at "
-    "t = 0; a rate's runs last a number of service times at that rate, and are rerun four times longer while the "
-    "queue test is undecided (still undecided at the longest, the rate fails). The search starts above saturation, "
-    "steps down until a rate passes, then bisects to the tolerance; the max rate is the highest rate that passed. "
+    "t = 0; a rate's runs last a number of service times at that rate, and are rerun longer while its verdict is "
+    "undecided (still undecided at the longest, the rate fails). The search starts above saturation, steps down "
+    "until a rate passes, then bisects to the tolerance; a rate undecided at its first runs counts as passing while "
+    "higher rates are tried and is rerun only if it would be the max rate, the highest rate that passed. "
     "Replicas = ceil(target / max rate), assuming an even split of the traffic. Goodput = rate × the fraction of "
     "measured requests meeting every per-request limit (the tightest limit per latency), so never above the rate. "
     "The evidence tables give every rate tried with its statistics and verdict (docs/capacity.md).")
@@ -303,7 +305,7 @@ def markdown(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: di
     lines += ["", f"Latencies in ms. {METHOD}", "", "## Evidence per rate", ""]
     for title, o in _evidence_sections(outcomes):
         lines += [f"### {title}", "", f"Saturation probe: {_num(o.probe.throughput)} req/s, service time "
-                  f"{_num(o.probe.service_s, 3)} s, {o.runs} runs.", ""]
+                  f"{_num(o.probe.service_s, 3)} s, {o.runs} runs, {o.requests:,} requests simulated.", ""]
         lines += _md_table(evidence_header(inputs), evidence_rows(inputs, o)) + [""]
     lines += ["## Figures", ""]
     lines += [f"![{name[:-4].replace('_', ' ')}]({name})" + "\n" for name in FIGURES] if figures else [NO_FIGURES, ""]
@@ -347,7 +349,7 @@ def html_page(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: d
     parts += [f"<p>Latencies in ms. {e(METHOD)}</p>", "<h2>Evidence per rate</h2>"]
     for title, o in _evidence_sections(outcomes):
         parts += [f"<h3>{e(title)}</h3>", f"<p>Saturation probe: {e(_num(o.probe.throughput))} req/s, service time "
-                  f"{e(_num(o.probe.service_s, 3))} s, {o.runs} runs.</p>"]
+                  f"{e(_num(o.probe.service_s, 3))} s, {o.runs} runs, {o.requests:,} requests simulated.</p>"]
         parts += table(evidence_header(inputs), evidence_rows(inputs, o))
     parts += ["<h2>Figures</h2>"]
     parts += [image(name) for name in FIGURES] if figures else [f"<p>{e(NO_FIGURES)}</p>"]
@@ -379,6 +381,7 @@ def results_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> 
                 "saturation_probe": {"throughput_req_s": o.probe.throughput, "service_s": o.probe.service_s,
                                      "mean_batch_size": o.probe.mean_batch_size},
                 "max_rate_req_s": o.max_rate, "bracket_req_s": [o.bracket[0], o.bracket[1]], "runs": o.runs,
+                "requests_simulated": o.requests,
                 "operating_point": {k: clean(v) for k, v in (o.operating or {}).items()},
                 "replicas": c.replicas, "fleet_cost_per_hour": c.fleet_cost_per_hour,
                 "cost_per_m_output_tokens_at_target": c.cost_per_m_at_target,

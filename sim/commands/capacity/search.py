@@ -25,10 +25,14 @@ and the time a request spends in a full batch, s. A rate r's first runs have arr
 ``service_times`` x s seconds, and at least the requests the queue test needs to show a
 queue of r x s requests stable (:func:`sim.stability.requests_for_power`).
 
-The search starts above mu (where the queue grows, a cheap fail), halves until a rate
+The search starts above mu (where the queue grows: a cheap fail, run on the first seed alone
+and on the others only should it not fail), halves until a rate
 passes (or doubles while they pass, should the probe have undershot), then bisects until
-(hi - lo) / lo <= tolerance. The max rate is the highest rate that passed. Every search
-advances in lock-step rounds, each round's runs going to a process pool at once.
+(hi - lo) / lo <= tolerance. A rate undecided at its first look counts as passing while the
+search goes higher, and is rerun longer only if it ends up the bracket's lo (``_Search.run``):
+a rate below one shown sustained needs no evidence of its own. The max rate is the highest
+rate that passed. Every search advances in lock-step rounds, each round's runs going to a
+process pool at once; the curve points for the figures go with the first round.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class Point:
     reason: str                      # why, in words
     rerun: int | None = None         # with verdict "extend": the requests per seed of the next look
     curve: bool = False              # run for the figures, not by the search (judged, never rerun)
+    doubt: str = ""                  # with verdict "extend": what was not shown, in words
 
     def document(self) -> dict:
         return {"rate_req_s": self.rate, "requests_per_seed": self.requests, "look": self.look,
@@ -248,7 +253,7 @@ def judge(runs: list[PointRun], slos: tuple[SLO, ...], settings: SearchSettings,
                                                                if hopeless else "")
         else:
             rerun = min(longest, math.ceil(n * max(2.0, factor))) if math.isfinite(factor) else longest
-            point.verdict, point.rerun = "extend", rerun
+            point.verdict, point.rerun, point.doubt = "extend", rerun, ", ".join(doubt)
             point.reason = "undecided (" + ", ".join(doubt) + f"): rerun with {point.rerun} requests"
     return point
 
@@ -284,6 +289,12 @@ class RateSearch:
         else:
             self.hi = rate if self.hi is None else min(self.hi, rate)
 
+    def refute(self, rate: float, standing: Iterable[float]) -> None:
+        """``rate``, counted as passing, failed after all: it bounds the bracket from above, and lo falls
+        back to the highest of the rates still standing (passed, or counted as passing) below it."""
+        self.record(rate, False)
+        self.lo = max((r for r in standing if r < rate), default=None)
+
 
 @dataclass
 class PolicyOutcome:
@@ -295,6 +306,7 @@ class PolicyOutcome:
     points: dict[float, Point] = field(default_factory=dict)  # every rate run, with its evidence
     steps: dict[str, np.ndarray] | None = None
     runs: int = 0                       # simulations the search ran for it (probe and reruns included)
+    requests: int = 0                   # requests those simulations served: what the search's time grows with
 
     @property
     def operating(self) -> dict[str, float] | None:
@@ -313,6 +325,7 @@ class Runner:
         self.pool = worker_pool(self.jobs) if self.jobs > 1 else None
         self.cache: dict[tuple, object] = {}    # (label, ...) -> a Probe or a PointRun
         self.by_label: dict[str, int] = {}      # runs per label
+        self.requests: dict[str, int] = {}      # requests simulated per label
         self.progress = progress or (lambda text: None)
         self.runs = 0
 
@@ -334,9 +347,10 @@ class Runner:
         results = [None] * len(jobs)
         for i, result in zip(order if self.pool else range(len(jobs)), done):
             results[i] = result
-        for key, result in zip(keys, results):
+        for key, job, result in zip(keys, jobs, results):
             self.cache[key] = result
             self.by_label[key[0]] = self.by_label.get(key[0], 0) + 1
+            self.requests[key[0]] = self.requests.get(key[0], 0) + _work(job)
         self.runs += len(jobs)
         return len(jobs)
 
@@ -371,6 +385,8 @@ class _Search:
         self.runner, self.configs, self.slos, self.s = runner, configs, slos, settings
         self.probes: dict[str, Probe] = {}
         self.points: dict[str, dict[float, Point]] = {label: {} for label in configs}
+        self.steps: dict[str, tuple[float, dict]] = {}  # label -> (its highest pass, that look's first-seed steps)
+        self.curve_points: dict[str, dict[float, Point]] = {}
 
     def size(self, label: str, rate: float) -> int:
         """Requests per seed of a rate's first look: arrivals over service_times service times, and
@@ -381,16 +397,27 @@ class _Search:
                    requests_for_power(rate * service, len(s.seeds), 1 - s.warmup, confidence=s.confidence,
                                       max_growth=s.max_growth))
 
-    def jobs(self, label: str, rate: float, n: int, steps: bool = False, seeds=None):
-        for seed in seeds or self.s.seeds:
-            yield (label, rate, seed, n, steps), ("point", self.configs[label], rate, seed, n, self.s.warmup, steps)
+    def jobs(self, label: str, rate: float, n: int, seeds=None, steps: bool = False):
+        """A look's runs; with ``steps`` the first seed's run keeps its step records (should the rate be
+        the max rate, the operating-point figure draws them: no run again for them)."""
+        seeds = seeds or self.s.seeds
+        for seed in seeds:
+            keep = steps and seed == seeds[0]
+            yield (label, rate, seed, n, keep), ("point", self.configs[label], rate, seed, n, self.s.warmup, keep)
 
-    def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True, seeds=None) -> Point:
-        """The verdict of one look's runs (their per-request arrays are then let go: a rate is never
-        looked at again with the same length)."""
-        keys = [key for key, _ in self.jobs(label, rate, n, seeds=seeds)]
-        point = judge([self.runner.get(key) for key in keys], self.slos, self.s, look, self.size(label, rate), extend)
-        for key in keys:
+    def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True, seeds=None,
+               steps: bool = False, keep: bool = False) -> Point:
+        """The verdict of one look's runs (their per-request arrays are then let go, unless ``keep`` and
+        the rate did not fail: a rate is never looked at again with the same length, but a look of the
+        first seed alone goes on with the others); a pass above the label's best so far keeps the first
+        seed's step records."""
+        keys = [key for key, _ in self.jobs(label, rate, n, seeds, steps)]
+        runs = [self.runner.get(key) for key in keys]
+        point = judge(runs, self.slos, self.s, look, self.size(label, rate), extend)
+        best = self.steps.get(label)
+        if steps and point.verdict == "pass" and (best is None or rate > best[0]):
+            self.steps[label] = (rate, runs[0].steps)
+        for key in keys if not keep or point.verdict == "fail" else ():
             self.runner.release(key)
         return point
 
@@ -411,65 +438,109 @@ class _Search:
                              source="--service-times")
 
     def run(self, curve_groups: dict[str, str]) -> dict[str, PolicyOutcome]:
+        """Rounds until every label's bracket is within the tolerance with its lo shown sustained.
+
+        A rate undecided at its first look is counted as passing while the search goes higher, and
+        rerun longer (the extensions of :func:`judge`) only once it is the label's lo at the end:
+        a rate below a higher one shown sustained needs no evidence of its own, and near the
+        boundary such reruns were most of a search's work. If the rerun fails, the bracket's hi
+        comes down to it, lo falls back to the highest rate still standing below it, and the
+        search goes on from there; so the max rate is, as before, a rate its own runs showed
+        sustained, and every rate gets at most 1 + extensions looks.
+        """
         s, say = self.s, self.runner.progress
         self.probe()
         searches = {label: RateSearch(START_ABOVE * p.throughput, s) for label, p in self.probes.items()}
+        curve = self.curve_rates(curve_groups)  # run with the first round, which has few runs of its own
         looks: dict[str, tuple[int, int]] = {}  # label -> (look, requests per seed) due at its current rate
+        seeds: dict[str, tuple[int, ...]] = {}  # label -> the seeds of the look due (the first alone: see below)
+        confirming: dict[str, float] = {}      # label -> the undecided lo being rerun longer
+        tentative: dict[str, dict[float, tuple[int, int]]] = {label: {} for label in self.configs}
+        standing: dict[str, set[float]] = {label: set() for label in self.configs}  # passed or counted as passing
         rounds = 0
         while True:
-            due = {label: search.next_rate() for label, search in searches.items()}
-            due = {label: rate for label, rate in due.items() if rate is not None}
+            due = {}
+            for label, search in searches.items():
+                rate = confirming.get(label, search.next_rate())
+                if rate is None and search.lo in tentative[label]:
+                    rate = confirming[label] = search.lo
+                    looks[label] = tentative[label].pop(rate)
+                if rate is not None:
+                    due[label] = rate
             if not due:
                 break
             rounds += 1
             for label, rate in due.items():
-                looks.setdefault(label, (0, self.size(label, rate)))
-            new = self.runner.run(job for label, rate in due.items() for job in self.jobs(label, rate, looks[label][1]))
+                if label not in looks:
+                    looks[label] = (0, self.size(label, rate))
+                    # Above the saturation throughput the queue grows: one seed shows that as well as
+                    # three (a fail can only lower the answer); the others run only if it does not.
+                    seeds[label] = s.seeds[:1] if rate >= self.probes[label].throughput else s.seeds
+            wanted = [job for label, rate in due.items()
+                      for job in self.jobs(label, rate, looks[label][1], seeds[label], steps=True)]
+            new = self.runner.run(wanted + [job for label, rates in curve.items() for rate in rates
+                                            for job in self.jobs(label, rate, self.size(label, rate), s.seeds[:1])])
+            curve = self.curve_looks(curve)
             for label, rate in due.items():
                 look, n = looks.pop(label)
-                point = self.looked(label, rate, n, look)
-                if point.verdict == "extend":
+                partial = len(seeds[label]) < len(s.seeds)
+                point = self.looked(label, rate, n, look, seeds=seeds[label], steps=True, keep=partial)
+                if partial and point.verdict != "fail":
+                    looks[label], seeds[label] = (look, n), s.seeds  # the other seeds, at the same length
+                    continue
+                if partial:
+                    point.reason += " (the first seed alone: above the saturation throughput)"
+                if point.verdict == "extend" and label in confirming:
                     looks[label] = (look + 1, point.rerun)
                     continue
                 self.points[label][rate] = point
-                searches[label].record(rate, point.verdict == "pass")
+                confirming.pop(label, None)
+                if point.verdict == "extend":
+                    tentative[label][rate] = (look + 1, point.rerun)
+                    point.verdict = "undecided"
+                    point.reason = (f"not shown ({point.doubt}): counted as passing while higher rates were tried "
+                                    "(rerun longer only if it is the max rate)")
+                if point.verdict == "fail":
+                    standing[label].discard(rate)
+                    searches[label].refute(rate, standing[label])
+                else:
+                    standing[label].add(rate)
+                    searches[label].record(rate, True)
             say(f"round {rounds}: {new} runs ({self.runner.runs} so far); brackets (req/s) " + ", ".join(
                 f"{label} {_bracket_text(search)}" for label, search in searches.items()))
-        self.curves(curve_groups)
+        for label, points in self.curve_points.items():  # where the search ran a curve's rate, its evidence wins
+            self.points[label] = {**points, **self.points[label]}
         outcomes = {}
-        finals = {label: search.lo for label, search in searches.items() if search.lo is not None}
-        self.runner.run(job for label, rate in finals.items()
-                        for job in self.jobs(label, rate, self.points[label][rate].requests, True, s.seeds[:1]))
         for label, search in searches.items():
             max_rate = search.lo or 0.0
-            steps = None
-            if search.lo is not None:
-                n = self.points[label][max_rate].requests
-                steps = self.runner.get((label, max_rate, s.seeds[0], n, True)).steps
+            steps = self.steps.get(label, (None, None))
             outcomes[label] = PolicyOutcome(label=label, config=self.configs[label], probe=self.probes[label],
                                             max_rate=max_rate, bracket=(max_rate, search.hi),
-                                            points=dict(sorted(self.points[label].items())), steps=steps,
-                                            runs=self.runner.by_label.get(label, 0))
+                                            points=dict(sorted(self.points[label].items())),
+                                            steps=steps[1] if steps[0] == search.lo else None,
+                                            runs=self.runner.by_label.get(label, 0),
+                                            requests=self.runner.requests.get(label, 0))
         return outcomes
 
-    def curves(self, curve_groups: dict[str, str]) -> None:
+    def curve_rates(self, curve_groups: dict[str, str]) -> dict[str, list[float]]:
         """Evenly spaced rates up to the fastest probe of the label's group, for the figures: one look
         each, of the first seed (a curve point is drawn, not decided on; it is never rerun and its
         queue test may stay undecided)."""
         s = self.s
-        first = s.seeds[:1]
         group = {label: curve_groups.get(label, "") for label in self.configs}
         top = {g: max(self.probes[label].throughput for label in self.configs if group[label] == g)
                for g in group.values()}
-        curve = {label: [r for r in (top[group[label]] * j / s.curve_points for j in range(1, s.curve_points + 1))
-                         if r not in self.points[label]] for label in self.configs}
-        self.runner.run(job for label, rates in curve.items() for rate in rates
-                        for job in self.jobs(label, rate, self.size(label, rate), seeds=first))
+        return {label: [top[group[label]] * j / s.curve_points for j in range(1, s.curve_points + 1)]
+                for label in self.configs}
+
+    def curve_looks(self, curve: dict[str, list[float]]) -> dict[str, list[float]]:
+        """Judge the curve points just run; returns none left to run."""
         for label, rates in curve.items():
             for rate in rates:
-                point = self.looked(label, rate, self.size(label, rate), 0, extend=False, seeds=first)
+                point = self.looked(label, rate, self.size(label, rate), 0, extend=False, seeds=self.s.seeds[:1])
                 point.curve = True
-                self.points[label][rate] = point
+                self.curve_points.setdefault(label, {})[rate] = point
+        return {}
 
 
 def _bracket_text(search: RateSearch) -> str:

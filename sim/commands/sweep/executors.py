@@ -7,6 +7,7 @@ the table in the sweep's own order, so the executor never changes the table.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -54,9 +55,13 @@ def run_serial(tasks: list[Task]) -> Iterator[tuple[str, dict]]:
         yield key, run_cell(config)
 
 
-def run_pool(tasks: list[Task], workers: int) -> Iterator[tuple[str, dict]]:
-    """A local process pool (sim.commands.workers: safe from a script without a __main__ guard)."""
-    with worker_pool(workers) as pool:
+def run_pool(tasks: list[Task], workers: int, pool=None) -> Iterator[tuple[str, dict]]:
+    """A local process pool (sim.commands.workers: safe from a script without a __main__ guard).
+
+    ``pool``: one the caller keeps across batches (a tune sends a dozen): each new pool's workers
+    pay again for their imports and for loading the compiled engine, about a second each, which
+    for short runs cost more than the runs themselves."""
+    with contextlib.nullcontext(pool) if pool is not None else worker_pool(workers) as pool:
         futures = {pool.submit(run_cell, config): key for key, config in tasks}
         try:
             for future in as_completed(futures):

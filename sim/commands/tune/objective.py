@@ -79,9 +79,9 @@ class Paired:
         """The one-sided critical difference at ``level``: t(1 - level, seeds - 1) standard errors."""
         if self.seeds < 2 or self.se == 0:
             return 0.0
-        from scipy.stats import t
+        from sim.stability import t_quantile
 
-        return float(t.ppf(1.0 - level, self.seeds - 1)) * self.se
+        return t_quantile(1.0 - level, self.seeds - 1) * self.se
 
     def interval(self, level: float = NOISE_LEVEL) -> float:
         """Half the two-sided confidence interval of the mean difference at ``level`` (95% by default)."""

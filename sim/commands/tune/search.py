@@ -16,7 +16,7 @@ optimiser (TPE, a Gaussian process) cannot see:
   that remain.
 
 A pass examines every cell against the same incumbent, all cells in lock-step so that each
-round is one batch for the executor (a process pool or a Dask cluster is started per batch):
+round is one batch for the executor (one process pool serves every batch; a Dask cluster, per batch):
 
 1. *Probes.* Each cell's neighbouring k (one up, or one down at the top) runs on every
    search seed. On a seed where a probe gives the incumbent's result exactly, its cell was

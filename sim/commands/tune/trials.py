@@ -68,6 +68,8 @@ class Trials:
         self.bar = tqdm(total=0, unit="run", desc="tune", disable=None if progress else True, file=sys.stderr,
                         dynamic_ncols=True)
         self.progress = progress
+        self.pool = None  # the process pool, started at the first batch that needs it and kept to the end
+
 
     def say(self, text: str) -> None:
         """A progress line (above the bar, on stderr)."""
@@ -76,6 +78,9 @@ class Trials:
 
     def close(self) -> None:
         self.bar.close()
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
 
     def summaries_for(self, pairs: Sequence[tuple[Candidate, int]], phase: str) -> list[dict]:
         """Each pair's summary, in order; the missing runs go to the executor as one batch."""
@@ -125,7 +130,11 @@ class Trials:
             return executors.run_serial(tasks)  # one run: a pool would only add its start-up
         if self.executor == "dask":
             return executors.run_dask(tasks, self.dask_address or "local", self.workers)
-        return executors.run_pool(tasks, self.workers or executors.default_workers())
+        if self.pool is None:
+            from sim.commands.workers import worker_pool
+
+            self.pool = worker_pool(self.workers or executors.default_workers())
+        return executors.run_pool(tasks, self.workers or executors.default_workers(), pool=self.pool)
 
     def write(self) -> Path:
         """trials.csv: one row per run, in the order the tune asked for them (whole or absent)."""
