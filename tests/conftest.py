@@ -83,3 +83,14 @@ def validation_bench():
     yield load_script("benchmarks/validation.py", "validation_bench")
     sys.modules.pop("validation_bench", None)
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long tests first (those marked slow and the docs pages' freshness checks), in their order:
+    with two test processes stealing work from each other (``--dist worksteal``), a long test that
+    starts last leaves the other process idle for its length; started first, it overlaps the short ones."""
+    def long(item) -> bool:
+        return item.get_closest_marker("slow") is not None or item.nodeid.startswith(
+            "tests/test_docs_generated.py::test_every_generated_block_is_fresh")
+
+    items.sort(key=lambda item: not long(item))  # stable: the rest keep their order
