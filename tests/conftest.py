@@ -34,6 +34,18 @@ CPU_DEFAULT_FLAGS = ["--max-batch-size", "32", "--prompt-tokens", "lognormal:128
 
 
 @pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """systems/-style folder: tiny.yaml + data/tiny/{gemm,attention}/vllm/0.24.0/*.parquet (tests/tiny_kernels.py)."""
+    pytest.importorskip("pyarrow", reason="writing Parquet needs pyarrow")
+    pytest.importorskip("yaml", reason="the spec sheet is YAML")
+    from tests.tiny_kernels import write_tiny_gpu
+
+    root = tmp_path_factory.mktemp("systems")
+    write_tiny_gpu(root)
+    return root
+
+
+@pytest.fixture(scope="session")
 def synthetic_profile(tmp_path_factory) -> Path:
     """A hand-made profile with costs linear in work (see tests/synthetic.py)."""
     return make_profile(tmp_path_factory.mktemp("profiles") / "synthetic")

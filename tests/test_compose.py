@@ -21,23 +21,13 @@ from calibrate.configs import get_config, param_count
 from sim.commands.cli import main as cli_main
 from sim.profile import load_profile, shipped_profiles
 from tests.conftest import load_script
-from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY, ctx_ms, gemm_ms, gen_ms, write_tiny_gpu
+from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY, ctx_ms, gemm_ms, gen_ms
 
 HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
 H100_8B = "h100-llama-3.1-8b-llama-3.2-1b"
 COMPOSED = [name for name in shipped_profiles() if load_profile(name).meta.get("source") == "composed"]
 
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    """systems/-style folder: tiny.yaml + data/tiny/{gemm,attention}/vllm/0.24.0/*.parquet (tests/tiny_kernels.py)."""
-    pytest.importorskip("pyarrow", reason="writing Parquet needs pyarrow")
-    pytest.importorskip("yaml", reason="the spec sheet is YAML")
-    root = tmp_path_factory.mktemp("systems")
-    write_tiny_gpu(root)
-    return root
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -323,17 +323,6 @@ def test_a_shipped_config_composes_the_built_in_models_profile_to_the_byte(tmp_p
 
 # -- windowed layers on the hand-made tables ---------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    pytest.importorskip("pyarrow", reason="writing Parquet needs pyarrow")
-    pytest.importorskip("yaml", reason="the spec sheet is YAML")
-    from tests.tiny_kernels import write_tiny_gpu
-
-    root = tmp_path_factory.mktemp("systems")
-    write_tiny_gpu(root)
-    return root
-
-
 def test_a_windowed_layer_reads_the_window_and_prefills_by_its_flops(tiny_data):
     """tiny-llama's two layers, one of them windowed to 100 tokens: a decode over 1000 tokens reads 1000
     keys in one layer and 100 in the other; a 400-token prompt costs a full causal prefill in one and

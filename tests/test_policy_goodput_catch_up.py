@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies import BatchView, Policy
+from policies import BatchView
 from policies.goodput import Goodput
 from sim.simulate import execute, prepare
 from tests.gpu_like import latency, make_gpu_like_profile
@@ -48,20 +48,6 @@ class PricedGoodput(Goodput):
         k = super().choose_k(view)
         PricedGoodput.prices.append(self.priced_time(view.batch_size, k, view.mean_context_tokens, view.max_lag))
         return k
-
-
-class DraftLoadedNoSpeculation(Policy):
-    """Never drafts, but keeps the draft model loaded (so its prefill is paid): the best any
-    speculation-length policy can do where speculating never pays."""
-
-    name = "draft-idle"
-
-    @property
-    def max_k(self) -> int:
-        return 1
-
-    def choose_k(self, view) -> int:
-        return 0
 
 
 @pytest.fixture(scope="module")
@@ -150,10 +136,12 @@ def _assert_tracks(e2el: dict[tuple, float], baselines: tuple[str, ...]) -> None
 
 
 @pytest.mark.parametrize("acceptance", sorted(ACCEPTANCE))
-def test_high_load_with_the_drafts_prefill(gpu_like, acceptance):
+def test_high_load_with_the_drafts_prefill(gpu_like, acceptance, monkeypatch):
     """With the draft's prefill charged (the issue's profile), `none` is the only policy that does not
-    pay it; goodput tracks the best policy that keeps the draft: fixed k, or never drafting."""
-    idle = ("draft-idle", f"{__name__}:DraftLoadedNoSpeculation", {})
+    pay it; goodput tracks the best policy that keeps the draft: fixed k, or never drafting (the
+    benchmark's DraftIdle, benchmarks/goodput_vs_fixed.py)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    idle = ("draft-idle", "goodput_vs_fixed:DraftIdle", {})
     e2el = _mean_e2el(gpu_like, [("none", "none", {}), idle, *FIXED, *GOODPUT], ACCEPTANCE[acceptance])
     _assert_tracks(e2el, ("draft-idle", "k=1", "k=2", "k=3", "k=4"))
     for seed in SEEDS:
