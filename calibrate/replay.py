@@ -101,6 +101,7 @@ class TorchBackend:
     """
 
     follows_rows = True
+    steps_compiled = False  # every step runs on the device
 
     def __init__(self, run: PreparedRun, target: Transformer, draft: Transformer | None, *,
                  acceptance: str = "synthetic", seed: int = 0, static: bool = False,

@@ -122,6 +122,15 @@ class AcceptanceSampler:
 
     kind = 1  # sim.scheduler.layout.SCALED: an exponential times the row's 1 / -ln(alpha)
     keyed = False
+    # Its counts are count_accepted of its buffer's draws, which a compiled run applies itself; a
+    # subclass with its own ``accepted`` is drawn step by step unless it says otherwise.
+    draws_compiled = True
+    compilable = False  # unwrapped, it keeps no tally a compiled run could add its counts to (RecordingSampler)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "accepted" in cls.__dict__ and "draws_compiled" not in cls.__dict__:
+            cls.draws_compiled = False
 
     def __init__(self, rng: np.random.Generator, block: int | None = None) -> None:
         self._rng = rng
@@ -532,14 +541,20 @@ class RecordingSampler:
 
     def __init__(self, inner: AcceptanceSampler, values_by_request: np.ndarray, per_request: bool) -> None:
         self.inner = inner
-        self.keyed = per_request or getattr(inner, "keyed", False)
-        self._lookup = values_by_request if per_request and not getattr(inner, "keyed", False) else None
+        self.keyed = per_request or inner.keyed
+        self._lookup = values_by_request if per_request and not inner.keyed else None
         self._per_request = per_request
         self.accepted_log: list[np.ndarray] = []  # kept whole only per request; else folded into counts
         self.ids_log: list[np.ndarray] = []
         self.drafted_log: list = []
         self._counts = np.zeros(0, dtype=np.int64)  # rows that kept exactly a tokens, indexed by a
         self._tallies: list[np.ndarray] = []  # compiled decode runs' counts, folded in by counts()
+
+    @property
+    def compilable(self) -> bool:
+        """Whether a compiled run can make this sampler's draws: its own draws (not keyed by request,
+        not a subclass's own ``accepted``), whose counts it tallies here."""
+        return not self.keyed and self.inner.draws_compiled
 
     def counts(self) -> np.ndarray:
         """Rows that kept exactly a draft tokens, indexed by a, over every step so far."""

@@ -248,3 +248,33 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
             assert got == expected
             if decode is tied:
                 assert got == 0
+
+
+def test_backends_and_samplers_say_whether_a_compiled_run_can_stand_in_for_them():
+    """No type checks in the engine: a priced backend or a sampler that changes how a step is executed
+    or drawn is run step by step unless it declares otherwise; the built-ins say what they are."""
+    from sim.acceptance import (AcceptanceSampler, PositionSampler, RunLengthSampler, SharedAlphaSampler,
+                                TraceSampler)
+    from sim.serving.priced import PricedBackend
+    from sim.serving.recorded import RecordedBackend
+
+    assert PricedBackend.steps_compiled and not RecordedBackend.steps_compiled
+    assert all(c.draws_compiled for c in (AcceptanceSampler, SharedAlphaSampler, PositionSampler))
+    assert not TraceSampler.draws_compiled and not RunLengthSampler.draws_compiled
+
+    class Timed(PricedBackend):
+        def decode(self, *args):
+            return super().decode(*args)
+
+    class Relabelled(PricedBackend):  # changes nothing a step does
+        name = "relabelled"
+
+    class Vouched(Timed):
+        steps_compiled = True
+
+    class OwnDraws(SharedAlphaSampler):
+        def accepted(self, scale, k):
+            return super().accepted(scale, k)
+
+    assert not Timed.steps_compiled and Relabelled.steps_compiled and Vouched.steps_compiled
+    assert not OwnDraws.draws_compiled

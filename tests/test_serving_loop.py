@@ -86,6 +86,7 @@ class VirtualWallClock:
     sees exactly the times SimPy would."""
 
     follows_rows = False
+    steps_compiled = False  # the wall driver steps it one step at a time
 
     def __init__(self, priced: PricedBackend) -> None:
         self.priced, self.t = priced, 0.0

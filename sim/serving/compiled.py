@@ -12,10 +12,13 @@ finish in a few calls.
 It runs where the kernel can make every decision the step-by-step loop would, identically
 (``tests/test_decode_runs.py`` compares every record): a policy whose k depends on the batch
 size alone (fixed, none, lut) or ``goodput`` (batch-level, pricing with the run's own step
-table): each says so itself (:meth:`~policies.base.Policy.compiled_form`); the shared-alpha, per-request
-alpha and per-position acceptance models, without per-request speculation metrics; the
-simulator's own step backend; a queue whose sends do not wait on finishes (not a client
-with a concurrency limit). Anything else runs step by step, with the same rules compiled.
+table): each says so itself (:meth:`~policies.base.Policy.compiled_form`); a sampler whose draws
+the kernel makes from its buffer (the shared-alpha, per-request alpha and per-position models:
+``draws_compiled``, without per-request speculation metrics: ``RecordingSampler.compilable``); a
+backend that prices steps as the kernel does (``steps_compiled``: the simulator's own); a queue
+whose sends do not wait on finishes (not a client with a concurrency limit). Each says so itself,
+and a subclass that changes how a step is executed or drawn runs step by step unless it declares
+otherwise. Anything else runs step by step, with the same rules compiled.
 """
 
 from __future__ import annotations
@@ -123,14 +126,7 @@ class CompiledRuns:
 
 def compiled_runs_for(loop, table, sampler, jit: bool) -> CompiledRuns | None:
     """The loop's compiled runs, or None where they do not apply (module docstring) or are not wanted."""
-    from sim.acceptance import AcceptanceSampler, PositionSampler, RecordingSampler, SharedAlphaSampler
-    from sim.serving.priced import PricedBackend
-
-    if not jit or type(loop.backend) is not PricedBackend or not loop.queue.compilable:
-        return None
-    if not isinstance(sampler, RecordingSampler) or sampler.keyed:
-        return None
-    if type(sampler.inner) not in (SharedAlphaSampler, AcceptanceSampler, PositionSampler):
+    if not jit or not loop.backend.steps_compiled or not loop.queue.compilable or not sampler.compilable:
         return None
     form = policy_form(loop.policy, loop.scheduler.max_batch_size, loop.k_max, table)
     return None if form is None else CompiledRuns(loop, table, sampler, form)

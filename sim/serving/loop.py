@@ -54,10 +54,12 @@ class StepBackend(Protocol):
     really ran and the clock measures it; ``decode`` also returns the draft tokens each of the
     step's rows kept (None at k = 0). ``chunks`` (vllm-v1) is what a step's prefill chunks add.
     Backends that keep per-row state of their own (KV caches) set ``follows_rows`` and are told
-    what the loop applied.
+    what the loop applied. ``steps_compiled``: a compiled run (sim/serving/kernel.py) prices the
+    steps exactly as this backend would, so it may take stretches of them in one call.
     """
 
     follows_rows: bool
+    steps_compiled: bool
 
     def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> float | None: ...
 

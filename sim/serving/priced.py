@@ -27,9 +27,19 @@ def ragged_by_tokens(table: StepTable) -> bool:
 
 
 class PricedBackend:
-    """Prices steps with ``table`` and draws acceptance with ``sampler`` (one per replica)."""
+    """Prices steps with ``table`` and draws acceptance with ``sampler`` (one per replica).
+
+    The compiled runs price with the same table and the same rules, so ``steps_compiled``; a
+    subclass that changes how a step is executed runs step by step unless it says otherwise."""
 
     follows_rows = False
+    steps_compiled = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        executes = {"prefill", "decode", "chunks", "watch", "commit", "retire"}
+        if executes & set(cls.__dict__) and "steps_compiled" not in cls.__dict__:
+            cls.steps_compiled = False
 
     def __init__(self, table: StepTable, sampler: AcceptanceSampler) -> None:
         self.table = table

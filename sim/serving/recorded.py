@@ -80,6 +80,7 @@ class RecordedBackend:
     """Plays ``steps`` back in order (one per replica; :class:`sim.serving.loop.StepBackend`)."""
 
     follows_rows = False
+    steps_compiled = False  # its times are the recorded ones, step by step
 
     def __init__(self, steps: RecordedSteps) -> None:
         self.steps = steps
