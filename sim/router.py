@@ -26,7 +26,6 @@ lowest replica index, so routing is deterministic.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -34,6 +33,7 @@ import numpy as np
 
 from sim.scheduler.kvcache import held_keys, request_block_keys
 from sim.scheduler.layout import REQ_PROMPT
+from workloads.numbers import read_number
 
 ROUTERS = ("round-robin", "least-requests", "least-tokens")  # routers that read only the replicas' load
 CACHE_ROUTERS = ("prefix-aware",)  # routers that read the replicas' KV caches (vllm-v1 with prefix caching)
@@ -175,10 +175,10 @@ def parse_router(raw) -> RouterSpec:
             raise ValueError(f"'{raw}' gives '{key}' twice")
         given.add(key)
         try:
-            weight = float(value) if value.isascii() else math.nan
-        except ValueError:
-            weight = math.nan
-        if not (math.isfinite(weight) and weight >= 0):
+            weight = read_number(value)
+        except ValueError:  # not a number, NaN or an infinity
+            weight = -1.0
+        if weight < 0:
             raise ValueError(f"weight {key}={value} must be a number >= 0")
         weights[key] = weight
     if not any(weights.values()):

@@ -51,7 +51,7 @@ STATIC_K, GOODPUT_K = BY_BATCH_SIZE, GOODPUT_RULE
 def _choose(b, charged, rows, ctr, policy_kind, k_by_batch, gp, gp_rows, gp_prices, gp_catch_up, k_max,
             decode, lag2, catch_up, ctx_step, track_lag):
     """The policy's k for the b running rows (the view a policy sees: all of them)."""
-    if policy_kind != 1:
+    if policy_kind != GOODPUT_K:
         return k_by_batch[charged]
     x = (ctr[C_TOTAL_CONTEXT] / b) / ctx_step
     lag = 1
@@ -165,7 +165,7 @@ def finish_step(paged, rows, rowf, reqi, scale, reci, recf, ctr, clk, sched, kv,
         finished += retire(rows, rowf, reqi, recf, ctr, end, paged, kv, key_block, slot_blocks, sched, par)
     k = ctr[C_STEP_K] if m else 0
     offered = ctr[C_OFFERED_K] if prop else k  # a host matcher's misses are learnt from too
-    if m and policy_kind == 1 and offered:
+    if m and policy_kind == GOODPUT_K and offered:
         observe_rows(gp, gp_rows, accepted, sched[S_ROW_K], m, k_max, gp_scratch)
     if paged:
         write_step(records, ctr, start, end, phase, m, ctr[C_STEP_RUNNING], k, clk[STEP_MEAN] if m else 0.0,
