@@ -53,7 +53,6 @@ from calibrate.configs import check_buildable, recorded_config
 from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.graphs import PassGraphs
 from calibrate.verify import VerifyResult, sample, verify_logits
-from policies.base import BatchView
 from sim.config import RunConfig
 from sim.costmodel import v0_graph_batch_sizes
 from sim.errors import InputError
@@ -109,7 +108,7 @@ class TorchBackend:
         if acceptance not in ACCEPTANCE_MODES:
             raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_MODES)}")
         config, requests = run.config, run.requests
-        self.run, self.acceptance, self.static = run, acceptance, static
+        self.prepared, self.acceptance, self.static = run, acceptance, static
         self.speculates = run.policy.max_k > 0
         if self.speculates and draft is None:
             raise ValueError("the policy speculates (max_k > 0) but no draft model was given")
@@ -175,8 +174,16 @@ class TorchBackend:
             cache.lengths.zero_()
         self._sync()
 
+    def run(self, plan) -> tuple[None, np.ndarray | None]:
+        """Run the plan's step on the device (the clock measures it): the accepted drafts per row."""
+        if plan.chunks:
+            raise RuntimeError("the real replay runs the v0 scheduler only (checked before the run)")
+        if plan.prefill:
+            return self.prefill(plan.queue, plan.prefill_head, plan.prefill_count), None
+        return self.decode(plan, plan.k, plan.ragged_ks, plan.scale)
+
     # ---------------------------------------------------------------- prefill
-    def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> None:
+    def prefill(self, queue, head: int, n: int) -> None:
         if self.static:  # a new static batch: the previous one has ended
             self.used = 0
         lo, hi = self.used, self.used + n
@@ -237,8 +244,9 @@ class TorchBackend:
         return {"tokens": tokens, "last": last}, prefill
 
     # ----------------------------------------------------------------- decode
-    def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
-               max_lag: int) -> tuple[None, np.ndarray | None]:
+    def decode(self, view, k: int, ragged: np.ndarray | None, scale: np.ndarray) -> tuple[None, np.ndarray | None]:
+        """``view``: the step's plan (sim.serving.plan.Plan: its rows' lags, remaining tokens, charged
+        batch size and mean context)."""
         b = self.used  # rows in the batch: live ones, plus a static batch's finished padding
         lag = view.lag_tokens if self.speculates else None
         live = self.row_live[:b].copy()
@@ -421,9 +429,6 @@ class TorchBackend:
         self._sync()
         self._passes += time.perf_counter() - started - (self.graphs.capture_s - captured)
         return out
-
-    def chunks(self, decode_tokens: int, tokens, prefixes) -> float:
-        raise RuntimeError("the real replay runs the v0 scheduler only (checked before the run)")
 
     def watch(self, queue) -> None:
         """The real clock releases the queue."""

@@ -196,9 +196,7 @@ class Goodput(Policy):
         for k in range(self.k_max + 1):
             prices[k] = step_time(b, k, c)
         expected = self._rows[EXPECTED]
-        if catch_up:
-            rules.spread_catch_up(prices, expected, recurring, catch_up - recurring, horizon, self.k_max)
-        best_k = rules.best_k(expected, prices, self._scalars[MARGIN], self.k_max)
+        best_k = rules.choose_priced(prices, expected, catch_up, recurring, horizon, self._scalars[MARGIN], self.k_max)
         if view.explain is not None:  # b multiplies every candidate alike; the timeline shows tokens/s
             view.explain.update(alpha_hat=round(self.alpha_hat, 6),
                                 position_rates=[round(r, 6) for r in self.position_rates.tolist()],

@@ -52,6 +52,15 @@ def spread_catch_up(prices, expected, recurring, debt, horizon, k_max):
         prices[k] += recurring + debt * share
 
 
+def choose_priced(prices, expected, catch_up, recurring, horizon, margin, k_max):
+    """goodput's k, given each candidate's step price (``prices[k]``, the cost model's): the draft's
+    catch-up (``catch_up``, of which ``recurring`` recurs; 0: none) is added as
+    :func:`spread_catch_up` says, then the best k. The Python policy and the compiled runs both call it."""
+    if catch_up:
+        spread_catch_up(prices, expected, recurring, catch_up - recurring, horizon, k_max)
+    return best_k(expected, prices, margin, k_max)
+
+
 def price_positions(scalars, rows, k_max):
     """r_j, each position's estimate shrunk towards alpha_hat, and E[tokens](k) = 1 + r_1 + r_1 r_2 + ..."""
     shrink = scalars[PRIOR] * scalars[ALPHA]
@@ -115,4 +124,4 @@ def observe_rows(scalars, rows, kept, ks, m, k_max, scratch):
     price_positions(scalars, rows, k_max)
 
 
-RULES = (best_k, spread_catch_up, price_positions, update_pooled, observe_rows)
+RULES = (best_k, spread_catch_up, choose_priced, price_positions, update_pooled, observe_rows)

@@ -64,7 +64,7 @@ class ReplicaPlan:
         if sampler is not None:
             sampler.use_rules(rules)
         loop = ServingLoop(queue, scheduler=scheduler, policy=policy, k_max=self.table.k_max,
-                           backend=backend or PricedBackend(self.table, sampler),
+                           backend=backend or PricedBackend(self.table, sampler, compiled),
                            rules=rules, max_blocks_per_request=self.max_blocks_per_request,
                            num_keys=self.num_keys, lag_mode=self.lag_mode,
                            proposals=None if sampler is None else sampler.proposals)

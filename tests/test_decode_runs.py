@@ -213,10 +213,11 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
     from policies.goodput import Goodput
     from sim.costmodel import StepTable
     from sim.jit import compiled as compile_rule
-    from sim.serving.kernel import GOODPUT_K, _choose
-    from sim.scheduler.layout import C_TOTAL_CONTEXT, N_COUNTERS, ROW_INTS, ROW_LAG
+    from sim.serving import kernel, step
+    from sim.serving.priced import prices_of
+    from sim.scheduler.layout import N_COUNTERS, ROW_INTS, ROW_LAG
 
-    choose = compile_rule(_choose)
+    choose = compile_rule(kernel.choose)
     rng = np.random.default_rng(3)
     k_max, batches, columns, lags = 4, 5, 6, 4
     tied = np.broadcast_to((np.arange(k_max + 1) + 1.0)[None, :, None] * 2.0 ** -6, (batches, k_max + 1, columns))
@@ -233,6 +234,13 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
             rows[3] = np.arange(k_max + 1) + 1.0
         view = BatchView(k_max)
         engine_rows, ctr = np.zeros((ROW_INTS, 8), dtype=np.int64), np.zeros(N_COUNTERS, dtype=np.int64)
+        none, no_ints = np.zeros((1, 1)), np.zeros(1, np.int64)
+        state = step.Replica(step.Batch(engine_rows, none, no_ints, no_ints, np.zeros(1, np.bool_)),
+                             step.Requests(np.zeros((1, 1), np.int64), none[0], np.zeros((1, 1), np.int64), none),
+                             step.Blocks(np.zeros((1, 1), np.int64), no_ints, np.zeros((1, 1), np.int64), no_ints),
+                             ctr, none[0], np.zeros((1, 1), np.int64), no_ints, True, 1)
+        chooser = kernel.Chooser(kernel.GOODPUT_K, no_ints, scalars, rows, True, k_max, np.zeros(k_max + 1),
+                                 np.zeros((2, k_max + 2), np.int64))
         for _ in range(200):
             b, lag = int(rng.integers(1, batches)), int(rng.integers(1, lags + 2))
             total = int(rng.integers(0, 60 * b))
@@ -240,11 +248,8 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
             engine_rows[ROW_LAG, :b] = 1
             engine_rows[ROW_LAG, b - 1] = lag
             view.lag_tokens = engine_rows[ROW_LAG, :b]
-            ctr[C_TOTAL_CONTEXT] = total
             expected = policy.choose_k(view)
-            got = choose(b, b, engine_rows, ctr, GOODPUT_K, np.zeros(1, np.int64), scalars, rows, np.zeros(k_max + 1),
-                         True, k_max, table.decode.array, table.decode_lag2.array, table.catch_up.array,
-                         table.context_step, True)
+            got = choose(state, prices_of(table), chooser, b, b, total / b)
             assert got == expected
             if decode is tied:
                 assert got == 0
@@ -263,8 +268,8 @@ def test_backends_and_samplers_say_whether_a_compiled_run_can_stand_in_for_them(
     assert not TraceSampler.draws_compiled and not RunLengthSampler.draws_compiled
 
     class Timed(PricedBackend):
-        def decode(self, *args):
-            return super().decode(*args)
+        def run(self, plan):
+            return super().run(plan)
 
     class Relabelled(PricedBackend):  # changes nothing a step does
         name = "relabelled"

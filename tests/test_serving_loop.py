@@ -97,16 +97,10 @@ class VirtualWallClock:
     def sleep(self, seconds: float) -> None:
         self.t = self.t + seconds
 
-    def prefill(self, queue, head, n, mean_prompt):
-        self.t = self.t + self.priced.prefill(queue, head, n, mean_prompt)
-
-    def decode(self, view, k, ragged, scale, lag):
-        dt, accepted = self.priced.decode(view, k, ragged, scale, lag)
+    def run(self, plan):
+        dt, accepted = self.priced.run(plan)
         self.t = self.t + dt
         return None, accepted
-
-    def chunks(self, decode_tokens, chunk_tokens):
-        raise AssertionError("a v0 run has no chunks")
 
     def watch(self, queue):
         pass

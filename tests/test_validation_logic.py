@@ -30,12 +30,8 @@ class Spy(PricedBackend):
         super().__init__(run.table, make_sampler(run.config, run.alphas))
         self.accepted: list = []
 
-    def prefill(self, queue, head, n, mean_prompt):
-        self.accepted.append(None)
-        return super().prefill(queue, head, n, mean_prompt)
-
-    def decode(self, view, k, ragged, scale, lag):
-        dt, accepted = super().decode(view, k, ragged, scale, lag)
+    def run(self, plan):
+        dt, accepted = super().run(plan)
         self.accepted.append(None if accepted is None else accepted.copy())
         return dt, accepted
 
@@ -191,13 +187,8 @@ def test_a_replay_that_overslept_past_the_next_arrival_is_reproduced(run_config)
     readings: list[float] = []
 
     class Timed(Spy):  # the wall clock moves by each step's price, as if the step had run
-        def prefill(self, queue, head, n, mean_prompt):
-            dt = super().prefill(queue, head, n, mean_prompt)
-            now[0] += dt
-            return dt
-
-        def decode(self, view, k, ragged, scale, lag):
-            dt, accepted = super().decode(view, k, ragged, scale, lag)
+        def run(self, plan):
+            dt, accepted = super().run(plan)
             now[0] += dt
             return dt, accepted
 

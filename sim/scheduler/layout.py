@@ -55,8 +55,10 @@ REC_FLOATS = 4
  # the compiled run's buffers
  C_DRAW_POS, C_REC_POS, C_REC_END, C_ITL_POS, C_ITL_END, C_STEPS,
  # the policy's k before a host matcher's rows cut theirs to what they proposed (sim.proposals)
- C_OFFERED_K) = range(39)
-N_COUNTERS = 39
+ C_OFFERED_K,
+ # the largest draft lag of the step's decoding rows (what the draft's catch-up is priced at)
+ C_STEP_LAG) = range(40)
+N_COUNTERS = 40
 # C_ADMISSIBLE: the waiting requests a step may admit (vllm-v1 with asynchronous scheduling: those that
 # had arrived when the previous step started, when it was planned); C_ARRIVED_PREV: C_ARRIVED then.
 # C_CACHE_*: prefix-cache look-ups of requests scheduled for the first time (tokens asked, tokens
@@ -65,9 +67,10 @@ N_COUNTERS = 39
 # C_STEP_CHARGED: the batch size its decodes are charged at.
 
 # floats ``clk[name]``: the clock, the end of the last decode step (ITLs), a compiled run's step in
-# flight, the step's mean context (decodes) or mean prompt (a v0 prefill)
-NOW, LAST_DECODE_END, PENDING_END, STEP_MEAN, LAST_STEP_END = range(5)
-N_CLOCKS = 5
+# flight, the step's mean context (decodes) or mean prompt (a v0 prefill), the prompt length a v0
+# prefill is priced at (its mean, or padded its longest)
+NOW, LAST_DECODE_END, PENDING_END, STEP_MEAN, LAST_STEP_END, STEP_PROMPT = range(6)
+N_CLOCKS = 6
 
 # ------------------------------------------------------- scheduler queues and plan ``sched[field, i]``
 # prefilling entries (vllm-v1), in running order; the waiting ring of preempted requests; the

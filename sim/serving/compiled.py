@@ -30,7 +30,8 @@ import numpy as np
 from policies.base import BY_BATCH_SIZE, CompiledForm
 from sim.jit import compiled
 from sim.serving import kernel
-from sim.serving.priced import ragged_by_tokens
+from sim.serving.priced import prices_of
+from sim.serving.step import Draws
 from sim.scheduler.layout import ARRIVAL, C_DRAW_POS, C_STEPS, IDLE, MANY, NOW, PENDING_END, REFILL
 from sim.serving.records import ITL_ROOM, RECORD_ROOM
 
@@ -55,21 +56,10 @@ class CompiledRuns:
         self.source = sampler.inner
         # The policy's choice as the kernel makes it: a k by batch size, or goodput's rule over its own
         # state arrays (the kernel makes the policy's choices and does its learning).
-        self.policy_kind, self.k_by_batch = form.rule, form.k_by_batch
-        self.gp, self.gp_rows, self.gp_catch_up = form.scalars, form.rows, form.catch_up
         k_max = table.k_max if form.rule == BY_BATCH_SIZE else form.k_max
-        self.k_max = k_max
-        self.gp_prices = np.zeros(k_max + 1)
-        self.gp_scratch = np.zeros((2, k_max + 2), dtype=np.int64)
-        self.tables = (table.decode.array, table.decode_lag2.array, table.catch_up.array, table.prefill.array,
-                       np.asarray(table.chunk if table.chunk is not None else [0.0, 0.0], dtype=np.float64),
-                       float(table.context_step), float(table.prompt_step), float(table.chunk_step),
-                       float(table.prefill_overhead), float(table.exposed_overhead), bool(table.overlapped),
-                       float(table.kv_read_cost), float(table.attention_coefficient),
-                       np.asarray(table.graph_pad if table.graph_pad is not None else [], dtype=np.int64),
-                       ragged_by_tokens(table))
-        p = sampler.proposals  # how rows propose (sim.proposals)
-        self.proposals = (int(p.mode), float(p.match_rate), int(p.seed), p.runs, p.start, p.length)
+        self.chooser = kernel.Chooser(form.rule, form.k_by_batch, form.scalars, form.rows, form.catch_up, k_max,
+                                      np.zeros(k_max + 1), np.zeros((2, k_max + 2), dtype=np.int64))
+        self.prices = prices_of(table)
         self.counts = np.zeros(table.k_max + 1, dtype=np.int64)  # accepted-count tally, folded into the sampler's
         sampler.add_tally(self.counts)
         queue = loop.queue
@@ -77,12 +67,6 @@ class CompiledRuns:
         self._pending = False
         self._no_ints, self._no_floats = np.zeros(0, np.int64), np.zeros(0)
         self._run, self._finish = compiled(kernel.run_steps), compiled(kernel.finish_pending)
-
-    def _state(self):
-        loop = self.loop
-        st, queue = loop.state, loop.queue
-        return (loop.scheduler.paged, st.rows, st.rowf, queue.reqi, queue.scale, st.reci, st.recf, st.ctr, st.clk,
-                st.sched, st.kv.kv, st.kv.key_block, st.kv.slot_blocks)
 
     def run(self, now: float, stop_at: float) -> float:
         """Step from ``now`` until the kernel stops (the module docstring). Returns the end of the last
@@ -98,13 +82,10 @@ class CompiledRuns:
             st.ctr[C_DRAW_POS] = pos
             st.buffers.room(RECORD_ROOM, ITL_ROOM + itl_room)
             shared = buffer.dtype.kind == "i"
-            reason = self._run(*self._state(), st.kv.scratch, st.par, st.ks, st.accepted, self.arrivals,
-                               loop.queue.timed, *self.tables, self.source.kind,
-                               buffer if shared else self._no_ints, self._no_floats if shared else buffer,
-                               self.source.negative_rates, self.counts, loop.tracks_lag, self.policy_kind,
-                               self.k_by_batch, self.gp, self.gp_rows, self.gp_prices, self.gp_scratch,
-                               self.gp_catch_up, self.k_max, *self.proposals, st.buffers.steps, st.buffers.itl_values,
-                               st.buffers.itl_weights, stop_at, MANY, itl_room)
+            draws = Draws(self.source.kind, buffer if shared else self._no_ints, self._no_floats if shared else buffer,
+                          self.source.negative_rates, self.counts)
+            reason = self._run(st.arrays(), self.prices, self.chooser, loop.proposer, draws, st.records(),
+                               self.arrivals, loop.queue.timed, stop_at, MANY, itl_room)
             self.source.advance(int(st.ctr[C_DRAW_POS]))
             if reason != REFILL:
                 break
@@ -117,11 +98,9 @@ class CompiledRuns:
         """Apply the step left in flight by :meth:`run`, if any (its plan and draws are as they were)."""
         if self._pending:
             self._pending = False
-            st = self.loop.state
-            st.buffers.room(1, 2 * self.loop.scheduler.max_batch_size + 1)
-            self._finish(*self._state(), st.par, st.accepted, st.buffers.steps, st.buffers.itl_values,
-                         st.buffers.itl_weights, self.loop.tracks_lag, self.policy_kind, self.gp, self.gp_rows,
-                         self.gp_scratch, self.k_max, self.proposals[0])
+            loop, st = self.loop, self.loop.state
+            st.buffers.room(1, 2 * loop.scheduler.max_batch_size + 1)
+            self._finish(st.arrays(), self.chooser, loop.proposer, st.records())
 
 
 def compiled_runs_for(loop, table, sampler, jit: bool) -> CompiledRuns | None:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.base import BatchView
 from sim.acceptance import AcceptanceSampler
 from sim.costmodel import DrafterKind, StepTable
+from sim.jit import compiled as compiled_twin
+from sim.serving import step
 
 
 def ragged_by_tokens(table: StepTable) -> bool:
@@ -26,46 +27,48 @@ def ragged_by_tokens(table: StepTable) -> bool:
     return table.drafter_kind is DrafterKind.HOST
 
 
+def prices_of(table: StepTable) -> step.Prices:
+    """The step table as :func:`sim.serving.step.price` reads it."""
+    return step.Prices(table.decode.array, table.decode_lag2.array, table.catch_up.array, table.prefill.array,
+                       np.asarray(table.chunk if table.chunk is not None else [0.0, 0.0], dtype=np.float64),
+                       float(table.context_step), float(table.prompt_step), float(table.chunk_step),
+                       float(table.prefill_overhead), float(table.exposed_overhead), bool(table.overlapped),
+                       float(table.kv_read_cost), float(table.attention_coefficient),
+                       np.asarray(table.graph_pad if table.graph_pad is not None else [], dtype=np.int64),
+                       ragged_by_tokens(table))
+
+
 class PricedBackend:
     """Prices steps with ``table`` and draws acceptance with ``sampler`` (one per replica).
 
-    The compiled runs price with the same table and the same rules, so ``steps_compiled``; a
-    subclass that changes how a step is executed runs step by step unless it says otherwise."""
+    The compiled runs price with the same table and the same rule (:func:`sim.serving.step.price`),
+    so ``steps_compiled``; a subclass that changes how a step is executed runs step by step unless
+    it says otherwise. ``compiled``: price with the rule's compiled twin (the same numbers, faster).
+    """
 
     follows_rows = False
     steps_compiled = True
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        executes = {"prefill", "decode", "chunks", "watch", "commit", "retire"}
+        executes = {"run", "watch", "commit", "retire"}
         if executes & set(cls.__dict__) and "steps_compiled" not in cls.__dict__:
             cls.steps_compiled = False
 
-    def __init__(self, table: StepTable, sampler: AcceptanceSampler) -> None:
+    def __init__(self, table: StepTable, sampler: AcceptanceSampler, compiled: bool = False) -> None:
         self.table = table
         self.sampler = sampler
-        self._by_tokens = ragged_by_tokens(table)
+        self.prices = prices_of(table)
+        self._price = compiled_twin(step.price) if compiled else step.price
 
-    def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> float:
-        """``prompt_tokens``: the length the scheduler prices the block at (sim.scheduler.v0.prefill_prompt)."""
-        return self.table.prefill_time(n, prompt_tokens)
-
-    def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
-               max_lag: int) -> tuple[float, np.ndarray | None]:
-        charged, context = view.batch_size, view.mean_context_tokens
+    def run(self, plan) -> tuple[float, np.ndarray | None]:
+        """The plan's price by the step table, and each decoded row's accepted drafts (drawn)."""
+        dt = self._price(plan.state, self.prices)
+        k = plan.k
         if not k:
-            return self.table.decode_time(charged, 0, context), None
-        if ragged is not None and self._by_tokens:  # priced by its tokens, not padded
-            dt = self.table.decode_time_by_tokens(charged, ragged.tolist(), context)
-        else:
-            dt = self.table.decode_time_at_lag(charged, k, context, max_lag)
-        return dt, self.sampler.accepted(scale, k if ragged is None else ragged)
-
-    def chunks(self, decode_tokens: int, tokens: np.ndarray, prefixes: np.ndarray) -> float:
-        """What a vllm-v1 step's prefill chunks add to it (sim.costmodel's mixed-step formula):
-        ``decode_tokens`` = the step's decode tokens (0: a step of chunks alone); chunk i has
-        ``tokens[i]`` new tokens after ``prefixes[i]`` its request already holds in the KV cache."""
-        return self.table.chunks_time(decode_tokens, tokens.tolist(), prefixes.tolist())
+            return dt, None
+        ragged = plan.ragged_ks
+        return dt, self.sampler.accepted(plan.scale, k if ragged is None else ragged)
 
     def watch(self, queue) -> None:
         """The queue is released as the clock moves (a playback releases it its own way)."""

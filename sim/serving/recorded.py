@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.base import BatchView
 from sim.serving.records import DECODE, PREFILL
 
 
@@ -126,22 +125,22 @@ class RecordedBackend:
             dt = math.nextafter(dt, math.inf if start + dt < until else -math.inf)
         return dt
 
-    def prefill(self, queue, head: int, n: int, prompt_tokens: float) -> float:
-        i = self._next(PREFILL, n, 0)
-        # After an idle spell the simulated replica wakes at the arrival of the queue's head.
-        start = float(queue.arrival_s[head]) if self.steps.idle_before[i] else self.now
-        return self._charge(i, max(start, self.now))
-
-    def decode(self, view: BatchView, k: int, ragged: np.ndarray | None, scale: np.ndarray,
-               lag: np.ndarray | None) -> tuple[float, np.ndarray | None]:
-        i = self._next(DECODE, view.running, k)
+    def run(self, plan) -> tuple[float, np.ndarray | None]:
+        """The recorded duration of the step the plan must match (else :class:`LogicDivergence`)."""
+        if plan.chunks:
+            raise RuntimeError("a replay's steps are v0 steps: no prefill chunks to play back")
+        if plan.prefill:
+            n = plan.prefill_count
+            i = self._next(PREFILL, n, 0)
+            # After an idle spell the simulated replica wakes at the arrival of the queue's head.
+            start = float(plan.queue.arrival_s[plan.prefill_head]) if self.steps.idle_before[i] else self.now
+            return self._charge(i, max(start, self.now)), None
+        k, running = plan.k, plan.rows
+        i = self._next(DECODE, running, k)
         accepted = self.steps.accepted[i]
-        if k and (accepted is None or accepted.shape != (view.running,)):
+        if k and (accepted is None or accepted.shape != (running,)):
             raise LogicDivergence(i, "the replay recorded no accepted count per running row for this step")
         return self._charge(i, self.now), (accepted if k else None)
-
-    def chunks(self, decode_tokens: int, tokens, prefixes) -> float:
-        raise RuntimeError("a replay's steps are v0 steps: no prefill chunks to play back")
 
     def commit(self) -> None:
         """Nothing to write: the step was only played back."""

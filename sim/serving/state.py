@@ -9,6 +9,7 @@ from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_STATIC_BATCH, L
                                   REC_FIRST_TOKEN, REC_FLOATS, REC_INTS, REC_SCHEDULED, ROW_FLOATS, ROW_INTS,
                                   S_FREE_SLOT, SCHED_FIELDS)
 from sim.serving.records import Buffers, grown
+from sim.serving.step import Batch, Blocks, Records, Replica, Requests
 
 
 class ReplicaState:
@@ -30,6 +31,7 @@ class ReplicaState:
         self.sched = np.zeros((SCHED_FIELDS, cap), dtype=np.int64)
         self.ks = np.zeros(cap, dtype=np.int64)  # the policy's k per running row, this step
         self.accepted = np.zeros(cap, dtype=np.int64)  # draft tokens each scheduled row kept
+        self.done = np.zeros(cap, dtype=np.bool_)  # the rows a step finished (backends that follow rows)
         self.ctr[C_STATIC_BATCH] = scheduler.initial_static_batch()
         if scheduler.paged:
             self.par = scheduler.params(max_blocks_per_request)
@@ -41,8 +43,34 @@ class ReplicaState:
         self.sched[S_FREE_SLOT] = np.arange(cap)[::-1]  # slots are taken from the end: 0 first
         self.ctr[C_FREE_SLOTS] = cap
         self.buffers = Buffers(self.ctr)
+        self.paged = bool(scheduler.paged)
+        self.track_lag = 0
+        self._arrays = None
+        self._queue = None
+
+    def bind(self, queue, track_lag: int) -> None:
+        """The queue whose requests this state's records follow, and how the drafter's lag moves."""
+        self._queue, self.track_lag = queue, int(track_lag)
+        self._arrays = None
+
+    def arrays(self) -> Replica:
+        """The state as the step reads it (sim/serving/step.py), rebuilt only when an array was replaced."""
+        a = self._arrays
+        q = self._queue
+        if a is None or a.requests.inputs is not q.reqi or a.requests.scale is not q.scale:
+            a = self._arrays = Replica(Batch(self.rows, self.rowf, self.ks, self.accepted, self.done),
+                                       Requests(q.reqi, q.scale, self.reci, self.recf),
+                                       Blocks(self.kv.kv, self.kv.key_block, self.kv.slot_blocks, self.kv.scratch),
+                                       self.ctr, self.clk, self.sched, self.par, self.paged, self.track_lag)
+        return a
+
+    def records(self) -> Records:
+        """Where the step records and gaps go (the buffers are replaced as they grow)."""
+        b = self.buffers
+        return Records(b.steps, b.itl_values, b.itl_weights)
 
     def grow(self, capacity: int) -> None:
         """The per-request records, for a queue that now holds ``capacity`` requests."""
         self.reci = grown(self.reci, capacity)
         self.recf = grown(self.recf, capacity, np.nan)
+        self._arrays = None
