@@ -219,3 +219,36 @@ def compiled(fn: Callable) -> Callable:
 
         twin = _TWINS[fn] = numba.njit(cache=True, nogil=True, _nrt=False)(fn)
     return twin
+
+
+class DirectCall:
+    """A compiled rule called at its compiled entry point, past numba's per-call type dispatch.
+
+    numba types every argument of every call; for the step's named tuples of arrays
+    (sim/serving/step.py) that costs microseconds a call, several times a step's own work in a
+    loop stepped from Python. Such a caller passes the same state object step after step, so the
+    types are resolved once, and again whenever the first argument is another object (the state
+    rebuilt as its arrays grew) or another argument's class changes (an int where a float was),
+    and the call goes straight to the entry point compiled for them.
+    """
+
+    __slots__ = ("dispatcher", "_first", "_classes", "_entry")
+
+    def __init__(self, dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self._first = self._classes = self._entry = None
+
+    def __call__(self, *args):
+        if args[0] is self._first and tuple(map(type, args)) == self._classes:
+            return self._entry(*args)
+        result = self.dispatcher(*args)
+        d = self.dispatcher
+        overload = d.overloads.get(tuple(d.typeof_pyval(a) for a in args))
+        if overload is not None:  # else (a signature numba matched by conversion): dispatch every call
+            self._first, self._classes, self._entry = args[0], tuple(map(type, args)), overload.entry_point
+        return result
+
+
+def direct(fn: Callable) -> DirectCall:
+    """``fn``'s compiled twin called as :class:`DirectCall` says: for a caller whose argument types never change."""
+    return DirectCall(compiled(fn))

@@ -283,3 +283,24 @@ def test_backends_and_samplers_say_whether_a_compiled_run_can_stand_in_for_them(
 
     assert not Timed.steps_compiled and Relabelled.steps_compiled and Vouched.steps_compiled
     assert not OwnDraws.draws_compiled
+
+
+def test_a_direct_call_resolves_the_types_again_when_an_argument_changes_class_or_the_state_object():
+    """sim.jit.DirectCall skips numba's dispatch only while the state object and every argument's class
+    are those it resolved: an int where a float was (SimPy's clock starts at int 0), or a new state
+    tuple (arrays grown), is typed afresh, never unboxed as the old type."""
+    from sim.jit import direct
+
+    def scaled(state, x):
+        state.values[0] = x * state.factor
+        return state.values[0]
+
+    from collections import namedtuple
+    State = namedtuple("State", "values factor")
+    call = direct(scaled)
+    a = State(np.zeros(1), 2.0)
+    assert call(a, 0) == 0.0  # compiled for an int x
+    assert call(a, 0.75) == 1.5  # a float: resolved again, not truncated to 0
+    assert call(a, 1.25) == 2.5  # ... and called directly from then on
+    b = State(np.zeros(1), 3.0)
+    assert call(b, 1.25) == 3.75 and a.values[0] == 2.5  # another state object: its own arrays

@@ -80,7 +80,7 @@ def start_step(s, p, c, proposer, d, now):
     """Schedule, choose, plan, price and draw one step; returns its duration."""
     b, charged, context = begin(s)
     k = choose(s, p, c, b, charged, context) if b else 0
-    if plan(s, b, k, False, proposer, now) < 0:
+    if plan(s, b, k, False, proposer, now)[0] < 0:
         return 0.0  # NOTHING, or stuck (the caller raises)
     dt = price(s, p)
     draw(s, d)

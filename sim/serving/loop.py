@@ -26,7 +26,7 @@ import numpy as np
 
 from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
-from sim.jit import compiled
+from sim.jit import compiled, direct
 from sim.scheduler.layout import (C_HEAD, C_OFFERED_K, C_PREFILLING, C_REQUEUED, C_REQUEUED_AT, C_RUNNING,
                                   C_TOTAL_REMAINING, NOTHING, P_MAX_SEQS, PREFILL, REC_ACCEPTED, REC_CACHED,
                                   REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN,
@@ -73,8 +73,9 @@ class Rules:
     def __init__(self, compile_them: bool) -> None:
         self.compiled = compile_them
         pick = compiled if compile_them else _as_written
-        self.begin, self.plan, self.update, self.price = pick(step.begin), pick(step.plan), pick(step.update), \
-            pick(step.price)
+        # The step's functions take the replica's state first, the same object step after step.
+        per_step = direct if compile_them else _as_written
+        self.begin, self.plan, self.update = per_step(step.begin), per_step(step.plan), per_step(step.update)
         self.count_accepted = pick(proposal_rules.count_accepted)
         self.runlength_accepted = pick(proposal_rules.runlength_accepted)
 
@@ -129,7 +130,8 @@ class ServingLoop:
         s = st.arrays()
         b, charged, context = r.begin(s)
         k, ragged = self._choose_k(now, int(b), int(charged), float(context)) if b else (0, False)
-        phase = r.plan(s, b, k, ragged, self.proposer, now)
+        phase, m = r.plan(s, b, k, ragged, self.proposer, float(now))
+        self.plan.planned(phase, m)
         if phase == STUCK:
             raise RuntimeError("a waiting request can never be admitted (checked before the run)")
         if phase == NOTHING:
@@ -166,8 +168,8 @@ class ServingLoop:
         m = plan.rows
         if m and self._follows:
             self.backend.commit()
-        finished, _, accepted, drafted, _, flagged = self.rules.update(st.arrays(), st.records(), start, end,
-                                                                      self._follows)
+        finished, _, accepted, drafted, _, flagged = self.rules.update(st.arrays(), st.records(), float(start),
+                                                                      float(end), self._follows)
         if flagged:
             self.backend.retire(st.done[:flagged].copy())
         if m and self._observes:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.scheduler.layout import (C_ADMIT, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PHASE, C_RAGGED,
-                                  C_STEP_CHARGED, C_STEP_K, C_STEP_LAG, C_STEP_ROWS, DECODE, MIXED, PREFILL,
+from sim.scheduler.layout import (C_ADMIT, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_RAGGED,
+                                  C_STEP_CHARGED, C_STEP_K, C_STEP_LAG, NOTHING, PREFILL,
                                   REQ_PROMPT, ROW_CONTEXT, ROW_LAG, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX,
                                   S_CHUNK_TOKENS, S_ROW_K, STEP_MEAN, STEP_PROMPT)
 
@@ -21,22 +21,24 @@ class Plan:
     """One step's plan over a replica's state (sim.serving.state.ReplicaState), valid from the
     step's planning until its update. Arrays are views: read them, do not keep them."""
 
-    __slots__ = ("_state", "_queue", "paged")
+    __slots__ = ("_state", "_queue", "paged", "phase", "rows", "k")
 
     def __init__(self, state, queue) -> None:
         self._state, self._queue = state, queue
         self.paged = state.paged  # vllm-v1 (mixed steps of decodes and chunks) or v0 (a prefill or a decode)
+        self.phase = NOTHING  # PREFILL (v0's prompts), DECODE, or MIXED (vllm-v1: decodes and prefill chunks)
+        self.rows = 0  # the running rows the step decodes: rows [0, rows) of the batch (0: none)
+        self.k = 0  # the step's k: the largest of its rows' (a ragged step runs padded to it)
+
+    def planned(self, phase: int, rows: int) -> None:
+        """The scheduler has planned a step (sim.serving.step.plan returned its kind and decoded rows)."""
+        self.phase, self.rows = int(phase), int(rows)
+        self.k = int(self._state.ctr[C_STEP_K]) if rows else 0
 
     @property
     def state(self):
         """The step's arrays as :func:`sim.serving.step.price` reads them."""
         return self._state.arrays()
-
-    # ------------------------------------------------------------------ kind
-    @property
-    def phase(self) -> int:
-        """PREFILL (v0's prompts), DECODE, or MIXED (vllm-v1: decodes and prefill chunks)."""
-        return int(self._state.ctr[C_PHASE])
 
     @property
     def prefill(self) -> bool:
@@ -45,16 +47,9 @@ class Plan:
 
     # ------------------------------------------------------------------ decodes
     @property
-    def rows(self) -> int:
-        """The running rows the step decodes: rows [0, rows) of the batch (0: none)."""
-        return int(self._state.ctr[C_STEP_ROWS]) if self.phase in (DECODE, MIXED) else 0
-
-    running = rows  # BatchView's name for it
-
-    @property
-    def k(self) -> int:
-        """The step's k: the largest of its rows' (a ragged step runs padded to it)."""
-        return int(self._state.ctr[C_STEP_K]) if self.rows else 0
+    def running(self) -> int:
+        """BatchView's name for :attr:`rows`."""
+        return self.rows
 
     @property
     def ks(self) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 
 from sim.acceptance import AcceptanceSampler
 from sim.costmodel import DrafterKind, StepTable
-from sim.jit import compiled as compiled_twin
+from sim.jit import direct
 from sim.serving import step
 
 
@@ -59,7 +59,7 @@ class PricedBackend:
         self.table = table
         self.sampler = sampler
         self.prices = prices_of(table)
-        self._price = compiled_twin(step.price) if compiled else step.price
+        self._price = direct(step.price) if compiled else step.price
 
     def run(self, plan) -> tuple[float, np.ndarray | None]:
         """The plan's price by the step table, and each decoded row's accepted drafts (drawn)."""

@@ -154,7 +154,8 @@ def begin(s):
 
 def plan(s, b, k, ragged, proposer, now):
     """The step's plan, given the policy's k for the ``b`` rows :func:`begin` offered (``ragged``:
-    one k per row, already in ``ks``; else k for all); returns the step's kind (``C_PHASE``)."""
+    one k per row, already in ``ks``; else k for all); returns the step's kind (``C_PHASE``) and
+    the rows it decodes."""
     ctr, clk, sched, batch = s.counters, s.clocks, s.sched, s.batch
     ks = batch.ks
     if b and not ragged:
@@ -173,9 +174,9 @@ def plan(s, b, k, ragged, proposer, now):
             priced, mean = prefill_prompt(s.requests.inputs, ctr, s.params)
             clk[STEP_PROMPT] = priced
             clk[STEP_MEAN] = mean
-            return phase
+            return phase, 0
         if phase != DECODE:
-            return phase
+            return phase, 0
         for i in range(b):
             sched[S_ROW_K, i] = ks[i]
         ctr[C_STEP_K] = k
@@ -193,7 +194,7 @@ def plan(s, b, k, ragged, proposer, now):
         ctr[C_STEP_CHARGED] = charged_batch(ctr, m)
         ctr[C_STEP_LAG] = lag
         clk[STEP_MEAN] = total / m
-    return phase
+    return phase, m
 
 
 def decode_rows(s):
