@@ -207,6 +207,16 @@ def _admit_waiting(reqi, recf, sched, reci, ctr, kv, key_block, slot_blocks, scr
     return budget
 
 
+def drop_prefilled(sched, ctr, completed):
+    """The first ``completed`` prefilling entries have all their tokens in (their requests now decode
+    or are done): they leave the prefilling queue, the rest keep their order."""
+    left = ctr[C_PREFILLING] - completed
+    for j in range(left):
+        for f in (S_PF_REQ, S_PF_DONE, S_PF_TARGET, S_PF_SLOT):
+            sched[f, j] = sched[f, j + completed]
+    ctr[C_PREFILLING] = left
+
+
 def admission_horizon(ctr, clk, par, now):
     """Which waiting requests this step may admit. With asynchronous scheduling (vLLM's
     ``--async-scheduling``) a busy engine plans each step while the previous one runs, so a step
@@ -247,7 +257,7 @@ def plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, clk, sched, kv, key_block, sl
     return ctr[C_PHASE]
 
 
-RULES = (_requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _admit_waiting,
+RULES = (drop_prefilled, _requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _admit_waiting,
          admission_horizon, plan_v1)
 
 

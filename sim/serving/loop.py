@@ -28,7 +28,7 @@ from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
 from sim.jit import compiled, direct
 from sim.scheduler.layout import (C_HEAD, C_OFFERED_K, C_PREFILLING, C_REQUEUED, C_REQUEUED_AT, C_RUNNING,
-                                  C_TOTAL_REMAINING, NOTHING, P_MAX_SEQS, PREFILL, REC_ACCEPTED, REC_CACHED,
+                                  C_TOTAL_REMAINING, NOTHING, P_MAX_SEQS, REC_ACCEPTED, REC_CACHED,
                                   REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN,
                                   REC_PREEMPTIONS, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG,
                                   ROW_REMAINING, S_PF_DONE, S_PF_REQ, S_PF_TARGET, S_REQUEUED)

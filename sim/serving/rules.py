@@ -28,7 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim.scheduler.kvcache import free_slot
-from sim.scheduler.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C_KV_USED, C_PREFILLING, C_REC_POS,
+from sim.scheduler.v1 import drop_prefilled
+from sim.scheduler.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C_KV_USED, C_REC_POS,
                                   C_RUNNING, C_STATIC_BATCH, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, LAST_DECODE_END,
                                   REC_ACCEPTED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
                                   REC_FIRST_TOKEN, REC_LAST_EMIT, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE,
@@ -229,11 +230,7 @@ def apply_chunks(rows, rowf, reqi, scale, reci, recf, ctr, sched, kv, slot_block
         else:
             join_row(rows, rowf, ctr, r, remaining, sched[S_PF_TARGET, j], scale[r], sched[S_PF_SLOT, j], end)
     if completed:
-        left = ctr[C_PREFILLING] - completed
-        for j in range(left):
-            for f in (S_PF_REQ, S_PF_DONE, S_PF_TARGET, S_PF_SLOT):
-                sched[f, j] = sched[f, j + completed]
-        ctr[C_PREFILLING] = left
+        drop_prefilled(sched, ctr, completed)
     return emitted, tokens, finished
 
 
