@@ -65,17 +65,19 @@ def run_at(rowf, rows, reqi, i, runs, start, length):
     return runs[start[g] + row_position(rows, reqi, i) % length[g]]
 
 
-def propose_rows(ks, m, rows, rowf, reqi, mode, match_rate, seed, runs, start, length):
-    """Cut rows [0, m)'s k (``ks``, in place) to what each proposes (the module docstring); returns
-    (the largest k left, whether the rows' ks now differ)."""
+def propose_rows(ks, m, rows, rowf, reqi, proposer):
+    """Cut rows [0, m)'s k (``ks``, in place) to what each proposes (the module docstring; ``proposer``:
+    the mode, match rate, seed and run-length arrays, sim.serving.step.Proposer); returns (the largest
+    k left, whether the rows' ks now differ)."""
+    mode = proposer.mode
     top = 0
     for i in range(m):
         k = ks[i]
         if k and mode != ALWAYS:
             matched = False
-            if mode == RUNS and run_at(rowf, rows, reqi, i, runs, start, length) > 1:
+            if mode == RUNS and run_at(rowf, rows, reqi, i, proposer.runs, proposer.start, proposer.length) > 1:
                 matched = True
-            elif unit_hash(seed, rows[ROW_REQ, i], row_position(rows, reqi, i)) < match_rate:
+            elif unit_hash(proposer.seed, rows[ROW_REQ, i], row_position(rows, reqi, i)) < proposer.match_rate:
                 matched = True
             if not matched:
                 ks[i] = 0

@@ -82,8 +82,12 @@ def _preempt_row(rows, rowf, recf, sched, reci, ctr, kv, slot_blocks, par):
     _requeue(r, sched, reci, ctr, par)
 
 
-def _schedule_rows(ks, rows, rowf, reqi, recf, sched, reci, ctr, kv, key_block, slot_blocks, par, budget):
+def _schedule_rows(s, budget):
     """Step 1 for the decoding rows; returns the budget left, or -1 when a row preempted itself."""
+    ks, rows, rowf = s.batch.ks, s.batch.rows, s.batch.rowf
+    reqi, reci, recf = s.requests.inputs, s.requests.ints, s.requests.floats
+    ctr, sched, par = s.counters, s.sched, s.params
+    kv, key_block, slot_blocks = s.blocks.kv, s.blocks.key_block, s.blocks.slot_blocks
     lookahead, block, caching = par[P_LOOKAHEAD], par[P_BLOCK], par[P_CACHING]
     m = 0
     top = 0
@@ -130,8 +134,11 @@ def _schedule_rows(ks, rows, rowf, reqi, recf, sched, reci, ctr, kv, key_block, 
     return budget
 
 
-def _schedule_prefilling(reqi, sched, reci, ctr, kv, key_block, slot_blocks, par, budget):
+def _schedule_prefilling(s, budget):
     """Step 1 for the prefilling requests (the running list's tail); returns the budget left."""
+    reqi, reci = s.requests.inputs, s.requests.ints
+    ctr, sched, par = s.counters, s.sched, s.params
+    kv, key_block, slot_blocks = s.blocks.kv, s.blocks.key_block, s.blocks.slot_blocks
     lookahead = par[P_LOOKAHEAD]
     j = 0
     while j < ctr[C_PREFILLING] and budget > 0:
@@ -161,8 +168,11 @@ def _schedule_prefilling(reqi, sched, reci, ctr, kv, key_block, slot_blocks, par
     return budget
 
 
-def _admit_waiting(reqi, recf, sched, reci, ctr, kv, key_block, slot_blocks, scratch, par, budget, now):
+def _admit_waiting(s, budget, now):
     """Step 2: start prefilling waiting requests, FCFS, preempted ones first."""
+    reqi, reci, recf = s.requests.inputs, s.requests.ints, s.requests.floats
+    ctr, sched, par = s.counters, s.sched, s.params
+    kv, key_block, slot_blocks, scratch = s.blocks.kv, s.blocks.key_block, s.blocks.slot_blocks, s.blocks.scratch
     block = par[P_BLOCK]
     while budget > 0 and ctr[C_RUNNING] + ctr[C_PREFILLING] < par[P_MAX_SEQS]:
         resumed = ctr[C_REQUEUED] > 0
@@ -227,17 +237,18 @@ def admission_horizon(ctr, clk, par, now):
     ctr[C_ARRIVED_PREV] = ctr[C_ARRIVED]
 
 
-def plan_v1(ks, rows, rowf, reqi, reci, recf, ctr, clk, sched, kv, key_block, slot_blocks, scratch, par, now):
-    """Schedule one step (the module docstring) given each running row's k (``ks``); returns its phase."""
-    admission_horizon(ctr, clk, par, now)
+def plan_v1(s, now):
+    """Schedule one step (the module docstring) given each running row's k (``s.batch.ks``); returns its
+    phase. ``s``: the replica's state (sim.serving.step.Replica)."""
+    ctr, sched, par = s.counters, s.sched, s.params
+    admission_horizon(ctr, s.clocks, par, now)
     ctr[C_PREEMPTED_NOW] = 0
     ctr[C_CHUNKS] = 0
-    budget = _schedule_rows(ks, rows, rowf, reqi, recf, sched, reci, ctr, kv, key_block, slot_blocks, par,
-                            par[P_BUDGET])
+    budget = _schedule_rows(s, par[P_BUDGET])
     if budget > 0:
-        budget = _schedule_prefilling(reqi, sched, reci, ctr, kv, key_block, slot_blocks, par, budget)
+        budget = _schedule_prefilling(s, budget)
     if budget > 0 and ctr[C_PREEMPTED_NOW] == 0:
-        budget = _admit_waiting(reqi, recf, sched, reci, ctr, kv, key_block, slot_blocks, scratch, par, budget, now)
+        budget = _admit_waiting(s, budget, now)
     chunk_tokens = 0
     for c in range(ctr[C_CHUNKS]):
         chunk_tokens += sched[S_CHUNK_TOKENS, c]

@@ -25,6 +25,8 @@ count; every other row (it has just joined, or sat a step out) stores its own ga
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from sim.scheduler.kvcache import free_slot
@@ -34,7 +36,7 @@ from sim.scheduler.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C
                                   REC_ACCEPTED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
                                   REC_FIRST_TOKEN, REC_LAST_EMIT, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE,
                                   ROW_CONTEXT, ROW_LAG, ROW_LAST_EMIT, ROW_REMAINING, ROW_REQ, ROW_SCALE, ROW_SLOT,
-                                  S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ, S_PF_SLOT, S_PF_TARGET)
+                                  S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ, S_PF_SLOT, S_PF_TARGET, S_ROW_K)
 
 
 def exact_delay(now, at):
@@ -89,11 +91,13 @@ def write_itl(rowf, m, itl_v, itl_w, ctr, clk, end):
     ctr[C_ITL_POS] = j
 
 
-def apply_decode(rows, rowf, m, ks, accepted, reci, itl_v, itl_w, ctr, clk, end, track_lag):
-    """Emit rows [0, m)'s tokens (``ks``: each row's k this step; ``accepted``: what each kept).
-    Returns (emitted, accepted, drafted, drafts, finishing): the step's totals (``drafts``: rows that
-    proposed at least one token, vLLM's num_drafts) and whether a row is done."""
-    write_itl(rowf, m, itl_v, itl_w, ctr, clk, end)
+def apply_decode(s, m, out, end):
+    """Emit rows [0, m)'s tokens (each row's k this step: the plan's ``S_ROW_K``; what each kept:
+    ``batch.accepted``). Returns (emitted, accepted, drafted, drafts, finishing): the step's totals
+    (``drafts``: rows that proposed at least one token, vLLM's num_drafts) and whether a row is done."""
+    rows, rowf, ks, accepted = s.batch.rows, s.batch.rowf, s.sched[S_ROW_K], s.batch.accepted
+    reci, ctr, clk, track_lag = s.requests.ints, s.counters, s.clocks, s.track_lag
+    write_itl(rowf, m, out.itl_values, out.itl_weights, ctr, clk, end)
     emitted_total = 0
     accepted_total = 0
     drafted = 0
@@ -149,9 +153,11 @@ def join_row(rows, rowf, ctr, r, remaining, context, scale, slot, end):
     ctr[C_TOTAL_CONTEXT] += context
 
 
-def retire(rows, rowf, reqi, recf, ctr, end, paged, kv, key_block, slot_blocks, sched, par):
+def retire(s, end):
     """Finished rows leave, the survivors keep their order; returns how many left. Their KV is
-    released as the scheduler holds it: a v0 reservation, or (``paged``) their blocks."""
+    released as the scheduler holds it: a v0 reservation, or (vllm-v1) their blocks, through the
+    KV-cache manager."""
+    rows, rowf, reqi, recf, ctr = s.batch.rows, s.batch.rowf, s.requests.inputs, s.requests.floats, s.counters
     b = ctr[C_RUNNING]
     kept = 0
     for i in range(b):
@@ -159,8 +165,8 @@ def retire(rows, rowf, reqi, recf, ctr, end, paged, kv, key_block, slot_blocks, 
             r = rows[ROW_REQ, i]
             recf[REC_FINISH, r] = end
             ctr[C_TOTAL_CONTEXT] -= rows[ROW_CONTEXT, i]
-            if paged:
-                free_slot(rows[ROW_SLOT, i], kv, slot_blocks, sched, ctr, par)
+            if s.paged:
+                free_slot(rows[ROW_SLOT, i], s.blocks.kv, s.blocks.slot_blocks, s.sched, ctr, s.params)
             else:
                 ctr[C_KV_USED] -= reqi[REQ_RESERVE, r]
         else:
@@ -174,9 +180,11 @@ def retire(rows, rowf, reqi, recf, ctr, end, paged, kv, key_block, slot_blocks, 
     return b - kept
 
 
-def apply_prefill(n, rows, rowf, reqi, scale, reci, recf, ctr, start, end):
+def apply_prefill(s, n, start, end):
     """A v0 prefill of the n requests at the queue head: each emits its first token; those with
     more to emit join the rows, the others finish. Returns how many finished."""
+    rows, rowf, ctr = s.batch.rows, s.batch.rowf, s.counters
+    reqi, scale, reci, recf = s.requests.inputs, s.requests.scale, s.requests.ints, s.requests.floats
     head = ctr[C_HEAD]
     finished = 0
     for r in range(head, head + n):
@@ -196,10 +204,13 @@ def apply_prefill(n, rows, rowf, reqi, scale, reci, recf, ctr, start, end):
     return finished
 
 
-def apply_chunks(rows, rowf, reqi, scale, reci, recf, ctr, sched, kv, slot_blocks, par, itl_v, itl_w, end):
+def apply_chunks(s, out, end):
     """A vllm-v1 step's prefill chunks are in. A request whose last chunk this was emits a token
     (its first, or after a preemption its next: one inter-token gap from its last) and joins the
     rows, or finishes. Returns (emitted, prefill tokens, finished)."""
+    rows, rowf, ctr, sched, par = s.batch.rows, s.batch.rowf, s.counters, s.sched, s.params
+    reqi, scale, reci, recf = s.requests.inputs, s.requests.scale, s.requests.ints, s.requests.floats
+    itl_v, itl_w = out.itl_values, out.itl_weights
     emitted = 0
     tokens = 0
     finished = 0
@@ -225,7 +236,7 @@ def apply_chunks(rows, rowf, reqi, scale, reci, recf, ctr, sched, kv, slot_block
         remaining = reqi[REQ_OUTPUT, r] - before - 1
         if remaining == 0:
             recf[REC_FINISH, r] = end
-            free_slot(sched[S_PF_SLOT, j], kv, slot_blocks, sched, ctr, par)
+            free_slot(sched[S_PF_SLOT, j], s.blocks.kv, s.blocks.slot_blocks, sched, ctr, par)
             finished += 1
         else:
             join_row(rows, rowf, ctr, r, remaining, sched[S_PF_TARGET, j], scale[r], sched[S_PF_SLOT, j], end)
@@ -234,24 +245,42 @@ def apply_chunks(rows, rowf, reqi, scale, reci, recf, ctr, sched, kv, slot_block
     return emitted, tokens, finished
 
 
-def write_step(records, ctr, start, end, phase, batch, running, k, mean_context, drafted, drafts, accepted, emitted,
-               prefill_tokens, kv_blocks, preemptions):
-    """Append one step record (sim.serving.records.STEP_DTYPE)."""
-    rec = records[ctr[C_REC_POS]]
-    rec["start_s"] = start
-    rec["end_s"] = end
-    rec["phase"] = phase
-    rec["batch_size"] = batch
-    rec["running"] = running
-    rec["k"] = k
-    rec["mean_context_tokens"] = mean_context
-    rec["drafted_tokens"] = drafted
-    rec["drafts"] = drafts
-    rec["accepted_tokens"] = accepted
-    rec["emitted_tokens"] = emitted
-    rec["prefill_tokens"] = prefill_tokens
-    rec["kv_blocks"] = kv_blocks
-    rec["preemptions"] = preemptions
+class StepRecord(NamedTuple):
+    """One step as recorded (sim.serving.records.STEP_DTYPE's fields, in order)."""
+
+    start_s: float
+    end_s: float
+    phase: int
+    batch_size: int  # what the decodes are charged at (v0 prefill: the prompts admitted)
+    running: int
+    k: int
+    mean_context_tokens: float
+    drafted_tokens: int
+    drafts: int  # rows that proposed at least one token (vLLM's num_drafts)
+    accepted_tokens: int
+    emitted_tokens: int
+    prefill_tokens: int
+    kv_blocks: int
+    preemptions: int
+
+
+def write_step(steps, ctr, step):
+    """Append ``step`` (a :class:`StepRecord`) to the step records."""
+    rec = steps[ctr[C_REC_POS]]
+    rec["start_s"] = step.start_s
+    rec["end_s"] = step.end_s
+    rec["phase"] = step.phase
+    rec["batch_size"] = step.batch_size
+    rec["running"] = step.running
+    rec["k"] = step.k
+    rec["mean_context_tokens"] = step.mean_context_tokens
+    rec["drafted_tokens"] = step.drafted_tokens
+    rec["drafts"] = step.drafts
+    rec["accepted_tokens"] = step.accepted_tokens
+    rec["emitted_tokens"] = step.emitted_tokens
+    rec["prefill_tokens"] = step.prefill_tokens
+    rec["kv_blocks"] = step.kv_blocks
+    rec["preemptions"] = step.preemptions
     ctr[C_REC_POS] += 1
 
 

@@ -39,7 +39,8 @@ from sim.scheduler.layout import (C_ADMIT, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TO
                                   S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_ROW_K, STEP_MEAN, STEP_PROMPT, C_HEAD)
 from sim.scheduler.v0 import charged_batch, plan_v0, prefill_prompt
 from sim.scheduler.v1 import plan_v1
-from sim.serving.rules import apply_chunks, apply_decode, apply_prefill, retire, step_rows_stats, write_step
+from sim.serving.rules import (StepRecord, apply_chunks, apply_decode, apply_prefill, retire, step_rows_stats,
+                               write_step)
 
 
 class Batch(NamedTuple):
@@ -164,10 +165,8 @@ def plan(s, b, k, ragged, proposer, now):
     if s.paged:
         if b and proposer.mode:
             ctr[C_OFFERED_K] = k
-            propose_rows(ks, b, batch.rows, batch.rowf, s.requests.inputs, proposer.mode, proposer.match_rate,
-                         proposer.seed, proposer.runs, proposer.start, proposer.length)
-        phase = plan_v1(ks, batch.rows, batch.rowf, s.requests.inputs, s.requests.ints, s.requests.floats, ctr, clk,
-                        sched, s.blocks.kv, s.blocks.key_block, s.blocks.slot_blocks, s.blocks.scratch, s.params, now)
+            propose_rows(ks, b, batch.rows, batch.rowf, s.requests.inputs, proposer)
+        phase = plan_v1(s, now)
     else:
         phase = ctr[C_PHASE]
         if phase == PREFILL:
@@ -183,9 +182,7 @@ def plan(s, b, k, ragged, proposer, now):
         ctr[C_RAGGED] = ragged
         if proposer.mode:
             ctr[C_OFFERED_K] = k
-            top, cut = propose_rows(sched[S_ROW_K], b, batch.rows, batch.rowf, s.requests.inputs, proposer.mode,
-                                    proposer.match_rate, proposer.seed, proposer.runs, proposer.start,
-                                    proposer.length)
+            top, cut = propose_rows(sched[S_ROW_K], b, batch.rows, batch.rowf, s.requests.inputs, proposer)
             ctr[C_STEP_K] = top
             ctr[C_RAGGED] = cut
     m = ctr[C_STEP_ROWS] if phase == DECODE or phase == MIXED else 0
@@ -247,53 +244,54 @@ def update(s, out, start, end, flag_done):
     """Apply the plan, run from ``start`` to ``end``, and record the step. Returns (requests finished,
     tokens emitted, accepted, drafted, rows that drafted, rows flagged in ``batch.done``: with
     ``flag_done``, the rows before retirement (v0: and the prompts just prefilled) that finished)."""
-    ctr, clk, batch, req = s.counters, s.clocks, s.batch, s.requests
-    rows, rowf = batch.rows, batch.rowf
+    ctr, clk, batch = s.counters, s.clocks, s.batch
     clk[LAST_STEP_END] = end
     phase = ctr[C_PHASE]
     if phase == PREFILL and not s.paged:
-        n, head, running = ctr[C_ADMIT], ctr[C_HEAD], ctr[C_RUNNING]
-        flagged = 0
-        if flag_done:
-            for i in range(running):
-                batch.done[i] = 0
-            for i in range(n):
-                batch.done[running + i] = req.inputs[REQ_OUTPUT, head + i] == 1  # a one-token request ends here
-            flagged = running + n
-        finished = apply_prefill(n, rows, rowf, req.inputs, req.scale, req.ints, req.floats, ctr, start, end)
-        write_step(out.steps, ctr, start, end, PREFILL, n, ctr[C_RUNNING], 0, clk[STEP_MEAN], 0, 0, 0, n, 0, 0, 0)
+        n = ctr[C_ADMIT]
+        flagged = _flag_prefilled(s, n) if flag_done else 0
+        finished = apply_prefill(s, n, start, end)
+        write_step(out.steps, ctr, StepRecord(start, end, PREFILL, n, ctr[C_RUNNING], 0, clk[STEP_MEAN], 0, 0, 0, n,
+                                              0, 0, 0))
         return finished, n, 0, 0, 0, flagged if finished else 0
     m = decode_rows(s)
     emitted = accepted = drafted = drafts = 0
     finishing = False
     if m:
-        emitted, accepted, drafted, drafts, finishing = apply_decode(
-            rows, rowf, m, s.sched[S_ROW_K], batch.accepted, req.ints, out.itl_values, out.itl_weights, ctr, clk, end,
-            s.track_lag)
+        emitted, accepted, drafted, drafts, finishing = apply_decode(s, m, out, end)
     finished = 0
     prefill_tokens = 0
     if s.paged:
-        more, prefill_tokens, finished = apply_chunks(rows, rowf, req.inputs, req.scale, req.ints, req.floats, ctr,
-                                                      s.sched, s.blocks.kv, s.blocks.slot_blocks, s.params,
-                                                      out.itl_values, out.itl_weights, end)
+        more, prefill_tokens, finished = apply_chunks(s, out, end)
         emitted += more
     flagged = 0
     if finishing:
         if flag_done:
             flagged = ctr[C_RUNNING]
             for i in range(flagged):
-                batch.done[i] = rows[ROW_REMAINING, i] == 0
-        finished += retire(rows, rowf, req.inputs, req.floats, ctr, end, s.paged, s.blocks.kv, s.blocks.key_block,
-                           s.blocks.slot_blocks, s.sched, s.params)
+                batch.done[i] = batch.rows[ROW_REMAINING, i] == 0
+        finished += retire(s, end)
     k = ctr[C_STEP_K] if m else 0
     mean = clk[STEP_MEAN] if m else 0.0
     if s.paged:
-        write_step(out.steps, ctr, start, end, phase, m, ctr[C_STEP_RUNNING], k, mean, drafted, drafts, accepted,
-                   emitted, prefill_tokens, ctr[C_STEP_BLOCKS], ctr[C_PREEMPTED_NOW])
+        step = StepRecord(start, end, phase, m, ctr[C_STEP_RUNNING], k, mean, drafted, drafts, accepted, emitted,
+                          prefill_tokens, ctr[C_STEP_BLOCKS], ctr[C_PREEMPTED_NOW])
     else:
-        write_step(out.steps, ctr, start, end, DECODE, ctr[C_STEP_CHARGED], m, k, mean, drafted, drafts, accepted,
-                   emitted, 0, 0, 0)
+        step = StepRecord(start, end, DECODE, ctr[C_STEP_CHARGED], m, k, mean, drafted, drafts, accepted, emitted,
+                          0, 0, 0)
+    write_step(out.steps, ctr, step)
     return finished, emitted, accepted, drafted, drafts, flagged
 
 
-RULES = (begin, plan, decode_rows, price, draw, update)
+def _flag_prefilled(s, n):
+    """v0: flags the rows as a backend that follows them sees them after a prefill of n prompts (the
+    running rows, then the prompts; a one-token request ends with its prefill). Returns how many."""
+    running, head = s.counters[C_RUNNING], s.counters[C_HEAD]
+    for i in range(running):
+        s.batch.done[i] = False
+    for i in range(n):
+        s.batch.done[running + i] = s.requests.inputs[REQ_OUTPUT, head + i] == 1
+    return running + n
+
+
+RULES = (begin, plan, decode_rows, price, draw, update, _flag_prefilled)
