@@ -135,3 +135,14 @@ def test_top_p_is_what_makes_a_llama_3_step_slower_on_two_gpus_than_on_one():
     share = {tp: t["sampler"][2] / sum(v[2] for v in t.values()) for tp, t in ((1, one), (2, two))}
     assert share[2] > 1.5 * share[1] > 0.12
     assert one["sampler"][1] < 0.05e-3  # greedy: a cast and an argmax
+
+
+def test_the_python_api_composes_the_sampling_the_command_does(tiny_data, tmp_path, capsys):
+    import specbatch
+
+    cli = compose_tiny(tiny_data, tmp_path, capsys, "--sampling", "top-p")
+    api = specbatch.compose("tiny", "tiny-llama", tmp_path / "api", sampling="top-p", kernel_data=str(tiny_data),
+                            batch_sizes=[1, 2], k_max=2, contexts=[100], prompts=[32])
+    assert verify_rows(api) == verify_rows(cli) and api.meta["composition"]["sampling"] == "top-p"
+    with pytest.raises(specbatch.InputError, match="sampling"):
+        specbatch.compose("tiny", "tiny-llama", tmp_path / "bad", sampling="nucleus", kernel_data=str(tiny_data))
