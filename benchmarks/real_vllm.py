@@ -9,8 +9,8 @@ vLLM 0.19 runs on other GPUs; their READMEs say how they were made): per request
 prompt and output length, the measured TTFT and E2E latency, and where recorded the prompt
 id and the stage. A run is simulated on the shipped profile whose target has the run's shape
 (layers, widths, heads, KV heads, vocabulary) on the run's GPU at its tensor-parallel size, pricing
-the sampling vLLM did for the run's requests (SAMPLING: the model's generation_config.json where the
-client asked for none), else on the profile ``specbatch compose`` writes for the run's model, GPU,
+the sampling vLLM did for the run's requests (GENERATION_SAMPLING: the model's generation_config.json
+where the client asked for none), else on the profile ``specbatch compose`` writes for the run's model, GPU,
 size and sampling; a run it
 cannot compose (a model compose cannot read, a GPU without kernel data, data parallelism) is
 listed with the reason, in one line. Each is simulated request for request by ``specbatch
@@ -80,21 +80,26 @@ EXPOSED_GRID_S = tuple(round(i * 5e-5, 6) for i in range(21))  # 0 to 1 ms by 0.
 TERM_SETS = {"none": (), "request latency": ("request_latency_s",),
              "request latency + exposed step time": ("request_latency_s", "exposed_overhead_s")}
 VLLM_BLOCK_SIZE = 16  # vLLM's default KV block, where a run did not log its own
-# What vLLM's sampler did each step of a run (sim/compose/sampler.py), by model. The BLIS runs' client,
+# What vLLM's sampler did each step of a run (sim/compose/sampler.py). The BLIS runs' client,
 # inference-perf, sends no sampling parameters (its completion body: model, prompt, max_tokens,
 # ignore_eos, stream; the runs' profile.yaml sets none), so vLLM 0.15.1 sampled as each model's
 # generation_config.json says (--generation-config auto, logged as "Using default completion sampling
-# params from model"), else at its own default temperature 1: Llama 2's sets temperature 0.6 and top_p
-# 0.9 (nucleus sampling, which vLLM 0.15 runs as a sort over the vocabulary); Mixtral-8x7B-v0.1's and
-# CodeLlama-34b-Instruct's set no sampling (random sampling at temperature 1, no sort). A model not here
-# (the vLLM 0.19 runs: their sampling was not recorded) is simulated greedy, the profiles' default.
-SAMPLING = {"meta-llama/Llama-2-7b-hf": "top-p", "meta-llama/Llama-2-70b-hf": "top-p",
-            "mistralai/Mixtral-8x7B-v0.1": "random", "codellama/CodeLlama-34b-Instruct-hf": "random"}
+# params from model"), else at its own default temperature 1. By model family, first match of the
+# lower-case id: CodeLlama and Mistral's models set no sampling (random sampling at temperature 1, no
+# sort); Llama 2 and Llama 3 set temperature 0.6 and top_p 0.9, Qwen3 temperature 0.6, top_k 20 and
+# top_p 0.95 (nucleus sampling: vLLM 0.15 sorts the vocabulary). Runs of other engines or clients (the
+# vLLM 0.19 runs: their sampling was not recorded) are simulated greedy, the profiles' default.
+GENERATION_SAMPLING = (("codellama", "random"), ("mistralai/", "random"), ("meta-llama/llama-2", "top-p"),
+                       ("meta-llama/llama-3", "top-p"), ("meta-llama/meta-llama-3", "top-p"), ("qwen/qwen3", "top-p"))
+CLIENT_WITHOUT_SAMPLING = "vllm 0.15"  # the BLIS runs' engine (their runs.json "engine"), driven by inference-perf
 
 
 def run_sampling(run: dict) -> str:
-    """What vLLM's sampler did each step of ``run`` (SAMPLING; greedy where not recorded)."""
-    return SAMPLING.get(run.get("model", ""), "greedy")
+    """What vLLM's sampler did each step of ``run`` (GENERATION_SAMPLING; greedy where not recorded)."""
+    if not str(run.get("engine", "")).lower().startswith(CLIENT_WITHOUT_SAMPLING):
+        return "greedy"
+    model = str(run.get("model", "")).lower()
+    return next((mode for family, mode in GENERATION_SAMPLING if family in model), "greedy")
 
 
 def profile_sampling(meta: dict) -> str:

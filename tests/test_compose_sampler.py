@@ -113,10 +113,17 @@ def test_the_benchmark_simulates_each_run_with_the_sampling_vllm_did():
     llama2 = {"hidden_dim": 4096, "intermediate_dim": 11008, "num_layers": 32, "num_heads": 32, "num_kv_heads": 32,
               "vocab_size": 32000}
     run_7b = {"gpu": "H100-SXM-80GB", "tensor_parallel_size": 1, "model": "meta-llama/Llama-2-7b-hf",
-              "model_config": llama2}
+              "engine": "vllm 0.15.1 (V1 engine)", "model_config": llama2}
     assert bench.run_sampling(run_7b) == "top-p" and bench.covering_profile(run_7b, profiles) is None
     assert bench.covering_profile({**run_7b, "model": "an/unrecorded-model"}, profiles) == "h100-llama-2-7b-llama-68m"
     assert bench.built_in_of(run_7b) == ["llama-2-7b"]
+    sampled = {model: bench.run_sampling({**run_7b, "model": model}) for model in (
+        "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-14B", "mistralai/Mixtral-8x22B-v0.1",
+        "meta-llama/CodeLlama-34b-Instruct-hf", "codellama/CodeLlama-34b-Instruct-hf")}
+    assert sampled == {"meta-llama/Llama-3.1-8B-Instruct": "top-p", "Qwen/Qwen3-14B": "top-p",
+                       "mistralai/Mixtral-8x22B-v0.1": "random", "meta-llama/CodeLlama-34b-Instruct-hf": "random",
+                       "codellama/CodeLlama-34b-Instruct-hf": "random"}
+    assert bench.run_sampling({**run_7b, "engine": None, "vllm_version": "0.19.0"}) == "greedy"  # not recorded
     run_70b = {**run_7b, "model": "meta-llama/Llama-2-70b-hf", "tensor_parallel_size": 4,
                "model_config": {**llama2, "hidden_dim": 8192, "intermediate_dim": 28672, "num_layers": 80,
                                 "num_heads": 64, "num_kv_heads": 8}}

@@ -60,7 +60,7 @@ def test_the_benchmark_finds_the_multi_gpu_profile_of_each_run():
     for model, tp, profile in (("llama-2-70b", 4, "h100-tp4-llama-2-70b"), ("mixtral-8x7b", 2, "h100-tp2-mixtral-8x7b"),
                                ("codellama-34b", 2, "h100-tp2-codellama-34b")):
         hidden, ffn, layers, heads, kv = shapes[model]
-        run = {"gpu": "H100-SXM-80GB", "tensor_parallel_size": tp, "model": ids[model],
+        run = {"gpu": "H100-SXM-80GB", "tensor_parallel_size": tp, "model": ids[model], "engine": "vllm 0.15.1",
                "model_config": {"hidden_dim": hidden, "intermediate_dim": ffn, "num_layers": layers,
                                 "num_heads": heads, "num_kv_heads": kv, "vocab_size": 32000}}
         assert bench.covering_profile(run, profiles) == profile
