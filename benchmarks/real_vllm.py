@@ -326,7 +326,8 @@ def run_document(run: dict, profile: str, comparison, physics: list[dict], fold:
     tp = int(run["tensor_parallel_size"])
     return {"run": run["run"], "model": run["model"], "profile": Path(profile).name, "tensor_parallel_size": tp,
             "gpu": run["gpu"], "source": Path(run["folder"]).name,
-            "settings": {key: value for key, (value, _) in run_overrides(run, profile).items()},
+            "settings": {key: Path(value).name if key == "profile" else value  # a composed one's scratch folder: its name
+                         for key, (value, _) in run_overrides(run, profile).items()},
             "stages": _records(comparison.stages), "table": scored(_records(comparison.table),
                                                                   fold["terms"].get("request_latency_s", 0.0)),
             "physics_table": physics, "fitted": fold,
