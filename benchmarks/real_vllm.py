@@ -8,8 +8,10 @@ the BLIS project's sixteen vLLM 0.15.1 runs on H100 SXM, and ``vllm-llmservingsi
 vLLM 0.19 runs on other GPUs; their READMEs say how they were made): per request the arrival,
 prompt and output length, the measured TTFT and E2E latency, and where recorded the prompt
 id and the stage. A run is simulated on the shipped profile whose target has the run's shape
-(layers, widths, heads, KV heads, vocabulary) on the run's GPU at its tensor-parallel size,
-else on the profile ``specbatch compose`` writes for the run's model, GPU and size; a run it
+(layers, widths, heads, KV heads, vocabulary) on the run's GPU at its tensor-parallel size, pricing
+the sampling vLLM did for the run's requests (GENERATION_SAMPLING: the model's generation_config.json
+where the client asked for none), else on the profile ``specbatch compose`` writes for the run's model, GPU,
+size and sampling; a run it
 cannot compose (a model compose cannot read, a GPU without kernel data, data parallelism) is
 listed with the reason, in one line. Each is simulated request for request by ``specbatch
 compare`` (sim.commands.compare.compare_measured) with the run's own engine settings: the
@@ -78,6 +80,31 @@ EXPOSED_GRID_S = tuple(round(i * 5e-5, 6) for i in range(21))  # 0 to 1 ms by 0.
 TERM_SETS = {"none": (), "request latency": ("request_latency_s",),
              "request latency + exposed step time": ("request_latency_s", "exposed_overhead_s")}
 VLLM_BLOCK_SIZE = 16  # vLLM's default KV block, where a run did not log its own
+# What vLLM's sampler did each step of a run (sim/compose/sampler.py). The BLIS runs' client,
+# inference-perf, sends no sampling parameters (its completion body: model, prompt, max_tokens,
+# ignore_eos, stream; the runs' profile.yaml sets none), so vLLM 0.15.1 sampled as each model's
+# generation_config.json says (--generation-config auto, logged as "Using default completion sampling
+# params from model"), else at its own default temperature 1. By model family, first match of the
+# lower-case id: CodeLlama and Mistral's models set no sampling (random sampling at temperature 1, no
+# sort); Llama 2 and Llama 3 set temperature 0.6 and top_p 0.9, Qwen3 temperature 0.6, top_k 20 and
+# top_p 0.95 (nucleus sampling: vLLM 0.15 sorts the vocabulary). Runs of other engines or clients (the
+# vLLM 0.19 runs: their sampling was not recorded) are simulated greedy, the profiles' default.
+GENERATION_SAMPLING = (("codellama", "random"), ("mistralai/", "random"), ("meta-llama/llama-2", "top-p"),
+                       ("meta-llama/llama-3", "top-p"), ("meta-llama/meta-llama-3", "top-p"), ("qwen/qwen3", "top-p"))
+CLIENT_WITHOUT_SAMPLING = "vllm 0.15"  # the BLIS runs' engine (their runs.json "engine"), driven by inference-perf
+
+
+def run_sampling(run: dict) -> str:
+    """What vLLM's sampler did each step of ``run`` (GENERATION_SAMPLING; greedy where not recorded)."""
+    if not str(run.get("engine", "")).lower().startswith(CLIENT_WITHOUT_SAMPLING):
+        return "greedy"
+    model = str(run.get("model", "")).lower()
+    return next((mode for family, mode in GENERATION_SAMPLING if family in model), "greedy")
+
+
+def profile_sampling(meta: dict) -> str:
+    """The sampling a profile's verify curve prices (a composed sidecar says where it is not greedy)."""
+    return meta.get("composition", {}).get("sampling", "greedy")
 
 
 def gpu_key(name: str) -> str:
@@ -96,7 +123,8 @@ def normalise(run: dict, folder: Path) -> dict:
 
 
 def covering_profile(run: dict, profiles: dict[str, dict]) -> str | None:
-    """The shipped profile whose target is the run's model on the run's GPU at its TP size (composed first)."""
+    """The shipped profile whose target is the run's model on the run's GPU at its TP size, pricing the
+    run's sampling (composed first)."""
     if "model_config" not in run:
         return None
     found = []
@@ -104,7 +132,8 @@ def covering_profile(run: dict, profiles: dict[str, dict]) -> str | None:
         config = meta.get("models", {}).get("target", {}).get("config", {})
         if (all(config.get(ours) == run["model_config"].get(theirs) for ours, theirs in SHAPE.items())
                 and gpu_key(meta.get("device", {}).get("gpu") or "") == gpu_key(run["gpu"])
-                and int(meta.get("tensor_parallel_size", 1)) == int(run["tensor_parallel_size"])):
+                and int(meta.get("tensor_parallel_size", 1)) == int(run["tensor_parallel_size"])
+                and profile_sampling(meta) == run_sampling(run)):
             found.append((meta.get("source") != "composed", name))
     return min(found)[1] if found else None
 
@@ -118,8 +147,8 @@ def data_gpu(name: str, gpus: list[str]) -> str | None:
 
 
 def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:
-    """A run no shipped profile covers: the profile ``specbatch compose`` writes for its model, GPU and
-    TP size (in ``scratch``), or None and why it cannot be composed (one line)."""
+    """A run no shipped profile covers: the profile ``specbatch compose`` writes for its model, GPU, TP
+    size and sampling (in ``scratch``), or None and why it cannot be composed (one line)."""
     from sim.commands.compose import add_arguments, main as compose_main
     from sim.compose import data
     from sim.errors import InputError
@@ -138,10 +167,11 @@ def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:
     out = scratch / re.sub(r"[^a-z0-9.-]+", "-", run["run"].lower())
     versions = sorted((root / "data" / gpu / "gemm" / "vllm").iterdir()) if (root / "data" / gpu / "gemm" / "vllm").is_dir() else []
     errors = []
-    for target in (run["model"], run["model"].split("/")[-1].lower()):  # a Hugging Face id, then a built-in name
+    for target in (run["model"], run["model"].split("/")[-1].lower(), *built_in_of(run)):  # an id, then built-ins
         parser = argparse.ArgumentParser()
         add_arguments(parser)
-        argv = ["--gpu", gpu, "--target", target, "--tp", str(run["tensor_parallel_size"]), "--out", str(out)]
+        argv = ["--gpu", gpu, "--target", target, "--tp", str(run["tensor_parallel_size"]), "--out", str(out),
+                "--sampling", run_sampling(run)]
         if versions:
             argv += ["--framework-version", versions[-1].name]
         try:
@@ -154,6 +184,15 @@ def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:
         return None, (f"model {run['model']} is not readable yet (compose knows built-in names; reading a "
                       "model from its Hugging Face config.json is issue 40's first item)")
     return None, f"not composable: {_short(errors[0])}"
+
+
+def built_in_of(run: dict) -> list[str]:
+    """The built-in models (calibrate --list-models) whose shape is the run's model_config's."""
+    from calibrate.configs import get_config, known_models
+
+    shape = run.get("model_config") or {}
+    return [name for name in known_models()
+            if shape and all(getattr(get_config(name), ours, None) == shape.get(theirs) for ours, theirs in SHAPE.items())]
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -287,7 +326,8 @@ def run_document(run: dict, profile: str, comparison, physics: list[dict], fold:
     tp = int(run["tensor_parallel_size"])
     return {"run": run["run"], "model": run["model"], "profile": Path(profile).name, "tensor_parallel_size": tp,
             "gpu": run["gpu"], "source": Path(run["folder"]).name,
-            "settings": {key: value for key, (value, _) in run_overrides(run, profile).items()},
+            "settings": {key: Path(value).name if key == "profile" else value  # a composed one's scratch folder: its name
+                         for key, (value, _) in run_overrides(run, profile).items()},
             "stages": _records(comparison.stages), "table": scored(_records(comparison.table),
                                                                   fold["terms"].get("request_latency_s", 0.0)),
             "physics_table": physics, "fitted": fold,
@@ -319,6 +359,7 @@ def pass_terms(profile: str, comparison) -> list[dict] | None:
             continue
         batch, context = float(decode.batch_size.mean()), float(decode.mean_context_tokens.mean())
         parts = {name: float(value) for name, value in target.decode_parts(round(batch), 1, context).items()}
+        parts["sampler"] = float(target.verify(round(batch), 0))
         total = sum(parts.values())
         out.append({"stage": int(stage.stage), "batch": batch, "context": context, "pass_s": total,
                     "shares": {name: value / total for name, value in parts.items()}})

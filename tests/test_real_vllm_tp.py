@@ -55,11 +55,14 @@ def test_the_benchmark_finds_the_multi_gpu_profile_of_each_run():
     profiles = {n: json.loads((resolve_profile_path(n) / "profile.json").read_text()) for n in shipped_profiles()}
     shapes = {"llama-2-70b": (8192, 28672, 80, 64, 8), "mixtral-8x7b": (4096, 14336, 32, 32, 8),
               "codellama-34b": (8192, 22016, 48, 64, 8)}
+    ids = {"llama-2-70b": "meta-llama/Llama-2-70b-hf", "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+           "codellama-34b": "codellama/CodeLlama-34b-Instruct-hf"}  # the runs' models: each profile prices their sampling
     for model, tp, profile in (("llama-2-70b", 4, "h100-tp4-llama-2-70b"), ("mixtral-8x7b", 2, "h100-tp2-mixtral-8x7b"),
                                ("codellama-34b", 2, "h100-tp2-codellama-34b")):
         hidden, ffn, layers, heads, kv = shapes[model]
-        run = {"gpu": "H100-SXM-80GB", "tensor_parallel_size": tp,
+        run = {"gpu": "H100-SXM-80GB", "tensor_parallel_size": tp, "model": ids[model], "engine": "vllm 0.15.1",
                "model_config": {"hidden_dim": hidden, "intermediate_dim": ffn, "num_layers": layers,
                                 "num_heads": heads, "num_kv_heads": kv, "vocab_size": 32000}}
         assert bench.covering_profile(run, profiles) == profile
         assert bench.covering_profile({**run, "tensor_parallel_size": 8}, profiles) is None
+        assert bench.covering_profile({**run, "model": "an/unrecorded-model"}, profiles) is None  # greedy: not theirs

@@ -45,15 +45,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of GPU memory for weights + KV cache (default 0.9, vLLM's gpu_memory_utilization)")
     p.add_argument("--engine-overhead-ms", type=typed("--engine-overhead-ms", float), default=None,
                    help="the engine's own work per step (default 1.21 ms, a published vLLM figure)")
+    from sim.compose.build import EXPOSED_OVERHEAD_S, REQUEST_LATENCY_S
+
     p.add_argument("--request-latency-ms", type=float, default=None,
-                   help="the serving frontend's latency per request, added to TTFT and E2E (default 10.351 ms, "
-                        "fitted on real vLLM runs, docs/validation.md)")
+                   help="the serving frontend's latency per request, added to TTFT and E2E (default "
+                        f"{REQUEST_LATENCY_S * 1e3:.3f} ms, fitted on real vLLM runs, docs/validation.md)")
     p.add_argument("--exposed-overhead-ms", type=float, default=None,
-                   help="the engine's time per step no overlap hides (default 0.25 ms, fitted on real vLLM runs, "
-                        "docs/validation.md)")
+                   help=f"the engine's time per step no overlap hides (default {EXPOSED_OVERHEAD_S * 1e3:g} ms: "
+                        "fitted on real vLLM runs it is not carried, docs/validation.md)")
     p.add_argument("--engine-overlap", choices=("async", "none"), default=None,
                    help="async: that work overlaps the passes, a step takes the longer (vLLM V1's default "
                         "asynchronous scheduling); none: it adds to them (default: async)")
+    from sim.compose.sampler import SAMPLING_MODES
+
+    p.add_argument("--sampling", choices=SAMPLING_MODES, default="greedy",
+                   help="what vLLM's sampler does each step: greedy (temperature 0, vllm bench serve's default), "
+                        "random (temperature > 0, no top-k/top-p), top-p (nucleus: vLLM 0.15 sorts the vocabulary; "
+                        "what a request without sampling parameters gets from a model whose generation_config.json "
+                        "sets top_p, e.g. Llama 2 and 3) (default: %(default)s)")
     p.add_argument("--max-len", type=int, default=None,
                    help=f"longest sequence the grid covers (default: the models' limit, at most {DEFAULT_MAX_LEN})")
     p.add_argument("--name", default=None, help="profile name in the sidecar (default: the folder's name)")
@@ -138,7 +147,7 @@ def build_request(args: argparse.Namespace):
         request_latency_source=REQUEST_LATENCY_SOURCE if latency_ms is None and exposed_ms is None else
         f"given on the command line (--request-latency-ms {REQUEST_LATENCY_S * 1e3 if latency_ms is None else latency_ms:g}, "
         f"--exposed-overhead-ms {EXPOSED_OVERHEAD_S * 1e3 if exposed_ms is None else exposed_ms:g})",
-        name=args.name, command=command_line(args), heads=heads,
+        name=args.name, command=command_line(args), heads=heads, sampling=args.sampling,
         host_points=tuple(host_points(hosts, grid)) if hosts else (),
         host_timing=host_timing(hosts) if hosts else None)
 
@@ -205,10 +214,11 @@ def command_line(args: argparse.Namespace) -> str:
     """The canonical command for these arguments (recorded in the sidecar: how to regenerate it)."""
     words = ["specbatch", "compose", "--gpu", args.gpu, "--target", args.target]
     words += ["--draft", args.draft] if args.draft is not None else []
-    defaults = {"framework": "vllm", "framework_version": "0.24.0", "dtype": "bf16", "tp": 1, "moe_routing": "balanced"}
+    defaults = {"framework": "vllm", "framework_version": "0.24.0", "dtype": "bf16", "tp": 1, "moe_routing": "balanced",
+                "sampling": "greedy"}
     for key in ("tp", "draft_tp", "moe_routing", "framework", "framework_version", "dtype", "kernel_data",
                 "memory_fraction", "engine_overhead_ms", "request_latency_ms", "exposed_overhead_ms",
-                "engine_overlap",
+                "engine_overlap", "sampling",
                 "max_len", "name", "batch_sizes", "query_tokens", "k_max", "contexts", "prompts",
                 "max_prefill_tokens", "drafters"):
         value = getattr(args, key)

@@ -64,10 +64,10 @@ from sim.compose.data import GpuSpec, attention_kernel
 from sim.compose.interp import LogTable
 from sim.compose.moe import ExpertsTable
 from sim.compose.parallel import Collectives
+from sim.compose.sampler import SAMPLING_MODES, sampler_time
 from sim.compose.shapes import ACT_BYTES, ModelShape
 
 KV_BYTES = 2  # bf16 KV cache (vLLM's kv_cache_dtype "auto" for a bf16 or fp8-weight model)
-PROB_BYTES = 4  # the rejection sampler reads fp32 probabilities
 TABLE_KV_HEADS = 8  # the KV-head count MHA models are mapped onto (largest the generation table has)
 TILE_ROWS = 64  # query rows per KV head one FlashAttention tile holds (pack-GQA): each tile reads the KV once
 
@@ -131,10 +131,13 @@ class PassPricer:
     """Forward-pass times of one model on one GPU of its group (seconds; NaN where the tables cannot price it).
 
     ``collectives``: the group's all-reduce and all-gather tables (a model split over more than
-    one GPU); ``experts``: the MoE table of this model's experts (a mixture of experts)."""
+    one GPU); ``experts``: the MoE table of this model's experts (a mixture of experts);
+    ``sampling``: what the sampler does per step (:mod:`sim.compose.sampler`)."""
 
     def __init__(self, model: ModelShape, tables: KernelTables, collectives: Collectives | None = None,
-                 experts: ExpertsTable | None = None) -> None:
+                 experts: ExpertsTable | None = None, sampling: str = "greedy") -> None:
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling '{sampling}' is not one of {', '.join(SAMPLING_MODES)}")
         if model.tp > 1 and collectives is None:
             raise ValueError(f"{model.name} is split over {model.tp} GPUs: its collectives are needed")
         if model.is_moe and experts is None:
@@ -143,6 +146,7 @@ class PassPricer:
         self.tables = tables
         self.collectives = collectives
         self.experts = experts
+        self.sampling = sampling
         self.bw = tables.spec.effective_bw
 
     # -- kernels --------------------------------------------------------------
@@ -301,18 +305,8 @@ class PassPricer:
         return float(sum(self._parts(float(tokens), self.layers_attention(one_layer), b * q + len(chunks)).values()))
 
     def verify(self, b, k) -> np.ndarray:
-        """Sampling over the vocabulary, as vLLM V1's sampler runs it: memory-bound, priced from bandwidth.
-
-        vLLM's sampler (``vllm/v1/sample/sampler.py``) first turns the LM head's bf16 logits into
-        fp32 (``logits.to(torch.float32)``: each of the target's k + 1 positions read at 2 bytes an
-        element and written at 4), then samples: at k = 0 a greedy argmax over them (the benchmark
-        client's default temperature 0: read at 4 bytes), at k >= 1 the rejection sampler, which
-        reads the target's probabilities at k + 1 positions and the draft's at k (fp32). Two
-        memory-bound kernels' fixed latency (the cast and the sampling kernel). Per sequence this is
-        vocabulary-sized work: 128k columns for Llama-3 against 32k for Llama-2.
-        """
-        b, k = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(k, dtype=float))
-        elements = b * self.model.vocab_size
-        cast = elements * (k + 1) * (ACT_BYTES + PROB_BYTES)
-        sample = elements * (2 * k + 1) * PROB_BYTES
-        return 2 * self.tables.spec.mem_latency_s + (cast + sample) / self.bw
+        """Sampling over the vocabulary as vLLM V1's sampler runs it for this pricer's sampling
+        (:mod:`sim.compose.sampler`): b sequences verifying k draft tokens each (k = 0: decoding).
+        Per sequence this is vocabulary-sized work: 128k columns for Llama-3 against 32k for Llama-2."""
+        spec = self.tables.spec
+        return sampler_time(b, k, self.model.vocab_size, self.sampling, self.bw, spec.mem_bw, spec.mem_latency_s)
