@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", action="store_true",
                         help="compare the drafter heads (EAGLE-3, MTP, ...) the two profiles price instead")
     args = parser.parse_args(argv)
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     composed, measured = load_profile(args.composed), load_profile(args.measured)
     print(heads(composed, measured) if args.heads else report(composed, measured))

@@ -34,8 +34,8 @@ DIRECT = (("sglang", "0.5.14", "fa3"), ("trtllm", "1.3.0rc20", "torch_flow"))
 
 
 def step_check() -> list[str]:
-    from sim.commands.compose import pricers_for
-    from sim.profile import load_profile
+    from specbatch.commands.compose import pricers_for
+    from sim.costmodel.profile import load_profile
 
     target = pricers_for(load_profile("h100-llama-3.1-8b-llama-3.2-1b"))["target"]
     lines = ["1. composed target decode (h100-llama-3.1-8b-llama-3.2-1b, one token per sequence) against the "

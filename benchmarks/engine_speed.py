@@ -145,7 +145,7 @@ def whole_process(config, folder: Path, repeats: int) -> float:
     """The best of ``repeats`` fresh processes of ``specbatch run --config`` (after one warm-up)."""
     path = folder / "config.toml"
     path.write_text(config.to_toml())
-    command = [sys.executable, "-m", "sim.commands.cli", "run", "--config", str(path), "--out", str(folder / "out"),
+    command = [sys.executable, "-m", "specbatch.commands.cli", "run", "--config", str(path), "--out", str(folder / "out"),
                "--quiet", "--jit", config.engine.jit]  # (config.toml leaves out how the rules run)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     times = []

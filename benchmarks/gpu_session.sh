@@ -119,9 +119,9 @@ grep -iE "^(numba|pyarrow|tqdm|simpy|tomli|tomlkit|hypothesis|pytest) "' ;;
       args=(validate --profile "$WORK/h100-eager-llama-3.1-8b-llama-3.2-1b" --batching continuous --rate 5.5
             --num-requests 150 --repeat 1 --prompt-tokens uniform:64:512 --output-tokens uniform:16:112
             --max-batch-size 16 --alpha 0.7 --seed 1 --policy fixed --k 3 --no-logic)
-      run gc-off 150 python3 -c "import gc, sys; gc.disable(); from sim.commands.cli import main; sys.exit(main(sys.argv[1:]))" \
+      run gc-off 150 python3 -c "import gc, sys; gc.disable(); from specbatch.commands.cli import main; sys.exit(main(sys.argv[1:]))" \
         "${args[@]}" --out "$WORK/gc-off"
-      run gc-on 150 python3 -c "import sys; from sim.commands.cli import main; sys.exit(main(sys.argv[1:]))" \
+      run gc-on 150 python3 -c "import sys; from specbatch.commands.cli import main; sys.exit(main(sys.argv[1:]))" \
         "${args[@]}" --out "$WORK/gc-on" ;;
     *) echo "unknown phase $phase" >&2 ;;
   esac

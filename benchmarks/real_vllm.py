@@ -14,7 +14,7 @@ where the client asked for none), else on the profile ``specbatch compose`` writ
 size and sampling; a run it
 cannot compose (a model compose cannot read, a GPU without kernel data, data parallelism) is
 listed with the reason, in one line. Each is simulated request for request by ``specbatch
-compare`` (sim.commands.compare.compare_measured) with the run's own engine settings: the
+compare`` (specbatch.commands.compare.compare_measured) with the run's own engine settings: the
 vllm-v1 scheduler, max_num_seqs, max_num_batched_tokens, block size, the KV cache vLLM logged
 (gpu_kv_blocks x block size tokens; else the profile's), chunked prefill, and prefix caching
 with the prompt ids where the simulator has them (vLLM V1's defaults where a run did not log
@@ -22,7 +22,7 @@ a setting).
 
 No fitted term is scored on the model it was fitted to. The two terms no independent data
 gives (the frontend's latency per request, the engine's exposed time per step) are fitted
-leaving one model out (sim.commands.fit.fit_on_grid: the step time over EXPOSED_GRID_S, one
+leaving one model out (specbatch.commands.fit.fit_on_grid: the step time over EXPOSED_GRID_S, one
 simulation of every run at each value, the latency in closed form), for each of TERM_SETS;
 the set whose held-out error is least is what profiles carry (its value on every model is
 sim/compose/build.py's, which compose writes), and the headline scores each run with that
@@ -74,7 +74,7 @@ TARGETS = (("e2e", "mean", 0.03), ("itl", "mean", 0.03), ("ttft", "mean", 0.10),
 SHAPE = {"hidden_size": "hidden_dim", "intermediate_size": "intermediate_dim", "num_layers": "num_layers",
          "num_heads": "num_heads", "num_kv_heads": "num_kv_heads", "vocab_size": "vocab_size"}
 # The engine's exposed time per step is fitted on this grid (each value one simulation of every run);
-# the frontend's latency per request in closed form at each (sim.commands.fit.fit_on_grid).
+# the frontend's latency per request in closed form at each (specbatch.commands.fit.fit_on_grid).
 EXPOSED_GRID_S = tuple(round(i * 5e-5, 6) for i in range(21))  # 0 to 1 ms by 0.05 ms
 # What a profile may carry, tried in turn: the set whose held-out error is least is what ships.
 TERM_SETS = {"none": (), "request latency": ("request_latency_s",),
@@ -149,7 +149,7 @@ def data_gpu(name: str, gpus: list[str]) -> str | None:
 def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:
     """A run no shipped profile covers: the profile ``specbatch compose`` writes for its model, GPU, TP
     size and sampling (in ``scratch``), or None and why it cannot be composed (one line)."""
-    from sim.commands.compose import add_arguments, main as compose_main
+    from specbatch.commands.compose import add_arguments, main as compose_main
     from sim.compose import data
     from sim.errors import InputError
 
@@ -221,7 +221,7 @@ def run_overrides(run: dict, profile: str) -> dict:
 def with_terms(profile: str, terms: dict[str, float], scratch: Path) -> Path:
     """A copy of ``profile`` (in ``scratch``) whose overhead terms are exactly ``terms`` (the others 0):
     the physics alone, or the physics with terms fitted elsewhere."""
-    from sim.profile import CSV_NAME, META_NAME, resolve_profile_path
+    from sim.costmodel.profile import CSV_NAME, META_NAME, resolve_profile_path
 
     source = resolve_profile_path(profile)
     values = {t: float(terms.get(t, 0.0)) for t in ("exposed_overhead_s", "request_latency_s")}
@@ -239,7 +239,7 @@ def with_terms(profile: str, terms: dict[str, float], scratch: Path) -> Path:
 
 
 def simulate_run(run: dict, profile: str, terms: dict[str, float], scratch: Path):
-    from sim.commands.compare import compare_measured
+    from specbatch.commands.compare import compare_measured
 
     return compare_measured(Path(run["folder"]) / run["file"], None,
                             run_overrides(run, str(with_terms(profile, terms, scratch))))
@@ -254,7 +254,7 @@ def judged_rows(comparison) -> list[dict]:
 
 def scored(table: list[dict], latency_s: float) -> list[dict]:
     """A run's table with the frontend's latency added (its errors recomputed)."""
-    from sim.commands.fit import shifted_error
+    from specbatch.commands.fit import shifted_error
 
     return [{**r, "sim": None if r["sim"] is None else r["sim"] + (latency_s if r["metric"] in ("ttft", "e2e") else 0),
              "rel_error": None if r["sim"] is None or not r["real"] else shifted_error(r["real"], r["sim"], r["metric"],
@@ -266,7 +266,7 @@ def leave_one_model_out(rows: dict[str, dict[float, list[dict]]], model_of: dict
                         term_set: tuple[str, ...]) -> dict[str, dict]:
     """Per model: the terms of ``term_set`` fitted on every other model's runs (stages at each grid
     value of the exposed step time) and the models they were fitted on; terms outside the set are 0."""
-    from sim.commands.fit import fit_on_grid
+    from specbatch.commands.fit import fit_on_grid
 
     out = {}
     for model in sorted(set(model_of.values())):
@@ -285,7 +285,7 @@ def leave_one_model_out(rows: dict[str, dict[float, list[dict]]], model_of: dict
 def held_out_rms(rows: dict[str, dict[float, list[dict]]], model_of: dict[str, str], folds: dict[str, dict]) -> float:
     """RMS of the held-out runs' relative errors of mean ITL, mean E2E and mean TTFT, each run scored with
     the terms fitted without its model (what fit_on_grid minimises, on runs it never saw)."""
-    from sim.commands.fit import shifted_error
+    from specbatch.commands.fit import shifted_error
 
     errors = []
     for run, by_grid in rows.items():
@@ -339,9 +339,9 @@ def pass_terms(profile: str, comparison) -> list[dict] | None:
     context: each composed term's share (GEMMs and experts, attention, small ops, LM head, and the
     collectives of a split replica). Read from the kernel data the profile was composed from; None
     for a measured profile or without the data (the gpu-data extra)."""
-    from sim.commands.compose import pricers_for
+    from specbatch.commands.compose import pricers_for
     from sim.errors import InputError
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     loaded = load_profile(profile)
     if loaded.meta.get("source") != "composed":
@@ -457,7 +457,7 @@ def tables(doc: dict) -> str:
     """The results file's tables: per run the per-stage comparison, then the summaries."""
     import pandas as pd
 
-    from sim.commands.compare import StageComparison, format_stages
+    from specbatch.commands.compare import StageComparison, format_stages
 
     out = [f"Real vLLM runs ({doc['source']}) against specbatch's composed profiles; every fitted term fitted "
            "leaving out the model it is scored on", ""]
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from sim.atomic_write import write_file
-    from sim.profile import resolve_profile_path, shipped_profiles
+    from sim.costmodel.profile import resolve_profile_path, shipped_profiles
 
     profiles = {name: json.loads((resolve_profile_path(name) / "profile.json").read_text())
                 for name in shipped_profiles()}
@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         trials = {label: leave_one_model_out(rows, model_of, terms) for label, terms in TERM_SETS.items()}
         scores = {label: held_out_rms(rows, model_of, folds) for label, folds in trials.items()}
         chosen = min(TERM_SETS, key=lambda label: (scores[label], len(TERM_SETS[label])))
-        from sim.commands.fit import fit_on_grid
+        from specbatch.commands.fit import fit_on_grid
 
         everything = {e: [r for run in rows for r in rows[run][e]] for e in EXPOSED_GRID_S}
         whole = fit_on_grid(everything if "exposed_overhead_s" in TERM_SETS[chosen] else {0.0: everything[0.0]})[0] \
@@ -682,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _target_name(profile: str) -> str:
     """The model a profile's target is (runs are grouped by it when one model is left out)."""
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     return load_profile(profile).meta["models"]["target"]["name"]
 

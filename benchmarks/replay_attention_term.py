@@ -14,7 +14,7 @@ Per decode step of each replay: the running requests are those past their first 
 not finished; a request's context is its prompt plus its output so far, interpolated
 linearly between its first token and its finish (the records keep no per-step lengths);
 the longest, rounded up as the replay rounds it (:class:`calibrate.graphs.PassGraphs`),
-read by the padded rows (:func:`sim.costmodel.v0_graph_batch_sizes`). The term is the
+read by the padded rows (:func:`sim.costmodel.model.v0_graph_batch_sizes`). The term is the
 profile's passes at (padded rows, every row at the longest context) less its passes at
 (rows, mean context) plus the padding it already prices. Prints per case the median
 measured / priced ratio of a decode step's passes, the term's median share of the priced
@@ -72,7 +72,7 @@ def probe_latency(path: Path, model) -> float:
 
 def case_terms(case: Path, model, span_bucket: int, max_batch: int, per_pass: float = 0.0) -> dict:
     """The median ratios of one case folder's decode steps (every replay pooled)."""
-    from sim.costmodel import padded_tokens, v0_graph_batch_sizes
+    from sim.costmodel.model import padded_tokens, v0_graph_batch_sizes
 
     costs = pd.read_csv(case / "step_costs.csv")
     sizes = v0_graph_batch_sizes(max_batch)
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "also add the host's latency per pass")
     args = parser.parse_args(argv)
     from calibrate.graphs import SPAN_BUCKET
-    from sim.costmodel import CostModel
-    from sim.profile import load_profile
+    from sim.costmodel.model import CostModel
+    from sim.costmodel.profile import load_profile
 
     profile = load_profile(args.profile)
     model = CostModel(profile)

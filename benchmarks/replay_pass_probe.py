@@ -25,7 +25,7 @@ from calibrate.configs import get_config
 from calibrate.graphs import PassGraphs
 from calibrate.model import Transformer
 from calibrate.timing import _capture, _event_time
-from sim.costmodel import v0_graph_batch_sizes
+from sim.costmodel.model import v0_graph_batch_sizes
 
 
 def timed(name: str, fn, n: int) -> None:

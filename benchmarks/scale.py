@@ -53,7 +53,7 @@ CASES = {  # name: (label, run flags as config overrides)
 
 def child(case: str, size: int, trace: str | None) -> dict:
     """One measurement, in this (fresh) process."""
-    from sim.commands.outputs import write_run
+    from specbatch.commands.outputs import write_run
     from sim.config import load_config
     from sim.simulate import execute, prepare
 

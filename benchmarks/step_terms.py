@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def pricer(target: str, gpu: str, tp: int, sampling: str = "greedy"):
     """The target's pass pricer as ``specbatch compose`` builds it for this GPU, group size and sampling."""
-    from sim.commands.compose import add_arguments, build_request
+    from specbatch.commands.compose import add_arguments, build_request
     from sim.compose.build import load_tables, make_pricers
 
     parser = argparse.ArgumentParser()

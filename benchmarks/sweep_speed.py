@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.commands.cli import main as specbatch
-from sim.commands.sweep.store import code_version
+from specbatch.commands.cli import main as specbatch
+from specbatch.commands.sweep.store import code_version
 
 SCENARIO = """\
 [workload]

@@ -123,7 +123,7 @@ def capacity_rate(profile: str, spec: dict, requests: int) -> float:
     the replay runs it (v0 scheduler, padded prefill), simulated; the completed requests over the makespan."""
     import tempfile
 
-    from sim.commands.cli import main as specbatch
+    from specbatch.commands.cli import main as specbatch
 
     with tempfile.TemporaryDirectory() as folder:
         code = specbatch(["run", "--profile", profile, "--scheduler", "v0", "--prefill", "padded", "--rate", "inf",
@@ -170,11 +170,11 @@ def case_row(name: str, batching: str, policy: str, rate: float, doc: dict, fold
 
 def _pooled_errors(folder: Path, repeats: int, real: dict[str, float]) -> dict:
     """For a case validated before ``validate`` pooled the simulated side like the replays
-    (sim.commands.fidelity.as_pooled): its errors recomputed from the folder's simulated and
+    (specbatch.commands.fidelity.as_pooled): its errors recomputed from the folder's simulated and
     speed-corrected runs, each over ``repeats`` copies of its requests."""
     import pandas as pd
 
-    from sim.commands.fidelity import as_pooled
+    from specbatch.commands.fidelity import as_pooled
 
     out = {"simulated_pooled_from_folder": True}
     for suffix, run in (("raw", folder / "simulated"), ("corrected", folder / "speed-corrected" / "run")):
@@ -193,7 +193,7 @@ def _grid_batch_sizes(folder: Path | None) -> list[int] | None:
         return None
     import tomllib
 
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     name = tomllib.loads((folder / "real" / "config.toml").read_text()).get("profile")
     return load_profile(name).meta.get("grid", {}).get("batch_sizes") if name else None
@@ -204,7 +204,7 @@ def _by_batch(folder: Path | None) -> list[dict] | None:
         return None
     import pandas as pd
 
-    from sim.commands.fidelity import step_cost_by_batch
+    from specbatch.commands.fidelity import step_cost_by_batch
 
     return step_cost_by_batch(pd.read_csv(folder / "step_costs.csv"))
 
@@ -308,7 +308,7 @@ def reprice_case(case: Path, profile: str) -> dict:
 
 def reprice(source: Path, profile: str, suite: str) -> dict:
     """Every case folder of ``suite`` under ``source`` (those with a validation.json), repriced."""
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     loaded = load_profile(profile)
     rows = [reprice_case(source / name, profile) for name, *_ in cases(suite)
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_results(results))
         print(f"(results in {results_path})")
         return 0
-    from sim.commands.cli import main as specbatch
+    from specbatch.commands.cli import main as specbatch
 
     spec = SUITES[args.suite]
     if args.calibrate and args.profile:

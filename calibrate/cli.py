@@ -15,7 +15,7 @@ from typing import Any
 from calibrate.configs import DTYPE_BYTES, check_buildable, describe, get_config, known_models
 from calibrate.grid import DRAFTERS, default_grid, drafter_list
 from sim.errors import InputError
-from sim.profile import REQUIRED_PHASES
+from sim.costmodel.profile import REQUIRED_PHASES
 from workloads.numbers import NotFinite, read_number
 
 EXIT_INPUT = 2

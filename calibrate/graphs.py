@@ -6,9 +6,9 @@ cost what its kernels cost. The replay does the same (issue 33): each decode, dr
 verification pass of a step with ``b`` running rows runs the graph captured for
 
 * ``B`` rows: the next of vLLM V0's capture sizes up from ``b``
-  (:func:`sim.costmodel.v0_graph_batch_sizes`; the padded rows are free cache rows whose
+  (:func:`sim.costmodel.model.v0_graph_batch_sizes`; the padded rows are free cache rows whose
   lengths are reset to 0, so they add linear-layer work and almost no attention, which is
-  what the cost model charges for them: :meth:`sim.costmodel.CostModel.padding_times`);
+  what the cost model charges for them: :meth:`sim.costmodel.model.CostModel.padding_times`);
 * ``q`` query tokens per row (k + 1 for the target, 1 or the catch-up for the draft);
 * for a prefill, ``n`` prompts (not padded: a padded prompt costs a whole prompt) right-padded
   to the longest rounded up to ``prompt_bucket`` tokens, run into a scratch cache and copied

@@ -1,6 +1,6 @@
 """The measurement grid: which (phase, model, batch, query tokens, context) points to time.
 
-Points per phase (``query_tokens`` / ``context_tokens`` as :mod:`sim.profile` defines them):
+Points per phase (``query_tokens`` / ``context_tokens`` as :mod:`sim.costmodel.profile` defines them):
 
 * prefill, target and draft: batch x prompt length (batch x prompt capped by
   ``max_prefill_tokens``, as an engine caps the tokens of one prefill batch);

@@ -3,7 +3,7 @@
 n-gram and suffix speculation run no GPU pass: after each step the engine's CPU looks, for every
 running request, for the latest tokens earlier in that request's context and proposes the tokens
 that followed. What that costs a step (the whole batch's look-ups) is this module's measurement,
-the profile's ``propose`` phase (sim.profile):
+the profile's ``propose`` phase (sim.costmodel.profile):
 
 * ``ngram`` (vLLM's ``NgramProposer``): the longest n in [prompt_lookup_min, prompt_lookup_max]
   whose last n tokens occur earlier in the context; the k tokens after that occurrence;

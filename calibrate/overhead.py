@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.profile import load_profile
+from sim.costmodel.profile import load_profile
 
 # Long enough that a step which retires a request (and moves the rows behind it) is the exception,
 # as in serving, not every other step: with 12 tokens the H100 replay charged 3.1 ms a decode step

@@ -16,7 +16,7 @@ from typing import Any
 
 from sim.errors import InputError
 from sim.atomic_write import write_file
-from sim.profile import COLUMNS, KEY_COLUMNS
+from sim.costmodel.profile import COLUMNS, KEY_COLUMNS
 
 PARTIAL_CSV = "profile.partial.csv"
 PARTIAL_JSON = "calibration.partial.json"

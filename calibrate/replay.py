@@ -54,7 +54,7 @@ from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.graphs import PassGraphs
 from calibrate.verify import VerifyResult, sample, verify_logits
 from sim.config import RunConfig
-from sim.costmodel import v0_graph_batch_sizes
+from sim.costmodel.model import v0_graph_batch_sizes
 from sim.errors import InputError
 from sim.metrics import by_label, summarize
 from sim.serving.clock import serve_wall_clock

@@ -3,7 +3,7 @@
 Points that cannot fit are skipped with status ``oom`` (estimated up front, or caught);
 other failures get ``error``; either way the point is recorded and the run goes on.
 Progress is resumable (see :mod:`calibrate.partial`); the profile itself is written
-only at the end, atomically, through :func:`sim.profile.write_profile`.
+only at the end, atomically, through :func:`sim.costmodel.profile.write_profile`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from calibrate.overhead import measure_overhead
 from calibrate.partial import PartialRun
 from calibrate.passes import GRAPHABLE, build_pass
 from calibrate.timing import Measurement, TimerConfig, time_cpu, time_cuda
-from sim.profile import COLUMNS, INT_COLUMNS, KEY_COLUMNS, LATENCY_COLUMNS, write_profile
+from sim.costmodel.profile import COLUMNS, INT_COLUMNS, KEY_COLUMNS, LATENCY_COLUMNS, write_profile
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,7 @@ HEADS = ("eagle", "eagle3", "mtp", "medusa")
 
 def drafter_models(settings: Settings, target: ModelConfig) -> dict[str, Any]:
     """The sidecar's entries for the drafters besides the draft model (their weights and KV per token:
-    the run's KV capacity per method follows them, sim.speculation.kv_capacity_for)."""
+    the run's KV capacity per method follows them, sim.speculation.methods.kv_capacity_for)."""
     out: dict[str, Any] = {}
     nbytes = dtype_bytes(settings.dtype)
     for method in settings.drafters:

@@ -34,7 +34,7 @@ class Measurement:
     note: str = ""  # e.g. why graph capture fell back to eager
 
     def stats(self) -> dict[str, float | int]:
-        """The ``sim.profile`` LATENCY columns (seconds) plus ``samples``."""
+        """The ``sim.costmodel.profile`` LATENCY columns (seconds) plus ``samples``."""
         x = np.asarray(self.samples, dtype=float)
         return {
             "samples": int(x.size),

@@ -46,7 +46,7 @@ def command(name: str) -> str:
 
 
 def regenerate(name: str) -> Path:
-    from sim.commands.cli import main
+    from specbatch.commands.cli import main
 
     folder, argv = EXAMPLES[name]
     out = ROOT / folder
@@ -60,8 +60,8 @@ def regenerate(name: str) -> Path:
 
 
 def plan(name: str, jobs: int = 1):
-    """The example's checked plan (sim.commands.capacity.cli.CapacityPlan), without running it."""
-    from sim.commands.capacity.cli import add_arguments, plan_from_args
+    """The example's checked plan (specbatch.commands.capacity.cli.CapacityPlan), without running it."""
+    from specbatch.commands.capacity.cli import add_arguments, plan_from_args
 
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_arguments(parser)

@@ -131,7 +131,7 @@ def run_cli(argv: list[str], check: bool = True) -> str:
 
     With ``check=False`` a failing command is fine: the docs show error messages too.
     """
-    from sim.commands.cli import main
+    from specbatch.commands.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -190,7 +190,7 @@ def run_command(argv: list[str], env: dict[str, str], where: str, stdin: str | N
     if quiet:
         argv = argv[:-3]
     if argv[0] == "specbatch":
-        from sim.commands.cli import main
+        from specbatch.commands.cli import main
 
         out = io.StringIO()  # stdout and stderr interleaved, as a terminal shows them
         err = io.StringIO() if quiet or piped else out
@@ -435,7 +435,7 @@ def engine_speed(block: Block) -> str:
 def regress_baseline(block: Block) -> str:
     """What the project's regression baseline holds (docs/regress.md), counted from the file: its
     scenarios, and per profile how many and their requests (each scenario's expected ``completed``)."""
-    from sim.commands.regress import load_baseline, scenario_config
+    from specbatch.commands.regress import load_baseline, scenario_config
 
     base = load_baseline(ROOT / "tests" / "baselines" / "specbatch.toml")
     requests: dict[str, list[int]] = {}

@@ -2,7 +2,7 @@
 
 Every setting is one row of :data:`KEYS`: its dotted name, how its value is read and
 checked, its help text and its ``specbatch run`` flag. The config sections' dataclasses,
-the set of known keys, the CLI flags (``sim.commands.cli``), the Python API's keywords and
+the set of known keys, the CLI flags (``specbatch.commands.cli``), the Python API's keywords and
 the resolved ``config.toml`` are all derived from that table, so adding a setting is one
 row here (plus its line in ``scenarios/default.toml``, which holds the shipped defaults).
 
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import tomli_w
 
-from sim.acceptance import DISTRIBUTIONS, MODELS, PROPOSERS, AcceptanceSpec, parse_rates
+from sim.speculation.acceptance import DISTRIBUTIONS, MODELS, PROPOSERS, AcceptanceSpec, parse_rates
 from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
@@ -122,7 +122,7 @@ def share(*, optional: bool = False) -> Value:
 
 def read_speculative_config(raw: Any) -> dict:
     """vLLM's speculative_config as a table: given as one (TOML, API), as JSON text or a JSON file."""
-    from sim.speculation import read_vllm_config
+    from sim.speculation.methods import read_vllm_config
 
     return read_vllm_config(raw)  # a ValueError (one line) when it is neither
 
@@ -341,7 +341,7 @@ KEYS: tuple[Key, ...] = (
     Key("output.per_request_spec_decode_metrics", choice(SPEC_DECODE_DETAIL), "none, summary or detailed: "
         "per-request speculation metrics in spec_decode.jsonl (vLLM's --per-request-spec-decode-metrics)",
         "--per-request-spec-decode-metrics", write=lambda value, section: None if value == "none" else value),
-    # Speculation methods (sim/speculation.py, docs/speculation-methods.md): vLLM's speculative_config or
+    # Speculation methods (sim/speculation/methods.py, docs/speculation-methods.md): vLLM's speculative_config or
     # SGLang's flags. Nothing given: a separate draft model, as before (and config.toml stays as it was).
     Key("speculative.config", Value(dict, read_speculative_config, optional=True),
         "vLLM's speculative_config (JSON text, a JSON file or a TOML table): method draft_model, ngram, suffix, "
@@ -398,7 +398,7 @@ EngineConfig = _section_type("EngineConfig", "engine", "The [engine] section: ba
 OutputConfig = _section_type("OutputConfig", "output", "The [output] section: where results go.")
 ClusterConfig = _section_type("ClusterConfig", "cluster", "The [cluster] section: replicas and router.")
 SpeculativeSection = _section_type("SpeculativeSection", "speculative", "The [speculative] section: the speculation "
-                                   "method, as vLLM's speculative_config or SGLang's flags (sim/speculation.py).")
+                                   "method, as vLLM's speculative_config or SGLang's flags (sim/speculation/methods.py).")
 
 
 @dataclass(frozen=True)
@@ -407,7 +407,7 @@ class PolicyConfig:
     params: dict[str, Any]
 
 
-# The [acceptance] keys are AcceptanceSpec's fields (sim.acceptance owns that value type).
+# The [acceptance] keys are AcceptanceSpec's fields (sim.speculation.acceptance owns that value type).
 SECTION_TYPES: dict[str, type] = {"workload": WorkloadConfig, "engine": EngineConfig, "acceptance": AcceptanceSpec,
                                   "output": OutputConfig, "cluster": ClusterConfig,
                                   "speculative": SpeculativeSection}
@@ -429,8 +429,8 @@ class RunConfig:
 
     @property
     def speculation(self):
-        """The run's speculation method (sim.speculation.Speculation), checked when the config was read."""
-        from sim.speculation import resolve
+        """The run's speculation method (sim.speculation.methods.Speculation), checked when the config was read."""
+        from sim.speculation.methods import resolve
 
         s = self.speculative
         return resolve(s.config, s.algorithm, s.num_steps, s.eagle_topk, s.num_draft_tokens)
@@ -594,11 +594,11 @@ def _build(values: dict[str, Any], sources: dict[str, Source]) -> RunConfig:
 
 
 def _settle_speculation(read: dict[str, Any], sources: dict[str, Source], values: dict[str, Any]) -> None:
-    """The speculation method (sim/speculation.py): checked here, one line naming its key. Given and with no
+    """The speculation method (sim/speculation/methods.py): checked here, one line naming its key. Given and with no
     policy named, it names the policy as the engine runs it (vLLM's per-batch-size schedule: vllm-dynamic,
     else a fixed k); vllm-dynamic without its own speculative_config takes the section's. With no
     acceptance setting given, the method's documented default acceptance applies."""
-    from sim.speculation import SpeculationError, acceptance_defaults, policy_for, resolve
+    from sim.speculation.methods import SpeculationError, acceptance_defaults, policy_for, resolve
 
     try:
         spec = resolve(read["speculative.config"], read["speculative.algorithm"], read["speculative.num_steps"],

@@ -57,7 +57,7 @@ WARM_TIMEOUT_S = 600.0  # ... or after this long
 # their bytes key the cache). Each lists its rules in a module-level tuple named RULES.
 RULE_MODULES = ("sim.serving.rules", "sim.scheduler.kvcache", "sim.scheduler.v0", "sim.scheduler.v1",
                 "sim.scheduler.work",
-                "sim.proposals", "sim.serving.step", "sim.serving.kernel", "policies.goodput_rules", "sim.costmodel_rules")
+                "sim.speculation.proposals", "sim.serving.step", "sim.serving.kernel", "policies.goodput_rules", "sim.costmodel.rules")
 # Modules whose constants the rules read (numba compiles a global's value in): their bytes key the cache too.
 CONSTANT_MODULES = ("sim.scheduler.layout", "policies.base")
 
@@ -80,7 +80,7 @@ def wants_compiled(mode: str) -> bool:
 
 
 def _cache_folder() -> Path:
-    from sim.cache import cache_dir
+    from sim.costmodel.cache import cache_dir
 
     digest = hashlib.sha256()
     import numba

@@ -1,8 +1,8 @@
 """Modules imported on first use, so that a command pays only for what it touches.
 
-pandas costs about 0.4 s to import, more than a small run; ``sim.profile`` needs it to
+pandas costs about 0.4 s to import, more than a small run; ``sim.costmodel.profile`` needs it to
 read a profile's points, which a run whose fitted curves come from the cache
-(:mod:`sim.cache`) never does. :func:`lazy_module` is the standard library's recipe
+(:mod:`sim.costmodel.cache`) never does. :func:`lazy_module` is the standard library's recipe
 (:class:`importlib.util.LazyLoader`): the module object exists at once and executes on
 first attribute access; an already imported module is returned as it is.
 """

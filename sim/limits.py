@@ -42,10 +42,10 @@ MAX_REPLICAS = 1024
 # run that would fit.
 BASE_BYTES = 276 * 2**20
 BYTES_PER_REQUEST = 410
-# One cell of the pre-tabulated step costs: a Python float in a list (sim.costmodel.StepTable).
+# One cell of the pre-tabulated step costs: a Python float in a list (sim.costmodel.model.StepTable).
 BYTES_PER_TABLE_CELL = 32
-TABLE_CONTEXT_COLUMNS = 258     # sim.costmodel.TABLE_COLUMNS + 2
-TABLE_CATCH_UP_LAGS = 10        # sim.costmodel.CATCH_UP_LAGS + 1
+TABLE_CONTEXT_COLUMNS = 258     # sim.costmodel.model.TABLE_COLUMNS + 2
+TABLE_CATCH_UP_LAGS = 10        # sim.costmodel.model.CATCH_UP_LAGS + 1
 
 
 def request_bytes(requests: float) -> float:

@@ -261,7 +261,7 @@ def spec_decode_section(summary: dict, accepted_per_pos: np.ndarray) -> dict:
 def per_request_spec_decode(steps, num_spec_tokens: int, detailed: bool) -> list[dict]:
     """Each request's ``metrics.speculative_decoding`` object, as vLLM's
     ``--per-request-spec-decode-metrics summary|detailed`` returns it (``steps``:
-    :class:`sim.acceptance.PerRequestSteps`)."""
+    :class:`sim.speculation.acceptance.PerRequestSteps`)."""
     offset = steps.offset
     n = offset.shape[0] - 1
     spec_steps = np.diff(offset)

@@ -12,7 +12,7 @@ from functools import cached_property
 
 import numpy as np
 
-from sim.costmodel import StepTable
+from sim.costmodel.model import StepTable
 from sim.jit import use_compiled
 from sim.scheduler import kv_reserve, make_scheduler
 from sim.serving.compiled import compiled_runs_for
@@ -31,8 +31,8 @@ class ReplicaPlan:
     max_k: int  # the policy's largest k: v0 reserves its slots
     max_blocks_per_request: int = 1  # vllm-v1: the longest block table a request can need
     num_keys: int = 0  # vllm-v1: shared prefix-cache keys (sim.scheduler.kvcache.prefix_keys)
-    lookahead: int | None = None  # vllm-v1's slots kept ahead per request (None: max_k; the method's, sim.speculation)
-    lag_mode: int = 1  # how the drafter's lag moves (sim.speculation LAG_*; 0: no drafter to catch up)
+    lookahead: int | None = None  # vllm-v1's slots kept ahead per request (None: max_k; the method's, sim.speculation.methods)
+    lag_mode: int = 1  # how the drafter's lag moves (sim.speculation.methods LAG_*; 0: no drafter to catch up)
     requests: int = 0  # the run's requests: on a cold compiled-code cache a small run is interpreted (sim.jit)
 
     @cached_property

@@ -19,26 +19,26 @@ import numpy as np
 
 from policies import Policy, PolicyError, make_policy
 from policies.explain import Explaining
-from sim.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, RunLengthSampler,
+from sim.speculation.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, RunLengthSampler,
                             SharedAlphaSampler, TraceSampler, acceptance_scale, accepted_per_position,
                             per_request_steps, position_rates, proposal_model, read_acceptance_trace,
                             read_runlength_trace)
-from sim.cache import fitted_profile, profile_digest, step_table
+from sim.costmodel.cache import fitted_profile, profile_digest, step_table
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
-from sim.costmodel import CostModel, StepTable, v0_graph_batch_sizes
+from sim.costmodel.model import CostModel, StepTable, v0_graph_batch_sizes
 from sim.errors import InputError
 from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
                          spec_decode_section, summarize)
-from sim.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
+from sim.costmodel.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
 from sim.replica import ReplicaPlan
 from sim.scheduler import kv_reserve
 from sim.scheduler.kvcache import blocks_for, prefix_keys
 from sim.serving.clock import simulate_replica
 from sim.serving.queues import arrival_queue
 from sim.serving.records import ReplicaRecords
-from sim.speculation import SpeculationPlan, default_match_rate, kv_capacity_for, plan_run
+from sim.speculation.methods import SpeculationPlan, default_match_rate, kv_capacity_for, plan_run
 from sim.stability import run_check
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
 
@@ -67,7 +67,7 @@ def make_sampler(config: RunConfig, alphas: np.ndarray, rng: np.random.Generator
     """The run's acceptance model (``k_max``: the longest draft a step may ask, for the per-position
     table), wrapped to record what it draws for vLLM's speculation metrics; with the run's
     ``speculation``, a tree's longest-path acceptance and a host proposer's proposals
-    (sim.proposals)."""
+    (sim.speculation.proposals)."""
     rng = _stream(config, ACCEPTANCE) if rng is None else rng
     spec = config.acceptance
     tree = speculation.tree if speculation is not None else None
@@ -111,7 +111,7 @@ class PreparedRun:
     kv_budget_tokens: int
     replica: ReplicaPlan  # what each replica is built from (sim/replica.py)
     prefix_keys: np.ndarray | None = None  # vllm-v1 with prefix caching: each request's shared cache keys
-    speculation: SpeculationPlan | None = None  # the method's drafter, tree and proposals (sim/speculation.py)
+    speculation: SpeculationPlan | None = None  # the method's drafter, tree and proposals (sim/speculation/methods.py)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -246,7 +246,7 @@ def prepare(config: RunConfig) -> PreparedRun:
 
 def _profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
     """Load and fit a profile once per process, and once per machine through the disk cache
-    (:mod:`sim.cache`): sweeps and capacity searches run hundreds of scenarios on one profile,
+    (:mod:`sim.costmodel.cache`): sweeps and capacity searches run hundreds of scenarios on one profile,
     and fitting its curves costs far more than a small run."""
     directory = resolve_profile_path(name).resolve()
     digest = profile_digest([directory / CSV_NAME, directory / META_NAME])

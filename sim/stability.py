@@ -28,7 +28,7 @@ and says whether it is there, with a stated test:
   one-sided at the confidence asked for (95% by default), so a rate whose queue keeps 1%
   or more of its arrivals passes as stable at most 5% of the time.
 
-The capacity search (``sim.commands.capacity``) applies it to every rate it tries, and
+The capacity search (``specbatch.commands.capacity``) applies it to every rate it tries, and
 every simulated run at a constant rate is checked with it (:func:`run_check`): a run whose
 queue grows says so in one warning line and in summary.json's ``queue`` section.
 """

@@ -8,7 +8,7 @@ import pytest
 
 from tests.synthetic import make_profile
 
-# The fitted-profile cache (sim/cache.py) of this test session: never the user's own, shared by
+# The fitted-profile cache (sim/costmodel/cache.py) of this test session: never the user's own, shared by
 # the xdist workers and the subprocesses they start (an entry is written whole or not at all).
 os.environ.setdefault("SPECBATCH_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"specbatch-test-cache-{os.getuid()}"))
 

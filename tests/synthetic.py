@@ -8,7 +8,7 @@ from typing import Callable
 
 import pandas as pd
 
-from sim.profile import write_profile
+from sim.costmodel.profile import write_profile
 
 Latency = Callable[[str, str, int, int, int], float]
 

@@ -1,4 +1,4 @@
-"""The acceptance model (sim/acceptance.py): how many draft tokens a verification step keeps."""
+"""The acceptance model (sim/speculation/acceptance.py): how many draft tokens a verification step keeps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.acceptance import (AcceptanceSampler, AcceptanceSpec, SharedAlphaSampler, acceptance_scale,
+from sim.speculation.acceptance import (AcceptanceSampler, AcceptanceSpec, SharedAlphaSampler, acceptance_scale,
                             expected_tokens_per_step)
 
 

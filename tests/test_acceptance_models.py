@@ -1,4 +1,4 @@
-"""Acceptance models beyond one geometric alpha (sim/acceptance.py): per-position rates, vLLM traces,
+"""Acceptance models beyond one geometric alpha (sim/speculation/acceptance.py): per-position rates, vLLM traces,
 and the recording of what was drawn for vLLM's speculation metrics."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specbatch
-from sim.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, SharedAlphaSampler, TraceSampler,
+from sim.speculation.acceptance import (AcceptanceSampler, PositionSampler, RecordingSampler, SharedAlphaSampler, TraceSampler,
                             acceptance_scale, accepted_per_position, parse_rates, per_request_steps, position_rates,
                             read_acceptance_trace)
 from sim.errors import InputError

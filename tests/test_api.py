@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import specbatch
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 
 PROFILE = "cpu-tinyllama-1.1b-llama-68m"
 SMALL = dict(profile=PROFILE, policy="goodput", rate=0.1, num_requests=12, seed=3)

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.limits import MAX_BATCH, MAX_REPLICAS, SEED_MAX
 from workloads.limits import MAX_TIME_S, MAX_TOKENS
 

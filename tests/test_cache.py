@@ -1,4 +1,4 @@
-"""The fitted-profile cache (sim/cache.py) and the column records (sim/serving/records.py, outputs)."""
+"""The fitted-profile cache (sim/costmodel/cache.py) and the column records (sim/serving/records.py, outputs)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import cache
-from sim.commands.outputs import write_run, write_table
+from sim.costmodel import cache
+from specbatch.commands.outputs import write_run, write_table
 from sim.scheduler.layout import C_ITL_POS, C_REC_POS, N_COUNTERS
 from sim.serving.records import STEP_DTYPE, Buffers
 from sim.simulate import _fitted, simulate
@@ -75,7 +75,7 @@ def test_a_vllm_v1_table_caches_its_chunk_row_under_its_token_budget(tmp_path, m
 
 
 def test_step_table_arrays_round_trip_with_and_without_chunks(tmp_path, monkeypatch):
-    from sim.costmodel import StepTable
+    from sim.costmodel.model import StepTable
 
     monkeypatch.setenv(cache.ENV, "")
     _fitted.cache_clear()
@@ -139,7 +139,7 @@ def test_a_warm_run_imports_neither_pandas_nor_scipy(tmp_path):
 
     env = {"SPECBATCH_CACHE_DIR": str(cache_with_compiled_engine(tmp_path / "cache")), "PATH": "/usr/bin:/bin",
            "SPECBATCH_BACKGROUND_COMPILE": "0"}
-    script = ("import sys; from sim.commands.cli import main; "
+    script = ("import sys; from specbatch.commands.cli import main; "
               f"main(['run', '--num-requests', '200', '--out', sys.argv[1]]); "
               "loaded = [m for m in ('pandas', 'scipy.optimize', 'scipy.interpolate', 'scipy.stats') if m in sys.modules "
               "and type(sys.modules[m]).__name__ != '_LazyModule']; print(loaded)")
@@ -278,7 +278,7 @@ def test_tables_written_in_slices_read_back_whole(tmp_path, monkeypatch, fmt):
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    import sim.commands.outputs as outputs
+    import specbatch.commands.outputs as outputs
 
     columns = {"i": np.arange(1000), "x": np.linspace(0, 1, 1000)}
     monkeypatch.setattr(outputs, "SLICE_ROWS", 64)
@@ -302,7 +302,7 @@ def test_ctrl_c_inside_a_lazy_import_is_an_interrupt(monkeypatch, capsys):
     another error (a half-initialised module). After a SIGINT it is still exit 130 with one line."""
     import signal
 
-    import sim.commands.cli as cli
+    import specbatch.commands.cli as cli
 
     def interrupted_import(argv):
         try:
@@ -322,7 +322,7 @@ def test_ctrl_c_inside_a_lazy_import_is_an_interrupt(monkeypatch, capsys):
 def test_the_cache_keeps_under_its_limit_dropping_the_least_recently_used(tmp_path, monkeypatch):
     import os
 
-    from sim import cache
+    from sim.costmodel import cache
 
     monkeypatch.setenv(cache.ENV, str(tmp_path))
     monkeypatch.setenv(cache.MAX_ENV, "0.51")  # 510 kB: five entries fit, six do not
@@ -339,7 +339,7 @@ def test_the_cache_keeps_under_its_limit_dropping_the_least_recently_used(tmp_pa
 
 
 def test_a_bad_cache_limit_falls_back_to_the_default(monkeypatch):
-    from sim import cache
+    from sim.costmodel import cache
 
     monkeypatch.setenv(cache.MAX_ENV, "lots")
     assert cache.max_bytes() == cache.DEFAULT_MAX_MB * 1_000_000

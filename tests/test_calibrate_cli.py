@@ -15,7 +15,7 @@ from calibrate import memory  # noqa: E402
 from calibrate.cli import main  # noqa: E402
 from calibrate.configs import get_config  # noqa: E402
 from calibrate.partial import PARTIAL_CSV, PARTIAL_JSON  # noqa: E402
-from sim.profile import CSV_NAME, META_NAME, REQUIRED_META, load_profile  # noqa: E402
+from sim.costmodel.profile import CSV_NAME, META_NAME, REQUIRED_META, load_profile  # noqa: E402
 
 TINY = ["--target", "tiny-llama", "--draft", "tiny-opt", "--device", "cpu", "--batch-sizes", "1,2",
         "--k-max", "2", "--contexts", "16,32", "--prompts", "8", "--warmup", "0", "--repeats", "1", "--quiet"]

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.commands.capacity.costing import cost_per_million, costing, replicas_needed
-from sim.commands.capacity.inputs import SLO, parse_policies, parse_slo, parse_slos, policy_config
-from sim.commands.capacity.prices import gpu_price, parse_gpu_prices, profile_gpu
-from sim.commands.capacity.search import RateSearch, SearchSettings, search_capacity
-from sim.commands.cli import main
+from specbatch.commands.capacity.costing import cost_per_million, costing, replicas_needed
+from specbatch.commands.capacity.inputs import SLO, parse_policies, parse_slo, parse_slos, policy_config
+from specbatch.commands.capacity.prices import gpu_price, parse_gpu_prices, profile_gpu
+from specbatch.commands.capacity.search import RateSearch, SearchSettings, search_capacity
+from specbatch.commands.cli import main
 from sim.errors import InputError
 from tests.synthetic import make_profile
 from tests.conftest import CPU_DEFAULTS
@@ -143,7 +143,7 @@ class _ScriptedRunner:
 def _scripted_search(verdict, mu: float = 10.0, tolerance: float = 0.02):
     """The search's rounds over a scripted verdict (rate, look) -> pass | fail | extend: what it
     records, and every look it asked for."""
-    from sim.commands.capacity.search import Point, Probe, _Search
+    from specbatch.commands.capacity.search import Point, Probe, _Search
 
     asked, alone = [], []
 
@@ -431,7 +431,7 @@ def test_report_is_deterministic_in_process_or_on_a_pool(report, synthetic_profi
 
 
 def test_a_folder_that_is_not_a_report_is_refused_before_any_work(synthetic_profile, tmp_path, capsys, monkeypatch):
-    from sim.commands.capacity import search
+    from specbatch.commands.capacity import search
 
     monkeypatch.setattr(search, "_Search", lambda *a: pytest.fail("searched before checking --out"))
     other = tmp_path / "other"
@@ -445,7 +445,7 @@ def test_a_folder_that_is_not_a_report_is_refused_before_any_work(synthetic_prof
 
 
 def test_a_report_is_replaced_whole(report, tmp_path):
-    from sim.commands.capacity.report import write_report
+    from specbatch.commands.capacity.report import write_report
 
     target = tmp_path / "r"
     write_report(target, *_small_outcome(report))
@@ -456,7 +456,7 @@ def test_a_report_is_replaced_whole(report, tmp_path):
 
 
 def test_report_is_written_whole_or_not_at_all(report, monkeypatch, tmp_path):
-    from sim.commands.capacity import report as report_module
+    from specbatch.commands.capacity import report as report_module
 
     def broken(*args):
         raise RuntimeError("disk full")
@@ -472,13 +472,13 @@ def _small_outcome(report: Path):
     """A hand-made result to write without searching (the report writer alone)."""
     import numpy as np
 
-    from sim.commands.capacity.costing import Costing
-    from sim.commands.capacity.report import PricedProfile, ReportInputs
-    from sim.commands.capacity.search import PolicyOutcome
-    from sim.commands.described import describe
+    from specbatch.commands.capacity.costing import Costing
+    from specbatch.commands.capacity.report import PricedProfile, ReportInputs
+    from specbatch.commands.capacity.search import PolicyOutcome
+    from specbatch.commands.described import describe
     from sim.config import load_config
 
-    from sim.commands.capacity.search import Point, Probe
+    from specbatch.commands.capacity.search import Point, Probe
 
     stats = {"p99_e2el_ms": 10.0, "p99_e2el_ms_upper": 11.0, "goodput": 1.0, "mean_k": 0.0, "mean_batch_size": 1.0,
              "throughput": 1.0, "arrival_rate": 1.0}

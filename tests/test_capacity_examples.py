@@ -43,7 +43,7 @@ def label_of(plan, profile: str | None, policy: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("name, profile, policy", [("cpu", None, "fixed"), ("gpus", H100, "none")])
 def test_the_committed_example_is_what_the_code_gives_today(examples, name, profile, policy):
-    from sim.commands.capacity.search import search_capacity
+    from specbatch.commands.capacity.search import search_capacity
 
     plan = examples.plan(name)
     label = label_of(plan, profile, policy)
@@ -61,7 +61,7 @@ def test_the_committed_example_is_what_the_code_gives_today(examples, name, prof
 
 def keeps(examples, name: str, profile: str | None, policy: str, rate: float, requests: int) -> tuple[bool, str]:
     """A run of ``requests`` at ``rate``: every SLO statistic within its limit and the queue not growing."""
-    from sim.commands.capacity.search import pooled_stats, run_point
+    from specbatch.commands.capacity.search import pooled_stats, run_point
     from sim.stability import pooled_growth
 
     plan = examples.plan(name)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from sim.commands.capacity.costing import costing, cost_per_million
-from sim.commands.cli import main as cli_main
+from specbatch.commands.capacity.costing import costing, cost_per_million
+from specbatch.commands.cli import main as cli_main
 
 HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
 QUICK = ["--slo", "p99_ttft_ms=1000", "--policies", "none", "--seeds", "1", "--curve-points", "0", "--max-growth",
@@ -61,8 +61,8 @@ def test_a_split_the_search_cannot_cost_is_one_line_before_any_run(tmp_path, cap
 @pytest.mark.skipif(not HAVE_DATA, reason="composing a split needs aiconfigurator-core (the gpu-data extra)")
 def test_a_split_no_profile_ships_is_composed_from_the_profiles_own_command(tmp_path, capsys, monkeypatch):
     """TP 2 of the 8B pair ships nowhere: composed from the shipped TP-1 profile's command, with its terms."""
-    from sim.commands.capacity.parallel import variant
-    from sim.profile import load_profile
+    from specbatch.commands.capacity.parallel import variant
+    from sim.costmodel.profile import load_profile
 
     monkeypatch.setenv("SPECBATCH_CACHE_DIR", str(tmp_path / "cache"))
     base = load_profile("h100-llama-3.1-8b-llama-3.2-1b")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.commands.cli import main
-from sim.profile import DEFAULT_PROFILE, shipped_profiles
+from specbatch.commands.cli import main
+from sim.costmodel.profile import DEFAULT_PROFILE, shipped_profiles
 from tests.conftest import CPU_DEFAULT_FLAGS, CPU_DEFAULTS
 
 SHORT = [*CPU_DEFAULT_FLAGS, "--duration", "60", "--rate", "2"]

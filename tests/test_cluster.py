@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.router import ROUTERS
 from sim.simulate import execute, prepare, simulate
 

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 import specbatch
-from sim.commands.cli import main
-from sim.commands.compare import StageComparison, saturated
+from specbatch.commands.cli import main
+from specbatch.commands.compare import StageComparison, saturated
 from workloads import TraceError
 from workloads.measured import read_measured
 
@@ -139,7 +139,7 @@ def test_a_slower_engine_shows_as_a_positive_error(measured, tmp_path):
 
 
 def specbatch_profile_path(name: str) -> Path:
-    from sim.profile import resolve_profile_path
+    from sim.costmodel.profile import resolve_profile_path
 
     return resolve_profile_path(name)
 

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from calibrate.configs import get_config, param_count
-from sim.commands.cli import main as cli_main
-from sim.profile import load_profile, shipped_profiles
+from specbatch.commands.cli import main as cli_main
+from sim.costmodel.profile import load_profile, shipped_profiles
 from tests.conftest import load_script
 from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY, ctx_ms, gemm_ms, gen_ms
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.configs import NEWER_FIELDS, active_param_count, get_config, known_models, param_count
-from sim.commands.cli import main as cli_main
+from specbatch.commands.cli import main as cli_main
 from sim.compose import ModelShape
 from sim.errors import InputError
 
@@ -290,7 +290,7 @@ FAMILIES = [  # (model, GPUs, dtype): as each is served on H100s
 @needs_data
 @pytest.mark.parametrize("model, tp, dtype", FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_each_family_composes_on_h100(model, tp, dtype, hf_cache, tmp_path, capsys):
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     config = resolve(model, hf_cache)
     out = tmp_path / "profile"
@@ -357,8 +357,8 @@ def test_the_python_api_and_capacitys_tensor_parallel_variants_take_a_hugging_fa
     """specbatch.compose with a cached id as target and a shipped one as draft; capacity --tp composes the
     same models again at another split from the profile's own command, resolving the ids again."""
     import specbatch
-    from sim.commands.capacity.parallel import variant
-    from sim.profile import load_profile
+    from specbatch.commands.capacity.parallel import variant
+    from sim.costmodel.profile import load_profile
 
     cache_model(hf_cache, "Qwen/Qwen3-14B", QWEN3_14B)
     profile = specbatch.compose("h100_sxm", "Qwen/Qwen3-14B", tmp_path / "q14", draft="Qwen/Qwen3-0.6B",

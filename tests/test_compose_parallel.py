@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from calibrate.configs import active_param_count, get_config, param_count
-from sim.commands.cli import main as cli_main
-from sim.profile import load_profile
+from specbatch.commands.cli import main as cli_main
+from sim.costmodel.profile import load_profile
 from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY, MEMORY, RESERVED, gemm_ms, gen_ms, write_tiny_gpu
 
 HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None

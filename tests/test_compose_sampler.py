@@ -13,9 +13,9 @@ import json
 import numpy as np
 import pytest
 
-from sim.commands.cli import main as cli_main
+from specbatch.commands.cli import main as cli_main
 from sim.compose.sampler import SORT_GPU_BW, SORT_TABLE, sampler_time, sort_time
-from sim.profile import load_profile
+from sim.costmodel.profile import load_profile
 from tests.conftest import load_script
 from tests.tiny_kernels import BW, BW_FACTOR, MEM_LATENCY
 
@@ -106,7 +106,7 @@ def test_an_unknown_sampling_is_one_line_before_any_work(tiny_data, tmp_path, ca
 def test_the_benchmark_simulates_each_run_with_the_sampling_vllm_did():
     """A run is covered only by a profile pricing its requests' sampling: the Llama-2 runs' (top-p, their
     model's generation_config.json), the 70B's shipped profile carries it; the 7B one (greedy) does not."""
-    from sim.profile import resolve_profile_path, shipped_profiles
+    from sim.costmodel.profile import resolve_profile_path, shipped_profiles
 
     bench = load_script("benchmarks/real_vllm.py", "real_vllm_bench_sampling")
     profiles = {n: json.loads((resolve_profile_path(n) / "profile.json").read_text()) for n in shipped_profiles()}

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.profile import load_profile
+from sim.costmodel.profile import load_profile
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -325,7 +325,7 @@ def test_overrides_may_be_plain_values():
 def test_the_key_table_is_the_one_list_of_settings():
     import dataclasses
 
-    from sim.commands.flags import RUN_FLAGS
+    from specbatch.commands.flags import RUN_FLAGS
     from sim.config import KEYS, KNOWN, SECTION_TYPES, flatten_sections
 
     cfg = load_config()

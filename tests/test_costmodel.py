@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.costmodel import CostModel
-from sim.profile import load_profile
+from sim.costmodel.model import CostModel
+from sim.costmodel.profile import load_profile
 from tests.synthetic import linear_latency, make_profile
 
 
@@ -174,7 +174,7 @@ def test_overlapped_engine_work_costs_the_longer_of_it_and_the_passes(tmp_path):
 
 
 def test_vllm_v1_cuda_graph_sizes_follow_vllms_defaults():
-    from sim.costmodel import cuda_graph_sizes, padded_tokens
+    from sim.costmodel.model import cuda_graph_sizes, padded_tokens
 
     sizes = cuda_graph_sizes(128, 0, 2048)  # min(2 x 128, 512) = 256
     assert sizes == (1, 2, 4, *range(8, 256, 8), 256)
@@ -188,7 +188,7 @@ def test_vllm_v1_cuda_graph_sizes_follow_vllms_defaults():
 def test_a_vllm_v1_table_pads_decode_steps_to_the_graph_sizes(linear_model):
     """The padded rows run the linear layers only: what they add to a one-prompt prefill pass (the
     linear profile's prefill costs 1e-5 s per token, the target's and again the draft's)."""
-    from sim.costmodel import cuda_graph_sizes
+    from sim.costmodel.model import cuda_graph_sizes
 
     sizes = cuda_graph_sizes(32, 3, 256)
     assert sizes[-1] == 256 and not linear_model.cuda_graphs  # a synthetic profile: no padding by default

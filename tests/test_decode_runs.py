@@ -129,7 +129,7 @@ def test_long_runs_refill_draws_and_record_room(run_config, monkeypatch):
     """Runs longer than a kernel call's room (records, gaps, the draw block) resume where they stopped."""
     monkeypatch.setattr(compiled, "RECORD_ROOM", 7)
     monkeypatch.setattr(compiled, "ITL_ROOM", 5)
-    from sim import acceptance
+    from sim.speculation import acceptance
     monkeypatch.setattr(acceptance, "DRAW_BLOCK", 37)
     off, on = _both(run_config, workload__num_requests=400, workload__rate=2.0, engine__max_batch_size=16,
                     workload__output_tokens="uniform:50:400", policy__name="fixed", policy__k=4)
@@ -211,7 +211,7 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
     policy's docstring says; a >= in place of > would give k_max)."""
     from policies.base import BatchView
     from policies.goodput import Goodput
-    from sim.costmodel import StepTable
+    from sim.costmodel.model import StepTable
     from sim.jit import compiled as compile_rule
     from sim.serving import kernel, step
     from sim.serving.priced import prices_of
@@ -258,7 +258,7 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
 def test_backends_and_samplers_say_whether_a_compiled_run_can_stand_in_for_them():
     """No type checks in the engine: a priced backend or a sampler that changes how a step is executed
     or drawn is run step by step unless it declares otherwise; the built-ins say what they are."""
-    from sim.acceptance import (AcceptanceSampler, PositionSampler, RunLengthSampler, SharedAlphaSampler,
+    from sim.speculation.acceptance import (AcceptanceSampler, PositionSampler, RunLengthSampler, SharedAlphaSampler,
                                 TraceSampler)
     from sim.serving.priced import PricedBackend
     from sim.serving.recorded import RecordedBackend

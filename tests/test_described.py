@@ -1,5 +1,5 @@
 """Every report names what ran: the method, the drafter and the acceptance model with its parameters as the
-runs used them (sim.commands.described), and what a report says agrees with the run config it ran.
+runs used them (specbatch.commands.described), and what a report says agrees with the run config it ran.
 
 Three methods: a separate draft model (the geometric alpha), EAGLE-3 with its own per-position defaults
 (given in a scenario file, as the issue's capacity run was) and n-gram (per-position rates and a match
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.commands.cli import main
-from sim.speculation import SHAREGPT_EAGLE, SHAREGPT_NGRAM, SHAREGPT_NGRAM_PROPOSES
+from specbatch.commands.cli import main
+from sim.speculation.methods import SHAREGPT_EAGLE, SHAREGPT_NGRAM, SHAREGPT_NGRAM_PROPOSES
 from tests.synthetic import make_profile
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 2}'
@@ -92,9 +92,9 @@ CAPACITY = ["--slo", "p99_e2el_ms=5000", "--policies", "none,fixed", "--seeds", 
 @pytest.mark.parametrize("case", list(CASES))
 def test_capacity_reports_name_what_the_searched_runs_ran(case, methods_profile, tmp_path, capsys):
     """The printed table, report.md, report.html and capacity.json, against each config the search ran."""
-    from sim.commands.capacity.cli import plan_from_args
-    from sim.commands.cli import build_parser
-    from sim.commands.described import describe
+    from specbatch.commands.capacity.cli import plan_from_args
+    from specbatch.commands.cli import build_parser
+    from specbatch.commands.described import describe
 
     argv = ["capacity", "--profile", str(methods_profile), *case_args(case, tmp_path), *SMALL_RUN, *CAPACITY,
             "--out", str(tmp_path / "report")]

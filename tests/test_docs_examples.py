@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from tests.conftest import CPU_DEFAULTS
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"

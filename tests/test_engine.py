@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.acceptance import expected_tokens_per_step
+from sim.speculation.acceptance import expected_tokens_per_step
 from sim.simulate import prepare, simulate
 
 
@@ -227,7 +227,7 @@ def test_policies_are_bound_to_the_runs_step_costs(run_config, tmp_path, monkeyp
     result = simulate(run_config(policy__name="pricing:Pricing", workload__num_requests=30, workload__rate=5.0))
     import pricing
 
-    from sim.costmodel import CostModel
+    from sim.costmodel.model import CostModel
     exact = CostModel(result.profile)
     assert len(pricing.Pricing.seen) == result.summary["num_decode_steps"]
     for b, c, t in pricing.Pricing.seen[:50]:
@@ -307,7 +307,7 @@ def test_a_ragged_step_drafts_sum_k_keeps_at_most_k_i_and_is_charged_padded(run_
     assert decode.drafted_tokens.tolist() == [int(ks.sum()) for _, _, ks, _ in log]
     assert decode.k.tolist() == [int(ks.max()) for _, _, ks, _ in log]
     # Charged as a uniform step at max k_i over the charged batch (padded drafting and verification).
-    from sim.costmodel import CostModel
+    from sim.costmodel.model import CostModel
 
     exact = CostModel(result.profile)
     expected = [exact.step_time(b, int(ks.max()), c) for b, c, ks, _ in log]
@@ -371,7 +371,7 @@ def test_a_prefill_block_is_priced_at_its_mean_or_its_longest_prompt(run_config,
     result = simulate(run_config(engine__prefill=prefill, engine__batching="static", engine__max_batch_size=4,
                                  workload__num_requests=12, workload__rate=1e6,
                                  workload__prompt_tokens="uniform:16:400", policy__name="none"))
-    from sim.costmodel import CostModel
+    from sim.costmodel.model import CostModel
 
     exact = CostModel(result.profile)
     req = result.requests.sort_values("scheduled_s")

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from sim.atomic_write import clean_stale, output_lock, staged_dir
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-CLI = [sys.executable, "-m", "sim.commands.cli"]
+CLI = [sys.executable, "-m", "specbatch.commands.cli"]
 MOMENTS = random.Random(14)
 
 

@@ -115,7 +115,7 @@ def test_nan_and_infinities_in_flags_name_the_flag(capsys, here, argv, needle):
 
 
 def test_rate_inf_on_the_command_line_keeps_its_meaning(capsys, here):
-    from sim.commands.cli import main
+    from specbatch.commands.cli import main
 
     assert main(["run", "--profile", str(here / "p"), *SHAPE, "--num-requests", "4", "--request-rate", "inf",
                  "--out", str(here / "o"), "--quiet"]) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.config import load_config
-from sim.costmodel import graphed, v0_graph_batch_sizes
+from sim.costmodel.model import graphed, v0_graph_batch_sizes
 from sim.simulate import prepare
 from tests.conftest import CPU_DEFAULTS
 
@@ -53,7 +53,7 @@ def test_enforce_eager_prices_steps_unpadded(scheduler):
 
 
 def test_enforce_eager_is_written_only_when_set(tmp_path):
-    from sim.commands.cli import main
+    from specbatch.commands.cli import main
 
     for flag, expect in (([], False), (["--enforce-eager"], True)):
         out = tmp_path / ("eager" if flag else "graphs")

@@ -1,9 +1,9 @@
 """The import graph keeps the architecture: no cycles, arrows one way, no private names shared.
 
-Every ``.py`` of the four packages is parsed (not imported) and every import in it,
+Every ``.py`` of the five packages is parsed (not imported) and every import in it,
 at module level or inside a function, is an arrow. The layers, from the top:
 
-    commands (sim.commands)  ->  calibrate  ->  sim core  ->  {policies, workloads}
+    commands (specbatch: the CLI and the Python API)  ->  calibrate  ->  sim core  ->  {policies, workloads}
 
 An arrow may point down or stay inside its layer, never up; ``policies`` and
 ``workloads`` import neither ``sim`` nor ``calibrate``; nothing in the sim core,
@@ -19,7 +19,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sim", "calibrate", "policies", "workloads")
+PACKAGES = ("specbatch", "sim", "calibrate", "policies", "workloads")
 LAYERS = {"commands": 3, "calibrate": 2, "core": 1, "policies": 0, "workloads": 0}
 TORCH_FREE = ("core", "policies", "workloads")
 
@@ -77,8 +77,10 @@ def imports(importer: str, tree: ast.Module) -> list[tuple[str, str | None]]:
 
 def layer(module: str) -> str | None:
     top = module.split(".")[0]
+    if top == "specbatch":
+        return "commands"
     if top == "sim":
-        return "commands" if module == "sim.commands" or module.startswith("sim.commands.") else "core"
+        return "core"
     return top if top in LAYERS else None
 
 
@@ -114,7 +116,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_walk_sees_the_whole_code_base():
-    assert {"sim.simulate", "sim.commands.cli", "calibrate.replay", "policies.base", "workloads.trace"} <= set(MODULES)
+    assert {"sim.simulate", "specbatch.commands.cli", "calibrate.replay", "policies.base", "workloads.trace"} <= set(MODULES)
     assert ("calibrate.model", "Transformer") in imports("calibrate.replay", MODULES["calibrate.replay"])
 
 
@@ -128,7 +130,7 @@ def test_no_file_imports_itself_the_long_way_round():
 
 def sim_part(module: str) -> str | None:
     """The part of ``sim`` a module belongs to: its folder (``sim.serving``) or, directly in ``sim``,
-    the module itself (``sim.acceptance``); None outside ``sim`` and for ``sim`` itself."""
+    the module itself (``sim.jit``); None outside ``sim`` and for ``sim`` itself."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "sim" and len(parts) > 1 else None
 
@@ -185,9 +187,9 @@ def test_the_checks_catch_what_they_are_for():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
     assert two_way_pairs({("x", "y"), ("y", "x"), ("x", "z")}) == [("x", "y")]
-    assert sim_part("sim.serving.loop") == "sim.serving" and sim_part("sim.acceptance") == "sim.acceptance"
+    assert sim_part("sim.serving.loop") == "sim.serving" and sim_part("sim.jit") == "sim.jit"
     assert sim_part("sim") is None and sim_part("policies.base") is None
-    assert layer("sim.commands.sweep.spec") == "commands" and layer("numpy") is None
+    assert layer("specbatch.commands.sweep.spec") == "commands" and layer("numpy") is None
     assert layer("sim.simulate") == "core" and layer("calibrate.replay") == "calibrate"
     tree = ast.parse("from sim.config import _flatten\nimport torch\n")
     assert ("sim.config", "_flatten") in imports("policies.x", tree) and ("torch", None) in imports("policies.x", tree)

@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 
-from sim.commands.flags import one_name_per_setting, spellings
+from specbatch.commands.flags import one_name_per_setting, spellings
 from sim.config import KEYS
 from sim.errors import InputError
 from tests.test_bad_inputs import TINY, here, refused  # noqa: F401  (here: the working-folder fixture)
@@ -53,7 +53,7 @@ def test_every_command_taking_the_run_flags_refuses_two_names(capsys, here, comm
 def test_the_same_flag_twice_and_a_flag_over_its_toml_key_still_run(capsys, here):
     (here / "c.toml").write_text("[workload]\nrate = 2\n")
     out = here / "o"
-    from sim.commands.cli import main
+    from specbatch.commands.cli import main
 
     assert main(["run", "--config", str(here / "c.toml"), "--profile", str(here / "p"), *TINY,
                  "--request-rate", "3", "--request-rate", "4", "--out", str(out), "--quiet"]) == 0

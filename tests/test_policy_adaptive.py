@@ -7,7 +7,7 @@ import pytest
 
 from policies import BatchView, PolicyError, StepFeedback, make_policy
 from policies.adaptive import Adaptive
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.config import load_config
 from sim.serving.records import DECODE
 from sim.simulate import simulate

@@ -10,7 +10,7 @@ import pytest
 from policies import BatchView, PolicyError, make_policy
 from policies.context import ContextTable, build_context_table
 from policies.lut import best_k, expected_tokens
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from tests.conftest import CPU_DEFAULT_FLAGS
 
 

@@ -11,7 +11,7 @@ from policies import BatchView, PolicyError, make_policy
 from policies.sglang_adaptive import SglangAdaptive
 from policies.trtllm_schedule import TrtllmSchedule
 from policies.vllm_dynamic import VllmDynamic
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from tests.synthetic import step_feedback
 
 
@@ -235,8 +235,8 @@ def test_engine_policies_run_from_toml_flags_and_python(name, tmp_path, syntheti
 def test_lut_format_prints_a_config_that_the_matching_policy_reads_back_as_the_lut(
         fmt, name, param, synthetic_profile, tmp_path, capsys):
     from policies.lut import LookupTable
-    from sim.costmodel import CostModel
-    from sim.profile import load_profile
+    from sim.costmodel.model import CostModel
+    from sim.costmodel.profile import load_profile
 
     args = ["lut", "--profile", str(synthetic_profile), "--alpha", "0.6", "--k-max", "5", "--max-batch", "64"]
     assert main([*args, "--format", fmt, "--out", str(tmp_path / "engine.txt")]) == 0

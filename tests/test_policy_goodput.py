@@ -9,7 +9,7 @@ import pytest
 
 from policies import BatchView, PolicyError, make_policy
 from policies.goodput import PRIOR_TESTS, Goodput
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.simulate import execute, prepare
 from tests.conftest import CPU_DEFAULT_FLAGS
 from tests.synthetic import step_feedback

@@ -10,7 +10,7 @@ import pytest
 
 from policies import BatchView, PolicyError, make_policy
 from policies.lut import LookupTable, build_lut
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from tests.conftest import CPU_DEFAULT_FLAGS
 
 
@@ -169,8 +169,8 @@ def test_specbatch_lut_prints_and_writes_a_config_that_run_accepts(capsys, tmp_p
     assert code == 0 and err == ""
     table = tomllib.loads(out_file.read_text())["policy"]
     assert table["name"] == "lut"
-    from sim.costmodel import CostModel
-    from sim.profile import load_profile
+    from sim.costmodel.model import CostModel
+    from sim.costmodel.profile import load_profile
     step_time = CostModel(load_profile(str(synthetic_profile))).step_time
     assert table["table"] == build_lut(step_time, 0.8, 5, 16, 256)
     assert "ms/token (k)" in out and "speedup" in out

@@ -8,9 +8,9 @@ import json
 import pandas as pd
 import pytest
 
-from sim.commands.capacity.inputs import parse_policies
-from sim.commands.cli import main
-from sim.commands.flags import policy_spec
+from specbatch.commands.capacity.inputs import parse_policies
+from specbatch.commands.cli import main
+from specbatch.commands.flags import policy_spec
 from sim.errors import InputError
 
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specbatch
-from sim.commands.cli import main
-from sim.costmodel import CostModel
-from sim.profile import load_profile
+from specbatch.commands.cli import main
+from sim.costmodel.model import CostModel
+from sim.costmodel.profile import load_profile
 from sim.scheduler.kvcache import key_of, prefix_keys
 from sim.scheduler.layout import C_FREE_BLOCKS
 from tests.synthetic import make_profile
@@ -73,7 +73,7 @@ def _serve_with(cost_model, requests, budget=160, block_size=16, kv_tokens=100_0
     from types import SimpleNamespace
 
     from policies import make_policy
-    from sim.acceptance import AcceptanceSampler, RecordingSampler, acceptance_scale
+    from sim.speculation.acceptance import AcceptanceSampler, RecordingSampler, acceptance_scale
     from sim.replica import ReplicaPlan
     from sim.serving.clock import simulate_replica
     from sim.serving.queues import arrival_queue
@@ -172,7 +172,7 @@ def _serve_stepwise(cost_model, requests, *, budget, block_size, kv_tokens, max_
     from types import SimpleNamespace
 
     from policies import make_policy
-    from sim.acceptance import AcceptanceSampler, RecordingSampler, acceptance_scale
+    from sim.speculation.acceptance import AcceptanceSampler, RecordingSampler, acceptance_scale
     from sim.replica import ReplicaPlan
     from sim.serving.queues import arrival_queue
     from tests.test_scheduling_v1 import Served

@@ -1,4 +1,4 @@
-"""The profile format (sim/profile.py): writing, loading, and precise errors for bad files."""
+"""The profile format (sim/costmodel/profile.py): writing, loading, and precise errors for bad files."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 import sim.atomic_write as atomic_write_module
-import sim.profile as profile_module
+import sim.costmodel.profile as profile_module
 from sim.errors import InputError
-from sim.profile import (COLUMNS, CSV_NAME, FORMAT_VERSION, META_NAME, load_profile, resolve_profile_path,
+from sim.costmodel.profile import (COLUMNS, CSV_NAME, FORMAT_VERSION, META_NAME, load_profile, resolve_profile_path,
                          sort_points, write_profile)
 from sim.atomic_write import write_file
 from tests.synthetic import make_profile

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.commands.cli import main
-from sim.profile import shipped_profiles
+from specbatch.commands.cli import main
+from sim.costmodel.profile import shipped_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUT_FLAGS = ("--config", "--trace", "--trace-vllm", "--acceptance-trace", "--baseline")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.commands.compare import compare_measured
+from specbatch.commands.compare import compare_measured
 from tests.conftest import load_script
 
 WINDOW = Path(__file__).parent / "baselines" / "scenarios" / "vllm-h100-llama-2-7b-general.csv"
@@ -66,7 +66,7 @@ RUN_7B = {"run": "llama-2-7b-tp1-general", "gpu": "H100-SXM-80GB", "tensor_paral
 def test_the_benchmark_simulates_a_run_on_the_profile_of_its_model_gpu_and_tp_size(bench):
     import json
 
-    from sim.profile import resolve_profile_path, shipped_profiles
+    from sim.costmodel.profile import resolve_profile_path, shipped_profiles
 
     profiles = {n: json.loads((resolve_profile_path(n) / "profile.json").read_text()) for n in shipped_profiles()}
     assert bench.covering_profile(RUN_7B, profiles) == "h100-llama-2-7b-llama-68m"
@@ -101,7 +101,7 @@ def test_the_summary_is_the_median_over_stages_the_real_engine_kept_up_with(benc
 
 
 def test_the_frontend_latency_is_fitted_in_closed_form_and_the_step_time_on_the_grid():
-    from sim.commands.fit import best_latency, fit_on_grid, shifted_error
+    from specbatch.commands.fit import best_latency, fit_on_grid, shifted_error
 
     # two stages 10 ms short on TTFT and E2E: a 10 ms latency closes both, ITL is untouched by it
     rows = [{"metric": m, "stat": "mean", "real": real, "sim": real - 0.010} for m, real in (("ttft", 0.05), ("e2e", 2.0))]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.commands.compare import compare_measured
+from specbatch.commands.compare import compare_measured
 from tests.conftest import load_script
 
 WINDOWS = Path(__file__).parent / "baselines" / "scenarios"
@@ -49,7 +49,7 @@ def test_two_minutes_of_a_real_multi_gpu_run_within_bounds(case):
 def test_the_benchmark_finds_the_multi_gpu_profile_of_each_run():
     import json
 
-    from sim.profile import resolve_profile_path, shipped_profiles
+    from sim.costmodel.profile import resolve_profile_path, shipped_profiles
 
     bench = load_script("benchmarks/real_vllm.py", "real_vllm_bench_tp")
     profiles = {n: json.loads((resolve_profile_path(n) / "profile.json").read_text()) for n in shipped_profiles()}

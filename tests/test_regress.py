@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from policies import BatchView
 from policies.fixed import FixedK
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.config import load_config
 from sim.errors import InputError
-from sim.commands.regress import (DIRECTIONS, FLOAT_DRIFT, Tolerance, assert_no_regression, check_baseline,
+from specbatch.commands.regress import (DIRECTIONS, FLOAT_DRIFT, Tolerance, assert_no_regression, check_baseline,
                                   default_direction, judge, load_baseline)
 from sim.simulate import simulate
 from tests.conftest import CPU_DEFAULTS
@@ -144,7 +144,7 @@ def test_project_baseline_passes_with_another_cpus_blas_kernels(coretype, tmp_pa
 
     cache = cache_with_compiled_engine(tmp_path / "cache")
     env = {**os.environ, "OPENBLAS_CORETYPE": coretype, "SPECBATCH_CACHE_DIR": str(cache)}
-    done = subprocess.run([sys.executable, "-m", "sim.commands.cli", "regress", "--baseline", str(PROJECT_BASELINE)],
+    done = subprocess.run([sys.executable, "-m", "specbatch.commands.cli", "regress", "--baseline", str(PROJECT_BASELINE)],
                           cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("PASS") and "0 regressed, 0 improved, 0 changed" in done.stdout

@@ -15,7 +15,7 @@ from calibrate.configs import get_config
 from calibrate.model import Transformer
 from calibrate.replay import replay, replay_config
 from policies import Policy
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.config import load_config
 from sim.simulate import prepare
 from tests.test_engine import check_invariants
@@ -226,7 +226,7 @@ def test_a_concurrency_limited_client_is_replayed_and_its_logic_reproduced(tiny_
 
 def test_graph_keys_pad_rows_to_v0_sizes_and_round_the_span_within_the_cache():
     from calibrate.graphs import PassGraphs
-    from sim.costmodel import v0_graph_batch_sizes
+    from sim.costmodel.model import v0_graph_batch_sizes
 
     graphs = PassGraphs(torch.device("cpu"), v0_graph_batch_sizes(20))
     assert graphs.batch_sizes == (1, 2, 4, 8, 16, 24)

@@ -32,8 +32,8 @@ def test_step_contexts_interpolate_each_running_request(term):
 
 
 def test_the_shipped_records_split_the_replays_speed_into_its_two_terms(term):
-    from sim.costmodel import CostModel
-    from sim.profile import load_profile
+    from sim.costmodel.model import CostModel
+    from sim.costmodel.profile import load_profile
 
     model = CostModel(load_profile("h100-graphs-llama-3.1-8b-llama-3.2-1b"))
     per_pass = term.probe_latency(PROBE, model)

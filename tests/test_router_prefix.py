@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.router import MAX_PREFIX_BLOCKS, PrefixAware, make_router, parse_router, prefix_scores, queue_scores
 from sim.scheduler.kvcache import KVCacheManager, held_keys, key_of, request_block_keys
 from sim.scheduler.layout import REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY, REQ_PROMPT, REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY

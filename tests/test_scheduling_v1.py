@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 import specbatch
 from policies import make_policy
-from sim.acceptance import AcceptanceSampler, acceptance_scale
-from sim.commands.cli import main
+from sim.speculation.acceptance import AcceptanceSampler, acceptance_scale
+from specbatch.commands.cli import main
 from sim.config import load_config
-from sim.costmodel import CostModel
+from sim.costmodel.model import CostModel
 from sim.errors import InputError
-from sim.profile import load_profile
+from sim.costmodel.profile import load_profile
 from sim.replica import ReplicaPlan
 from sim.serving.clock import simulate_replica
 from sim.scheduler.layout import C_FREE_BLOCKS, C_PREFILLING, C_REQUEUED, C_RUNNING
@@ -80,7 +80,7 @@ def serve(cost_model, prompts, outputs, *, arrivals=None, budget=160, block_size
     longest = int((prompts + outputs).max()) + 2 * k
     plan = ReplicaPlan(table, engine, kv_tokens, k, longest // block_size + 2, num_keys)
     queue = arrival_queue(arrivals, plan.inputs(prompts, outputs, keys), scale, None)
-    from sim.acceptance import RecordingSampler
+    from sim.speculation.acceptance import RecordingSampler
     sampler = RecordingSampler(AcceptanceSampler(np.random.default_rng(seed)), scale, False)
     loop = plan.loop(queue, policy, sampler)
     simulate_replica(loop)
@@ -342,7 +342,7 @@ def test_the_real_replay_refuses_the_v1_scheduler_asked_for():
 
 
 def test_the_step_table_prices_mixed_steps_as_the_cost_model_does(tmp_path):
-    from sim.costmodel import cuda_graph_sizes
+    from sim.costmodel.model import cuda_graph_sizes
     from sim.simulate import _profile_and_costs
 
     _, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
@@ -363,7 +363,7 @@ HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
 
 @pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
 def test_the_mixed_step_formula_stays_close_to_the_kernel_composition():
-    from sim.commands.compose import pricers_for
+    from specbatch.commands.compose import pricers_for
     from sim.simulate import _profile_and_costs
 
     profile, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
@@ -383,7 +383,7 @@ def test_the_mixed_step_formula_stays_close_to_the_kernel_composition():
 
 
 def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_profiles_memory(capsys, tmp_path):
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
     from sim.simulate import prepare
 
     name = "h100-llama-3.1-8b-llama-3.2-1b"

@@ -12,7 +12,7 @@ import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.acceptance import acceptance_scale
+from sim.speculation.acceptance import acceptance_scale
 from sim.serving.clock import exact_delay, serve_wall_clock, simulate_replica
 from sim.scheduler.layout import ROW_LAG
 from sim.serving.loop import ServingLoop

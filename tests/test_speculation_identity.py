@@ -1,6 +1,6 @@
 """Every speculation method gives the same bytes interpreted (``engine.jit = off``) and compiled: the
 proposal rule, a head's lag, goodput's learning of a matcher's misses and the run-length model are
-rules both paths call (sim/proposals.py), so the compiled runs (sim/serving/kernel.py) must agree."""
+rules both paths call (sim/speculation/proposals.py), so the compiled runs (sim/serving/kernel.py) must agree."""
 
 from __future__ import annotations
 

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config import load_config
-from sim.costmodel import CostModel, Drafter
+from sim.costmodel.model import CostModel, Drafter
 from sim.errors import InputError
-from sim.profile import load_profile
+from sim.costmodel.profile import load_profile
 from sim.simulate import execute, prepare
-from sim.speculation import (SpeculationError, from_sglang, from_vllm, kv_capacity_for, resolve, tree_capacity)
-from sim.trees import build_tree, chain_rates
+from sim.speculation.methods import (SpeculationError, from_sglang, from_vllm, kv_capacity_for, resolve, tree_capacity)
+from sim.speculation.trees import build_tree, chain_rates
 from tests.conftest import CPU_DEFAULTS
 from tests.synthetic import linear_latency, make_profile
 
@@ -276,12 +276,12 @@ def test_runlength_reads_the_shared_measurements():
     if folder is None:
         pytest.skip("the validation data is not here")
     path = folder / "gsm8k.jsonl.gz"
-    from sim.acceptance import read_runlength_trace, runlength_rates
-    from sim.speculation import SHAREGPT_EAGLE, SHAREGPT_NGRAM, SHAREGPT_NGRAM_PROPOSES
+    from sim.speculation.acceptance import read_runlength_trace, runlength_rates
+    from sim.speculation.methods import SHAREGPT_EAGLE, SHAREGPT_NGRAM, SHAREGPT_NGRAM_PROPOSES
 
     trace = read_runlength_trace(path, "ngram")
     assert len(trace) == 300 and trace.runs.mean() == pytest.approx(1.46, abs=0.01)
-    # the shipped defaults are the ShareGPT measurements summed up (sim/speculation.py)
+    # the shipped defaults are the ShareGPT measurements summed up (sim/speculation/methods.py)
     share = folder / "sharegpt.jsonl.gz"
     eagle = read_runlength_trace(share, "eagle").runs
     ngram = read_runlength_trace(share, "ngram").runs
@@ -372,7 +372,7 @@ def test_runlength_trace_problems_are_one_line(config_with, tmp_path):
 
 def test_issue_command_line(tmp_path):
     """The issue's own attempt now runs (the shipped H100 profile prices EAGLE-3)."""
-    from sim.commands.cli import main
+    from specbatch.commands.cli import main
 
     code = main(["run", "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}',
                  "--num-requests", "20", "--records", "none", "--out", str(tmp_path / "run")])

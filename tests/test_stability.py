@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.stability import MAX_GROWTH, queue_growth
 from tests.conftest import CPU_DEFAULTS
 

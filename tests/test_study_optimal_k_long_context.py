@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.costmodel import CostModel
-from sim.profile import load_profile
+from sim.costmodel.model import CostModel
+from sim.costmodel.profile import load_profile
 from tests.synthetic import linear_latency, make_profile
 from tests.test_costmodel import roofline_latency
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.config import load_config
 from sim.simulate import simulate
-from sim.commands.sweep.spec import load_sweep
+from specbatch.commands.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,7 @@ def test_resume_after_sigkill_runs_only_the_missing_cells(tmp_path, capsys):
     path = write_sweep(tmp_path, GRID.replace('"none", ', '"none", {name = "fixed", k = 1}, '))  # 12 cells
     out, cells = tmp_path / "out", tmp_path / "out" / "cells"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "sim.commands.cli", "sweep", str(path), "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "specbatch.commands.cli", "sweep", str(path), "--out", str(out),
                              "--executor", "serial", "--no-progress"], cwd=tmp_path, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -177,7 +177,7 @@ rate = [0.2, 0.4, 0.8]
 
 
 def test_table_without_pyarrow_falls_back_to_csv(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("sim.commands.sweep.store.have_pyarrow", lambda: False)
+    monkeypatch.setattr("specbatch.commands.sweep.store.have_pyarrow", lambda: False)
     path = write_sweep(tmp_path, GRID.replace("seed = [0, 1]", "seed = [0]").replace("rate = [0.2, 0.4]",
                                                                                     "rate = [0.4]"))
     assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--executor", "serial", "--no-progress"]) == 0

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from tests.conftest import CPU_DEFAULT_FLAGS
 
 REQUIRED = {"X": {"ts", "dur", "pid", "tid", "name"}, "C": {"ts", "pid", "name", "args"},

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.simulate import simulate
 
 

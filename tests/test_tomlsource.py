@@ -77,7 +77,7 @@ def test_parse_toml_error_is_one_line_with_the_line_number():
      '[scenario.expected]\ncompleted = 1\n', 5, "engine.max_batch_size"),
 ])
 def test_sweep_and_regress_files_name_the_keys_own_line(tmp_path, capsys, command, text, line, field):
-    from sim.commands.cli import main
+    from specbatch.commands.cli import main
 
     path = tmp_path / "file.toml"
     path.write_text(text)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.config import load_config
 from sim.errors import InputError
 from tests.conftest import CPU_DEFAULTS

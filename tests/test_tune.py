@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.commands.cli import main
-from sim.commands.tune.objective import GOODPUT, Objective, paired, parse_objective
-from sim.commands.tune.search import CoordinateSearch
-from sim.commands.tune.space import Space, batch_bands, context_bands, engine_policy, engine_text, fitted_bands
-from sim.commands.tune.trials import same_run
+from specbatch.commands.cli import main
+from specbatch.commands.tune.objective import GOODPUT, Objective, paired, parse_objective
+from specbatch.commands.tune.search import CoordinateSearch
+from specbatch.commands.tune.space import Space, batch_bands, context_bands, engine_policy, engine_text, fitted_bands
+from specbatch.commands.tune.trials import same_run
 from sim.errors import InputError
 from tests.synthetic import make_profile
 
@@ -325,8 +325,8 @@ def test_sglang_format_searches_k_from_one_and_reproduces(linear_profile, tmp_pa
 def test_a_cell_never_consulted_is_known_exactly_without_running_it(linear_profile):
     """A band the batch never reaches: any k there that keeps the schedule's largest k gives the same bytes,
     so the search skips it (and every pair it fills in without running equals the real run)."""
-    from sim.commands.tune.objective import Objective
-    from sim.commands.tune.trials import Candidate, run_config
+    from specbatch.commands.tune.objective import Objective
+    from specbatch.commands.tune.trials import Candidate, run_config
     from sim.config import load_config
     from sim.simulate import simulate
 
@@ -355,7 +355,7 @@ def test_a_cell_never_consulted_is_known_exactly_without_running_it(linear_profi
 
 
 def test_an_interrupted_tune_resumes_to_the_same_result(linear_profile, tuned, tmp_path, monkeypatch, capsys):
-    from sim.commands.sweep import executors
+    from specbatch.commands.sweep import executors
 
     real = executors.run_serial
     calls = {"n": 0}
@@ -382,7 +382,7 @@ def test_an_interrupted_tune_resumes_to_the_same_result(linear_profile, tuned, t
 
 def test_the_pool_gives_the_bytes_of_the_serial_run(linear_profile, tuned, tmp_path, monkeypatch):
     """... and one pool serves every batch of the tune (each new pool's workers would load the engine again)."""
-    from sim.commands import workers
+    from specbatch.commands import workers
 
     started = []
     real = workers.worker_pool

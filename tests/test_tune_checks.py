@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from tests.synthetic import make_profile
 
 SCENARIO = ["--prompt-tokens", "64", "--output-tokens", "24", "--max-batch-size", "8", "--rate", "4",
@@ -60,15 +60,15 @@ def test_a_k_max_beyond_the_method_is_refused_in_one_line(eagle_profile, tmp_pat
 
 
 def never_run(monkeypatch):
-    from sim.commands.sweep import executors
+    from specbatch.commands.sweep import executors
 
     for name in ("run_serial", "run_pool", "run_dask"):
         monkeypatch.setattr(executors, name, lambda *a, **k: pytest.fail("a run started before every check"))
 
 
 def test_a_baseline_that_cannot_run_is_refused_before_the_first_run(eagle_profile, tmp_path, capsys, monkeypatch):
-    from sim.commands.tune import plan
-    from sim.commands.tune.trials import Candidate
+    from specbatch.commands.tune import plan
+    from specbatch.commands.tune.trials import Candidate
 
     real = plan.baselines
     monkeypatch.setattr(plan, "baselines", lambda *a, **k: real(*a, **k) + [Candidate("fixed k=9", {"name": "fixed",
@@ -83,7 +83,7 @@ def test_a_baseline_that_cannot_run_is_refused_before_the_first_run(eagle_profil
 
 def failing_after(monkeypatch, runs: int, failure):
     """The serial executor, ending the tune after ``runs`` runs: ``failure`` a failed record or an exception."""
-    from sim.commands.sweep import executors
+    from specbatch.commands.sweep import executors
 
     real = executors.run_serial
     done = {"n": 0}

@@ -38,7 +38,7 @@ def test_tuned_is_never_beaten_beyond_noise(linear_profile, load):  # noqa: F811
     rate = load * saturation_rate(linear_profile)
     result = specbatch.tune(profile=str(linear_profile), **SCENARIO, rate=rate, num_requests=REQUESTS,
                             k_max=5, executor="serial")
-    from sim.commands.tune.baselines import verdict_level
+    from specbatch.commands.tune.baselines import verdict_level
 
     rows = {row.label: row for row in result.rows}
     assert {"none", "fixed k=1", "fixed k=2", "lut alpha=0.7", "goodput k_max=5"} <= set(rows)

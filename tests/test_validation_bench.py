@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-import sim.commands.cli
+import specbatch.commands.cli
 
 
 
@@ -27,7 +27,7 @@ def _recording(monkeypatch, answers: dict[str, int]) -> list[list[str]]:
         calls.append(list(argv))
         return answers[argv[0]]
 
-    monkeypatch.setattr(sim.commands.cli, "main", fake)
+    monkeypatch.setattr(specbatch.commands.cli, "main", fake)
     return calls
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.commands.fidelity import equivalence_test, noise_floor, pooled_summary, step_cost_summary
+from specbatch.commands.fidelity import equivalence_test, noise_floor, pooled_summary, step_cost_summary
 from sim.serving.priced import PricedBackend
 from sim.serving.queues import arrival_queue
 from sim.serving.recorded import LogicDivergence, RecordedBackend, RecordedSteps
@@ -158,7 +158,7 @@ def test_step_cost_error_per_phase_and_k():
 
 
 def test_step_cost_bias_by_batch_size_shows_a_mispriced_size():
-    from sim.commands.fidelity import step_cost_by_batch
+    from specbatch.commands.fidelity import step_cost_by_batch
 
     frame = pd.DataFrame({"group": ["prefill", "decode k=0", "decode k=0", "decode k=2", "decode k=0"],
                           "batch_size": [3, 1, 1, 3, 3],
@@ -215,7 +215,7 @@ def test_a_replay_that_overslept_past_the_next_arrival_is_reproduced(run_config)
 
 def test_the_client_rule_is_checked_on_both_sides_of_the_logic_check():
     """Sends at max(arrival, the (i - N)-th finish in time order); an off send is measured."""
-    from sim.commands.fidelity import _client_rule_error
+    from specbatch.commands.fidelity import _client_rule_error
 
     planned = np.array([0.0, 0.0, 0.0, 5.0, 5.0])
     finish = np.array([3.0, 2.0, 7.0, 9.0, 8.0])
@@ -238,7 +238,7 @@ def test_a_step_backend_is_refused_for_a_cluster(run_config):
 def test_the_simulation_is_pooled_like_the_replays():
     """p99 over 5 x 60 pooled replays is not p99 over 60: the simulated side is computed over as
     many copies of its requests, so the two percentiles are the same statistic."""
-    from sim.commands.fidelity import as_pooled
+    from specbatch.commands.fidelity import as_pooled
 
     e2el = np.concatenate((np.linspace(1.0, 2.0, 58), [3.0, 10.0]))  # one request far worse than the rest
     requests = pd.DataFrame({"e2el_s": e2el, "ttft_s": e2el / 10, "tpot_s": e2el / 100})

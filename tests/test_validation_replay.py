@@ -10,8 +10,8 @@ import pytest
 
 from calibrate.cli import main as calibrate_main
 from calibrate.replay import replay_config, step_overheads
-from sim.commands.cli import main
-from sim.commands.fidelity import logic_check
+from specbatch.commands.cli import main
+from specbatch.commands.fidelity import logic_check
 from tests.test_replay import TINY_GRID, scenario
 
 FLAGS = ["--num-requests", "12", "--rate", "30", "--prompt-tokens", "uniform:4:24", "--output-tokens",

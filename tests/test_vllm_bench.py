@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from tests.conftest import CPU_DEFAULTS
 
 BASE = ["--config", str(CPU_DEFAULTS), "--rate", "0.1"]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specbatch
-from sim.commands.cli import main
+from specbatch.commands.cli import main
 from sim.errors import InputError
 from sim.metrics import parse_goodput
 from workloads import gamma_arrivals, read_vllm_result

@@ -12,9 +12,9 @@ at the same points, beside the composed EAGLE-3 drafting.
 
 from __future__ import annotations
 
-from sim.costmodel import CostModel, Drafter
-from sim.profile import DEFAULT_PROFILE, load_profile
-from sim.speculation import from_vllm, kv_capacity_for
+from sim.costmodel.model import CostModel, Drafter
+from sim.costmodel.profile import DEFAULT_PROFILE, load_profile
+from sim.speculation.methods import from_vllm, kv_capacity_for
 
 BATCHES = (1, 16, 64, 256)
 K, CONTEXT = 3, 1024

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 
 from calibrate.configs import active_param_count, get_config
-from sim.profile import load_profile, shipped_profiles
+from sim.costmodel.profile import load_profile, shipped_profiles
 
 
 

@@ -19,11 +19,11 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from sim.acceptance import expected_tokens_per_step  # noqa: E402
-from sim.commands.flags import RUN_FLAGS  # noqa: E402
+from sim.speculation.acceptance import expected_tokens_per_step  # noqa: E402
+from specbatch.commands.flags import RUN_FLAGS  # noqa: E402
 from sim.config import load_config  # noqa: E402
-from sim.costmodel import CostModel  # noqa: E402
-from sim.profile import load_profile  # noqa: E402
+from sim.costmodel.model import CostModel  # noqa: E402
+from sim.costmodel.profile import load_profile  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 
 OUT = Path(__file__).resolve().parent

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from sim.config import load_config  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
-from sim.commands.timeline import write_timeline  # noqa: E402
+from specbatch.commands.timeline import write_timeline  # noqa: E402
 
 # The CPU scenario that was the shipped default before the H100 profile: these rates are its.
 SCENARIO = ROOT / "tests" / "baselines" / "scenarios" / "cpu.toml"

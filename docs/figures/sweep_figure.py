@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sim.commands.cli import main as specbatch  # noqa: E402
+from specbatch.commands.cli import main as specbatch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SWEEP = HERE.parent / "examples" / "sweep" / "policies-vs-rate.toml"

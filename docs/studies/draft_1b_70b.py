@@ -68,9 +68,9 @@ def draft_on_one_gpu() -> str | None:
     command; None without the kernel data."""
     import argparse
 
-    from sim.commands import compose
+    from specbatch.commands import compose
     from sim.errors import InputError
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     command = load_profile(PROFILE).meta["command"].split()[2:]
     folder = Path(tempfile.mkdtemp(prefix="specbatch-study-")) / "draft-tp1"
@@ -89,9 +89,9 @@ def draft_on_one_gpu() -> str | None:
 def step_parts(profile: str, alpha: float) -> pd.DataFrame:
     """One batch-32 decode step at the study's mean context, taken apart from the profile's curves: per k,
     the passes, the engine's work as it adds (sync) or hides (async), and the time per emitted token."""
-    from sim.cache import fitted_profile, profile_digest
-    from sim.costmodel import CostModel
-    from sim.profile import CSV_NAME, META_NAME, resolve_profile_path
+    from sim.costmodel.cache import fitted_profile, profile_digest
+    from sim.costmodel.model import CostModel
+    from sim.costmodel.profile import CSV_NAME, META_NAME, resolve_profile_path
 
     directory = resolve_profile_path(profile)
     _, model = fitted_profile(directory, profile_digest([directory / CSV_NAME, directory / META_NAME]), fit=CostModel)
@@ -139,9 +139,9 @@ def losing_draft_pass(parts: pd.DataFrame, alphas=ALPHAS) -> pd.DataFrame:
 
 def draft_pass_terms(profile: str) -> dict | None:
     """The 1B's decode pass at batch 32 by composed term (needs the kernel data): where its time goes."""
-    from sim.commands.compose import pricers_for
+    from specbatch.commands.compose import pricers_for
     from sim.errors import InputError
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     try:
         pricers = pricers_for(load_profile(profile))

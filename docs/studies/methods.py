@@ -95,8 +95,8 @@ def steady(cfg, in_flight: int) -> dict:
 
 # ----------------------------------------------------------------------------- acceptance
 def acceptance_table() -> pd.DataFrame:
-    from sim.acceptance import read_runlength_trace, runlength_rates
-    from sim.speculation import RUNLENGTH_MATCH_RATE
+    from sim.speculation.acceptance import read_runlength_trace, runlength_rates
+    from sim.speculation.methods import RUNLENGTH_MATCH_RATE
 
     rows = []
     for dataset in DATASETS:
@@ -273,7 +273,7 @@ def run(profile: str, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sim.profile import DEFAULT_PROFILE
+    from sim.costmodel.profile import DEFAULT_PROFILE
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE)

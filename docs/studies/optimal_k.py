@@ -179,8 +179,8 @@ def plot(result: dict, out_path: Path, title: str) -> None:
 
 
 def run(profile: str, out_dir: Path, simulate_batches: list[int] | None = None) -> dict:
-    from sim.costmodel import CostModel
-    from sim.profile import load_profile
+    from sim.costmodel.model import CostModel
+    from sim.costmodel.profile import load_profile
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,7 @@ def saturation_rate(profile: str, num_requests: int = SATURATION_REQUESTS, extra
 
 def policies_for(profile: str, k_max: int = FIXED_K_MAX) -> list[tuple[str, str, int | None]]:
     """(label, policy name, k): none, fixed k = 1..K, goodput."""
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     top = min(k_max, load_profile(profile).k_max)
     return [("none", "none", None)] + [(f"k={k}", "fixed", k) for k in range(1, top + 1)] + [("goodput", "goodput", None)]
@@ -164,7 +164,7 @@ def plot(table: pd.DataFrame, profile_name: str, sat: float, out_dir: Path) -> l
 
 
 def run(profile: str, out_dir: Path) -> dict:
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ MULTI_GPU = ("smartspec_70b", "draft_1b_70b", "tp_vs_replicas")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sim.profile import DEFAULT_PROFILE
+    from sim.costmodel.profile import DEFAULT_PROFILE
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or directory")

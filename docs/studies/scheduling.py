@@ -51,7 +51,7 @@ def one_run(profile: str, scheduler: str, rate: float, k: int) -> dict:
 def sweep(profile: str, saturation: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = [{"fraction": f, **one_run(profile, scheduler, f * saturation, k)}
             for f in FRACTIONS for scheduler in SCHEDULERS for k in (0, 3)]
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     top = min(K_MAX, load_profile(profile).k_max)
     k_rows = [{"fraction": f, **one_run(profile, scheduler, f * saturation, k)}
@@ -60,12 +60,12 @@ def sweep(profile: str, saturation: float) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def mixed_check(profile: str) -> pd.DataFrame | None:
-    """The target pass of mixed steps by the cost model's formula (sim/costmodel.py) and by the
+    """The target pass of mixed steps by the cost model's formula (sim/costmodel/model.py) and by the
     kernel composition (sim.compose.price.PassPricer.mixed); None for a profile not composed,
     or without its kernel data."""
-    from sim.commands.compose import pricers_for
-    from sim.costmodel import CostModel
-    from sim.profile import load_profile
+    from specbatch.commands.compose import pricers_for
+    from sim.costmodel.model import CostModel
+    from sim.costmodel.profile import load_profile
 
     loaded = load_profile(profile)
     if loaded.meta.get("source") != "composed":
@@ -146,7 +146,7 @@ def run(profile: str, out_dir: Path) -> dict:
 def main() -> int:
     import argparse
 
-    from sim.profile import DEFAULT_PROFILE
+    from sim.costmodel.profile import DEFAULT_PROFILE
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--profile", default=DEFAULT_PROFILE)

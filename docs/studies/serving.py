@@ -12,7 +12,7 @@ from __future__ import annotations
 
 def max_batch_for(profile: str) -> int:
     """The largest batch size the profile measured a target decode step at."""
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     return int(load_profile(profile).phase("decode", "target").batch_size.max())
 

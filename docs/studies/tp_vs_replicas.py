@@ -116,7 +116,7 @@ def plot(table: pd.DataFrame, sat: float, out_dir: Path) -> Path:
 
 def run(profile: str | None, out_dir: Path) -> dict:
     """``profile`` is not used: the study compares its two shipped profiles."""
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     out_dir = output_dir(out_dir)
     sat = saturation()

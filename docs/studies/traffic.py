@@ -45,7 +45,7 @@ def saturation_rate(profile: str, num_requests: int = SATURATION_REQUESTS) -> fl
 
 def policies_for(profile: str) -> list[tuple[str, str, dict]]:
     """(label, policy name, extra policy keys): fixed k, lut at the run's alpha, goodput, none."""
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     k = min(FIXED_K, load_profile(profile).k_max)
     alpha = _config(profile, "none", 0).acceptance.alpha
@@ -189,7 +189,7 @@ def plot_phases(table: pd.DataFrame, profile_name: str, out_dir: Path) -> Path:
 
 
 def run(profile: str, out_dir: Path) -> dict:
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

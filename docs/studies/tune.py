@@ -32,7 +32,7 @@ def tune_at(profile: str, rate: float, out: Path):
     """One `specbatch tune` at this rate, its folder written to ``out``."""
     from serving import max_batch_for
 
-    from sim.commands.api import tune
+    from specbatch.commands.api import tune
 
     return tune(profile=profile, rate=rate, num_requests=NUM_REQUESTS, max_batch_size=max_batch_for(profile),
                 executor="serial", out=out)
@@ -46,7 +46,7 @@ def rows_for(fraction: float, rate: float, result) -> tuple[list[dict], dict]:
         rows.append({"fraction": fraction, "rate": rate, "policy": r.label, "mean_e2el_s": r.value(goal) / 1e3,
                      "tuned_minus_s": r.tuned_minus.mean / 1e3, "noise_s": r.tuned_minus.noise / 1e3,
                      "mean_k": r.metrics["mean_k"], "mean_batch": r.metrics["mean_batch_size"]})
-    from sim.commands.tune.baselines import best_baseline, verdict_level
+    from specbatch.commands.tune.baselines import best_baseline, verdict_level
 
     best = best_baseline(result.rows)
     fixed = min((r for r in result.rows if r.label.startswith("fixed")), key=lambda r: sum(r.losses))
@@ -116,7 +116,7 @@ def plot(table: pd.DataFrame, schedules: pd.DataFrame, name: str, sat: float, ou
 def run(profile: str, out_dir: Path) -> dict:
     from rates import saturation_rate
 
-    from sim.profile import load_profile
+    from sim.costmodel.profile import load_profile
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

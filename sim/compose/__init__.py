@@ -11,7 +11,18 @@ Modules: :mod:`.data` (finding and reading the tables and spec sheets), :mod:`.i
 :mod:`.price` (one forward pass), :mod:`.build` (a whole profile). No torch, no calibrate.
 """
 
-from sim.compose.build import Request, compose, points_of
-from sim.compose.shapes import ModelShape
-
 __all__ = ["ModelShape", "Request", "compose", "points_of"]
+
+
+def __getattr__(name: str):
+    """The package's names, loaded when first used: a submodule (the fitted terms, the sampler's
+    modes) is read without loading the composer (pandas, the kernel tables)."""
+    if name == "ModelShape":
+        from sim.compose.shapes import ModelShape
+
+        return ModelShape
+    if name in __all__:
+        from sim.compose import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module 'sim.compose' has no attribute {name!r}")

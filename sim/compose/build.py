@@ -20,8 +20,9 @@ from sim.compose.parallel import GRAPH_TOKENS, Collectives, newest
 from sim.compose.price import KV_BYTES, KernelTables, PassPricer
 from sim.compose.sampler import SORT_SOURCE
 from sim.compose.shapes import ModelShape
+from sim.compose.fitted import EXPOSED_OVERHEAD_S, REQUEST_LATENCY_S, REQUEST_LATENCY_SOURCE  # noqa: F401 (compose's)
 from sim.errors import InputError
-from sim.profile import COLUMNS, CSV_NAME, META_NAME, write_profile
+from sim.costmodel.profile import COLUMNS, CSV_NAME, META_NAME, write_profile
 
 SIGNIFICANT = 4  # digits kept per latency: the kernel tables are not more precise, and the files stay small
 MEMORY_FRACTION = 0.9  # vLLM's default gpu_memory_utilization
@@ -36,23 +37,6 @@ ENGINE_OVERHEAD_SOURCE = (
     "Llama-3.1-8B is within 2% of that fit's 5.89 ms GPU step); the part no overlap hides is fitted apart "
     "(exposed_overhead_s, request latency below). "
     "Override with --engine-overhead-ms / --engine-overlap, or fit to your own measurements (specbatch fit)")
-# What kernel tables cannot say: the serving stack's latency per request as its client sees it (HTTP,
-# tokenization, the hop to the engine and back, detokenization, streaming) and the engine's time per
-# step that asynchronous scheduling does not hide. Fitted on the dev runs of real vLLM
-# (benchmarks/real_vllm.py, ../shared/validation) leaving one model out: the latency is carried because
-# it lowers the held-out runs' errors; the step time comes to 0 in every fold since the sampler is
-# priced as vLLM sampled those runs (sim/compose/sampler.py), so it is not carried (docs/validation.md).
-REQUEST_LATENCY_S = 8.0495e-3
-EXPOSED_OVERHEAD_S = 0.0
-FITTED_TERMS_SOURCE = (
-    "fitted, not measured here: the serving frontend's latency per request (TTFT and E2E, not the time between "
-    "tokens) {latency:.3f} ms, fitted by benchmarks/real_vllm.py on the dev runs of vLLM 0.15.1 on H100 SXM "
-    "(Llama-2-7b, Llama-2-70b TP 4, Mixtral-8x7B TP 2, CodeLlama-34b TP 2; ../shared/validation/vllm-h100) and "
-    "carried because, leaving one model out, it lowers the held-out runs' errors; the engine's time per step that "
-    "asynchronous scheduling does not hide, {exposed:.3f} ms (fitted the same way it comes to 0 in every fold "
-    "once the sampler is priced as vLLM sampled those runs) (docs/validation.md); override with "
-    "--request-latency-ms / --exposed-overhead-ms")
-REQUEST_LATENCY_SOURCE = FITTED_TERMS_SOURCE.format(latency=REQUEST_LATENCY_S * 1e3, exposed=EXPOSED_OVERHEAD_S * 1e3)
 NOT_MODELLED = (
     "eager launches (the tables time kernels back to back, as CUDA graphs replay them; no per-kernel launch gap "
     "is added); the padding of a step to vLLM's CUDA-graph sizes is the cost model's (vllm-v1 scheduler)",

@@ -4,7 +4,7 @@ A replica's state is a handful of numpy arrays (sim/serving/state.py builds them
 the rules (sim/serving/rules.py, sim/scheduler/) read and write it alike whether Python
 interprets them step by step or numba runs them compiled (sim/jit.py). These are the indices.
 It lives here, below the serving loop, because the schedulers, the proposal rules
-(sim/proposals.py) and the loop all read it, and the loop imports them: none of them imports
+(sim/speculation/proposals.py) and the loop all read it, and the loop imports them: none of them imports
 the loop back.
 
 Who writes what (docs/architecture.md, "Who owns the state"):
@@ -54,7 +54,7 @@ REC_FLOATS = 4
  C_FREE_BLOCKS, C_PEAK_BLOCKS, C_FREE_SLOTS, C_ADMISSIBLE, C_ARRIVED_PREV, C_CACHE_QUERIES, C_CACHE_HITS, C_RESUME_QUERIES, C_RESUME_HITS,
  # the compiled run's buffers
  C_DRAW_POS, C_REC_POS, C_REC_END, C_ITL_POS, C_ITL_END, C_STEPS,
- # the policy's k before a host matcher's rows cut theirs to what they proposed (sim.proposals)
+ # the policy's k before a host matcher's rows cut theirs to what they proposed (sim.speculation.proposals)
  C_OFFERED_K,
  # the largest draft lag of the step's decoding rows (what the draft's catch-up is priced at)
  C_STEP_LAG) = range(40)
@@ -99,5 +99,5 @@ NO_KEY = -1  # a block holding nothing reusable; keys >= 0 are shared; <= -2 a r
 IDLE, ARRIVAL, REFILL, LIMIT, DONE = 0, 1, 2, 3, 4
 MANY = 1 << 62
 
-# acceptance samplers a compiled run draws for (sim.acceptance)
+# acceptance samplers a compiled run draws for (sim.speculation.acceptance)
 SHARED, SCALED, POSITIONS = 0, 1, 2

@@ -288,7 +288,7 @@ class V1Scheduler:
     name = "vllm-v1"
     paged = True
     static = False
-    prefill = "packed"  # chunks are priced one step at a time (sim.costmodel's mixed-step formula)
+    prefill = "packed"  # chunks are priced one step at a time (sim.costmodel.model's mixed-step formula)
 
     @property
     def total_blocks(self) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 
 from policies.base import BY_BATCH_SIZE, GOODPUT_RULE
 from policies.goodput_rules import EXPECTED, MARGIN, choose_priced, observe_rows
-from sim.costmodel_rules import blend, catch_up_price
+from sim.costmodel.rules import blend, catch_up_price
 from sim.scheduler.layout import (ARRIVAL, C_ARRIVED, C_DRAW_POS, C_ITL_END, C_ITL_POS, C_OFFERED_K, C_PHASE, C_REC_END,
                                   C_REC_POS, C_STEP_K, C_STEPS, IDLE, LIMIT, NOW, PENDING_END, REFILL,
                                   ROW_REMAINING, S_ROW_K)

@@ -34,7 +34,7 @@ from sim.scheduler.layout import (C_HEAD, C_OFFERED_K, C_PREFILLING, C_REQUEUED,
                                   ROW_REMAINING, S_PF_DONE, S_PF_REQ, S_PF_TARGET, S_REQUEUED)
 from sim.scheduler.v0 import STUCK
 from sim.scheduler.work import has_work
-from sim import proposals as proposal_rules
+from sim.speculation import proposals as proposal_rules
 from sim.serving import step
 from sim.serving.plan import Plan
 from sim.serving.records import ReplicaRecords
@@ -106,7 +106,7 @@ class ServingLoop:
         self.feedback = StepFeedback()
         self._final = np.zeros(scheduler.max_batch_size, dtype=np.int64)  # the view's final contexts
         self._observes = policy.observes  # feedback is filled in only for policies that listen
-        self.proposals = proposals  # sim.acceptance.ProposalModel: rows propose only where they match (None: always)
+        self.proposals = proposals  # sim.speculation.acceptance.ProposalModel: rows propose only where they match (None: always)
         self.proposer = proposer_of(proposals)
         self._follows = backend.follows_rows
         self.compiled_runs = None  # sim.serving.compiled.CompiledRuns, when stretches of steps run compiled
@@ -233,9 +233,9 @@ def scheduler_counters(ctr: np.ndarray, par: np.ndarray) -> dict:
 
 
 def proposer_of(proposals) -> step.Proposer:
-    """How the step's rows propose (sim.acceptance.ProposalModel; None: every row proposes its k)."""
+    """How the step's rows propose (sim.speculation.acceptance.ProposalModel; None: every row proposes its k)."""
     if proposals is None:
-        from sim.acceptance import ALWAYS_PROPOSE
+        from sim.speculation.acceptance import ALWAYS_PROPOSE
         proposals = ALWAYS_PROPOSE
     p = proposals
     return step.Proposer(int(p.mode), float(p.match_rate), int(p.seed), p.runs, p.start, p.length)

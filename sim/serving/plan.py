@@ -78,7 +78,7 @@ class Plan:
 
     @property
     def scale(self) -> np.ndarray:
-        """What the acceptance sampler reads for each decoded row (sim.acceptance)."""
+        """What the acceptance sampler reads for each decoded row (sim.speculation.acceptance)."""
         return self._state.rowf[ROW_SCALE, :self.rows]
 
     @property

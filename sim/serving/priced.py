@@ -1,13 +1,13 @@
 """The simulator's step backend: a step costs what the step table says; acceptance is drawn.
 
 Nothing runs: a step's duration is looked up (pre-tabulated curves, O(1) per step;
-:mod:`sim.costmodel_rules`) and the accepted draft tokens are drawn from the acceptance
+:mod:`sim.costmodel.rules`) and the accepted draft tokens are drawn from the acceptance
 model, so the clock simply waits the duration out. A decode step is priced at the largest
 draft lag of its rows (the draft's catch-up), a ragged one at its largest k: exactly the
 price of a uniform step at that k (batched drafting keeps the batch's shape, and padding
 keeps a ragged step priced by the same table a policy predicts with). A host matcher's
 ragged step (n-gram, suffix: rows without a match propose nothing) has no drafting to keep
-in shape and is priced by its tokens instead (sim.costmodel_rules.tokens_price):
+in shape and is priced by its tokens instead (sim.costmodel.rules.tokens_price):
 :func:`ragged_by_tokens` decides it for this backend and for the compiled runs.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.acceptance import AcceptanceSampler
-from sim.costmodel import DrafterKind, StepTable
+from sim.speculation.acceptance import AcceptanceSampler
+from sim.costmodel.model import DrafterKind, StepTable
 from sim.jit import direct
 from sim.serving import step
 

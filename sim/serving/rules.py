@@ -10,7 +10,7 @@ fed. After a prefill it is 1 (the first token came from the target); after a spe
 it is 1, or 2 when every draft token was accepted (the last draft token was sampled by the
 draft but never fed back, and the bonus token is new); a k = 0 step adds 1. The draft's first
 pass of the next speculative step feeds all of them (its *catch-up*), priced at the step's
-largest lag (sim/costmodel_rules.py). ``track_lag`` says how lag moves (sim.speculation):
+largest lag (sim/costmodel/rules.py). ``track_lag`` says how lag moves (sim.speculation.methods):
 0 no drafter keeps KV to catch up (none, Medusa, a host matcher); 1 a draft model, as above;
 2 a head (EAGLE, MTP), whose first pass runs over every verified position, so it is 1 after
 any speculative step.

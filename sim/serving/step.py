@@ -8,7 +8,7 @@ Every replica step, interpreted or compiled, is these functions called in this o
 2. the policy's k: a Python policy (sim/serving/loop.py) or its compiled form
    (sim/serving/kernel.py's ``choose``), spread over the rows by :func:`plan`;
 3. :func:`plan`: the scheduler's decision, the **plan** (sim/serving/plan.py reads it): the rows
-   scheduled and each one's k after a host matcher's rows cut theirs (sim.proposals), the
+   scheduled and each one's k after a host matcher's rows cut theirs (sim.speculation.proposals), the
    prefill chunks and their cached prefixes (vllm-v1) or the prompts admitted (v0) and the length
    they are priced at, the batch size the decodes are charged at, their mean context and largest
    draft lag;
@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sim.costmodel_rules import chunk_price, decode_price, prefill_price, prefix_attention_price, tokens_price
-from sim.proposals import count_accepted, propose_rows
+from sim.costmodel.rules import chunk_price, decode_price, prefill_price, prefix_attention_price, tokens_price
+from sim.speculation.proposals import count_accepted, propose_rows
 from sim.scheduler.layout import (C_ADMIT, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_DRAW_POS, C_OFFERED_K,
                                   C_PHASE, C_PREEMPTED_NOW, C_RAGGED, C_RUNNING, C_STEP_BLOCKS, C_STEP_CHARGED,
                                   C_STEP_K, C_STEP_LAG, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT, DECODE,
@@ -87,7 +87,7 @@ class Replica(NamedTuple):
 
 
 class Prices(NamedTuple):
-    """The step table as :func:`price` reads it (sim.costmodel.StepTable; sim/costmodel_rules.py)."""
+    """The step table as :func:`price` reads it (sim.costmodel.model.StepTable; sim/costmodel/rules.py)."""
 
     decode: np.ndarray
     decode_lag2: np.ndarray
@@ -107,7 +107,7 @@ class Prices(NamedTuple):
 
 
 class Proposer(NamedTuple):
-    """How rows propose (sim.proposals; mode 0: every row proposes its k)."""
+    """How rows propose (sim.speculation.proposals; mode 0: every row proposes its k)."""
 
     mode: int
     match_rate: float
@@ -118,7 +118,7 @@ class Proposer(NamedTuple):
 
 
 class Draws(NamedTuple):
-    """A compiled run's acceptance draws (sim.acceptance's buffer, read in place) and their tally."""
+    """A compiled run's acceptance draws (sim.speculation.acceptance's buffer, read in place) and their tally."""
 
     kind: int
     ints: np.ndarray
@@ -201,7 +201,7 @@ def decode_rows(s):
 
 
 def price(s, p):
-    """What the plan costs by the step table (the simulator's backend; sim.costmodel_rules): a v0
+    """What the plan costs by the step table (the simulator's backend; sim.costmodel.rules): a v0
     prefill at its priced prompt length; decodes at their charged batch size, mean context and
     largest k (a host matcher's ragged step by its tokens) with the draft's catch-up at the
     largest lag; a vllm-v1 step's chunks on top."""
@@ -226,7 +226,7 @@ def price(s, p):
 
 
 def draw(s, d):
-    """The draft tokens each decoded row keeps, from a compiled run's draw buffer (sim.acceptance)."""
+    """The draft tokens each decoded row keeps, from a compiled run's draw buffer (sim.speculation.acceptance)."""
     m = decode_rows(s)
     ctr = s.counters
     if not m or not ctr[C_STEP_K]:

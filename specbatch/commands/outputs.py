@@ -1,0 +1,331 @@
+"""Run outputs: the terminal summary and the files of an output folder.
+
+Files are written into a staging folder beside the target and renamed into place,
+so a folder is either a complete run or absent. Nothing in them depends on the
+wall clock, so the same config and seed give the same bytes.
+
+The record tables (requests, steps) are written by pyarrow straight from the run's
+typed columns (:mod:`sim.serving.records`): no DataFrame, no per-row Python. A new
+column is one more entry in those columns; the writer takes them all, in order.
+CSV floats are written at full precision: pyarrow prints the shortest decimal that
+reads back as the same float64, so a value read from requests.csv or steps.csv is the
+value the run computed (step durations summed from steps.csv give summary.json's busy
+time to the last bit of rounding), and NaN is an empty cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import sim
+from sim.atomic_write import staged_dir
+from specbatch.commands.described import describe, policy_k_max
+from sim.config import RunConfig
+from sim.errors import InputError
+from sim.metrics import percentile_word
+from sim.simulate import Columns, RunResult
+
+SLICE_ROWS = 1 << 16  # rows converted and written at a time (larger slices were no faster: 2.5 s either way at 1M)
+
+MARKER = "summary.json"
+SPEC_DECODE_FILE = "spec_decode.jsonl"  # per request, vLLM's speculative_decoding objects (when asked)
+
+
+def default_output_dir(result_digest: str) -> Path:
+    return Path("runs") / result_digest
+
+
+def run_to_folder(config: RunConfig, *, default_folder: bool,
+                  warn: Callable[[str], None] = lambda warning: None) -> tuple[RunResult, Path | None]:
+    """One run from a resolved config to its folder: what ``specbatch run`` and ``specbatch.run`` both do.
+
+    Everything that can fail fails first (docs/errors.md): the inputs (``prepare``), then every
+    output (the folder, the timeline). The folder is locked while the run works, so a second
+    run into it is refused, and the folder and the timeline appear whole or not at all.
+    ``default_folder``: without ``output.dir``, write to runs/<digest> (the command line) rather
+    than nowhere (the API). ``warn`` hears each warning once: the preparation's before the run,
+    the run's own (a queue that grows without bound) after it.
+    """
+    from sim.atomic_write import output_lock, output_problem
+    from specbatch.commands.timeline import check_writable, commit, remove_folders, stage_timeline
+    from sim.simulate import execute, prepare
+
+    run = prepare(config)
+    out = config.output.dir or (default_output_dir(run.config.digest()) if default_folder else None)
+    if out is not None:
+        problem = output_problem(out, folder=True)
+        if problem is not None:
+            raise config.error("output.dir", f"cannot write {out}: {problem}")
+        check_run_dir(out)
+    timeline = config.output.timeline
+    timeline_folders = check_writable(timeline) if timeline else []
+    for warning in run.warnings:
+        warn(warning)
+    locked = output_lock(out, error=lambda message: config.error("output.dir", message)) if out is not None \
+        else contextlib.nullcontext()
+    with locked:
+        result = execute(run)
+        staged = None
+        try:
+            staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
+            if out is not None:
+                out = write_run(result, out)
+        except BaseException:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            remove_folders(timeline_folders)
+            raise
+        if staged is not None:
+            commit(staged, timeline)
+    for warning in result.warnings[len(run.warnings):]:
+        warn(warning)
+    return result, (Path(out) if out is not None else None)
+
+
+def summary_document(result: RunResult) -> dict:
+    cfg = result.config
+    return {
+        "specbatch_version": sim.__version__,
+        "config_digest": cfg.digest(),
+        "profile": profile_section(result),
+        "policy": {"name": cfg.policy.name, **cfg.policy.params},
+        "speculation": cfg.speculation.to_dict(),
+        "described": describe(cfg, result.profile, policy_k_max(cfg)),
+        "batching": cfg.engine.batching,
+        "seed": cfg.seed,
+        "metrics": {k: _json_number(v) for k, v in result.summary.items()},
+        "warnings": result.warnings,
+        **({"by_label": {label: {k: _json_number(v) for k, v in m.items()} for label, m in result.by_label.items()}}
+           if result.by_label else {}),
+        **({"cluster": {"replicas": cfg.cluster.replicas, "router": cfg.cluster.router},
+            "replicas": [{k: _json_number(v) for k, v in m.items()} for m in result.replicas]}
+           if result.replicas else {}),
+        **bench_serve_names(result),
+        **({"speculative_decoding": {k: _json_value(v) for k, v in result.spec_decode.items()}}
+           if result.spec_decode else {}),
+        **(result.extra or {}),
+    }
+
+
+def profile_section(result: RunResult) -> dict:
+    """summary.json's ``profile``: named as the user gave it (a folder's name is not its sidecar's:
+    ``--profile my-profile`` may hold a calibration the sidecar calls ``cpu-tinyllama-1.1b-llama-68m``,
+    the name of a shipped profile too), the sidecar's own name beside it where it differs."""
+    profile, given = result.profile, result.config.profile
+    return {"name": given, **({"sidecar_name": profile.name} if profile.name != given else {}),
+            "device": profile.meta.get("device", {}),
+            "models": {role: m.get("name") for role, m in profile.meta.get("models", {}).items()}}
+
+
+def bench_serve_names(result: RunResult) -> dict:
+    """The names of ``vllm bench serve --save-result`` that summary.json's ``metrics`` lacks, at its
+    top level beside ``seed`` and ``batching``: the client's settings (``num_prompts``,
+    ``request_rate`` ("inf" as vLLM writes it), ``burstiness``, ``max_concurrency``), ``duration``
+    and ``request_goodput`` (null without --goodput, as vLLM writes it). vLLM's metric names
+    (``completed``, ``mean_ttft_ms`` ...) are those of ``metrics``."""
+    w, s = result.config.workload, result.summary
+    rate = w.rate if w.trace is None and w.trace_vllm is None and w.rate_profile is None else None
+    return {
+        "num_prompts": result.request_count,
+        "request_rate": "inf" if rate == math.inf else rate,
+        "burstiness": w.burstiness if w.arrival == "gamma" else 1.0,
+        "max_concurrency": w.max_concurrency,
+        "duration": _json_number(s["duration_s"]),
+        "request_goodput": _json_number(s["request_goodput"]) if "request_goodput" in s else None,
+    }
+
+
+def _json_value(value):
+    return [_json_number(x) for x in value] if isinstance(value, list) else _json_number(value)
+
+
+def check_run_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """Refuse to replace a folder that is not an earlier run's (checked before the run, and again at the write)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not (out_dir.is_dir() and (out_dir / MARKER).is_file()):
+        raise InputError("exists and is not a specbatch run folder; refusing to replace it",
+                         field="output.dir", source=str(out_dir))
+    return out_dir
+
+
+def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
+    out_dir = check_run_dir(out_dir)
+    with staged_dir(out_dir) as staging:
+        records = result.config.output.records
+        (staging / "config.toml").write_text(result.config.to_toml())
+        if records != "none":
+            write_table(result.request_columns, staging / f"requests.{records}", records)
+            write_table(result.step_columns, staging / f"steps.{records}", records)
+        if result.spec_decode_requests is not None:
+            (staging / SPEC_DECODE_FILE).write_text("".join(
+                json.dumps(r, separators=(",", ":")) + "\n" for r in result.spec_decode_requests))
+        (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+def write_table(columns: Columns, path: Path, fmt: str) -> None:
+    """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order.
+
+    Rows go out in slices of :data:`SLICE_ROWS`, so the writer's own memory (the formatted
+    text) stays a slice's, whatever the run's length.
+    """
+    import pyarrow as pa
+
+    names = list(columns)
+    arrays = {name: np.asarray(columns[name]) for name in names}
+    rows = len(next(iter(arrays.values()))) if arrays else 0
+
+    def table(lo: int, hi: int):
+        return pa.table([_arrow_column(arrays[name][lo:hi], fmt) for name in names], names=names)
+
+    first = table(0, min(rows, SLICE_ROWS))
+    with pa.OSFile(str(path), "wb") as sink:
+        if fmt == "csv":
+            import pyarrow.csv as pacsv
+
+            sink.write((",".join(names) + "\n").encode())  # bare names: they are identifiers
+            writer = pacsv.CSVWriter(sink, first.schema, write_options=_csv_options(arrays))
+        else:
+            import pyarrow.parquet as pq
+
+            writer = pq.ParquetWriter(sink, first.schema)
+        with writer:
+            writer.write_table(first)
+            for lo in range(SLICE_ROWS, rows, SLICE_ROWS):
+                writer.write_table(table(lo, min(rows, lo + SLICE_ROWS)))
+
+
+def _csv_options(arrays: dict[str, np.ndarray]):
+    """No quotes, unless a label holds a comma, quote or line break (then Arrow quotes every label)."""
+    import pyarrow.csv as pacsv
+
+    structural = any(np.char.find(values.astype(str), c).max(initial=-1) >= 0
+                     for values in arrays.values() if values.dtype.kind == "O" for c in ',"\r\n')
+    return pacsv.WriteOptions(include_header=False, quoting_style="needed" if structural else "none")
+
+
+def _arrow_column(values: np.ndarray, fmt: str):
+    """One column as an Arrow array sharing the numpy buffer (``pa.array`` would import pandas,
+    ~0.4 s, to look for pandas types); a CSV's NaN is a null, written as an empty cell, and every
+    other float is printed in full (the shortest text that reads back as the same float64)."""
+    import pyarrow as pa
+
+    if values.dtype.kind not in "iuf":  # labels: strings (a labelled run has imported pandas anyway)
+        return pa.array(values, type=pa.string() if values.dtype.kind == "O" else None)
+    values = np.ascontiguousarray(values)
+    validity = None
+    if values.dtype.kind == "f" and fmt == "csv":
+        nan = np.isnan(values)
+        if nan.any():
+            validity = pa.py_buffer(np.packbits(~nan, bitorder="little"))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [validity, pa.py_buffer(values)])
+
+
+def _json_number(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def latency_statistics(result, metrics: list[str], percentiles: list[float]) -> dict[str, float]:
+    """mean, median, std and the percentiles asked for, in ms, of each latency (ttft, tpot, itl, e2el),
+    named as vLLM names them (``p99.9_ttft_ms``): vllm bench serve's --percentile-metrics and
+    --metric-percentiles."""
+    from sim.metrics import distribution_stats
+
+    r = result.request_columns
+    done = ~np.isnan(r["finish_s"])
+    values = {"ttft": (r["ttft_s"][done], None), "tpot": (r["tpot_s"][done & (r["output_tokens"] > 1)], None),
+              "e2el": (r["e2el_s"][done], None), "itl": result.itl}
+    out: dict[str, float] = {}
+    for metric in metrics:
+        data, weights = values[metric]
+        out.update(distribution_stats(metric, data, weights, percentiles))
+    return out
+
+
+def format_summary(result: RunResult, selection: tuple[list[str], list[float]] | None = None) -> str:
+    """A vLLM-style result block, readable at a glance. ``selection`` (vllm bench serve's
+    --percentile-metrics and --metric-percentiles: metrics, percentiles) prints those latencies'
+    mean, median and percentiles, as vLLM does; by default every latency's mean, median, P90 and P99."""
+    s, cfg = result.summary, result.config
+    width = 52
+    lines = ["{s:{c}^{n}}".format(s=" specbatch simulation result ", n=width, c="=")]
+
+    def row(label: str, value) -> None:
+        if isinstance(value, float):
+            value = "n/a" if not math.isfinite(value) else f"{value:.2f}"
+        lines.append(f"{label:<40}{value:>12}")
+
+    def header(title: str) -> None:
+        lines.append("{s:{c}^{n}}".format(s=f" {title} ", n=width, c="-"))
+
+    lines.append(f"{'Profile:':<12}{result.config.profile:>40}")  # as the user gave it (summary.json has both)
+    policy = cfg.policy.name + "".join(f" {k}={v}" for k, v in cfg.policy.params.items())
+    if len(policy) > 40:  # a look-up table, say: the full parameters are in config.toml
+        policy = policy[:39] + "…"
+    lines.append(f"{'Policy:':<12}{policy:>40}")
+    lines.append(f"{'Batching:':<12}{cfg.engine.batching + f' (max {cfg.engine.max_batch_size})':>40}")
+    if result.replicas:
+        lines.append(f"{'Cluster:':<12}{f'{cfg.cluster.replicas} replicas, {cfg.cluster.router}':>40}")
+    row("Successful requests:", s["completed"])
+    row("Benchmark duration (s):", s["duration_s"])
+    row("Total input tokens:", s["total_input_tokens"])
+    row("Total generated tokens:", s["total_output_tokens"])
+    row("Request throughput (req/s):", s["request_throughput"])
+    if "request_goodput" in s:
+        row("Request goodput (req/s):", s["request_goodput"])
+    row("Output token throughput (tok/s):", s["output_throughput"])
+    row("Total token throughput (tok/s):", s["total_token_throughput"])
+    stats, shown = s, [("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")]
+    metrics = ["ttft", "tpot", "itl", "e2el"]
+    if selection is not None:
+        metrics, percentiles = selection
+        stats = latency_statistics(result, metrics, percentiles)
+        words = [percentile_word(p) for p in percentiles]
+        shown = [("mean", "Mean"), ("median", "Median")] + [(f"p{w}", f"P{w}") for w in words]
+    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    for key in metrics:
+        header(titles[key])
+        for stat, label in shown:
+            row(f"{label} {key.upper()} (ms):", stats[f"{stat}_{key}_ms"])
+    header("Speculative Decoding")
+    lines.append(f"Method: {cfg.speculation.label()}")
+    row("Acceptance rate (%):", 100 * s["acceptance_rate"])
+    row("Mean acceptance length:", s["mean_acceptance_length"])
+    per_pos = (result.spec_decode or {}).get("acceptance_rate_per_pos", [])
+    if per_pos and s["num_drafts"]:
+        lines.append("Per-position acceptance (%):")
+        lines.append("  " + ", ".join(f"{100 * x:.1f}" for x in per_pos[:8]) + (" ..." if len(per_pos) > 8 else ""))
+    row("Mean k:", s["mean_k"])
+    row("Mean batch size (decode):", s["mean_batch_size"])
+    row("Engine steps (prefill + decode):", s["num_steps"])
+    row("Token goodput (tok/s of busy time):", s["token_goodput"])
+    if "num_preemptions" in s:  # the vllm-v1 scheduler
+        header("Scheduler vllm-v1")
+        row("Mixed steps (decodes + prefill chunks):", s["num_mixed_steps"])
+        row("Preemptions:", s["num_preemptions"])
+        row("Peak KV blocks:", s["peak_kv_blocks"])
+        if "prefix_cache_queries" in s:
+            row("Prefix cache hit rate (%):", 100 * s["prefix_cache_hit_rate"])
+            row("Prompt tokens found in the cache:", s["prefix_cache_hits"])
+    if result.replicas:
+        header(f"{len(result.replicas)} replicas, {cfg.cluster.router} router")
+        lines.append(f"{'replica':>7}{'reqs':>6}{'mean E2EL ms':>13}{'p99 E2EL ms':>12}{'batch':>7}{'busy':>7}")
+        for m in result.replicas:
+            lines.append(f"{m['replica']:>7}{m['requests']:>6}{_ms(m['mean_e2el_ms']):>13}"
+                         f"{_ms(m['p99_e2el_ms']):>12}{m['mean_batch_size']:>7.1f}{100 * m['busy_fraction']:>6.1f}%")
+    lines.append("=" * width)
+    return "\n".join(lines)
+
+
+def _ms(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.0f}"
