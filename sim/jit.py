@@ -218,7 +218,31 @@ def compiled(fn: Callable) -> Callable:
         import numba
 
         twin = _TWINS[fn] = numba.njit(cache=True, nogil=True, _nrt=False)(fn)
+        _load_without_refresh(twin)
     return twin
+
+
+def _load_without_refresh(twin) -> None:
+    """Load ``twin``'s cached code without refreshing numba's target context first.
+
+    numba refreshes the context before loading a cached function (installing every lowering
+    and typing registry: importing most of numba's implementation modules, a fifth of a warm
+    run's whole process), though loading and calling compiled code needs none of them; a
+    compile refreshes it anyway (numba's compiler does, whatever happened before). Only this
+    project's compiled rules load this way, and only where numba's cache has the methods this
+    was checked against (tests/test_decode_runs.py runs both paths); elsewhere numba loads as
+    it does."""
+    cache = getattr(twin, "_cache", None)
+    guard = getattr(cache, "_guard_against_spurious_io_errors", None)
+    load = getattr(cache, "_load_overload", None)
+    if guard is None or load is None:
+        return
+
+    def load_overload(sig, target_context):
+        with guard():
+            return load(sig, target_context)
+
+    cache.load_overload = load_overload
 
 
 class DirectCall:
