@@ -153,6 +153,23 @@ def test_a_warm_run_imports_neither_pandas_nor_scipy(tmp_path):
     assert (tmp_path / "a" / "requests.csv").read_bytes() == (tmp_path / "b" / "requests.csv").read_bytes()
 
 
+def test_a_warm_run_loads_the_compiled_engine_without_numbas_lowering_registries(tmp_path):
+    """Start-up: loading the cached compiled rules skips numba's context refresh (sim.jit), which
+    imports its implementation modules (numba.np.arraymath and the rest). (A compile still refreshes:
+    the session's cache, tests.conftest, is compiled in-process with the same rules; and compiled
+    runs give the interpreted bytes: tests/test_decode_runs.py.)"""
+    from tests.conftest import cache_with_compiled_engine
+
+    env = {"SPECBATCH_CACHE_DIR": str(cache_with_compiled_engine(tmp_path / "cache")), "PATH": "/usr/bin:/bin",
+           "SPECBATCH_BACKGROUND_COMPILE": "0"}
+    script = ("import sys; from specbatch.commands.cli import main; "
+              "main(['run', '--num-requests', '300', '--jit', 'on', '--out', sys.argv[1], '--quiet']); "
+              "print([m for m in ('numba.np.arraymath', 'numba.np.npyimpl') if m in sys.modules])")
+    warm = subprocess.run([sys.executable, "-c", script, str(tmp_path / "warm")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True)
+    assert warm.stdout.strip().splitlines()[-1] == "[]"
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 90)), max_size=60), st.integers(1, 9))
 def test_buffers_grow_keeping_every_row_written(batches, capacity):
