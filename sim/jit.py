@@ -19,7 +19,8 @@ reference counting (``_nrt=False``): counting references to the forty-odd arrays
 from rule to rule cost more than the step's own work (2-3 µs a step, measured with perf).
 
 Compiled code is cached on disk so that a process pays only numba's start (~0.3 s), not the
-compilation (tens of seconds, once per machine and code version). The cache folder is keyed by
+compilation (tens of seconds, once per machine and code version); it is loaded without the
+refresh of numba's compilation context that loading does not need (:func:`_load_without_refresh`). The cache folder is keyed by
 a hash of every file that holds a rule and of numba's version: numba itself checks only the
 timestamp of the file a compiled entry point lives in, not of the rules it inlined from others.
 
