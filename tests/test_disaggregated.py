@@ -144,12 +144,16 @@ def test_transfers_queue_on_a_busy_link(run_config):
 
 @pytest.mark.parametrize("policy", ["fixed", "goodput"])
 def test_compiled_decode_runs_match_step_by_step(run_config, monkeypatch, policy):
-    """The decode replicas take compiled steps (one a call); forced step by step, the bytes are the same."""
+    """The decode replicas take compiled steps (one a call); forced step by step, or with every rule
+    interpreted (engine.jit off), the bytes are the same."""
     config = disaggregated_config(run_config, 2, 2, policy__name=policy, cluster__router="least-tokens")
     compiled = execute(prepare(config))
     monkeypatch.setattr(RoutedQueue, "compilable", False)
     stepped = execute(prepare(config))
     assert compiled.requests.equals(stepped.requests) and compiled.steps.equals(stepped.steps)
+    interpreted = execute(prepare(disaggregated_config(run_config, 2, 2, policy__name=policy, engine__jit="off",
+                                                       cluster__router="least-tokens")))
+    assert compiled.requests.equals(interpreted.requests) and compiled.steps.equals(interpreted.steps)
 
 
 def test_without_the_flags_nothing_changes(run_config):
@@ -190,3 +194,26 @@ def test_requests_that_cannot_fit_a_pool_are_refused_before_the_run(run_config, 
     with pytest.raises(InputError) as caught:
         prepare(config)
     assert caught.value.field == "engine.kv_cache_tokens" and words in str(caught.value)
+
+
+def test_cli_and_api_run_it_and_config_toml_reruns_it(tmp_path, synthetic_profile, capsys):
+    """From the command line (the summary prints the pools and the transfers), again from its config.toml
+    (the same files), and from the Python API with the flags' names (the same summary)."""
+    from specbatch import run
+    from specbatch.commands.cli import main
+
+    first, again = tmp_path / "first", tmp_path / "again"
+    flags = ["--profile", str(synthetic_profile), "--scheduler", "vllm-v1", "--num-requests", "40", "--rate", "3",
+             "--prefill-replicas", "1", "--decode-replicas", "2", "--kv-link", "nvlink"]
+    assert main(["run", *flags, "--out", str(first)]) == 0
+    printed = capsys.readouterr().out
+    assert "Disaggregated prefill / decode" in printed and "nvlink, 450 GB/s" in printed
+    assert main(["run", "--config", str(first / "config.toml"), "--out", str(again)]) == 0
+    for name in ("summary.json", "requests.csv", "steps.csv"):
+        assert (first / name).read_text().replace(str(first), "OUT") == \
+            (again / name).read_text().replace(str(again), "OUT"), name
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["disaggregated"]["kv_transfer"]["transfers"] == 40
+    api = run(profile=str(synthetic_profile), scheduler="vllm-v1", num_requests=40, rate=3, prefill_replicas=1,
+              decode_replicas=2, kv_link="nvlink", records="none")
+    assert api.summary["mean_ttft_ms"] == summary["metrics"]["mean_ttft_ms"]
