@@ -144,3 +144,43 @@ def _client_view(prefill: ClusterRecords, decode: ClusterRecords, prefill_count:
                             d.accepted_tokens, {f: v[order] for f, v in steps.items()}, d.itl_values, d.itl_weights,
                             p.preemptions + d.preemptions, p.cached_tokens, p.scheduler)
     return merged, step_replica[order]
+
+
+def transfer_columns(records: DisaggregatedRecords) -> dict[str, np.ndarray]:
+    """requests.csv's columns of a disaggregated run: where each request was prefilled and decoded (decode
+    replicas numbered after the prefill ones), and its KV transfer (when its prefill was done, when the
+    transfer started and ended, the bytes it moved)."""
+    t = records.transfers
+    return {"prefill_replica": t.prefill_replica, "decode_replica": t.decode_replica + len(records.prefill.request_ids),
+            "prefill_done_s": t.ready_s, "kv_transfer_start_s": t.start_s, "kv_transfer_end_s": t.end_s,
+            "kv_transfer_bytes": t.nbytes}
+
+
+def disaggregated_section(records: DisaggregatedRecords, link: Link, kv_bytes_per_token: int, gpus: int,
+                          duration_s: float) -> dict:
+    """summary.json's ``disaggregated``: each pool's replicas and busy time, and the KV transfers (how many,
+    their bytes, how long they took and queued for a link)."""
+    t = records.transfers
+    took, waited = t.end_s - t.start_s, t.start_s - t.ready_s
+    return {"prefill": _pool(records.prefill, duration_s), "decode": _pool(records.decode, duration_s),
+            "kv_transfer": {"link": link.name, "bandwidth_gb_s": link.bandwidth_gb_s, "latency_us": link.latency_us,
+                            "kv_bytes_per_token_per_gpu": kv_bytes_per_token, "gpus_per_replica": gpus,
+                            "transfers": int(t.end_s.shape[0]), "bytes": float(t.nbytes.sum()),
+                            "mean_transfer_ms": 1e3 * float(took.mean()),
+                            "p99_transfer_ms": 1e3 * float(np.percentile(took, 99)),
+                            "mean_queue_ms": 1e3 * float(waited.mean()),
+                            "p99_queue_ms": 1e3 * float(np.percentile(waited, 99)),
+                            "max_queue_ms": 1e3 * float(waited.max()),
+                            "queued_transfers": int(np.count_nonzero(waited > 0))}}
+
+
+def _pool(records: ClusterRecords, duration_s: float) -> dict:
+    """One pool's replicas and their busy time over the run's duration, its steps and prefill tokens."""
+    replicas = len(records.request_ids)
+    steps = records.merged.steps
+    busy = np.bincount(records.step_replica, weights=steps["end_s"] - steps["start_s"], minlength=replicas)
+    fractions = busy / duration_s if duration_s > 0 else np.full(replicas, np.nan)
+    return {"replicas": replicas, "busy_fraction": float(fractions.mean()),
+            "busy_fraction_per_replica": [float(x) for x in fractions], "busy_time_s": float(busy.sum()),
+            "num_steps": int(steps["start_s"].shape[0]),
+            "num_prefill_tokens": int(steps["prefill_tokens"].sum(dtype=np.int64))}

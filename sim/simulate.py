@@ -24,10 +24,10 @@ from sim.speculation.acceptance import (AcceptanceSampler, PositionSampler, Reco
                             per_request_steps, position_rates, proposal_model, read_acceptance_trace,
                             read_runlength_trace)
 from sim.costmodel.cache import fitted_profile, profile_digest, step_table
-from sim.cluster import ClusterRecords, ReplicaParts, run_cluster
+from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel.model import CostModel, StepTable, v0_graph_batch_sizes
-from sim.disaggregated import DisaggregatedRecords, run_disaggregated
+from sim.disaggregated import disaggregated_section, run_disaggregated, transfer_columns
 from sim.errors import InputError
 from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
@@ -39,7 +39,7 @@ from sim.scheduler.kvcache import blocks_for, prefix_keys
 from sim.serving.clock import simulate_replica
 from sim.serving.queues import arrival_queue
 from sim.serving.records import ReplicaRecords
-from sim.serving.transfer import link_for
+from sim.serving.transfer import Link, link_for
 from sim.speculation.methods import SpeculationPlan, default_match_rate, kv_capacity_for, plan_run
 from sim.stability import run_check
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
@@ -474,7 +474,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     if disaggregated is not None:
         table.update(transfer_columns(disaggregated))
         steps["replica"] = disaggregated.step_replica
-        extra["disaggregated"] = disaggregated_section(config, run, disaggregated, summary["duration_s"])
+        extra["disaggregated"] = disaggregated_section(disaggregated, run_link(config), run.kv_bytes_per_token,
+                                                       run.profile.gpus_per_replica, summary["duration_s"])
     if count > 1:  # a one-replica run's files stay exactly the single replica's
         table["replica"] = cluster.replica_of
         steps["replica"] = cluster.step_replica
@@ -496,55 +497,21 @@ def _run_disaggregated(run: PreparedRun, scale: np.ndarray, wrap):
     parts = [ReplicaParts(wrap(run.policy if index == 0 else _fresh_policy(run)),
                           make_sampler(config, run.alphas, rng, run.table.k_max, run.speculation))
              for index, rng in enumerate(replica_streams(config, prefill + decode))]
-    c = config.cluster
     started = time.perf_counter()
     records = run_disaggregated(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
                                 output_tokens=requests.output_tokens, prefix_keys=run.prefix_keys,
                                 acceptance_scale=scale, replica=run.replica, prefill_parts=parts[:prefill],
-                                decode_parts=parts[prefill:], router=c.router,
-                                link=link_for(c.kv_link, c.kv_link_bandwidth_gb_s, c.kv_link_latency_us),
+                                decode_parts=parts[prefill:], router=config.cluster.router,
+                                link=run_link(config),
                                 kv_bytes_per_token=run.kv_bytes_per_token, gpus=run.profile.gpus_per_replica)
     engine_wall = time.perf_counter() - started
     return records.merged, records, [p.sampler for p in parts], [p.policy for p in parts], engine_wall
 
 
-def transfer_columns(records: DisaggregatedRecords) -> dict[str, np.ndarray]:
-    """requests.csv's columns of a disaggregated run: where each request was prefilled and decoded, and its
-    KV transfer (when its prefill was done, when the transfer started and ended, the bytes it moved)."""
-    t = records.transfers
-    return {"prefill_replica": t.prefill_replica, "decode_replica": t.decode_replica + len(records.prefill.request_ids),
-            "prefill_done_s": t.ready_s, "kv_transfer_start_s": t.start_s, "kv_transfer_end_s": t.end_s,
-            "kv_transfer_bytes": t.nbytes}
-
-
-def disaggregated_section(config: RunConfig, run: PreparedRun, records: DisaggregatedRecords,
-                          duration_s: float) -> dict:
-    """summary.json's ``disaggregated``: each pool's replicas and busy time, and the KV transfers (how many,
-    their bytes, how long they took and queued for a link)."""
-    c, t = config.cluster, records.transfers
-    link = link_for(c.kv_link, c.kv_link_bandwidth_gb_s, c.kv_link_latency_us)
-
-    def pool(cluster_records: ClusterRecords, replicas: int) -> dict:
-        steps = cluster_records.merged.steps
-        busy = np.bincount(cluster_records.step_replica, weights=steps["end_s"] - steps["start_s"],
-                           minlength=replicas)
-        fractions = busy / duration_s if duration_s > 0 else np.full(replicas, np.nan)
-        return {"replicas": replicas, "busy_fraction": float(fractions.mean()),
-                "busy_fraction_per_replica": [float(x) for x in fractions], "busy_time_s": float(busy.sum()),
-                "num_steps": int(steps["start_s"].shape[0]),
-                "num_prefill_tokens": int(steps["prefill_tokens"].sum(dtype=np.int64))}
-
-    took, waited = t.end_s - t.start_s, t.start_s - t.ready_s
-    return {"prefill": pool(records.prefill, c.prefill_replicas), "decode": pool(records.decode, c.decode_replicas),
-            "kv_transfer": {"link": link.name, "bandwidth_gb_s": link.bandwidth_gb_s, "latency_us": link.latency_us,
-                            "kv_bytes_per_token_per_gpu": run.kv_bytes_per_token,
-                            "gpus_per_replica": run.profile.gpus_per_replica,
-                            "transfers": int(t.end_s.shape[0]), "bytes": float(t.nbytes.sum()),
-                            "mean_transfer_ms": 1e3 * float(took.mean()), "p99_transfer_ms": 1e3 * float(
-                                np.percentile(took, 99)), "mean_queue_ms": 1e3 * float(waited.mean()),
-                            "p99_queue_ms": 1e3 * float(np.percentile(waited, 99)),
-                            "max_queue_ms": 1e3 * float(waited.max()),
-                            "queued_transfers": int(np.count_nonzero(waited > 0))}}
+def run_link(config: RunConfig) -> Link:
+    """The link a disaggregated run's KV crosses: the named one, its parameters overridden where given."""
+    c = config.cluster
+    return link_for(c.kv_link, c.kv_link_bandwidth_gb_s, c.kv_link_latency_us)
 
 
 def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, backend):
