@@ -17,8 +17,9 @@ A request goes through two replicas, each the engine of a single replica unchang
 
 The prefill replica's sampled token is the proxy's, never the client's: TTFT runs from the arrival to the
 decode replica's first token (prefill queue + prefill + transfer queue + transfer + decode queue + the
-step that computes the last prompt token). Prefill replicas run step by step (each finish starts a
-transfer at its instant); decode replicas take one step per call (a hand-off may come at any instant).
+step that computes the last prompt token). Both pools run step by step, with the rules compiled: a
+prefill replica's finish starts a transfer at its instant, and a hand-off may reach a decode replica at
+any instant.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sim.cluster import ClusterRecords, InboundSignals, ReplicaParts, ReplicaSig
 from sim.replica import ReplicaPlan
 from sim.router import make_router
 from sim.serving.clock import simulate_disaggregated
-from sim.serving.queues import Dispatcher, Handoffs, PrefillQueue, RoutedQueue
+from sim.serving.queues import DecodeQueue, Dispatcher, Handoffs, PrefillQueue
 from sim.serving.records import ReplicaRecords
 from sim.serving.transfer import KVLinks, Link
 
@@ -64,7 +65,7 @@ class Handoff:
     links and the request pushed into that replica's queue when the transfer ends. ``later(at, call)`` is
     the clock's (sim.serving.clock.simulate_disaggregated)."""
 
-    def __init__(self, links: KVLinks, router, loads: list[InboundSignals], queues: list[RoutedQueue],
+    def __init__(self, links: KVLinks, router, loads: list[InboundSignals], queues: list[DecodeQueue],
                  reqi: np.ndarray, bytes_per_gpu: np.ndarray, gpus: int) -> None:
         self.links, self.router, self.loads, self.queues, self.reqi = links, router, loads, queues, reqi
         self.bytes_per_gpu, self.gpus = bytes_per_gpu, gpus
@@ -103,7 +104,7 @@ def run_disaggregated(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, outpu
     decode_inputs = replica.inputs(prompt_tokens, output_tokens, prefix_keys, remote_tokens=prompt_tokens - 1)
     dispatcher = Dispatcher(arrival_s, prefill_inputs, acceptance_scale, make_router(router))
     handoffs = Handoffs(decode_inputs, acceptance_scale)
-    decode_loops = [replica.loop(RoutedQueue(handoffs), p.policy, p.sampler) for p in decode_parts]
+    decode_loops = [replica.loop(DecodeQueue(handoffs), p.policy, p.sampler) for p in decode_parts]
     loads = [InboundSignals(loop, decode_inputs) for loop in decode_loops]
     handoff = Handoff(KVLinks(link, len(prefill_parts), len(decode_parts)), make_router(router), loads,
                       [loop.queue for loop in decode_loops], decode_inputs,

@@ -14,7 +14,6 @@ import sim.disaggregated as disaggregated
 from sim.errors import InputError
 from sim.router import ROUTERS
 from sim.scheduler.layout import C_FREE_BLOCKS, C_PREFILLING, C_REQUEUED, C_RUNNING, P_BLOCKS
-from sim.serving.queues import RoutedQueue
 from sim.serving.transfer import LINKS
 from sim.simulate import execute, prepare
 
@@ -143,14 +142,11 @@ def test_transfers_queue_on_a_busy_link(run_config):
 
 
 @pytest.mark.parametrize("policy", ["fixed", "goodput"])
-def test_compiled_decode_runs_match_step_by_step(run_config, monkeypatch, policy):
-    """The decode replicas take compiled steps (one a call); forced step by step, or with every rule
-    interpreted (engine.jit off), the bytes are the same."""
-    config = disaggregated_config(run_config, 2, 2, policy__name=policy, cluster__router="least-tokens")
-    compiled = execute(prepare(config))
-    monkeypatch.setattr(RoutedQueue, "compilable", False)
-    stepped = execute(prepare(config))
-    assert compiled.requests.equals(stepped.requests) and compiled.steps.equals(stepped.steps)
+def test_compiled_rules_match_interpreted_ones(run_config, policy):
+    """Both pools step with the rules compiled (numba); with every rule interpreted (engine.jit off) the
+    bytes are the same."""
+    compiled = execute(prepare(disaggregated_config(run_config, 2, 2, policy__name=policy, engine__jit="on",
+                                                    cluster__router="least-tokens")))
     interpreted = execute(prepare(disaggregated_config(run_config, 2, 2, policy__name=policy, engine__jit="off",
                                                        cluster__router="least-tokens")))
     assert compiled.requests.equals(interpreted.requests) and compiled.steps.equals(interpreted.steps)

@@ -277,10 +277,9 @@ class PrefillQueue(RoutedQueue):
 
 class Handoffs:
     """The decode pool's source in disaggregated serving: requests are pushed into a decode replica's
-    :class:`RoutedQueue` when their KV has arrived (sim/disaggregated.py), at instants no one knows
-    ahead, so a decode replica's next event is always now (a compiled run takes one step a call)."""
+    :class:`DecodeQueue` when their KV has arrived (sim/disaggregated.py), never at a queue's release."""
 
-    next_at = -math.inf
+    next_at = math.inf
 
     def __init__(self, reqi: np.ndarray, scale: np.ndarray) -> None:
         self.reqi = reqi
@@ -292,6 +291,14 @@ class Handoffs:
 
     def next_arrival_s(self) -> float | None:
         return None
+
+
+class DecodeQueue(RoutedQueue):
+    """A disaggregated decode replica's queue: a hand-off may come at any instant no one knows ahead (a
+    transfer that ends), so the replica runs step by step (a compiled run would stop after every step,
+    which costs more than the step-by-step loop)."""
+
+    compilable = False
 
 
 class LimitedRoutedQueue(RoutedQueue):
