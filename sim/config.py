@@ -206,7 +206,7 @@ def _if_disaggregated(value: Any, section: Any) -> Any:
     return value if section.prefill_replicas else None
 
 
-DISAGGREGATION_KEYS = ("cluster.kv_link", "cluster.kv_link_bandwidth_gb_s", "cluster.kv_link_latency_us")
+DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s", "cluster.kv_link_latency_us")
 
 
 # Keys that only one scheduler reads: giving one to the other is an error, not silently nothing.
@@ -339,6 +339,8 @@ KEYS: tuple[Key, ...] = (
     Key("cluster.decode_replicas", integer(minimum=0, maximum=MAX_REPLICAS), "disaggregated serving: replicas "
         "that decode what the prefill replicas send (vLLM's kv_consumer)", "--decode-replicas",
         write=_if_disaggregated),
+    Key("cluster.decode_profile", text(optional=True), "disaggregated serving: the decode pool's profile (another "
+        "GPU or TP size, the same models; default: the run's profile)", "--decode-profile", write=_if_disaggregated),
     Key("cluster.kv_link", choice(KV_LINKS), "disaggregated serving: the link KV blocks cross, rdma (between "
         "nodes) or nvlink (within a node)", "--kv-link", write=_if_disaggregated),
     Key("cluster.kv_link_bandwidth_gb_s", number(positive=True, optional=True), "disaggregated serving: the "
@@ -447,7 +449,8 @@ class RunConfig:
     acceptance: AcceptanceSpec
     output: OutputConfig
     cluster: ClusterConfig = ClusterConfig(replicas=1, router=ROUTERS[0], prefill_replicas=0, decode_replicas=0,
-                                           kv_link=KV_LINKS[0], kv_link_bandwidth_gb_s=None, kv_link_latency_us=None)
+                                           decode_profile=None, kv_link=KV_LINKS[0], kv_link_bandwidth_gb_s=None,
+                                           kv_link_latency_us=None)
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
     speculative: SpeculativeSection = SpeculativeSection(config=None, algorithm=None, num_steps=None, eagle_topk=None,
                                                          num_draft_tokens=None)

@@ -35,7 +35,7 @@ from sim.router import make_router
 from sim.serving.clock import simulate_disaggregated
 from sim.serving.queues import DecodeQueue, Dispatcher, Handoffs, PrefillQueue
 from sim.serving.records import ReplicaRecords
-from sim.serving.transfer import KVLinks, Link
+from sim.serving.transfer import KVBytes, KVLinks, Link
 
 
 @dataclass
@@ -66,12 +66,13 @@ class Handoff:
     the clock's (sim.serving.clock.simulate_disaggregated)."""
 
     def __init__(self, links: KVLinks, router, loads: list[InboundSignals], queues: list[DecodeQueue],
-                 reqi: np.ndarray, bytes_per_gpu: np.ndarray, gpus: int) -> None:
+                 reqi: np.ndarray, prompt_tokens: np.ndarray, kv: KVBytes) -> None:
         self.links, self.router, self.loads, self.queues, self.reqi = links, router, loads, queues, reqi
-        self.bytes_per_gpu, self.gpus = bytes_per_gpu, gpus
+        self.link_bytes = prompt_tokens.astype(np.float64) * kv.link_per_gpu  # what each GPU's link carries
         n = reqi.shape[1]
         self.transfers = Transfers(np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64),
-                                   np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), bytes_per_gpu * gpus)
+                                   np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan),
+                                   prompt_tokens.astype(np.float64) * kv.per_token)
         self.later = None
 
     def sender(self, prefill_replica: int):
@@ -82,7 +83,7 @@ class Handoff:
         t = self.transfers
         for i in ids.tolist():
             receiver = self.router.choose(self.loads, self.reqi[:, i])
-            start, end = self.links.reserve(sender, receiver, float(self.bytes_per_gpu[i]), now)
+            start, end = self.links.reserve(sender, receiver, float(self.link_bytes[i]), now)
             t.prefill_replica[i], t.decode_replica[i] = sender, receiver
             t.ready_s[i], t.start_s[i], t.end_s[i] = now, start, end
             self.loads[receiver].on_way(i, 1)
@@ -95,20 +96,20 @@ class Handoff:
 
 def run_disaggregated(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                       prefix_keys: np.ndarray | None, acceptance_scale: np.ndarray, replica: ReplicaPlan,
-                      prefill_parts: list[ReplicaParts], decode_parts: list[ReplicaParts], router: str, link: Link,
-                      kv_bytes_per_token: int, gpus: int) -> DisaggregatedRecords:
+                      decode_replica: ReplicaPlan, prefill_parts: list[ReplicaParts], decode_parts: list[ReplicaParts],
+                      router: str, link: Link, kv: KVBytes) -> DisaggregatedRecords:
     """Simulate the two pools and the transfers between them until every request has finished (the module
-    docstring). ``kv_bytes_per_token``: per GPU, the target's and the drafter's; ``gpus``: per replica."""
+    docstring). ``replica`` / ``decode_replica``: what each pool's replicas are built from (their profiles
+    may differ); ``kv``: the KV bytes a prompt token takes on each side."""
     n = arrival_s.shape[0]
     prefill_inputs = replica.inputs(prompt_tokens, np.ones_like(output_tokens), prefix_keys)
-    decode_inputs = replica.inputs(prompt_tokens, output_tokens, prefix_keys, remote_tokens=prompt_tokens - 1)
+    decode_inputs = decode_replica.inputs(prompt_tokens, output_tokens, prefix_keys, remote_tokens=prompt_tokens - 1)
     dispatcher = Dispatcher(arrival_s, prefill_inputs, acceptance_scale, make_router(router))
     handoffs = Handoffs(decode_inputs, acceptance_scale)
-    decode_loops = [replica.loop(DecodeQueue(handoffs), p.policy, p.sampler) for p in decode_parts]
+    decode_loops = [decode_replica.loop(DecodeQueue(handoffs), p.policy, p.sampler) for p in decode_parts]
     loads = [InboundSignals(loop, decode_inputs) for loop in decode_loops]
     handoff = Handoff(KVLinks(link, len(prefill_parts), len(decode_parts)), make_router(router), loads,
-                      [loop.queue for loop in decode_loops], decode_inputs,
-                      prompt_tokens.astype(np.float64) * kv_bytes_per_token, gpus)
+                      [loop.queue for loop in decode_loops], decode_inputs, prompt_tokens, kv)
     prefill_loops = []
     for index, p in enumerate(prefill_parts):
         queue = PrefillQueue(dispatcher, handoff.sender(index))
@@ -157,15 +158,16 @@ def transfer_columns(records: DisaggregatedRecords) -> dict[str, np.ndarray]:
             "kv_transfer_bytes": t.nbytes}
 
 
-def disaggregated_section(records: DisaggregatedRecords, link: Link, kv_bytes_per_token: int, gpus: int,
+def disaggregated_section(records: DisaggregatedRecords, link: Link, kv: KVBytes, profiles: tuple[str, str],
                           duration_s: float) -> dict:
     """summary.json's ``disaggregated``: each pool's replicas and busy time, and the KV transfers (how many,
     their bytes, how long they took and queued for a link)."""
     t = records.transfers
     took, waited = t.end_s - t.start_s, t.start_s - t.ready_s
-    return {"prefill": _pool(records.prefill, duration_s), "decode": _pool(records.decode, duration_s),
+    return {"prefill": {"profile": profiles[0], **_pool(records.prefill, duration_s)},
+            "decode": {"profile": profiles[1], **_pool(records.decode, duration_s)},
             "kv_transfer": {"link": link.name, "bandwidth_gb_s": link.bandwidth_gb_s, "latency_us": link.latency_us,
-                            "kv_bytes_per_token_per_gpu": kv_bytes_per_token, "gpus_per_replica": gpus,
+                            "kv_bytes_per_token": kv.per_token, "link_bytes_per_token_per_gpu": kv.link_per_gpu,
                             "transfers": int(t.end_s.shape[0]), "bytes": float(t.nbytes.sum()),
                             "mean_transfer_ms": 1e3 * float(took.mean()),
                             "p99_transfer_ms": 1e3 * float(np.percentile(took, 99)),

@@ -39,7 +39,7 @@ from sim.scheduler.kvcache import blocks_for, prefix_keys
 from sim.serving.clock import simulate_replica
 from sim.serving.queues import arrival_queue
 from sim.serving.records import ReplicaRecords
-from sim.serving.transfer import Link, link_for
+from sim.serving.transfer import KVBytes, Link, link_for
 from sim.speculation.methods import SpeculationPlan, default_match_rate, kv_capacity_for, plan_run
 from sim.stability import run_check
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
@@ -114,7 +114,8 @@ class PreparedRun:
     replica: ReplicaPlan  # what each replica is built from (sim/replica.py)
     prefix_keys: np.ndarray | None = None  # vllm-v1 with prefix caching: each request's shared cache keys
     speculation: SpeculationPlan | None = None  # the method's drafter, tree and proposals (sim/speculation/methods.py)
-    kv_bytes_per_token: int = 0  # disaggregated serving: what a transfer moves per prompt token and GPU
+    kv_bytes_per_token: int = 0  # disaggregated serving: what a prompt token's KV takes on each GPU
+    decode: "PreparedRun | None" = None  # disaggregated serving with --decode-profile: the decode pool's own
     warnings: list[str] = field(default_factory=list)
 
 
@@ -260,8 +261,35 @@ def prepare(config: RunConfig) -> PreparedRun:
             raise config.error("cluster.prefill_replicas", f"profile '{profile.name}' records no KV bytes per token "
                                                            "(models' kv_bytes_per_token): a KV transfer cannot be "
                                                            "priced")
+        if config.cluster.decode_profile is not None:
+            prepared.decode = _prepare_decode_pool(config, prepared)
+            prepared.warnings.extend(w for w in prepared.decode.warnings if w not in prepared.warnings)
     prepared.warnings.extend(cost_model.range_warnings(**reach))
     return prepared
+
+
+def _prepare_decode_pool(config: RunConfig, prefill: PreparedRun) -> PreparedRun:
+    """The decode pool's own profile, cost model, step table, policy and KV budget (``--decode-profile``):
+    the same requests (the same seed and workload), the same models on another GPU or TP size."""
+    c = config.cluster
+    try:
+        profile = _profile_and_costs(c.decode_profile)[0]
+    except InputError as exc:
+        if exc.source is None:  # the name itself was bad: point at where it was given
+            raise config.error("cluster.decode_profile", exc.message) from None
+        raise
+    ours, theirs = model_names(prefill.profile), model_names(profile)
+    if ours != theirs:
+        raise config.error("cluster.decode_profile", f"profile '{profile.name}' times {' + '.join(theirs)}, the "
+                                                     f"prefill pool's '{prefill.profile.name}' {' + '.join(ours)}: "
+                                                     "both pools must run the same models")
+    return prepare(replace(config, profile=c.decode_profile, cluster=replace(c, decode_profile=None)))
+
+
+def model_names(profile: Profile) -> tuple[str, ...]:
+    """The models a profile times: its target's name, and its draft model's where it has one."""
+    models = profile.meta.get("models") or {}
+    return tuple(str((models.get(role) or {}).get("name")) for role in ("target", "draft") if role in models)
 
 
 def _profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
@@ -474,8 +502,9 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     if disaggregated is not None:
         table.update(transfer_columns(disaggregated))
         steps["replica"] = disaggregated.step_replica
-        extra["disaggregated"] = disaggregated_section(disaggregated, run_link(config), run.kv_bytes_per_token,
-                                                       run.profile.gpus_per_replica, summary["duration_s"])
+        decode = run.decode or run
+        extra["disaggregated"] = disaggregated_section(disaggregated, run_link(config), kv_bytes(run),
+                                                       (run.profile.name, decode.profile.name), summary["duration_s"])
     if count > 1:  # a one-replica run's files stay exactly the single replica's
         table["replica"] = cluster.replica_of
         steps["replica"] = cluster.step_replica
@@ -494,18 +523,27 @@ def _run_disaggregated(run: PreparedRun, scale: np.ndarray, wrap):
     replica's sampler and policy (prefill replicas first), the engine's wall time."""
     config, requests = run.config, run.requests
     prefill, decode = config.cluster.prefill_replicas, config.cluster.decode_replicas
-    parts = [ReplicaParts(wrap(run.policy if index == 0 else _fresh_policy(run)),
-                          make_sampler(config, run.alphas, rng, run.table.k_max, run.speculation))
-             for index, rng in enumerate(replica_streams(config, prefill + decode))]
+    pool = run.decode or run  # the decode pool's own preparation (--decode-profile), or the run's
+    parts = []
+    for index, rng in enumerate(replica_streams(config, prefill + decode)):
+        own = run if index < prefill else pool
+        first = index == 0 or (index == prefill and own is not run)  # each preparation's policy serves once
+        parts.append(ReplicaParts(wrap(own.policy if first else _fresh_policy(own)),
+                                  make_sampler(config, run.alphas, rng, own.table.k_max, own.speculation)))
     started = time.perf_counter()
     records = run_disaggregated(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
                                 output_tokens=requests.output_tokens, prefix_keys=run.prefix_keys,
-                                acceptance_scale=scale, replica=run.replica, prefill_parts=parts[:prefill],
-                                decode_parts=parts[prefill:], router=config.cluster.router,
-                                link=run_link(config),
-                                kv_bytes_per_token=run.kv_bytes_per_token, gpus=run.profile.gpus_per_replica)
+                                acceptance_scale=scale, replica=run.replica, decode_replica=pool.replica,
+                                prefill_parts=parts[:prefill], decode_parts=parts[prefill:],
+                                router=config.cluster.router, link=run_link(config), kv=kv_bytes(run))
     engine_wall = time.perf_counter() - started
     return records.merged, records, [p.sampler for p in parts], [p.policy for p in parts], engine_wall
+
+
+def kv_bytes(run: PreparedRun) -> KVBytes:
+    """What a prompt token's KV takes on a GPU of each pool (sim.serving.transfer)."""
+    decode = run.decode or run
+    return KVBytes(run.kv_bytes_per_token, decode.kv_bytes_per_token, run.profile.gpus_per_replica)
 
 
 def run_link(config: RunConfig) -> Link:

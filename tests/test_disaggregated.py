@@ -213,3 +213,25 @@ def test_cli_and_api_run_it_and_config_toml_reruns_it(tmp_path, synthetic_profil
     api = run(profile=str(synthetic_profile), scheduler="vllm-v1", num_requests=40, rate=3, prefill_replicas=1,
               decode_replicas=2, kv_link="nvlink", records="none")
     assert api.summary["mean_ttft_ms"] == summary["metrics"]["mean_ttft_ms"]
+
+
+def test_the_decode_pool_runs_its_own_profile(run_config, synthetic_profile, tmp_path):
+    """--decode-profile: the decode replicas are priced by their own profile (here the same models at half
+    the latency, a faster GPU); the prefill pool's steps stay exactly as they were; the run's own profile
+    named again changes nothing; a profile of other models is refused."""
+    from tests.synthetic import linear_latency, make_profile
+
+    faster = make_profile(tmp_path / "faster", lambda *point: 0.5 * linear_latency(*point))
+    base = execute(prepare(disaggregated_config(run_config, 2, 2)))
+    same = execute(prepare(disaggregated_config(run_config, 2, 2, cluster__decode_profile=str(synthetic_profile))))
+    assert base.requests.equals(same.requests) and base.steps.equals(same.steps)
+    fast = execute(prepare(disaggregated_config(run_config, 2, 2, cluster__decode_profile=str(faster))))
+    on_prefill = base.steps.replica < 2
+    assert base.steps[on_prefill].reset_index(drop=True).equals(
+        fast.steps[fast.steps.replica < 2].reset_index(drop=True))
+    assert fast.summary["mean_tpot_ms"] < 0.75 * base.summary["mean_tpot_ms"]
+    assert fast.extra["disaggregated"]["decode"]["profile"] == "faster"
+    other = make_profile(tmp_path / "other", label="other")
+    with pytest.raises(InputError) as caught:
+        prepare(disaggregated_config(run_config, 1, 1, cluster__decode_profile=str(other)))
+    assert caught.value.field == "cluster.decode_profile" and "same models" in str(caught.value)

@@ -8,7 +8,9 @@ peer on the decode replica, all GPUs at once over their own links (tensor parall
 over the GPUs, and each GPU has its own NVLink ports and, on an H100 node, its own RDMA NIC). It takes
 ``latency + bytes / bandwidth``. A prefill replica's sending end and a decode replica's receiving end each
 carry one transfer at a time: a transfer starts when its prefill is done and both ends are free, in the
-order the prefills finish, so transfers queue when a link is busy.
+order the prefills finish, so transfers queue when a link is busy. Where the pools' tensor-parallel sizes
+differ, each GPU carries its share per GPU of the side with the larger share (vLLM's NIXL reads across
+TP sizes).
 """
 
 from __future__ import annotations
@@ -43,6 +45,27 @@ def link_for(name: str, bandwidth_gb_s: float | None = None, latency_us: float |
     base = LINKS[name]
     return Link(name, base.bandwidth_gb_s if bandwidth_gb_s is None else bandwidth_gb_s,
                 base.latency_us if latency_us is None else latency_us)
+
+
+@dataclass(frozen=True)
+class KVBytes:
+    """What one prompt token's KV takes (the target's and the drafter's): bytes on each GPU of a prefill
+    replica and of a decode replica (their tensor-parallel sizes may differ), and a prefill replica's GPUs."""
+
+    prefill_per_gpu: int
+    decode_per_gpu: int
+    prefill_gpus: int
+
+    @property
+    def per_token(self) -> int:
+        """Over a whole replica: the bytes a transfer moves per prompt token."""
+        return self.prefill_per_gpu * self.prefill_gpus
+
+    @property
+    def link_per_gpu(self) -> int:
+        """What each GPU's link carries per prompt token: every GPU sends (or receives) its share at once,
+        and the side with the larger share per GPU sets the time."""
+        return max(self.prefill_per_gpu, self.decode_per_gpu)
 
 
 class KVLinks:

@@ -279,6 +279,8 @@ def format_summary(result: RunResult, selection: tuple[list[str], list[float]] |
     if disaggregated:
         pools = f"{cfg.cluster.prefill_replicas} prefill + {cfg.cluster.decode_replicas} decode, {cfg.cluster.router}"
         lines.append(f"{'Cluster:':<12}{pools:>40}")
+        if cfg.cluster.decode_profile is not None:
+            lines.append(f"{'Decoding:':<12}{disaggregated['decode']['profile']:>40}")
     row("Successful requests:", s["completed"])
     row("Benchmark duration (s):", s["duration_s"])
     row("Total input tokens:", s["total_input_tokens"])
