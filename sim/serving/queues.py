@@ -19,6 +19,10 @@ Three sources:
   outstanding (``vllm bench serve --max-concurrency``);
 * :class:`RoutedQueue`: a replica of a cluster; a :class:`Dispatcher` pushes each request at
   its arrival (or send) time, to the replica its router picks.
+
+Disaggregated serving (sim/disaggregated.py) uses two routed kinds: a :class:`PrefillQueue` reports
+which requests its replica prefilled (each starts a KV transfer), and a :class:`DecodeQueue` is pushed
+a request when its KV has arrived (its source: :class:`Handoffs`).
 """
 
 from __future__ import annotations
@@ -234,7 +238,7 @@ class RoutedQueue:
         self.reqi[:, j] = d.reqi[:, request]
         self.scale[j] = d.scale[request]
         self.cum_tokens.append(self.cum_tokens[-1] + int(d.reqi[REQ_PROMPT, request] + d.reqi[REQ_OUTPUT, request]
-                                                         - d.reqi[REQ_REMOTE, request]))  # a sent prompt is computed
+                                                         - d.reqi[REQ_REMOTE, request]))  # KV a prefill replica sent
         self.count = j + 1
         if self.waiter is not None:
             waiter, self.waiter = self.waiter, None
