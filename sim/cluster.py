@@ -22,7 +22,7 @@ import numpy as np
 from sim.replica import ReplicaPlan
 from sim.router import make_router
 from sim.scheduler.kvcache import usage
-from sim.scheduler.layout import C_HEAD, C_REQUEUED, P_BLOCK
+from sim.scheduler.layout import C_HEAD, C_REQUEUED, P_BLOCK, REQ_OUTPUT
 from sim.serving.clock import simulate_cluster
 from sim.serving.loop import ServingLoop
 from sim.serving.queues import Dispatcher, LimitedRoutedQueue, RoutedQueue
@@ -80,6 +80,28 @@ class ReplicaSignals:
 
     def key_block(self) -> np.ndarray:
         return self.loop.state.kv.key_block
+
+
+class InboundSignals(ReplicaSignals):
+    """A disaggregated decode replica as a router sees it (sim/disaggregated.py): the requests whose KV is
+    on its way to it count as waiting there, as vLLM's decode instance holds them (waiting for remote KV)
+    from the moment the proxy sends them, before their blocks arrive."""
+
+    def __init__(self, loop: ServingLoop, reqi: np.ndarray) -> None:
+        super().__init__(loop)
+        self.reqi = reqi
+        self.incoming = 0  # requests whose KV is being sent here
+        self.incoming_tokens = 0  # their tokens still to compute: the last prompt token and the output
+        self.outstanding_requests = lambda: loop.outstanding_requests() + self.incoming
+        self.outstanding_tokens = lambda: loop.outstanding_tokens() + self.incoming_tokens
+
+    def on_way(self, request: int, count: int) -> None:
+        """``request`` starts (count 1) or ends (count -1) its transfer here."""
+        self.incoming += count
+        self.incoming_tokens += count * int(1 + self.reqi[REQ_OUTPUT, request])
+
+    def waiting_requests(self) -> int:
+        return super().waiting_requests() + self.incoming
 
 
 def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.ndarray, replica: ReplicaPlan,
@@ -161,6 +183,11 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
     merged = ReplicaRecords(**per_request, steps=steps, itl_values=itl_values, itl_weights=itl_weights,
                             preemptions=preemptions, cached_tokens=cached, scheduler=counters if v1 else None)
     return ClusterRecords(merged, replica_of, step_replica[order], ids, itl_bounds)
+
+
+def merge_loops(loops: list[ServingLoop], n: int) -> ClusterRecords:
+    """Replicas' records as one pool's (a disaggregated cluster merges each pool: sim/disaggregated.py)."""
+    return _merge(loops, n)
 
 
 def _trimmed(rec: ReplicaRecords, count: int) -> ReplicaRecords:

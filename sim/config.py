@@ -27,6 +27,7 @@ from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import CACHE_ROUTERS, ROUTERS, parse_router, router_text
+from sim.serving.transfer import KV_LINKS
 from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
 from sim.jit import JIT_MODES
 from sim.tomlsource import KeyLines, parse_toml
@@ -200,6 +201,14 @@ def _if_v0(value: Any, section: Any) -> Any:
     return value if section.scheduler == "v0" else None
 
 
+def _if_disaggregated(value: Any, section: Any) -> Any:
+    """The disaggregation's keys are written only for a disaggregated run."""
+    return value if section.prefill_replicas else None
+
+
+DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s", "cluster.kv_link_latency_us")
+
+
 # Keys that only one scheduler reads: giving one to the other is an error, not silently nothing.
 V0_KEYS = ("engine.prefill",)
 V1_KEYS = ("engine.max_num_batched_tokens", "engine.chunked_prefill", "engine.block_size",
@@ -322,6 +331,23 @@ KEYS: tuple[Key, ...] = (
                                                                        "process)"), "identical replicas behind one router (default 1)", "--replicas"),
     Key("cluster.router", Value(str, router_text), "round-robin, least-requests, least-tokens or prefix-aware "
         "(llm-d's scorers; weights as prefix-aware:prefix=3:queue=2:kv=2, llm-d's defaults)", "--router"),
+    # Disaggregated prefill and decode (sim/disaggregated.py): written only for such a run, so every
+    # other run's config.toml and digest stay as they were.
+    Key("cluster.prefill_replicas", integer(minimum=0, maximum=MAX_REPLICAS), "disaggregated serving: replicas "
+        "that only prefill (vLLM's kv_producer); 0 (default): every replica does both", "--prefill-replicas",
+        write=_if_disaggregated),
+    Key("cluster.decode_replicas", integer(minimum=0, maximum=MAX_REPLICAS), "disaggregated serving: replicas "
+        "that decode what the prefill replicas send (vLLM's kv_consumer)", "--decode-replicas",
+        write=_if_disaggregated),
+    Key("cluster.decode_profile", text(optional=True), "disaggregated serving: the decode pool's profile (another "
+        "GPU or TP size, the same models; default: the run's profile)", "--decode-profile", write=_if_disaggregated),
+    Key("cluster.kv_link", choice(KV_LINKS), "disaggregated serving: the link KV blocks cross, rdma (between "
+        "nodes) or nvlink (within a node)", "--kv-link", write=_if_disaggregated),
+    Key("cluster.kv_link_bandwidth_gb_s", number(positive=True, optional=True), "disaggregated serving: the "
+        "link's bandwidth per GPU and direction, GB/s (default: the link's)", "--kv-link-bandwidth",
+        write=_if_disaggregated),
+    Key("cluster.kv_link_latency_us", number(optional=True), "disaggregated serving: the link's fixed cost per "
+        "transfer, microseconds (default: the link's)", "--kv-link-latency-us", write=_if_disaggregated),
     # vLLM compatibility: acceptance models, vllm bench serve's inputs and options, vLLM's speculation
     # metrics. Each is left out of config.toml at its default, so earlier runs keep their digests.
     Key("acceptance.model", choice(MODELS), "geometric (alpha), per-position (vLLM's per-position rates) or "
@@ -422,7 +448,9 @@ class RunConfig:
     policy: PolicyConfig
     acceptance: AcceptanceSpec
     output: OutputConfig
-    cluster: ClusterConfig = ClusterConfig(replicas=1, router=ROUTERS[0])
+    cluster: ClusterConfig = ClusterConfig(replicas=1, router=ROUTERS[0], prefill_replicas=0, decode_replicas=0,
+                                           decode_profile=None, kv_link=KV_LINKS[0], kv_link_bandwidth_gb_s=None,
+                                           kv_link_latency_us=None)
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
     speculative: SpeculativeSection = SpeculativeSection(config=None, algorithm=None, num_steps=None, eagle_topk=None,
                                                          num_draft_tokens=None)
@@ -451,7 +479,7 @@ class RunConfig:
             value = key.write(getattr(holder, key.field), holder)
             if value is not None:
                 (data if key.section is None else data.setdefault(key.section, {}))[key.field] = value
-        if self.cluster.replicas == 1:  # the plain single-replica run: same file, same digest
+        if self.cluster.replicas == 1 and not self.cluster.prefill_replicas:  # the plain single-replica run: same file, same digest
             del data["cluster"]
         return data
 
@@ -698,9 +726,44 @@ def _settle_engine(read: dict[str, Any], sources: dict[str, Source]) -> None:
         why = "the scheduler is v0" if scheduler != "vllm-v1" else "prefix caching is off"
         raise error_at(sources, "cluster.router", f"'{read['cluster.router']}' reads each replica's prefix cache: "
                        f"it needs --scheduler vllm-v1 with --enable-prefix-caching ({why})")
+    _settle_disaggregation(read, sources, defaults)
     if scheduler == "vllm-v1" and read["engine.batching"] == "static":
         raise error_at(sources, "engine.batching", "static batching runs under --scheduler v0 (the vllm-v1 "
                        "scheduler batches continuously)")
+
+
+def _settle_disaggregation(read: dict[str, Any], sources: dict[str, Source], defaults: dict[str, Any]) -> None:
+    """Disaggregated serving needs both pools, vllm-v1 (vLLM's KV connectors are V1's) and no --replicas; its
+    link keys apply to nothing else (docs/cluster.md)."""
+    prefill, decode = read["cluster.prefill_replicas"], read["cluster.decode_replicas"]
+    if not prefill and not decode:
+        given = [key for key in DISAGGREGATION_KEYS if _set_by_user(key, read, sources, defaults)]
+        if given:
+            raise error_at(sources, given[0], "applies only to disaggregated serving (--prefill-replicas P "
+                                              "--decode-replicas D)")
+        return
+    for key, count, other in (("cluster.prefill_replicas", prefill, "cluster.decode_replicas"),
+                              ("cluster.decode_replicas", decode, "cluster.prefill_replicas")):
+        if not count:
+            pool = key.split(".")[1].split("_")[0]
+            if sources.get(key, Source("defaults")).where == "defaults":  # not given: name the one that was
+                raise error_at(sources, other, f"disaggregated serving needs a {pool} pool too: give "
+                                               f"--{pool}-replicas (at least 1)")
+            raise error_at(sources, key, f"disaggregated serving needs at least one {pool} replica, got 0")
+    if read["cluster.replicas"] != 1:
+        raise error_at(sources, "cluster.replicas", "give either --replicas (every replica prefills and decodes) or "
+                                                    "--prefill-replicas and --decode-replicas, not both")
+    if read["engine.scheduler"] != "vllm-v1":
+        raise error_at(sources, "cluster.prefill_replicas", "disaggregated serving runs under --scheduler vllm-v1 "
+                                                            "(vLLM's KV connectors are V1's); the scheduler is v0")
+    if read["workload.max_concurrency"] is not None:
+        raise error_at(sources, "workload.max_concurrency", "a client with a concurrency limit in front of a "
+                                                            "disaggregated cluster is not simulated yet")
+    if read["output.timeline"] is not None:
+        raise error_at(sources, "output.timeline", "the timeline of a disaggregated cluster is not written yet")
+    latency = read["cluster.kv_link_latency_us"]
+    if latency is not None and latency < 0:
+        raise error_at(sources, "cluster.kv_link_latency_us", f"must be at least 0, got {latency:g}")
 
 
 def _set_by_user(key: str, read: dict[str, Any], sources: dict[str, Source], defaults: dict[str, Any]) -> bool:

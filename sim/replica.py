@@ -49,11 +49,12 @@ class ReplicaPlan:
                               async_scheduling=e.async_scheduling,
                               lookahead=self.max_k if self.lookahead is None else self.lookahead)
 
-    def inputs(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, prefix_keys: np.ndarray | None
-               ) -> np.ndarray:
-        """The per-request int block the replicas' queues hold (sim/serving/queues.py)."""
+    def inputs(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, prefix_keys: np.ndarray | None,
+               remote_tokens: np.ndarray | None = None) -> np.ndarray:
+        """The per-request int block the replicas' queues hold (sim/serving/queues.py); ``remote_tokens``: a
+        disaggregated decode replica's, the prompt tokens whose KV a prefill replica sends."""
         return request_inputs(prompt_tokens, output_tokens, kv_reserve(prompt_tokens, output_tokens, self.max_k),
-                              prefix_keys)
+                              prefix_keys, remote_tokens)
 
     def loop(self, queue, policy, sampler, backend=None) -> ServingLoop:
         """One replica's serving loop over ``queue``: priced by the step table unless a ``backend`` runs

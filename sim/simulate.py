@@ -27,6 +27,7 @@ from sim.costmodel.cache import fitted_profile, profile_digest, step_table
 from sim.cluster import ReplicaParts, run_cluster
 from sim.config import PolicyConfig, RunConfig
 from sim.costmodel.model import CostModel, StepTable, v0_graph_batch_sizes
+from sim.disaggregated import disaggregated_section, run_disaggregated, transfer_columns
 from sim.errors import InputError
 from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
@@ -38,6 +39,7 @@ from sim.scheduler.kvcache import blocks_for, prefix_keys
 from sim.serving.clock import simulate_replica
 from sim.serving.queues import arrival_queue
 from sim.serving.records import ReplicaRecords
+from sim.serving.transfer import KVBytes, Link, link_for
 from sim.speculation.methods import SpeculationPlan, default_match_rate, kv_capacity_for, plan_run
 from sim.stability import run_check
 from workloads import Requests, TraceError, gamma_arrivals, profile_arrivals, read_trace, read_vllm_result
@@ -112,6 +114,8 @@ class PreparedRun:
     replica: ReplicaPlan  # what each replica is built from (sim/replica.py)
     prefix_keys: np.ndarray | None = None  # vllm-v1 with prefix caching: each request's shared cache keys
     speculation: SpeculationPlan | None = None  # the method's drafter, tree and proposals (sim/speculation/methods.py)
+    kv_bytes_per_token: int = 0  # disaggregated serving: what a prompt token's KV takes on each GPU
+    decode: "PreparedRun | None" = None  # disaggregated serving with --decode-profile: the decode pool's own
     warnings: list[str] = field(default_factory=list)
 
 
@@ -217,12 +221,23 @@ def prepare(config: RunConfig) -> PreparedRun:
     if budget is None:  # neither says: an unlimited cache, room for every request at its longest at once
         budget = int(reserve.sum())  # (under vllm-v1 in whole blocks, with the lookahead)
     worst = int(np.argmax(reserve))
-    if reserve[worst] > (budget // config.engine.block_size * config.engine.block_size if v1 else budget):
+    usable = budget // config.engine.block_size * config.engine.block_size if v1 else budget
+    whose = " (the profile's measured capacity)" if not (config.engine.kv_cache_tokens or
+                                                         config.engine.gpu_memory_utilization) else ""
+    disaggregated = config.cluster.prefill_replicas > 0
+    if disaggregated:  # a prefill replica holds the prompt and the one token the proxy asks for
+        block = config.engine.block_size
+        prompt_kv = blocks_for(kv_reserve(requests.prompt_tokens, 1, policy.max_k) + policy.max_k, block) * block
+        longest = int(np.argmax(prompt_kv))
+        if prompt_kv[longest] > usable:
+            raise config.error("engine.kv_cache_tokens", f"request {longest}'s prompt needs {int(prompt_kv[longest])} "
+                                                         f"tokens of KV cache on a prefill replica, more than its "
+                                                         f"budget of {budget} tokens{whose}")
+    if reserve[worst] > usable:
         key = "engine.kv_cache_tokens"
-        raise config.error(key, f"request {worst} needs {int(reserve[worst])} tokens of KV cache, more than the "
-                                f"budget of {budget} tokens" + ("" if config.engine.kv_cache_tokens or
-                                                                 config.engine.gpu_memory_utilization else
-                                                                 " (the profile's measured capacity)"))
+        where = " on a decode replica" if disaggregated else ""
+        raise config.error(key, f"request {worst} needs {int(reserve[worst])} tokens of KV cache{where}, more than "
+                                f"the budget of {budget} tokens{whose}")
     reach = _table_reach(config, policy, requests, speculation)
     if not (v1 and config.engine.async_scheduling) and cost_model.overlapped:  # the engine's work is not hidden
         cost_model, digest = cost_model.without_overlap(), digest + "-sync"
@@ -240,8 +255,41 @@ def prepare(config: RunConfig) -> PreparedRun:
                           lag_mode=speculation.lag_mode if policy.max_k else 0, requests=len(requests))
     prepared = PreparedRun(config, profile, cost_model, table, policy, requests, alphas, budget, replica, keys,
                            speculation)
+    if disaggregated:
+        prepared.kv_bytes_per_token = kv_bytes_per_token(profile, speculation.spec.method if policy.max_k else None)
+        if not prepared.kv_bytes_per_token:
+            raise config.error("cluster.prefill_replicas", f"profile '{profile.name}' records no KV bytes per token "
+                                                           "(models' kv_bytes_per_token): a KV transfer cannot be "
+                                                           "priced")
+        if config.cluster.decode_profile is not None:
+            prepared.decode = _prepare_decode_pool(config, prepared)
+            prepared.warnings.extend(w for w in prepared.decode.warnings if w not in prepared.warnings)
     prepared.warnings.extend(cost_model.range_warnings(**reach))
     return prepared
+
+
+def _prepare_decode_pool(config: RunConfig, prefill: PreparedRun) -> PreparedRun:
+    """The decode pool's own profile, cost model, step table, policy and KV budget (``--decode-profile``):
+    the same requests (the same seed and workload), the same models on another GPU or TP size."""
+    c = config.cluster
+    try:
+        profile = _profile_and_costs(c.decode_profile)[0]
+    except InputError as exc:
+        if exc.source is None:  # the name itself was bad: point at where it was given
+            raise config.error("cluster.decode_profile", exc.message) from None
+        raise
+    ours, theirs = model_names(prefill.profile), model_names(profile)
+    if ours != theirs:
+        raise config.error("cluster.decode_profile", f"profile '{profile.name}' times {' + '.join(theirs)}, the "
+                                                     f"prefill pool's '{prefill.profile.name}' {' + '.join(ours)}: "
+                                                     "both pools must run the same models")
+    return prepare(replace(config, profile=c.decode_profile, cluster=replace(c, decode_profile=None)))
+
+
+def model_names(profile: Profile) -> tuple[str, ...]:
+    """The models a profile times: its target's name, and its draft model's where it has one."""
+    models = profile.meta.get("models") or {}
+    return tuple(str((models.get(role) or {}).get("name")) for role in ("target", "draft") if role in models)
 
 
 def _profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
@@ -279,10 +327,8 @@ def kv_capacity_at(config: RunConfig, profile: Profile) -> int:
     key, fraction = "engine.gpu_memory_utilization", config.engine.gpu_memory_utilization
     if config.engine.kv_cache_tokens is not None:
         raise config.error(key, "give either --gpu-memory-utilization or --kv-cache-tokens, not both")
-    memory, models = profile.meta.get("memory") or {}, profile.meta.get("models") or {}
-    method = config.speculation.method
-    drafter = models.get("draft" if method == "draft_model" else method) or {}  # a host matcher: none
-    per_token = sum(int(m.get("kv_bytes_per_token") or 0) for m in (models.get("target") or {}, drafter))
+    memory = profile.meta.get("memory") or {}
+    per_token = kv_bytes_per_token(profile, config.speculation.method)
     budget = kv_capacity_for(profile, config.speculation)  # at the profile's own fraction
     if profile.kv_capacity_tokens is None or not {"available_bytes", "fraction"} <= memory.keys() or not per_token:
         raise config.error(key, f"profile '{profile.name}' records no memory figures to size the KV cache "
@@ -292,6 +338,14 @@ def kv_capacity_at(config: RunConfig, profile: Profile) -> int:
         raise config.error(key, f"{fraction:g} of {memory['available_bytes'] / 2**30:.0f} GiB leaves no room for "
                                 f"a KV cache beside the models' weights")
     return capacity
+
+
+def kv_bytes_per_token(profile: Profile, method: str | None) -> int:
+    """The KV bytes one token takes on each GPU of a replica, as the profile records them: the target's and
+    the drafter's of ``method`` (None: no drafter runs; a host matcher keeps none)."""
+    models = profile.meta.get("models") or {}
+    drafter = {} if method is None else models.get("draft" if method == "draft_model" else method) or {}
+    return sum(int(m.get("kv_bytes_per_token") or 0) for m in (models.get("target") or {}, drafter))
 
 
 def check_v1(config: RunConfig, requests: Requests, max_k: int) -> None:
@@ -394,9 +448,15 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     wrap = Explaining if explain else (lambda policy: policy)
     scale = acceptance_values(config, run.alphas)
     routed = count > 1 if routed is None else routed
+    disaggregated = None
     if routed and backend is not None:  # a recorded backend plays one replica's steps back
         raise ValueError("a step backend drives one replica; this run is routed over a cluster")
-    if not routed:
+    if config.cluster.prefill_replicas:
+        if backend is not None:
+            raise ValueError("a step backend drives one replica; this run is a disaggregated cluster")
+        records, disaggregated, samplers, policies, engine_wall = _run_disaggregated(run, scale, wrap)
+        cluster = None
+    elif not routed:
         samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max, speculation=run.speculation)]
         policies = [wrap(run.policy)]
         records, sent_s, engine_wall = _run_replica(run, scale, samplers[0], policies[0], backend)
@@ -438,6 +498,13 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     warnings = list(run.warnings) + ([queue.warning()] if queue is not None and queue.grows else [])
     steps = dict(records.steps)
     breakdown = None
+    extra = {"queue": queue.document()} if queue is not None else {}
+    if disaggregated is not None:
+        table.update(transfer_columns(disaggregated))
+        steps["replica"] = disaggregated.step_replica
+        decode = run.decode or run
+        extra["disaggregated"] = disaggregated_section(disaggregated, run_link(config), kv_bytes(run),
+                                                       (run.profile.name, decode.profile.name), summary["duration_s"])
     if count > 1:  # a one-replica run's files stay exactly the single replica's
         table["replica"] = cluster.replica_of
         steps["replica"] = cluster.step_replica
@@ -445,10 +512,44 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
                                       cluster.request_ids, cluster.per_replica(), summary["duration_s"])
     return RunResult(config, run.profile, table, steps, summary, warnings,
                      time.perf_counter() - started, engine_wall, by_label(table), breakdown,
-                     extra={"queue": queue.document()} if queue is not None else None,
+                     extra=extra or None,
                      spec_decode=spec_decode, spec_decode_requests=per_request,
                      itl=(records.itl_values, records.itl_weights),
                      reasons=[policy.reasons for policy in policies] if explain else None)
+
+
+def _run_disaggregated(run: PreparedRun, scale: np.ndarray, wrap):
+    """The prefill and decode pools (sim/disaggregated.py): the client's records, the pools' own, every
+    replica's sampler and policy (prefill replicas first), the engine's wall time."""
+    config, requests = run.config, run.requests
+    prefill, decode = config.cluster.prefill_replicas, config.cluster.decode_replicas
+    pool = run.decode or run  # the decode pool's own preparation (--decode-profile), or the run's
+    parts = []
+    for index, rng in enumerate(replica_streams(config, prefill + decode)):
+        own = run if index < prefill else pool
+        first = index == 0 or (index == prefill and own is not run)  # each preparation's policy serves once
+        parts.append(ReplicaParts(wrap(own.policy if first else _fresh_policy(own)),
+                                  make_sampler(config, run.alphas, rng, own.table.k_max, own.speculation)))
+    started = time.perf_counter()
+    records = run_disaggregated(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
+                                output_tokens=requests.output_tokens, prefix_keys=run.prefix_keys,
+                                acceptance_scale=scale, replica=run.replica, decode_replica=pool.replica,
+                                prefill_parts=parts[:prefill], decode_parts=parts[prefill:],
+                                router=config.cluster.router, link=run_link(config), kv=kv_bytes(run))
+    engine_wall = time.perf_counter() - started
+    return records.merged, records, [p.sampler for p in parts], [p.policy for p in parts], engine_wall
+
+
+def kv_bytes(run: PreparedRun) -> KVBytes:
+    """What a prompt token's KV takes on a GPU of each pool (sim.serving.transfer)."""
+    decode = run.decode or run
+    return KVBytes(run.kv_bytes_per_token, decode.kv_bytes_per_token, run.profile.gpus_per_replica)
+
+
+def run_link(config: RunConfig) -> Link:
+    """The link a disaggregated run's KV crosses: the named one, its parameters overridden where given."""
+    c = config.cluster
+    return link_for(c.kv_link, c.kv_link_bandwidth_gb_s, c.kv_link_latency_us)
 
 
 def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, backend):

@@ -37,6 +37,10 @@ REQ_PROMPT, REQ_OUTPUT, REQ_RESERVE, REQ_PREFIX_KEY, REQ_PREFIX_BLOCKS, REQ_PROM
 # request's first REQ_PREFIX_BLOCKS blocks hold the dense cache keys REQ_PREFIX_KEY + j, its
 # next ones up to REQ_PROMPT_BLOCKS the keys REQ_PROMPT_KEY + j (a shared prompt); the rest are
 # its own (sim/scheduler/kvcache.py).
+REQ_REMOTE = 7
+# REQ_REMOTE (vllm-v1, a disaggregated decode replica: sim/disaggregated.py): the leading prompt tokens
+# whose KV a prefill replica sent; the scheduler admits them as computed, as vLLM's KV connector
+# (NIXL) has them (prompt - 1: the last prompt token is computed again for its logits). 0 elsewhere.
 # records, int block ``reci[field, request]`` (the loop; the scheduler writes REC_CACHED, REC_PREEMPTIONS)
 REC_EMITTED, REC_DECODE_STEPS, REC_DRAFTED, REC_ACCEPTED, REC_PREEMPTIONS, REC_CACHED = range(6)
 REC_INTS = 6

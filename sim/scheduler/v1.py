@@ -22,7 +22,10 @@ the budget out). Each step, in order:
    its leading blocks already in the cache (sim/scheduler/kvcache.py) count as computed: only
    the rest is prefilled and counted against the budget. It gets ``min(tokens left, budget
    left)``; without chunked prefill only a request whose tokens all fit. A request that does
-   not fit stops the admissions (a waiting request never preempts).
+   not fit stops the admissions (a waiting request never preempts). On a disaggregated decode
+   replica (sim/disaggregated.py) the prompt's KV came from a prefill replica (``REQ_REMOTE``):
+   those tokens count as computed, as vLLM's KV connector reports them, and only the last prompt
+   token is computed here (its logits give the first token).
 
 The plan goes into the counters (``C_STEP_ROWS`` rows decode, ``C_CHUNKS`` chunks...) and
 ``sched`` (``S_ROW_K``: each scheduled row's k, ``S_CHUNK_*``).
@@ -43,7 +46,7 @@ from sim.scheduler.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CAC
                                   LAST_STEP_END, NOTHING, P_ASYNC, P_BLOCK, P_BLOCKS, P_BUDGET, P_CACHING, P_CHUNKED,
                                   P_LOOKAHEAD,
                                   P_MAX_BLOCKS, P_MAX_SEQS, PREFILL, REC_CACHED, REC_EMITTED, REC_LAST_EMIT,
-                                  REC_PREEMPTIONS, REC_SCHEDULED, REQ_PROMPT, ROW_CONTEXT, ROW_LAST_EMIT,
+                                  REC_PREEMPTIONS, REC_SCHEDULED, REQ_PROMPT, REQ_REMOTE, ROW_CONTEXT, ROW_LAST_EMIT,
                                   ROW_REMAINING, ROW_REQ, ROW_SLOT, S_CHUNK_ENTRY, S_CHUNK_PREFIX, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ,
                                   S_PF_SLOT, S_PF_TARGET, S_REQUEUED, S_ROW_K)
 
@@ -184,7 +187,9 @@ def _admit_waiting(s, budget, now):
             break
         num_tokens = reqi[REQ_PROMPT, r] + reci[REC_EMITTED, r]
         hits = lookup(reqi, r, num_tokens, resumed, kv, key_block, scratch, par)
-        cached = hits * block
+        cached = found = hits * block
+        if not resumed and reqi[REQ_REMOTE, r] > cached:  # a disaggregated decode: the prompt's KV was sent here
+            cached = reqi[REQ_REMOTE, r]
         t = num_tokens - cached
         if t > budget:
             if not par[P_CHUNKED]:
@@ -205,7 +210,7 @@ def _admit_waiting(s, budget, now):
             recf[REC_SCHEDULED, r] = now
             reci[REC_CACHED, r] = cached
             ctr[C_CACHE_QUERIES] += num_tokens
-            ctr[C_CACHE_HITS] += cached
+            ctr[C_CACHE_HITS] += found  # the prefix cache's own hits (vLLM counts a connector's apart)
         j = ctr[C_PREFILLING]
         sched[S_PF_REQ, j], sched[S_PF_DONE, j], sched[S_PF_TARGET, j], sched[S_PF_SLOT, j] = r, cached, num_tokens, slot
         ctr[C_PREFILLING] = j + 1

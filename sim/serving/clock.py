@@ -141,6 +141,29 @@ def simulate_cluster(dispatcher: Dispatcher, loops: list[ServingLoop]) -> None:
         process.close()
 
 
+def simulate_disaggregated(dispatcher: Dispatcher, prefill: list[ServingLoop], decode: list[ServingLoop],
+                           handoff) -> None:
+    """Run a disaggregated cluster in one simulated time: the prefill replicas behind their dispatcher,
+    the decode replicas fed by ``handoff`` (sim/disaggregated.py), which is given ``later(at, call)``:
+    ``call()`` runs at simulated time ``at`` (a KV transfer's end)."""
+    env = simpy.Environment()
+    handoff.later = lambda at, call: env.process(_at(env, at, call))
+    processes = [router_process(env, dispatcher)]
+    processes += [_process(env, loop, _until_routed) for loop in prefill + decode]
+    for process in processes:
+        env.process(process)
+    env.run()
+    for process in processes:
+        process.close()
+    handoff.later = None
+
+
+def _at(env: simpy.Environment, at: float, call: Callable[[], None]):
+    """``call()`` at simulated time ``at``."""
+    yield env.timeout(exact_delay(env.now, at))
+    call()
+
+
 def serve_wall_clock(loop: ServingLoop, clock: Callable[[], float], sleep: Callable[[float], None] = time.sleep
                      ) -> None:
     """Run one replica on an arrival array in real time: the backend runs each step; the clock measures it."""

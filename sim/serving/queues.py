@@ -19,6 +19,10 @@ Three sources:
   outstanding (``vllm bench serve --max-concurrency``);
 * :class:`RoutedQueue`: a replica of a cluster; a :class:`Dispatcher` pushes each request at
   its arrival (or send) time, to the replica its router picks.
+
+Disaggregated serving (sim/disaggregated.py) uses two routed kinds: a :class:`PrefillQueue` reports
+which requests its replica prefilled (each starts a KV transfer), and a :class:`DecodeQueue` is pushed
+a request when its KV has arrived (its source: :class:`Handoffs`).
 """
 
 from __future__ import annotations
@@ -29,21 +33,25 @@ from bisect import bisect_right
 
 import numpy as np
 
-from sim.scheduler.layout import C_ARRIVED, C_HEAD, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE
+from sim.scheduler.layout import (C_ARRIVED, C_HEAD, REC_FINISH, REQ_OUTPUT, REQ_PREFIX_KEY, REQ_PROMPT, REQ_REMOTE,
+                                  REQ_RESERVE)
 from sim.serving.records import grown
 
-REQ_INPUTS = 7  # rows of reqi (sim/scheduler/layout.py REQ_*)
+REQ_INPUTS = 8  # rows of reqi (sim/scheduler/layout.py REQ_*)
 
 
 def request_inputs(prompt_tokens: np.ndarray, output_tokens: np.ndarray, reserve: np.ndarray,
-                   prefix_keys: np.ndarray | None) -> np.ndarray:
+                   prefix_keys: np.ndarray | None, remote_tokens: np.ndarray | None = None) -> np.ndarray:
     """The int block a queue holds per request: prompt, output, v0 reservation, prefix-cache keys
-    (four rows from :func:`sim.scheduler.kvcache.prefix_keys`, or none shared)."""
+    (four rows from :func:`sim.scheduler.kvcache.prefix_keys`, or none shared) and, on a disaggregated
+    decode replica, the prompt tokens whose KV a prefill replica sends (none elsewhere)."""
     n = prompt_tokens.shape[0]
     reqi = np.zeros((REQ_INPUTS, n), dtype=np.int64)
     reqi[REQ_PROMPT], reqi[REQ_OUTPUT], reqi[REQ_RESERVE] = prompt_tokens, output_tokens, reserve
     if prefix_keys is not None:
-        reqi[REQ_RESERVE + 1:] = prefix_keys
+        reqi[REQ_PREFIX_KEY:REQ_REMOTE] = prefix_keys
+    if remote_tokens is not None:
+        reqi[REQ_REMOTE] = remote_tokens
     return reqi
 
 
@@ -229,7 +237,8 @@ class RoutedQueue:
         self.request_ids[j] = request
         self.reqi[:, j] = d.reqi[:, request]
         self.scale[j] = d.scale[request]
-        self.cum_tokens.append(self.cum_tokens[-1] + int(d.reqi[REQ_PROMPT, request] + d.reqi[REQ_OUTPUT, request]))
+        self.cum_tokens.append(self.cum_tokens[-1] + int(d.reqi[REQ_PROMPT, request] + d.reqi[REQ_OUTPUT, request]
+                                                         - d.reqi[REQ_REMOTE, request]))  # KV a prefill replica sent
         self.count = j + 1
         if self.waiter is not None:
             waiter, self.waiter = self.waiter, None
@@ -241,6 +250,59 @@ class RoutedQueue:
                                                                                   self.scale))
         if self.on_grow is not None:
             self.on_grow(capacity)
+
+
+class PrefillQueue(RoutedQueue):
+    """A disaggregated prefill replica's queue (sim/disaggregated.py): its requests ask for one token
+    (vLLM's proxy sends max_tokens=1 to the prefill instance), so each finishes with its prefill, and
+    the loop's report of those finishes hands each request's id to ``on_prefilled(ids, now)``, which
+    starts its KV transfer at that instant."""
+
+    compilable = False  # finishes start transfers at their instant: reported step by step
+
+    def __init__(self, dispatcher: "Dispatcher", on_prefilled) -> None:
+        super().__init__(dispatcher)
+        self.on_prefilled = on_prefilled
+        self.state = None  # the loop's state (sim.serving.state.ReplicaState): its finish records
+        self._unfinished = 0  # every queue position before this one has finished
+
+    def finished(self, count: int, now: float) -> None:
+        """``count`` requests finished at ``now``: those taken by the scheduler whose finish is now (the
+        window from the first unfinished position to the head holds the ones in flight)."""
+        low, head = self._unfinished, int(self.ctr[C_HEAD])
+        window = self.state.recf[REC_FINISH, low:head]
+        done = np.flatnonzero(window == now)
+        if done.shape[0] != count:
+            raise RuntimeError(f"{count} prefills finished at {now}, {done.shape[0]} found")
+        open_ = np.flatnonzero(np.isnan(window))
+        self._unfinished = low + (int(open_[0]) if open_.shape[0] else window.shape[0])
+        self.on_prefilled(self.request_ids[low + done], now)
+
+
+class Handoffs:
+    """The decode pool's source in disaggregated serving: requests are pushed into a decode replica's
+    :class:`DecodeQueue` when their KV has arrived (sim/disaggregated.py), never at a queue's release."""
+
+    next_at = math.inf
+
+    def __init__(self, reqi: np.ndarray, scale: np.ndarray) -> None:
+        self.reqi = reqi
+        self.scale = np.ascontiguousarray(scale, dtype=np.float64)
+        self.count = reqi.shape[1]
+
+    def advance(self, now: float) -> None:
+        """Pushes happen when transfers end, not at a queue's release."""
+
+    def next_arrival_s(self) -> float | None:
+        return None
+
+
+class DecodeQueue(RoutedQueue):
+    """A disaggregated decode replica's queue: a hand-off may come at any instant no one knows ahead (a
+    transfer that ends), so the replica runs step by step (a compiled run would stop after every step,
+    which costs more than the step-by-step loop)."""
+
+    compilable = False
 
 
 class LimitedRoutedQueue(RoutedQueue):

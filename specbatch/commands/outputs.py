@@ -275,6 +275,12 @@ def format_summary(result: RunResult, selection: tuple[list[str], list[float]] |
     lines.append(f"{'Batching:':<12}{cfg.engine.batching + f' (max {cfg.engine.max_batch_size})':>40}")
     if result.replicas:
         lines.append(f"{'Cluster:':<12}{f'{cfg.cluster.replicas} replicas, {cfg.cluster.router}':>40}")
+    disaggregated = (result.extra or {}).get("disaggregated")
+    if disaggregated:
+        pools = f"{cfg.cluster.prefill_replicas} prefill + {cfg.cluster.decode_replicas} decode, {cfg.cluster.router}"
+        lines.append(f"{'Cluster:':<12}{pools:>40}")
+        if cfg.cluster.decode_profile is not None:
+            lines.append(f"{'Decoding:':<12}{disaggregated['decode']['profile']:>40}")
     row("Successful requests:", s["completed"])
     row("Benchmark duration (s):", s["duration_s"])
     row("Total input tokens:", s["total_input_tokens"])
@@ -323,6 +329,18 @@ def format_summary(result: RunResult, selection: tuple[list[str], list[float]] |
         for m in result.replicas:
             lines.append(f"{m['replica']:>7}{m['requests']:>6}{_ms(m['mean_e2el_ms']):>13}"
                          f"{_ms(m['p99_e2el_ms']):>12}{m['mean_batch_size']:>7.1f}{100 * m['busy_fraction']:>6.1f}%")
+    if disaggregated:
+        header("Disaggregated prefill / decode")
+        t = disaggregated["kv_transfer"]
+        row("Prefill pool busy (%):", 100 * disaggregated["prefill"]["busy_fraction"])
+        row("Decode pool busy (%):", 100 * disaggregated["decode"]["busy_fraction"])
+        link = f"{t['link']}, {t['bandwidth_gb_s']:g} GB/s, {t['latency_us']:g} us"
+        lines.append(f"{'KV link:':<12}{link:>40}")
+        row("KV transfers:", t["transfers"])
+        row("KV transferred (GB):", t["bytes"] / 1e9)
+        row("Mean KV transfer (ms):", t["mean_transfer_ms"])
+        row("Mean transfer queueing (ms):", t["mean_queue_ms"])
+        row("P99 transfer queueing (ms):", t["p99_queue_ms"])
     lines.append("=" * width)
     return "\n".join(lines)
 

@@ -1,0 +1,237 @@
+"""Disaggregated prefill and decode (sim/disaggregated.py): conservation across the pools, the links,
+determinism, a hand-worked request, compiled against step by step, and the one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.disaggregated as disaggregated
+from sim.errors import InputError
+from sim.router import ROUTERS
+from sim.scheduler.layout import C_FREE_BLOCKS, C_PREFILLING, C_REQUEUED, C_RUNNING, P_BLOCKS
+from sim.serving.transfer import LINKS
+from sim.simulate import execute, prepare
+
+V1 = dict(engine__scheduler="vllm-v1", engine__max_batch_size=16, engine__max_num_batched_tokens=256,
+          workload__prompt_tokens="uniform:16:300", workload__output_tokens="uniform:1:48")
+
+
+def disaggregated_config(run_config, prefill=2, decode=2, **overrides):
+    return run_config(**{**V1, "workload__num_requests": 60, "workload__rate": 4.0,
+                         "cluster__prefill_replicas": prefill, "cluster__decode_replicas": decode, **overrides})
+
+
+def capture_loops(monkeypatch) -> list:
+    """The loops of each pool as the run leaves them (before their records are merged)."""
+    pools = []
+    merge = disaggregated.merge_loops
+
+    def keep(loops, n):
+        pools.append([(loop.state, loop.scheduler) for loop in loops])
+        return merge(loops, n)
+
+    monkeypatch.setattr(disaggregated, "merge_loops", keep)
+    return pools
+
+
+def check_conservation(result, pools) -> None:
+    req, steps = result.requests, result.steps
+    n = len(req)
+    prefill = int(req.prefill_replica.max()) + 1 if n else 0
+    on_prefill = steps.replica.to_numpy() < result.config.cluster.prefill_replicas
+    # every request prefilled once, sent once, decoded to its end
+    assert (req.prefill_replica >= 0).all() and (req.decode_replica >= result.config.cluster.prefill_replicas).all()
+    assert prefill <= result.config.cluster.prefill_replicas
+    assert int(steps.emitted_tokens[on_prefill].sum()) == n  # the proxy's one token each
+    assert int(steps.emitted_tokens[~on_prefill].sum()) == int(req.output_tokens.sum())
+    assert int(steps.drafted_tokens[on_prefill].sum()) == 0  # nothing drafts on a prefill replica
+    assert int(req.drafted_tokens.sum()) == int(steps.drafted_tokens.sum())
+    # prompt tokens: computed on the prefill side (less its prefix-cache hits, more any recompute); one each on
+    # the decode side unless a preemption made it recompute
+    assert int(steps.prefill_tokens[on_prefill].sum()) >= int((req.prompt_tokens - req.num_cached_tokens).sum())
+    assert int(steps.prefill_tokens[~on_prefill].sum()) >= n
+    # time runs forward through each request's stages
+    assert (req.scheduled_s >= req.arrival_s).all()
+    assert (req.prefill_done_s > req.scheduled_s).all()
+    assert (req.kv_transfer_start_s >= req.prefill_done_s).all()
+    assert (req.kv_transfer_end_s > req.kv_transfer_start_s).all()
+    assert (req.first_token_s > req.kv_transfer_end_s).all() and (req.finish_s >= req.first_token_s).all()
+    # a link's end carries one transfer at a time
+    for column in ("prefill_replica", "decode_replica"):
+        for _, group in req.sort_values("kv_transfer_start_s").groupby(column):
+            assert (group.kv_transfer_start_s.to_numpy()[1:] >= group.kv_transfer_end_s.to_numpy()[:-1]).all()
+    # one engine per replica, never overlapping
+    for _, group in steps.groupby("replica"):
+        assert (group.start_s.to_numpy()[1:] >= group.end_s.to_numpy()[:-1]).all()
+    # every block back in every replica's cache, and the caches consistent
+    assert len(pools) == 2
+    for pool in pools:
+        for state, _ in pool:
+            ctr = state.ctr
+            assert ctr[C_RUNNING] == ctr[C_PREFILLING] == ctr[C_REQUEUED] == 0
+            assert ctr[C_FREE_BLOCKS] == state.par[P_BLOCKS]
+            state.kv.check(ctr)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prefill=st.integers(1, 3), decode=st.integers(1, 3), router=st.sampled_from(ROUTERS + ("prefix-aware",)),
+       seed=st.integers(0, 1000), kv=st.sampled_from([None, 700]), policy=st.sampled_from(["fixed", "none"]),
+       link=st.sampled_from(sorted(LINKS)))
+def test_requests_tokens_and_blocks_are_conserved_across_the_pools(run_config, monkeypatch, prefill, decode, router,
+                                                                   seed, kv, policy, link):
+    """Whatever the pools, router, link and KV budget (700 tokens: preemptions on both sides), every request is
+    prefilled once, sent once and decoded to its last token, and every block goes back on both sides."""
+    config = disaggregated_config(run_config, prefill, decode, seed=seed, cluster__router=router,
+                                  engine__kv_cache_tokens=kv, policy__name=policy, cluster__kv_link=link,
+                                  workload__shared_prefix="64:4:64")
+    with monkeypatch.context() as m:
+        pools = capture_loops(m)
+        result = execute(prepare(config))
+    check_conservation(result, pools)
+
+
+def test_same_config_and_seed_give_the_same_bytes(run_config):
+    config = disaggregated_config(run_config, 2, 3, cluster__router="least-requests")
+    a, b = execute(prepare(config)), execute(prepare(config))
+    assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
+    assert json.dumps(a.summary, sort_keys=True) == json.dumps(b.summary, sort_keys=True)
+    assert json.dumps(a.extra, sort_keys=True) == json.dumps(b.extra, sort_keys=True)
+
+
+def test_one_request_by_hand(run_config):
+    """TTFT = the prefill step + the transfer (latency + prompt x KV bytes per token / bandwidth) + the decode
+    replica's step that computes the last prompt token, on an otherwise idle cluster."""
+    prompt, bandwidth, latency = 1000, 20.0, 30.0
+    config = disaggregated_config(run_config, 1, 1, workload__num_requests=1, workload__prompt_tokens=prompt,
+                                  workload__output_tokens=5, engine__max_num_batched_tokens=2048,
+                                  cluster__kv_link_bandwidth_gb_s=bandwidth, cluster__kv_link_latency_us=latency)
+    run = prepare(config)
+    result = execute(run)
+    req, steps = result.requests.iloc[0], result.steps
+    per_token = 131072 + 32768  # the synthetic profile's target and draft (tests/synthetic.py), one GPU
+    transfer = latency * 1e-6 + prompt * per_token / (bandwidth * 1e9)
+    assert req.kv_transfer_end_s - req.kv_transfer_start_s == pytest.approx(transfer, rel=1e-12)
+    assert req.kv_transfer_bytes == prompt * per_token
+    prefill_step, first_decode_step = steps.iloc[0], steps.iloc[1]
+    assert prefill_step.replica == 0 and prefill_step.prefill_tokens == prompt
+    assert first_decode_step.replica == 1 and first_decode_step.prefill_tokens == 1  # the last prompt token
+    assert first_decode_step.start_s == req.kv_transfer_end_s and req.kv_transfer_start_s == req.prefill_done_s
+    expected = ((prefill_step.end_s - prefill_step.start_s) + transfer
+                + (first_decode_step.end_s - first_decode_step.start_s) + run.profile.request_latency_s)
+    assert req.ttft_s == pytest.approx(expected, rel=1e-12)
+    t = result.extra["disaggregated"]["kv_transfer"]
+    assert t["transfers"] == 1 and t["bytes"] == prompt * per_token and t["mean_queue_ms"] == 0
+
+
+def test_transfers_queue_on_a_busy_link(run_config):
+    """A slow link: transfers from the one prefill replica wait for the one before them."""
+    config = disaggregated_config(run_config, 1, 2, workload__rate=50.0, cluster__kv_link_bandwidth_gb_s=0.5)
+    result = execute(prepare(config))
+    t = result.extra["disaggregated"]["kv_transfer"]
+    assert t["queued_transfers"] > 0 and t["mean_queue_ms"] > 0
+    req = result.requests.sort_values("kv_transfer_start_s")
+    waited = req[req.kv_transfer_start_s > req.prefill_done_s]
+    ends = req.kv_transfer_end_s.to_numpy()
+    for start in waited.kv_transfer_start_s:  # a transfer that waited starts the instant another one ends
+        assert (ends == start).any()
+
+
+@pytest.mark.parametrize("policy", ["fixed", "goodput"])
+def test_compiled_rules_match_interpreted_ones(run_config, policy):
+    """Both pools step with the rules compiled (numba); with every rule interpreted (engine.jit off) the
+    bytes are the same."""
+    compiled = execute(prepare(disaggregated_config(run_config, 2, 2, policy__name=policy, engine__jit="on",
+                                                    cluster__router="least-tokens")))
+    interpreted = execute(prepare(disaggregated_config(run_config, 2, 2, policy__name=policy, engine__jit="off",
+                                                       cluster__router="least-tokens")))
+    assert compiled.requests.equals(interpreted.requests) and compiled.steps.equals(interpreted.steps)
+
+
+def test_without_the_flags_nothing_changes(run_config):
+    """The new keys are left out of config.toml (and its digest) unless the run is disaggregated."""
+    plain = run_config(**V1, workload__num_requests=10, workload__rate=4.0)
+    assert "prefill_replicas" not in plain.to_toml() and "kv_link" not in plain.to_toml()
+    split = disaggregated_config(run_config, 1, 2)
+    assert "prefill_replicas = 1" in split.to_toml() and 'kv_link = "rdma"' in split.to_toml()
+
+
+@pytest.mark.parametrize("overrides,key,words", [
+    (dict(cluster__prefill_replicas=0, cluster__decode_replicas=2), "cluster.prefill_replicas",
+     "at least one prefill replica"),
+    (dict(cluster__prefill_replicas=2), "cluster.prefill_replicas", "needs a decode pool too"),
+    (dict(cluster__decode_replicas=2), "cluster.decode_replicas", "needs a prefill pool too"),
+    (dict(cluster__prefill_replicas=1, cluster__decode_replicas=1, engine__scheduler="v0"),
+     "cluster.prefill_replicas", "vllm-v1"),
+    (dict(cluster__prefill_replicas=1, cluster__decode_replicas=1, cluster__replicas=2), "cluster.replicas",
+     "not both"),
+    (dict(cluster__kv_link="nvlink"), "cluster.kv_link", "applies only to disaggregated serving"),
+    (dict(cluster__prefill_replicas=1, cluster__decode_replicas=1, cluster__kv_link_latency_us=-1.0),
+     "cluster.kv_link_latency_us", "at least 0"),
+])
+def test_impossible_setups_are_one_line_errors(run_config, overrides, key, words):
+    base = {**V1, "workload__num_requests": 5, "workload__rate": 1.0}
+    if overrides.get("engine__scheduler") == "v0":
+        del base["engine__max_num_batched_tokens"]  # a vllm-v1 key: refused under v0 before anything else
+    with pytest.raises(InputError) as caught:
+        run_config(**{**base, **overrides})
+    assert caught.value.field == key and words in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kv,words", [(200, "prompt needs 320 tokens of KV cache on a prefill replica"),
+                                      (400, "on a decode replica")])
+def test_requests_that_cannot_fit_a_pool_are_refused_before_the_run(run_config, kv, words):
+    config = disaggregated_config(run_config, 1, 1, workload__prompt_tokens=300, workload__output_tokens=200,
+                                  engine__kv_cache_tokens=kv)
+    with pytest.raises(InputError) as caught:
+        prepare(config)
+    assert caught.value.field == "engine.kv_cache_tokens" and words in str(caught.value)
+
+
+def test_cli_and_api_run_it_and_config_toml_reruns_it(tmp_path, synthetic_profile, capsys):
+    """From the command line (the summary prints the pools and the transfers), again from its config.toml
+    (the same files), and from the Python API with the flags' names (the same summary)."""
+    from specbatch import run
+    from specbatch.commands.cli import main
+
+    first, again = tmp_path / "first", tmp_path / "again"
+    flags = ["--profile", str(synthetic_profile), "--scheduler", "vllm-v1", "--num-requests", "40", "--rate", "3",
+             "--prefill-replicas", "1", "--decode-replicas", "2", "--kv-link", "nvlink"]
+    assert main(["run", *flags, "--out", str(first)]) == 0
+    printed = capsys.readouterr().out
+    assert "Disaggregated prefill / decode" in printed and "nvlink, 450 GB/s" in printed
+    assert main(["run", "--config", str(first / "config.toml"), "--out", str(again)]) == 0
+    for name in ("summary.json", "requests.csv", "steps.csv"):
+        assert (first / name).read_text().replace(str(first), "OUT") == \
+            (again / name).read_text().replace(str(again), "OUT"), name
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["disaggregated"]["kv_transfer"]["transfers"] == 40
+    api = run(profile=str(synthetic_profile), scheduler="vllm-v1", num_requests=40, rate=3, prefill_replicas=1,
+              decode_replicas=2, kv_link="nvlink", records="none")
+    assert api.summary["mean_ttft_ms"] == summary["metrics"]["mean_ttft_ms"]
+
+
+def test_the_decode_pool_runs_its_own_profile(run_config, synthetic_profile, tmp_path):
+    """--decode-profile: the decode replicas are priced by their own profile (here the same models at half
+    the latency, a faster GPU); the prefill pool's steps stay exactly as they were; the run's own profile
+    named again changes nothing; a profile of other models is refused."""
+    from tests.synthetic import linear_latency, make_profile
+
+    faster = make_profile(tmp_path / "faster", lambda *point: 0.5 * linear_latency(*point))
+    base = execute(prepare(disaggregated_config(run_config, 2, 2)))
+    same = execute(prepare(disaggregated_config(run_config, 2, 2, cluster__decode_profile=str(synthetic_profile))))
+    assert base.requests.equals(same.requests) and base.steps.equals(same.steps)
+    fast = execute(prepare(disaggregated_config(run_config, 2, 2, cluster__decode_profile=str(faster))))
+    on_prefill = base.steps.replica < 2
+    assert base.steps[on_prefill].reset_index(drop=True).equals(
+        fast.steps[fast.steps.replica < 2].reset_index(drop=True))
+    assert fast.summary["mean_tpot_ms"] < 0.75 * base.summary["mean_tpot_ms"]
+    assert fast.extra["disaggregated"]["decode"]["profile"] == "faster"
+    other = make_profile(tmp_path / "other", label="other")
+    with pytest.raises(InputError) as caught:
+        prepare(disaggregated_config(run_config, 1, 1, cluster__decode_profile=str(other)))
+    assert caught.value.field == "cluster.decode_profile" and "same models" in str(caught.value)
