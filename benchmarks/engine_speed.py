@@ -251,7 +251,9 @@ def main() -> int:
         cases = {name: CASES[name] for name in (args.cases or CASES)}
         out = RESULTS if args.update else args.out or SCRATCH
     sys.path.insert(0, str(Path(__file__).parent))
-    from real_vllm import DATA
+    from real_vllm import VALIDATION
+
+    DATA = VALIDATION / "vllm-h100"  # the folder holding REAL_RUN
     from scale import machine  # one description of the machine for the benchmarks
 
     about = machine()

@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from policies.base import BY_BATCH_SIZE, CompiledForm
-from sim.jit import compiled
+from sim.jit import direct
 from sim.serving import kernel
 from sim.serving.priced import prices_of
 from sim.serving.step import Draws
@@ -66,7 +66,9 @@ class CompiledRuns:
         self.arrivals = queue.arrival_times if queue.timed else np.zeros(0)
         self._pending = False
         self._no_ints, self._no_floats = np.zeros(0, np.int64), np.zeros(0)
-        self._run, self._finish = compiled(kernel.run_steps), compiled(kernel.finish_pending)
+        self._draws = None  # the draws as the kernel reads them, rebuilt when the sampler's buffer is replaced
+        # Called at every routing decision of a cluster: straight to the compiled entry points (sim.jit).
+        self._run, self._finish = direct(kernel.run_steps), direct(kernel.finish_pending)
 
     def run(self, now: float, stop_at: float) -> float:
         """Step from ``now`` until the kernel stops (the module docstring). Returns the end of the last
@@ -81,9 +83,12 @@ class CompiledRuns:
             buffer, pos = self.source.reserve(cap)
             st.ctr[C_DRAW_POS] = pos
             st.buffers.room(RECORD_ROOM, ITL_ROOM + itl_room)
-            shared = buffer.dtype.kind == "i"
-            draws = Draws(self.source.kind, buffer if shared else self._no_ints, self._no_floats if shared else buffer,
-                          self.source.negative_rates, self.counts)
+            draws = self._draws
+            if draws is None or (draws.ints is not buffer and draws.floats is not buffer):
+                shared = buffer.dtype.kind == "i"
+                draws = self._draws = Draws(self.source.kind, buffer if shared else self._no_ints,
+                                            self._no_floats if shared else buffer, self.source.negative_rates,
+                                            self.counts)
             reason = self._run(st.arrays(), self.prices, self.chooser, loop.proposer, draws, st.records(),
                                self.arrivals, loop.queue.timed, stop_at, MANY, itl_room)
             self.source.advance(int(st.ctr[C_DRAW_POS]))

@@ -46,6 +46,7 @@ class ReplicaState:
         self.paged = bool(scheduler.paged)
         self.track_lag = 0
         self._arrays = None
+        self._records = None
         self._queue = None
 
     def bind(self, queue, track_lag: int) -> None:
@@ -65,9 +66,11 @@ class ReplicaState:
         return a
 
     def records(self) -> Records:
-        """Where the step records and gaps go (the buffers are replaced as they grow)."""
-        b = self.buffers
-        return Records(b.steps, b.itl_values, b.itl_weights)
+        """Where the step records and gaps go, rebuilt only when the buffers were replaced (as they grow)."""
+        b, r = self.buffers, self._records
+        if r is None or r.steps is not b.steps or r.itl_values is not b.itl_values or r.itl_weights is not b.itl_weights:
+            r = self._records = Records(b.steps, b.itl_values, b.itl_weights)
+        return r
 
     def grow(self, capacity: int) -> None:
         """The per-request records, for a queue that now holds ``capacity`` requests."""
