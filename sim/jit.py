@@ -89,6 +89,9 @@ def _cache_folder() -> Path:
     digest.update(numba.__version__.encode())
     digest.update(sys.version.encode())
     digest.update(Path(__file__).read_bytes())  # how the rules are compiled
+    # numba files a compiled function under its source file's path: another checkout of the same code
+    # would find this folder ready and still compile everything, silently, in its first run.
+    digest.update(str(Path(__file__).resolve().parent).encode())
     for name in RULE_MODULES + CONSTANT_MODULES:
         digest.update(Path(importlib.import_module(name).__file__).read_bytes())
     base = cache_dir() or Path(tempfile.gettempdir()) / f"specbatch-{os.getuid() if hasattr(os, 'getuid') else 0}"
