@@ -52,7 +52,9 @@ def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path, scenario):
         time.sleep(moment)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
-        lines = [line for line in err.splitlines() if not line.startswith("warning: ")]
+        # (a run's own notes and warnings come before the interrupt: a cold compiled-code cache, when this
+        # test runs before any other has compiled the engine, says it is compiling)
+        lines = [line for line in err.splitlines() if not line.startswith(("warning: ", "note: "))]
         if process.returncode == 0:  # finished before the signal: nothing to check at this moment
             continue
         if process.returncode == -signal.SIGINT and not lines and "o/summary.json" in listing(tmp_path):
