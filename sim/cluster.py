@@ -45,6 +45,7 @@ class ClusterRecords:
     request_ids: list[np.ndarray]       # per replica: its requests, in its queue order
     itl_bounds: np.ndarray      # replica i's inter-token gaps are merged.itl_*[itl_bounds[i]:itl_bounds[i + 1]]
     sent_s: np.ndarray | None = None  # with a concurrency limit: when the client sent each request
+    replica_counters: list[dict | None] | None = None  # vllm-v1: each replica's scheduler totals (prefix cache...)
 
     def per_replica(self):
         """Each replica's own records, indexed like ``request_ids``: built one at a time from the
@@ -57,7 +58,8 @@ class ClusterRecords:
                                  m.drafted_tokens[ids], m.accepted_tokens[ids],
                                  {f: v[mine] for f, v in m.steps.items()}, m.itl_values[lo:hi], m.itl_weights[lo:hi],
                                  None if m.preemptions is None else m.preemptions[ids],
-                                 None if m.cached_tokens is None else m.cached_tokens[ids])
+                                 None if m.cached_tokens is None else m.cached_tokens[ids],
+                                 None if self.replica_counters is None else self.replica_counters[index])
 
 
 class ReplicaSignals:
@@ -148,6 +150,7 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
     preemptions = np.zeros(n, dtype=np.int64) if v1 else None
     cached = np.zeros(n, dtype=np.int64) if v1 else None
     counters: dict = {}
+    replica_counters: list[dict | None] = []
     counts = [len(loop.state.buffers) for loop in loops]
     itl_counts = [loop.state.buffers.itl()[0].shape[0] for loop in loops]
     step_replica = np.repeat(np.arange(len(loops), dtype=np.int64), counts)
@@ -163,6 +166,7 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
         if v1:
             preemptions[req] = rec.preemptions
             cached[req] = rec.cached_tokens
+            replica_counters.append(rec.scheduler)
             for name, value in rec.scheduler.items():  # totals over the replicas (a peak: the largest)
                 counters[name] = max(counters.get(name, 0), value) if name.startswith("peak") else \
                     counters.get(name, 0) + value
@@ -182,7 +186,8 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
         steps[f] = steps[f][order]
     merged = ReplicaRecords(**per_request, steps=steps, itl_values=itl_values, itl_weights=itl_weights,
                             preemptions=preemptions, cached_tokens=cached, scheduler=counters if v1 else None)
-    return ClusterRecords(merged, replica_of, step_replica[order], ids, itl_bounds)
+    return ClusterRecords(merged, replica_of, step_replica[order], ids, itl_bounds,
+                          replica_counters=replica_counters if v1 else None)
 
 
 def merge_loops(loops: list[ServingLoop], n: int) -> ClusterRecords:

@@ -227,8 +227,11 @@ def by_label(table) -> dict | None:
 
 
 def replica_breakdown(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                      request_ids: list[np.ndarray], records: list, duration_s: float) -> list[dict]:
-    """Each replica's own summary (same names as the cluster's) over the requests it served.
+                      request_ids: list[np.ndarray], records: list, duration_s: float,
+                      prefix_caching: bool = False) -> list[dict]:
+    """Each replica's own summary (same names as the cluster's) over the requests it served, with its
+    vllm-v1 scheduler's figures (preemptions, peak KV blocks, its own prefix cache's hits: what a
+    prefix-aware router changes) where the run has them.
 
     A replica's ``duration_s`` and throughputs run from t = 0 to its own last finish;
     ``busy_fraction`` is its busy engine time over the whole cluster's duration.
@@ -237,6 +240,8 @@ def replica_breakdown(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_t
     for index, (ids, rec) in enumerate(zip(request_ids, records)):
         summary = summarize(arrival_s[ids], prompt_tokens[ids], output_tokens[ids], rec.first_token_s,
                             rec.finish_s, rec.itl_values, rec.itl_weights, rec.steps)
+        if rec.scheduler is not None:
+            summary.update(scheduler_stats(rec, prefix_caching))
         busy = summary["busy_time_s"] / duration_s if duration_s > 0 else float("nan")
         out.append({"replica": index, "requests": int(ids.shape[0]), "busy_fraction": busy, **summary})
     return out

@@ -228,6 +228,11 @@ def test_every_request_and_token_is_served_once(run_config, replicas, seed, grou
         check_v1_replica(req[req.replica == r], steps[steps.replica == r])
     assert 0 <= result.summary["prefix_cache_hits"] <= result.summary["prefix_cache_queries"]
     assert sum(m["requests"] for m in result.replicas) == 120 == result.summary["completed"]
+    # each replica's own scheduler figures add up to the cluster's (a peak: the largest)
+    for name in ("prefix_cache_queries", "prefix_cache_hits", "resumed_prefix_cache_queries", "num_preemptions"):
+        assert sum(m[name] for m in result.replicas) == result.summary[name], name
+    assert max(m["peak_kv_blocks"] for m in result.replicas) == result.summary["peak_kv_blocks"]
+    assert all(0 <= m["prefix_cache_hits"] <= m["prefix_cache_queries"] for m in result.replicas)
 
 
 def check_v1_replica(req: pd.DataFrame, steps: pd.DataFrame) -> None:

@@ -325,10 +325,13 @@ def format_summary(result: RunResult, selection: tuple[list[str], list[float]] |
             row("Prompt tokens found in the cache:", s["prefix_cache_hits"])
     if result.replicas:
         header(f"{len(result.replicas)} replicas, {cfg.cluster.router} router")
-        lines.append(f"{'replica':>7}{'reqs':>6}{'mean E2EL ms':>13}{'p99 E2EL ms':>12}{'batch':>7}{'busy':>7}")
+        cached = "prefix_cache_hit_rate" in result.replicas[0]  # each replica's own cache (vllm-v1, caching on)
+        lines.append(f"{'replica':>7}{'reqs':>6}{'mean E2EL ms':>13}{'p99 E2EL ms':>12}{'batch':>7}{'busy':>7}"
+                     + (f"{'cache hit':>10}" if cached else ""))
         for m in result.replicas:
             lines.append(f"{m['replica']:>7}{m['requests']:>6}{_ms(m['mean_e2el_ms']):>13}"
-                         f"{_ms(m['p99_e2el_ms']):>12}{m['mean_batch_size']:>7.1f}{100 * m['busy_fraction']:>6.1f}%")
+                         f"{_ms(m['p99_e2el_ms']):>12}{m['mean_batch_size']:>7.1f}{100 * m['busy_fraction']:>6.1f}%"
+                         + (f"{100 * m['prefix_cache_hit_rate']:>9.1f}%" if cached else ""))
     if disaggregated:
         header("Disaggregated prefill / decode")
         t = disaggregated["kv_transfer"]
