@@ -62,7 +62,7 @@ def test_a_k_max_beyond_the_method_is_refused_in_one_line(eagle_profile, tmp_pat
 def never_run(monkeypatch):
     from specbatch.commands.sweep import executors
 
-    for name in ("run_serial", "run_pool", "run_dask"):
+    for name in ("run_serial", "run_pool", "run_dask", "DaskRunner"):
         monkeypatch.setattr(executors, name, lambda *a, **k: pytest.fail("a run started before every check"))
 
 
@@ -140,3 +140,31 @@ def test_without_matplotlib_the_report_has_no_figure_and_says_so(eagle_profile, 
     for name, shown in (("report.md", note), ("report.html", html.escape(note))):
         text = (out / name).read_text()
         assert shown in text and "tune.png" not in text and "data:image/png" not in text
+
+
+def test_a_dask_tune_opens_one_client_for_all_its_batches_and_closes_it(eagle_profile, tmp_path, monkeypatch):
+    """--dask: the cluster (a LocalCluster for ``local``) is started once for the whole tune, not per
+    batch of runs, and closed when the tune ends."""
+    from specbatch.commands.sweep import executors
+
+    opened, closed, batches = [], [], []
+
+    class Runner:  # a Dask client as the tune uses it, running its tasks here
+        def __init__(self, address, workers):
+            opened.append((address, workers))
+
+        def run(self, tasks):
+            batches.append(len(tasks))
+            return executors.run_serial(tasks)
+
+        def close(self):
+            closed.append(1)
+
+    monkeypatch.setattr(executors, "DaskRunner", Runner)
+    monkeypatch.setattr(executors, "have_dask", lambda: True)
+    small = [arg for arg in SMALL if arg not in ("--executor", "serial")]
+    out = tmp_path / "tune"
+    assert main(["tune", "--profile", str(eagle_profile), *SCENARIO, *small, "--out", str(out), "--dask", "local",
+                 "--workers", "2"]) == 0
+    assert json.loads((out / "tune.json").read_text())
+    assert len(batches) >= 2 and opened == [("local", 2)] and closed == [1]

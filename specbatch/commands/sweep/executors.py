@@ -73,31 +73,47 @@ def run_pool(tasks: list[Task], workers: int, pool=None) -> Iterator[tuple[str, 
 
 def run_dask(tasks: list[Task], address: str, workers: int | None) -> Iterator[tuple[str, dict]]:
     """``address`` is a scheduler address, or ``local`` for a LocalCluster of ``workers`` processes."""
-    from distributed import Client, LocalCluster
-    from distributed import as_completed as dask_completed
-
-    cluster = None
-    if address == "local":
-        with warnings.catch_warnings():  # no dashboard, but its HTTP server says when 8787 is taken
-            warnings.filterwarnings("ignore", message="Port .* is already in use")
-            with hidden_main():  # its worker processes must not run the caller's script again
-                cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1,
-                                       processes=True, dashboard_address=None, silence_logs=logging.ERROR)
-        client = Client(cluster)
-    else:
-        try:
-            client = Client(address, timeout="20s")
-        except OSError as exc:
-            raise InputError(f"cannot reach the Dask scheduler: {exc}", field="dask", source="--dask") from None
+    dask = DaskRunner(address, workers)
     try:
-        futures = {client.submit(run_cell, config, key=f"specbatch-cell-{key}", pure=False): key
+        yield from dask.run(tasks)
+    finally:
+        dask.close()
+
+
+class DaskRunner:
+    """A Dask client, opened once for several batches of runs (a tune's) and closed at the end:
+    of a LocalCluster of ``workers`` processes (``local``), or of the scheduler at ``address``."""
+
+    def __init__(self, address: str, workers: int | None) -> None:
+        from distributed import Client, LocalCluster
+
+        self.cluster = None
+        if address == "local":
+            with warnings.catch_warnings():  # no dashboard, but its HTTP server says when 8787 is taken
+                warnings.filterwarnings("ignore", message="Port .* is already in use")
+                with hidden_main():  # its worker processes must not run the caller's script again
+                    self.cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1,
+                                                processes=True, dashboard_address=None, silence_logs=logging.ERROR)
+            self.client = Client(self.cluster)
+        else:
+            try:
+                self.client = Client(address, timeout="20s")
+            except OSError as exc:
+                raise InputError(f"cannot reach the Dask scheduler: {exc}", field="dask", source="--dask") from None
+
+    def run(self, tasks: list[Task]) -> Iterator[tuple[str, dict]]:
+        """(key, record) of each task as it finishes."""
+        from distributed import as_completed as dask_completed
+
+        futures = {self.client.submit(run_cell, config, key=f"specbatch-cell-{key}", pure=False): key
                    for key, config in tasks}
         for future in dask_completed(list(futures)):
             yield futures[future], future.result()
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
 
 
 def have_dask() -> bool:

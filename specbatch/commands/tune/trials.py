@@ -69,6 +69,7 @@ class Trials:
                         dynamic_ncols=True)
         self.progress = progress
         self.pool = None  # the process pool, started at the first batch that needs it and kept to the end
+        self.dask = None  # ... or the Dask client (executors.DaskRunner), likewise
 
 
     def say(self, text: str) -> None:
@@ -81,6 +82,9 @@ class Trials:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
             self.pool = None
+        if self.dask is not None:
+            self.dask.close()
+            self.dask = None
 
     def summaries_for(self, pairs: Sequence[tuple[Candidate, int]], phase: str) -> list[dict]:
         """Each pair's summary, in order; the missing runs go to the executor as one batch."""
@@ -129,7 +133,9 @@ class Trials:
         if self.executor == "serial" or (self.executor == "pool" and (len(tasks) == 1 or self.workers == 1)):
             return executors.run_serial(tasks)  # one run: a pool would only add its start-up
         if self.executor == "dask":
-            return executors.run_dask(tasks, self.dask_address or "local", self.workers)
+            if self.dask is None:  # one cluster for the whole tune, not one per batch of runs
+                self.dask = executors.DaskRunner(self.dask_address or "local", self.workers)
+            return self.dask.run(tasks)
         if self.pool is None:
             from specbatch.commands.workers import worker_pool
 
