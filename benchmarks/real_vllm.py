@@ -165,15 +165,12 @@ def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:
     if gpu is None:
         return None, f"no kernel data for {run['gpu']} in aiconfigurator-core {data.package_version()}"
     out = scratch / re.sub(r"[^a-z0-9.-]+", "-", run["run"].lower())
-    versions = sorted((root / "data" / gpu / "gemm" / "vllm").iterdir()) if (root / "data" / gpu / "gemm" / "vllm").is_dir() else []
     errors = []
     for target in (run["model"], run["model"].split("/")[-1].lower(), *built_in_of(run)):  # an id, then built-ins
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         argv = ["--gpu", gpu, "--target", target, "--tp", str(run["tensor_parallel_size"]), "--out", str(out),
                 "--sampling", run_sampling(run)]
-        if versions:
-            argv += ["--framework-version", versions[-1].name]
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 compose_main(parser.parse_args(argv))

@@ -124,7 +124,8 @@ def known_models() -> list[str]:
 def get_config(name: str, field: str = "model") -> ModelConfig:
     """The one model resolver: a built-in name, a path to a Hugging Face ``config.json`` or a folder
     holding one, or a Hugging Face id whose config is in the local cache or ships with
-    aiconfigurator-core (:mod:`calibrate.hf_config`). Anything else is an :class:`InputError`
+    aiconfigurator-core (:mod:`calibrate.hf_config`), or else one a built-in was copied from (its
+    ``source``). Anything else is an :class:`InputError`
     naming ``field``; a config that cannot be priced names its key, file and line."""
     from calibrate import hf_config
 
@@ -132,7 +133,10 @@ def get_config(name: str, field: str = "model") -> ModelConfig:
     if name in configs:
         return configs[name]
     found = hf_config.locate(name)
-    if found is None:
+    if found is None:  # a Hugging Face id a built-in config was copied from: that config, offline
+        same = [c for c in configs.values() if c.source and c.source.lower() == name.lower()]
+        if same:
+            return same[0]
         raise InputError(f"unknown model '{name}': not a built-in name ({', '.join(configs)}), a config.json "
                          "or a folder holding one, nor a Hugging Face id in the local cache "
                          f"({hf_config.hub_cache()}) or among aiconfigurator-core's configs", field=field)

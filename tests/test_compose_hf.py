@@ -404,3 +404,31 @@ def test_a_model_calibrated_from_its_config_json_is_replayed_from_the_profiles_r
     assert cli_main(["replay", "--profile", str(out), "--num-requests", "3", "--rate", "50", "--prompt-tokens", "8",
                      "--output-tokens", "4", "--out", str(run)]) == 0, capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["metrics"]["completed"] == 3
+
+
+def test_an_id_a_built_in_was_copied_from_resolves_to_it_offline(hf_cache):
+    """Qwen/Qwen3-14B ships with neither aiconfigurator-core nor a fresh cache: its id is the built-in
+    qwen3-14b, the same shape as its published config.json read from a cache."""
+    built_in = get_config("qwen3-14b")
+    assert get_config("Qwen/Qwen3-14B", "target") is built_in and get_config("qwen/qwen3-14b") is built_in
+    assert param_count(built_in) == pytest.approx(14.8e9, rel=0.005)
+    cache_model(hf_cache, "Qwen/Qwen3-14B", WRITTEN["Qwen/Qwen3-14B"])
+    read = get_config("Qwen/Qwen3-14B")  # now the cached file wins, and reads as the built-in's shape
+    from dataclasses import replace
+
+    shape = ModelShape.of(read, param_count(read))
+    assert read is not built_in and replace(shape, name="qwen3-14b") == ModelShape.of(built_in, param_count(built_in))
+
+
+def test_the_framework_version_defaults_to_the_newest_the_gpu_has(tmp_path):
+    """--framework-version: NVIDIA's data has A100 at an older vLLM than H100; the default is each GPU's
+    newest, compared as version numbers (0.14.0 after 0.9.0)."""
+    from sim.compose import data
+
+    for version in ("0.9.0", "0.14.0", "0.2.1"):
+        (tmp_path / "data" / "gpu_x" / "gemm" / "vllm" / version).mkdir(parents=True)
+    (tmp_path / "gpu_x.yaml").write_text("x: 1\n")
+    assert data.newest_version(tmp_path, "gpu_x", "vllm") == "0.14.0"
+    with pytest.raises(InputError) as err:
+        data.newest_version(tmp_path, "gpu_x", "sglang")
+    assert err.value.field == "framework" and "vllm" in err.value.message

@@ -119,6 +119,20 @@ def table_dir(root: Path, gpu: str, op: str, framework: str, version: str) -> Pa
     return root / "data" / gpu / op / framework / version
 
 
+def newest_version(root: Path, gpu: str, framework: str) -> str:
+    """The newest version of ``framework`` whose GEMM tables the data has for ``gpu`` (the default
+    of ``--framework-version``: NVIDIA's data covers GPUs at different versions, A100 an older one);
+    an unknown GPU or framework is the one-line error :func:`table_dir` gives."""
+    gemm = root / "data" / gpu / "gemm" / framework
+    versions = _choices(gemm)
+    if not versions:
+        table_dir(root, gpu, "gemm", framework, "")  # names what the data has instead
+
+    def key(version: str) -> tuple:
+        return tuple(int(part) if part.isdigit() else -1 for part in version.split("."))
+    return max(versions, key=key)
+
+
 def read_table(root: Path, gpu: str, framework: str, version: str, which: tuple[str, str]) -> pd.DataFrame:
     """One Parquet table with latency converted to seconds (``latency_s``)."""
     _require_readers()

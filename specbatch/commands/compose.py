@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a mixture of experts: which of the MoE table's routing distributions to read, balanced "
                         "(every expert the same share of the tokens) or a skewed power law (default: %(default)s)")
     p.add_argument("--framework", default="vllm", help="framework whose kernels were measured (default: %(default)s)")
-    p.add_argument("--framework-version", default="0.24.0", help="its version in the data (default: %(default)s)")
+    p.add_argument("--framework-version", default=None,
+                   help="its version in the data (default: the newest the data has for the GPU)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"),
                    help="GEMM and expert weights (default: %(default)s; fp8: the fp8 GEMM and MoE tables)")
     p.add_argument("--kernel-data", default=None, metavar="DIR",
@@ -131,8 +132,13 @@ def build_request(args: argparse.Namespace):
     hosts = [method for method in drafters if method not in HEAD_METHODS]
     if drafters:
         grid_meta["drafters"] = list(drafters)
+    version = args.framework_version
+    if version is None:
+        from sim.compose import data
+
+        version = data.newest_version(data.systems_dir(args.kernel_data), args.gpu, args.framework)
     return Request(
-        gpu=args.gpu, framework=args.framework, framework_version=args.framework_version, dtype=args.dtype,
+        gpu=args.gpu, framework=args.framework, framework_version=version, dtype=args.dtype,
         target=shapes["target"], draft=shapes.get("draft"), points=points_of(grid.points()) + head_points,
         tp=args.tp, draft_tp=draft_tp, moe_routing=args.moe_routing,
         grid={**grid_meta, "max_len": max_len}, model_configs={r: c.to_dict() for r, c in configs.items()},
@@ -214,7 +220,7 @@ def command_line(args: argparse.Namespace) -> str:
     """The canonical command for these arguments (recorded in the sidecar: how to regenerate it)."""
     words = ["specbatch", "compose", "--gpu", args.gpu, "--target", args.target]
     words += ["--draft", args.draft] if args.draft is not None else []
-    defaults = {"framework": "vllm", "framework_version": "0.24.0", "dtype": "bf16", "tp": 1, "moe_routing": "balanced",
+    defaults = {"framework": "vllm", "dtype": "bf16", "tp": 1, "moe_routing": "balanced",
                 "sampling": "greedy"}
     for key in ("tp", "draft_tp", "moe_routing", "framework", "framework_version", "dtype", "kernel_data",
                 "memory_fraction", "engine_overhead_ms", "request_latency_ms", "exposed_overhead_ms",
