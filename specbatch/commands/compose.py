@@ -247,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
     models = request.target.name + (f" + {request.draft.name}" if request.draft else " (target only)")
     gpus = f"{request.tp} x {args.gpu}" if request.tp > 1 else args.gpu
     print(f"Composed {profile.name}: {models} on {gpus} "
-          f"({args.framework} {args.framework_version}, {args.dtype}); {counts} points; "
+          f"({request.framework} {request.framework_version}, {args.dtype}); {counts} points; "
           f"KV capacity {profile.kv_capacity_tokens:,} tokens")
     print(f"Wrote {out}/ (profile.csv, profile.json)")
     return 0
