@@ -155,3 +155,40 @@ def test_draft_lag_counts_unseen_tokens(run_config):
     kept = int(loop.state.accepted[0])
     loop.finish_step(1.0, 2.0)
     assert loop.state.rows[ROW_LAG, 0] == (2 if kept == 2 else 1)
+
+
+@pytest.mark.parametrize("scheduler", ["v0", "vllm-v1"])
+def test_the_plan_a_backend_reads_is_the_step_that_is_recorded(run_config, scheduler):
+    """sim.serving.plan.Plan, what every backend reads: each step's kind, rows, k, charged batch, chunks,
+    blocks and preemptions are the step's record, under both schedulers (preemption included)."""
+    from sim.simulate import execute
+
+    seen = []
+
+    class Reader(PricedBackend):  # the simulator's backend, noting what the plan said
+        def run(self, plan):
+            seen.append((plan.phase, plan.rows, plan.k, plan.batch_size if plan.rows else None,
+                         int(plan.chunk_tokens.sum()), plan.kv_blocks, plan.preempted, plan.prefill_count,
+                         None if plan.ragged_ks is None else plan.ragged_ks.shape[0]))
+            return super().run(plan)
+
+    run = prepare(run_config(policy__name="fixed", policy__k=3, workload__rate=20.0, workload__num_requests=80,
+                             workload__prompt_tokens="uniform:8:200", workload__output_tokens="uniform:1:60",
+                             engine__max_batch_size=6, engine__scheduler=scheduler,
+                             **({"engine__kv_cache_tokens": 700} if scheduler == "vllm-v1" else {})))
+    sampler = make_sampler(run.config, run.alphas)
+    steps = execute(run, backend=Reader(run.table, sampler)).steps
+    assert len(seen) == len(steps)
+    for (phase, rows, k, charged, chunk_tokens, blocks, preempted, admitted, ragged), step in zip(
+            seen, steps.itertuples()):
+        assert phase == step.phase
+        if scheduler == "v0" and phase == 0:  # a prefill of whole prompts
+            assert (rows, admitted, step.batch_size) == (0, step.batch_size, admitted)
+            continue
+        running = step.running if scheduler == "v0" else step.batch_size
+        assert (rows, k) == (running, step.k) and charged == (step.batch_size if rows else None)
+        v1 = (getattr(step, name, 0) for name in ("prefill_tokens", "kv_blocks", "preemptions"))  # v0 has none
+        assert (chunk_tokens, blocks, preempted) == tuple(v1)
+        assert ragged is None or ragged == rows
+    if scheduler == "vllm-v1":
+        assert steps.preemptions.sum() > 0 and (steps.phase == 2).any()  # the case covers both

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.scheduler.layout import (C_ADMIT, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_RAGGED,
+from sim.scheduler.layout import (C_ADMIT, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS, C_HEAD, C_PREEMPTED_NOW,
+                                  C_RAGGED, C_STEP_BLOCKS,
                                   C_STEP_CHARGED, C_STEP_K, C_STEP_LAG, NOTHING, PREFILL,
                                   REQ_PROMPT, ROW_CONTEXT, ROW_LAG, ROW_REMAINING, ROW_SCALE, S_CHUNK_PREFIX,
                                   S_CHUNK_TOKENS, S_ROW_K, STEP_MEAN, STEP_PROMPT)
@@ -135,6 +136,17 @@ class Plan:
     def chunk_prefixes(self) -> np.ndarray:
         """The tokens each chunk's request already holds in the KV cache (what it attends to beyond itself)."""
         return self._state.sched[S_CHUNK_PREFIX, :self.chunks]
+
+    @property
+    def preempted(self) -> int:
+        """Requests the scheduler preempted to make room for this step (vllm-v1)."""
+        return int(self._state.ctr[C_PREEMPTED_NOW]) if self.paged else 0
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks in use during the step, this step's new ones included (vllm-v1 allocates them as it
+        schedules, as vLLM's ``allocate_slots``)."""
+        return int(self._state.ctr[C_STEP_BLOCKS]) if self.paged else 0
 
     @property
     def decode_tokens(self) -> int:
