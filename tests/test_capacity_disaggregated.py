@@ -144,3 +144,32 @@ def test_impossible_asks_are_one_line_before_any_run(args, says, synthetic_profi
 def test_plan_splits_refuses_before_building_anything():
     with pytest.raises(InputError, match="no split of whole replicas"):
         plan_splits(None, 5, 2, 2)
+
+
+@pytest.mark.slow
+def test_the_committed_pd_example_is_what_the_code_gives_today():
+    """One split's search of docs/capacity-pd-example (docs/capacity_examples.py) again: the same rates,
+    verdicts, run lengths and max rate, or the committed report (and the docs' table read from it) is stale."""
+    import sys
+
+    from specbatch.commands.capacity.search import search_capacity
+    from tests.conftest import load_script
+
+    examples = load_script("docs/capacity_examples.py", "capacity_examples_pd")
+    try:
+        plan = examples.plan("pd")
+    finally:
+        sys.modules.pop("capacity_examples_pd", None)
+    label = next(label for label, (name, policy) in plan.members.items() if (name, policy) == ("1P:2D", "none"))
+    settings = replace(plan.inputs.settings, curve_points=0)
+    fresh = search_capacity({label: plan.configs[label]}, plan.inputs.slos, settings, jobs=1)[label]
+    folder = Path(examples.ROOT) / examples.EXAMPLES["pd"][0]
+    old = json.loads((folder / "capacity.json").read_text())["profiles"]["1P:2D"]["policies"]["none"]
+    searched = [(p["rate_req_s"], p["verdict"], p["requests_per_seed"]) for p in old["points"] if not p["curve_point"]]
+    again = [(rate, p.verdict, p.requests) for rate, p in fresh.points.items()]
+    stale = "docs/capacity-pd-example is stale: run python docs/capacity_examples.py pd && python docs/generate.py " \
+            "--only docs/capacity.md"
+    assert [v for _, v, _ in again] == [v for _, v, _ in searched], stale
+    assert [n for _, _, n in again] == [n for _, _, n in searched], stale
+    assert [r for r, _, _ in again] == pytest.approx([r for r, _, _ in searched], rel=1e-9), stale
+    assert fresh.max_rate == pytest.approx(old["max_rate_req_s"], rel=1e-9), stale
