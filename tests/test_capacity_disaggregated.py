@@ -94,19 +94,30 @@ def test_the_report_is_the_same_bytes_twice(report, synthetic_profile, tmp_path)
         assert (again / name).read_bytes() == (report / name).read_bytes(), name
 
 
-def test_the_python_api_gives_the_same_splits(report, synthetic_profile):
+def test_the_python_api_gives_the_same_splits(report, synthetic_profile, tmp_path, monkeypatch):
     import specbatch
 
     flags = dict(zip(ARGS[::2], ARGS[1::2]))
     result = specbatch.capacity(profile=str(synthetic_profile), pd_ratios=["1:1", "1:2"],
                                 slo=["p99_ttft_ms=400", "p90_tpot_ms=60"], policies=flags["--policies"], seeds=2,
-                                min_requests=60, service_times=10, max_growth=0.05, tolerance=0.1, curve_points=1,
-                                target_rate=30, gpu_hour_price=2, scheduler="vllm-v1", max_batch_size=16,
+                                min_requests=60, service_times=10.0, max_growth=0.05, tolerance=0.1, curve_points=1,
+                                target_rate=30.0, gpu_hour_price=2.0, scheduler="vllm-v1", max_batch_size=16,
                                 max_num_batched_tokens=512, prompt_tokens="uniform:32:256",
                                 output_tokens="uniform:8:48")
     doc = json.loads((report / "capacity.json").read_text())
     assert list(result.splits.max_rate) == [r["max_rate"] for r in doc["disaggregated"]["comparison"]]
     assert set(result.table.profile) == {"aggregated", "1P:1D", "1P:2D"}
+    # the same report, figures and all; without matplotlib none, and it says so where the frontier would be
+    result.result.write(tmp_path / "api")
+    assert (tmp_path / "api" / "capacity.json").read_bytes() == (report / "capacity.json").read_bytes()
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    result.result.write(tmp_path / "plain")
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["capacity.json", "report.html", "report.md"]
+    text = (tmp_path / "plain" / "report.md").read_text()
+    assert "## Disaggregated against aggregated" in text and "No figures: matplotlib is not installed" in text
 
 
 def test_ratios_and_budgets():
