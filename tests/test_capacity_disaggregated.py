@@ -152,6 +152,16 @@ def test_impossible_asks_are_one_line_before_any_run(args, says, synthetic_profi
     assert not out.exists()
 
 
+def test_a_scenario_s_own_pools_are_refused_for_the_aggregated_side(synthetic_profile, tmp_path, capsys):
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'profile = "{synthetic_profile}"\n\n[cluster]\nprefill_replicas = 1\ndecode_replicas = 2\n')
+    for extra in ([], ["--pd-ratios", "1:1"]):
+        code = main(["capacity", "--quiet", "--config", str(scenario), "--slo", "p99_ttft_ms=400", *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{scenario}:4: cluster.prefill_replicas: a capacity search sizes disaggregated " \
+                              "serving with --pd-ratios" in err and err.count("\n") == 1, err
+
+
 def test_plan_splits_refuses_before_building_anything():
     with pytest.raises(InputError, match="no split of whole replicas"):
         plan_splits(None, 5, 2, 2)

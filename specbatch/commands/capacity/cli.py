@@ -334,14 +334,14 @@ def _disaggregated_bases(config: str | None, overrides: dict, profiles: str | No
     check_not_v0(base)
     profile = load_profile(base.profile)
     prefill_gpus = gpus_per_replica or profile.gpus_per_replica
-    probe = base_config(config, {**overrides, **split_overrides(Split(1, 1))})
+    probe = base_config(config, {**overrides, **split_overrides(Split(1, 1))}, split=True)
     decode_gpus = prefill_gpus
     if probe.cluster.decode_profile is not None:
         decode_gpus = gpus_per_replica or load_profile(probe.cluster.decode_profile).gpus_per_replica
     splits = plan_splits(ratios, budget, prefill_gpus, decode_gpus)
     bases = {AGGREGATED: (base, profile)}
     for split in splits:
-        bases[split.name] = (base_config(config, {**overrides, **split_overrides(split)}), profile)
+        bases[split.name] = (base_config(config, {**overrides, **split_overrides(split)}, split=True), profile)
     ask = SplitAsk({split.name: split for split in splits}, prefill_gpus, budget, link_text(probe),
                    probe.cluster.decode_profile)
     return bases, ask

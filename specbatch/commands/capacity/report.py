@@ -173,6 +173,13 @@ def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
 PROFILE_HEADER = ["profile", "source", "GPU / device", "GPUs / replica", "dtype", "target model", "drafter", "price"]
 
 
+def profile_header(inputs: ReportInputs) -> list[str]:
+    """With splits, each row is a way of serving (a split's unit, or the aggregated replica) on one profile."""
+    if inputs.splits is None:
+        return PROFILE_HEADER
+    return ["serving", *PROFILE_HEADER[1:3], "GPUs / replica or split", *PROFILE_HEADER[4:]]
+
+
 def profile_rows(inputs: ReportInputs) -> list[list[str]]:
     rows = []
     for name, p in inputs.profiles.items():
@@ -193,7 +200,7 @@ def price_lines(inputs: ReportInputs) -> list[str]:
 
 
 def result_header(inputs: ReportInputs) -> list[str]:
-    cols = ["profile"] if len(inputs.profiles) > 1 else []
+    cols = [("serving" if inputs.splits is not None else "profile")] if len(inputs.profiles) > 1 else []
     cols += ["policy", "max rate (req/s)", "final bracket", "saturation (req/s)"]
     cols += [f"{slo.metric} at max" for slo in inputs.slos]
     cols += ["goodput at max (req/s)", "mean k", "mean batch"]
@@ -312,7 +319,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 def markdown(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: dict[str, bytes]) -> str:
     lines = [f"# {inputs.title}", "", "## Inputs", "", "| input | value |", "|---|---|"]
     lines += [f"| {k} | {_md(v)} |" for k, v in input_rows(inputs)]
-    lines += ["", "## Profiles", ""] + _md_table(PROFILE_HEADER, profile_rows(inputs))
+    lines += ["", "## Profiles", ""] + _md_table(profile_header(inputs), profile_rows(inputs))
     if inputs.splits is not None:
         from specbatch.commands.capacity import disaggregated as pd
 
@@ -364,7 +371,7 @@ def html_page(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: d
              "text-align:left;font-size:90%}th{background:#eee}img{max-width:100%;display:block;margin:1em 0}"
              "</style></head><body>", f"<h1>{e(inputs.title)}</h1>", "<h2>Inputs</h2>", "<table>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in input_rows(inputs)]
-    parts += ["</table>", "<h2>Profiles</h2>"] + table(PROFILE_HEADER, profile_rows(inputs))
+    parts += ["</table>", "<h2>Profiles</h2>"] + table(profile_header(inputs), profile_rows(inputs))
     if inputs.splits is not None:
         from specbatch.commands.capacity import disaggregated as pd
 
