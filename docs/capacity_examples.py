@@ -14,6 +14,10 @@ fails when the committed report is no longer what the code gives.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
+import platform
 import shutil
 import sys
 from pathlib import Path
@@ -36,7 +40,18 @@ EXAMPLES: dict[str, tuple[str, list[str]]] = {
     "gpus": ("docs/capacity-gpus-example",
              ["--profiles", GPU_PROFILES, "--gpu-price", "h100=3.9,h200=4.5,l40s=1.9", "--slo", "p99_ttft_ms=2000",
               "--slo", "p90_tpot_ms=40", "--target-rate", "20"]),
+    # Disaggregated prefill:decode splits against aggregated serving on the default H100 profile, under a tight
+    # TPOT SLO, with and without speculation on the decode side; a lighter search (2 seeds, 5%) to stay quick.
+    "pd": ("docs/capacity-pd-example",
+           ["--pd-ratios", "1:1,1:2,2:3", "--policies", "none,fixed", "--slo", "p99_ttft_ms=1000", "--slo",
+            "p90_tpot_ms=10", "--target-rate", "100", "--gpu-hour-price", "3.9", "--seeds", "2", "--tolerance", "0.05",
+            "--curve-points", "2", "--service-times", "20"]),
 }
+
+
+# Examples whose wall time the docs quote: regenerating one writes what the search printed last (its wall
+# time, runs and requests) with the machine it ran on, under benchmarks/results/ (the report has no wall times).
+TIMED = {"pd": "benchmarks/results/capacity_pd_time.txt"}
 
 
 def command(name: str) -> str:
@@ -52,10 +67,17 @@ def regenerate(name: str) -> Path:
     out = ROOT / folder
     if out.exists():
         shutil.rmtree(out)
-    code = main(["capacity", "--quiet", *_absolute(argv), "--out", str(out)])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["capacity", "--quiet", *_absolute(argv), "--out", str(out)])
     if code != 0:
         raise SystemExit(f"{name}: specbatch capacity exited {code}")
     (out / "report.html").unlink()
+    if name in TIMED:
+        machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; load average "
+                   f"{os.getloadavg()[0]:.1f} at the end")
+        took = printed.getvalue().splitlines()[-1].split(". Wrote")[0] + "."
+        (ROOT / TIMED[name]).write_text(f"{machine}\ncommand: {command(name)}\n{took}\n")
     return out
 
 

@@ -293,6 +293,7 @@ class CapacityReport:
     text: str
     result: Any = field(repr=False)  # specbatch.commands.capacity.cli.CapacityResult: outcomes, costs, inputs
     out: Path | None = None
+    splits: pd.DataFrame | None = None  # with pd_ratios / gpu_budget: each split beside aggregated on its GPUs
 
     def __str__(self) -> str:
         return self.text
@@ -308,7 +309,7 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
              curve_points: int | None = None, target_rate: float | None = None, gpu_hour_price: float | None = None,
              gpus_per_replica: int | None = None, profiles: str | list[str] | None = None,
              gpu_price: str | dict[str, float] | None = None, tp: str | list[int] | None = None,
-             jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
+             pd_ratios: str | list[str] | None = None, gpu_budget: int | None = None, jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
              overrides: dict[str, Any] | None = None, **settings: Any) -> CapacityReport:
     """The highest request rate one replica serves within the SLOs, per policy (``specbatch capacity``).
 
@@ -318,7 +319,11 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     ``out=FOLDER`` the report (HTML, Markdown, JSON, figures) is written there. To compare
     GPUs: ``profiles=["h100-...", "h200-..."]`` and ``gpu_price={"h100": 3.9, "h200": 4.5}``;
     the table then has one row per profile and policy. ``tp=[1, 4]``: each profile split over 1 and
-    4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour. The
+    4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour.
+    ``pd_ratios=["1:1", "1:2"]`` and/or ``gpu_budget=4``: disaggregated prefill:decode splits, each searched
+    as one unit beside an aggregated replica (``decode_profile``, ``kv_link`` ... apply to the splits); the
+    table then has one row per split (and ``aggregated``) and policy, and ``.splits`` compares each split
+    with aggregated serving on the same GPUs. The
     search's settings (``seeds``, ``tolerance``, ``service_times``, ``extensions``, ``max_growth``,
     ``min_requests``, ``warmup``, ``curve_points``) default to the command's; ``jobs`` > 1 runs
     them on a process pool, which never runs the calling script again (no ``__main__`` guard needed).
@@ -333,6 +338,7 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     price_text = (gpu_price if gpu_price is None or isinstance(gpu_price, str)
                   else ",".join(f"{gpu}={price:g}" for gpu, price in gpu_price.items()))
     tp_text = tp if tp is None or isinstance(tp, str) else ",".join(str(n) for n in tp)
+    ratio_text = pd_ratios if pd_ratios is None or isinstance(pd_ratios, str) else ",".join(pd_ratios)
     keyword_overrides = _keywords(settings, allowed=set(scenario_flags()))
     search = {name: value for name, value in (("seeds", seeds), ("tolerance", tolerance),
                                                ("service_times", service_times), ("extensions", extensions),
@@ -341,7 +347,8 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
                                                ("curve_points", curve_points)) if value is not None}
     plan = plan_capacity(config, {**(overrides or {}), **keyword_overrides}, slos=slos, policies=policy_text,
                          target_rate=target_rate, gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica,
-                         jobs=jobs, profiles=profile_text, gpu_price=price_text, tp=tp_text, **search)
+                         jobs=jobs, profiles=profile_text, gpu_price=price_text, tp=tp_text, pd_ratios=ratio_text,
+                         gpu_budget=gpu_budget, **search)
     from sim.atomic_write import check_output, output_lock
 
     folder = check_output(check_out_dir(out), folder=True, field="out") if out is not None else None
@@ -349,7 +356,12 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
         result = plan.search(progress=stderr_progress if progress else None)
         if folder is not None:
             result.write(folder)
-    return CapacityReport(capacity_table(result), result.table_text(), result, folder)
+    splits = None
+    if result.inputs.splits is not None:
+        from specbatch.commands.capacity.disaggregated import comparisons
+
+        splits = pd.DataFrame(comparisons(result.inputs, result.outcomes, result.costs))
+    return CapacityReport(capacity_table(result), result.table_text(), result, folder, splits)
 
 
 def capacity_table(result: Any) -> pd.DataFrame:

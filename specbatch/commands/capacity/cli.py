@@ -81,6 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tensor parallelism as an axis: compare each profile split over these GPU counts "
                              "(e.g. 1,4: four TP-1 replicas or one TP-4?), from the shipped profiles or composed "
                              "from the profile's own compose command (needs the gpu-data extra)")
+    parser.add_argument("--pd-ratios", default=None, metavar="P:D,...",
+                        help="disaggregated serving: search these splits of prefill:decode replicas (e.g. "
+                             "1:1,1:2,1:3), each as one unit, beside aggregated serving on the same GPUs "
+                             "(docs/capacity.md); --decode-profile and --kv-link... apply to the splits")
+    parser.add_argument("--gpu-budget", type=typed("--gpu-budget", int), default=None, metavar="GPUS",
+                        help="disaggregated serving on this many GPUs: every prefill:decode split that uses them, "
+                             "or with --pd-ratios each ratio scaled to the most units that fit")
     parser.add_argument("--jobs", type=typed("--jobs", int), default=os.cpu_count() or 1,
                         help="worker processes (default: all cores)")
     parser.add_argument("--out", default=None, help="report folder (default runs/capacity-<hash of the inputs>)")
@@ -145,7 +152,11 @@ class CapacityResult:
 
         inputs = self.inputs
         text = _text_table(result_header(inputs), result_rows(inputs, self.outcomes, self.costs))
-        if len(inputs.profiles) > 1:
+        if inputs.splits is not None:
+            from specbatch.commands.capacity import disaggregated as pd
+
+            text += "\n\n" + _text_table(pd.header(inputs), pd.rows(inputs, self.outcomes, self.costs))
+        elif len(inputs.profiles) > 1:
             text += "\n\n" + _text_table(comparison_header(inputs), comparison_rows(inputs, self.outcomes, self.costs))
         return "\n".join([*inputs.ran_lines(), text, *price_lines(inputs)])
 
@@ -162,7 +173,8 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
                   warmup: float = DEFAULTS.warmup, curve_points: int = DEFAULTS.curve_points,
                   target_rate: float | None = None, gpu_hour_price: float | None = None,
                   gpus_per_replica: int | None = None, jobs: int = 1, profiles: str | None = None,
-                  gpu_price: str | None = None, tp: str | None = None) -> CapacityPlan:
+                  gpu_price: str | None = None, tp: str | None = None, pd_ratios: str | None = None,
+                  gpu_budget: int | None = None) -> CapacityPlan:
     """Check every input (one InputError, named by its flag) and prepare each policy, before any run."""
     from specbatch.commands.capacity.inputs import SearchSettings, parse_policies, parse_slos, policy_config, positive
     from specbatch.commands.capacity.report import ReportInputs
@@ -190,9 +202,14 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
         raise InputError(f"must be inside (0, 1), got {tolerance:g}", source="--tolerance")
     if not 0 <= warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {warmup:g}", source="--warmup")
-    bases = _profile_bases(config, overrides, profiles)  # profile name -> (base scenario, loaded profile)
-    if tp is not None:
-        bases = _split_variants(config, overrides, bases, tp)
+    ask = None
+    if pd_ratios is not None or gpu_budget is not None:  # serving name -> (base scenario, loaded profile)
+        bases, ask = _disaggregated_bases(config, overrides, profiles, tp, pd_ratios, gpu_budget, gpus_per_replica)
+    else:
+        _refuse_pool_flags(overrides)
+        bases = _profile_bases(config, overrides, profiles)  # profile name -> (base scenario, loaded profile)
+        if tp is not None:
+            bases = _split_variants(config, overrides, bases, tp)
     _check_gpus(bases, gpus_per_replica)
     configs, members, described = {}, {}, {}
     for name, (base, profile) in bases.items():
@@ -206,13 +223,15 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
         # accepts), the per-position rates up to the largest k any of them may draft.
         described[name] = describe(mine[0], profile, max(policy_k_max(c) or 0 for c in mine))
     priced = _priced_profiles(bases, gpu_hour_price, gpu_price, described)
+    if ask is not None:
+        priced = _priced_splits(priced, ask, gpu_price)
     first = next(iter(bases.values()))[0]
     settings = SearchSettings(seeds=tuple(range(first.seed, first.seed + seeds)), tolerance=tolerance,
                               service_times=service_times, extensions=extensions, max_growth=max_growth,
                               min_requests=min_requests, warmup=warmup, curve_points=curve_points)
     inputs = ReportInputs(profiles=priced, workload=_workload_facts(first), slos=parsed_slos, settings=settings,
                           target_rate=target, gpus_per_replica=gpus_per_replica,
-                          prices=_prices_text(gpu_hour_price, gpu_price))
+                          prices=_prices_text(gpu_hour_price, gpu_price), splits=ask)
     return CapacityPlan(inputs, configs, members, jobs)
 
 
@@ -226,7 +245,8 @@ def plan_from_args(args: argparse.Namespace) -> CapacityPlan:
                          max_growth=args.max_growth, min_requests=args.min_requests, warmup=args.warmup,
                          curve_points=args.curve_points, target_rate=args.target_rate,
                          gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs,
-                         profiles=args.profiles, gpu_price=args.gpu_price, tp=args.tp)
+                         profiles=args.profiles, gpu_price=args.gpu_price, tp=args.tp, pd_ratios=args.pd_ratios,
+                         gpu_budget=args.gpu_budget)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -282,6 +302,80 @@ def _profile_bases(config: str | None, overrides: dict, profiles: str | None) ->
     return bases
 
 
+def _given(overrides: dict, key: str):
+    """The value --flag or a keyword gave a config key (None when not given)."""
+    value = overrides.get(key)
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _refuse_pool_flags(overrides: dict) -> None:
+    """The disaggregated pools' flags mean nothing to an aggregated search: one line, before any run."""
+    from specbatch.commands.capacity.disaggregated import POOL_FLAGS, pool_keys
+
+    for flag, key in zip(POOL_FLAGS, pool_keys()):
+        if _given(overrides, key) is not None:
+            raise InputError("applies only to disaggregated serving: give --pd-ratios or --gpu-budget", source=flag)
+
+
+def _disaggregated_bases(config: str | None, overrides: dict, profiles: str | None, tp: str | None,
+                         ratios: str | None, budget: int | None, gpus_per_replica: int | None):
+    """Serving name -> (base scenario, profile): one aggregated replica, then each split
+    (specbatch.commands.capacity.disaggregated); and what the report needs to compare them."""
+    from specbatch.commands.capacity.disaggregated import (AGGREGATED, RATIOS_FLAG, Split, SplitAsk, check_not_v0,
+                                                           link_text, plan_splits, pool_keys, split_overrides)
+    from specbatch.commands.capacity.inputs import base_config
+    from sim.costmodel.profile import load_profile
+
+    if profiles is not None or tp is not None:
+        raise InputError("compares splits of one profile (--decode-profile for the decode pool's GPU); leave out "
+                         + ("--profiles" if profiles is not None else "--tp"), source=RATIOS_FLAG)
+    aggregated = {key: value for key, value in overrides.items() if key not in pool_keys()}
+    base = base_config(config, aggregated)
+    check_not_v0(base)
+    profile = load_profile(base.profile)
+    prefill_gpus = gpus_per_replica or profile.gpus_per_replica
+    probe = base_config(config, {**overrides, **split_overrides(Split(1, 1))}, split=True)
+    decode_gpus = prefill_gpus
+    if probe.cluster.decode_profile is not None:
+        decode_gpus = gpus_per_replica or load_profile(probe.cluster.decode_profile).gpus_per_replica
+    splits = plan_splits(ratios, budget, prefill_gpus, decode_gpus)
+    bases = {AGGREGATED: (base, profile)}
+    for split in splits:
+        bases[split.name] = (base_config(config, {**overrides, **split_overrides(split)}, split=True), profile)
+    ask = SplitAsk({split.name: split for split in splits}, prefill_gpus, budget, link_text(probe),
+                   probe.cluster.decode_profile)
+    return bases, ask
+
+
+def _priced_splits(priced: dict, ask, gpu_price: str | None) -> dict:
+    """Each split's facts (its pools, GPUs and the decode pool's profile) and its price per GPU-hour: the
+    mean over its GPUs, each pool's GPU priced by its own profile (with --gpu-price)."""
+    from dataclasses import replace as copy
+
+    from specbatch.commands.capacity.prices import gpu_price as price_of, parse_gpu_prices, profile_gpu
+    from sim.costmodel.profile import load_profile
+
+    out = dict(priced)
+    for name, split in ask.splits.items():
+        p = priced[name]
+        decode = ask.decode_profile
+        price, key, gpu = p.price, p.price_key, p.facts["gpu"]
+        if decode is not None:
+            meta = load_profile(decode).meta
+            gpu = f"{p.facts['gpu']} + {profile_gpu(meta)}"
+            if gpu_price is not None:
+                decode_key, decode_price = price_of(meta, parse_gpu_prices(gpu_price), decode)
+                price = (split.prefill * split.prefill_gpus * p.price
+                         + split.decode * split.decode_gpus * decode_price) / split.gpus
+                key = key if decode_key == key else f"{key} + {decode_key}"
+        facts = {**p.facts, "gpu": gpu, "gpus": split.gpus,
+                 "split": {"prefill_replicas": split.prefill, "decode_replicas": split.decode,
+                           "prefill_gpus_per_replica": split.prefill_gpus,
+                           "decode_gpus_per_replica": split.decode_gpus, "gpus": split.gpus}}
+        out[name] = copy(p, facts=facts, price=price, price_key=key)
+    return out
+
+
 def _split_variants(config: str | None, overrides: dict, bases: dict, tp: str) -> dict:
     """Each profile at each ``--tp`` size (specbatch.commands.capacity.parallel), in the order given."""
     from specbatch.commands.capacity.inputs import base_config
@@ -322,7 +416,7 @@ def _priced_profiles(bases: dict, gpu_hour_price: float | None, gpu_price: str |
     if prices is not None and one_price is not None:
         raise InputError("give one price for every GPU (--gpu-hour-price) or a price per GPU, not both",
                          source="--gpu-price")
-    if len(bases) > 1 and prices is None and one_price is None:
+    if len({profile.name for _, profile in bases.values()}) > 1 and prices is None and one_price is None:
         raise InputError("comparing profiles needs each GPU's price per hour, e.g. --gpu-price "
                          "h100=3.9,h200=4.5 (or --gpu-hour-price P, one price for all)", source="--gpu-price")
     priced = {}
@@ -355,8 +449,11 @@ def scenario_flags() -> list[str]:
     """The run flags capacity takes: WORKLOAD_FLAGS, then the speculation method's and its acceptance's."""
     from specbatch.commands.flags import RUN_FLAGS, SPECULATION_FLAGS
 
+    from specbatch.commands.capacity.disaggregated import POOL_FLAGS
+
     return [flag for flag in WORKLOAD_FLAGS if flag in RUN_FLAGS] + [
-        flag for flag in SPECULATION_FLAGS if flag not in WORKLOAD_FLAGS]
+        flag for flag in SPECULATION_FLAGS if flag not in WORKLOAD_FLAGS] + [flag for flag in POOL_FLAGS
+                                                                             if flag in RUN_FLAGS]
 
 
 def _at_least(value: int, minimum: int, flag: str, what: str | None = None) -> None:

@@ -122,9 +122,14 @@ def parse_policies(text: str) -> tuple[PolicySpec, ...]:
     return tuple(specs)
 
 
-def base_config(path: str | None, overrides: dict[str, tuple[Any, str]]) -> RunConfig:
-    """The scenario the search varies the rate of; it must generate its arrivals at one constant rate."""
+def base_config(path: str | None, overrides: dict[str, tuple[Any, str]], split: bool = False) -> RunConfig:
+    """The scenario the search varies the rate of; it must generate its arrivals at one constant rate.
+    Disaggregated pools come from --pd-ratios (``split``: a split's config, its pools set there), never from
+    the scenario, so that the aggregated replica beside the splits is aggregated."""
     config = load_config(path, overrides)
+    if config.cluster.prefill_replicas and not split:
+        raise config.error("cluster.prefill_replicas", "a capacity search sizes disaggregated serving with "
+                           "--pd-ratios P:D or --gpu-budget N; drop [cluster] prefill_replicas and decode_replicas")
     if config.workload.trace is not None:
         raise config.error("workload.trace", "a capacity search needs generated arrivals at a constant rate, "
                            "not a trace")

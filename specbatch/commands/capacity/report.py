@@ -14,7 +14,7 @@ import io
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +54,17 @@ class ReportInputs:
     target_rate: float | None
     gpus_per_replica: int | None        # --gpus-per-replica; None: each profile's own (its tensor-parallel size)
     prices: str | None = None           # the price flag as given, for the record
+    # --pd-ratios / --gpu-budget: the splits searched (disaggregated.SplitAsk); each is a "profile" here, one
+    # unit of P prefill and D decode replicas, beside the aggregated replica
+    splits: Any = field(default=None, repr=False)
 
     def gpus(self, name: str) -> int:
-        """GPUs one replica of profile ``name`` occupies: what it costs per hour, in GPU-hours."""
-        return self.gpus_per_replica or int(self.profiles[name].facts.get("gpus", 1))
+        """GPUs one replica of profile ``name`` (one unit of a split) occupies: what it costs per hour, in
+        GPU-hours."""
+        facts = self.profiles[name].facts
+        if "split" in facts:
+            return int(facts["split"]["gpus"])
+        return self.gpus_per_replica or int(facts.get("gpus", 1))
 
     @property
     def described(self) -> dict[str, Any]:
@@ -82,7 +89,16 @@ class ReportInputs:
 
 
 def figure_names(inputs: ReportInputs) -> tuple[str, ...]:
+    from specbatch.commands.capacity.disaggregated import FIGURE
+
+    if inputs.splits is not None:
+        return FIGURES + (FIGURE,)
     return FIGURES + ((COMPARISON_FIGURE,) if len(inputs.profiles) > 1 else ())
+
+
+def _compares_gpus(inputs: ReportInputs) -> bool:
+    """Several profiles compared by cost (not splits of one, which have their own comparison)."""
+    return len(inputs.profiles) > 1 and inputs.splits is None
 
 
 def write_report(out_dir: str | os.PathLike[str], inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> Path:
@@ -157,6 +173,13 @@ def input_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
 PROFILE_HEADER = ["profile", "source", "GPU / device", "GPUs / replica", "dtype", "target model", "drafter", "price"]
 
 
+def profile_header(inputs: ReportInputs) -> list[str]:
+    """With splits, each row is a way of serving (a split's unit, or the aggregated replica) on one profile."""
+    if inputs.splits is None:
+        return PROFILE_HEADER
+    return ["serving", *PROFILE_HEADER[1:3], "GPUs / replica or split", *PROFILE_HEADER[4:]]
+
+
 def profile_rows(inputs: ReportInputs) -> list[list[str]]:
     rows = []
     for name, p in inputs.profiles.items():
@@ -177,7 +200,7 @@ def price_lines(inputs: ReportInputs) -> list[str]:
 
 
 def result_header(inputs: ReportInputs) -> list[str]:
-    cols = ["profile"] if len(inputs.profiles) > 1 else []
+    cols = [("serving" if inputs.splits is not None else "profile")] if len(inputs.profiles) > 1 else []
     cols += ["policy", "max rate (req/s)", "final bracket", "saturation (req/s)"]
     cols += [f"{slo.metric} at max" for slo in inputs.slos]
     cols += ["goodput at max (req/s)", "mean k", "mean batch"]
@@ -296,8 +319,15 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 def markdown(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: dict[str, bytes]) -> str:
     lines = [f"# {inputs.title}", "", "## Inputs", "", "| input | value |", "|---|---|"]
     lines += [f"| {k} | {_md(v)} |" for k, v in input_rows(inputs)]
-    lines += ["", "## Profiles", ""] + _md_table(PROFILE_HEADER, profile_rows(inputs))
-    if len(inputs.profiles) > 1:
+    lines += ["", "## Profiles", ""] + _md_table(profile_header(inputs), profile_rows(inputs))
+    if inputs.splits is not None:
+        from specbatch.commands.capacity import disaggregated as pd
+
+        lines += ["", "## Disaggregated against aggregated", ""]
+        lines += _md_table(pd.header(inputs), pd.rows(inputs, outcomes, costs))
+        lines += ["", f"KV link: {inputs.splits.link}. {pd.EXPLAINED}", ""]
+        lines += [f"![disaggregated frontier]({pd.FIGURE})", ""] if figures else [NO_FIGURES, ""]
+    if _compares_gpus(inputs):
         lines += ["", "## Cost by GPU", ""]
         lines += _md_table(comparison_header(inputs), comparison_rows(inputs, outcomes, costs))
         lines += ["", COMPARISON, ""] + ([f"![cost by gpu]({COMPARISON_FIGURE})", ""] if figures else [])
@@ -341,8 +371,14 @@ def html_page(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: d
              "text-align:left;font-size:90%}th{background:#eee}img{max-width:100%;display:block;margin:1em 0}"
              "</style></head><body>", f"<h1>{e(inputs.title)}</h1>", "<h2>Inputs</h2>", "<table>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in input_rows(inputs)]
-    parts += ["</table>", "<h2>Profiles</h2>"] + table(PROFILE_HEADER, profile_rows(inputs))
-    if len(inputs.profiles) > 1:
+    parts += ["</table>", "<h2>Profiles</h2>"] + table(profile_header(inputs), profile_rows(inputs))
+    if inputs.splits is not None:
+        from specbatch.commands.capacity import disaggregated as pd
+
+        parts += ["<h2>Disaggregated against aggregated</h2>"] + table(pd.header(inputs), pd.rows(inputs, outcomes, costs))
+        parts += [f"<p>KV link: {e(inputs.splits.link)}. {e(pd.EXPLAINED)}</p>"]
+        parts += [image(pd.FIGURE)] if figures else [f"<p>{e(NO_FIGURES)}</p>"]
+    if _compares_gpus(inputs):
         parts += ["<h2>Cost by GPU</h2>"] + table(comparison_header(inputs), comparison_rows(inputs, outcomes, costs))
         parts += [f"<p>{e(COMPARISON)}</p>"] + ([image(COMPARISON_FIGURE)] if figures else [])
     parts += ["<h2>Results</h2>"] + table(result_header(inputs), result_rows(inputs, outcomes, costs))
@@ -401,7 +437,17 @@ def results_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> 
                                     "confidence_per_look": s.confidence}},
         "target_rate_req_s": inputs.target_rate, "prices": inputs.prices,
         "gpus_per_replica": {name: inputs.gpus(name) for name in inputs.profiles},
+        **(_splits_document(inputs, outcomes, costs, clean) if inputs.splits is not None else {}),
     }
+
+
+def _splits_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, clean) -> dict:
+    from specbatch.commands.capacity import disaggregated as pd
+
+    ask = inputs.splits
+    return {"disaggregated": {"gpu_budget": ask.budget, "kv_link": ask.link, "decode_profile": ask.decode_profile,
+                              "aggregated_gpus_per_replica": ask.aggregated_gpus,
+                              "comparison": [clean(row) for row in pd.comparisons(inputs, outcomes, costs)]}}
 
 
 # ---------------------------------------------------------------- figures
@@ -419,8 +465,13 @@ def render_figures(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> di
         out[FIGURES[0]] = _png(plt, _latency_figure(plt, inputs, outcomes, colors))
         out[FIGURES[1]] = _png(plt, _goodput_figure(plt, outcomes, colors))
         out[FIGURES[2]] = _png(plt, _operating_figure(plt, outcomes, colors))
-        if len(inputs.profiles) > 1:
+        if _compares_gpus(inputs):
             out[COMPARISON_FIGURE] = _png(plt, _cost_figure(plt, inputs, outcomes, costs, colors))
+        if inputs.splits is not None:
+            from specbatch.commands.capacity import disaggregated as pd
+
+            by_split = {name: COLORS[i % len(COLORS)] for i, name in enumerate(outcomes)}
+            out[pd.FIGURE] = _png(plt, pd.frontier_figure(plt, inputs, outcomes, by_split))
     return out
 
 

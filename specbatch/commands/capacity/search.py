@@ -140,6 +140,8 @@ def run_probe(config: RunConfig, seed: int, num_requests: int) -> Probe:
 
     workload = replace(config.workload, rate=math.inf, num_requests=num_requests, duration_s=None)
     table = simulate(replace(config, seed=seed, workload=workload)).request_columns
+    if config.cluster.prefill_replicas:
+        return _pools_probe(table)
     scheduled, finish = table["scheduled_s"], table["finish_s"]
     backlog_until = float(scheduled.max())
     done = (finish >= backlog_until / 2) & (finish <= backlog_until)
@@ -150,6 +152,25 @@ def run_probe(config: RunConfig, seed: int, num_requests: int) -> Probe:
     in_batch = finish[done] - scheduled[done]
     return Probe(throughput=float(done.sum()) / window, service_s=float(in_batch.mean()),
                  mean_batch_size=float(in_batch.sum() / window))
+
+
+def _pools_probe(table: dict) -> Probe:
+    """A disaggregated split's saturation (every request at t = 0 at the prefill pool): the throughput over
+    the middle half of the completions, while both pools still had a backlog behind them, and a request's
+    time in service, its queues left out: in a prefill batch, on the link, and in a decode batch (from its
+    first token to its last)."""
+    finish = np.sort(table["finish_s"])
+    n = finish.shape[0]
+    lo, hi = n // 4, (3 * n) // 4
+    window = float(finish[hi] - finish[lo]) if hi > lo else 0.0
+    if window <= 0:  # too few requests, or all finished at once: the whole run
+        lo, hi, window = 0, n, float(finish[-1])
+    in_service = ((table["prefill_done_s"] - table["scheduled_s"])
+                  + (table["kv_transfer_end_s"] - table["kv_transfer_start_s"])
+                  + (table["finish_s"] - table["first_token_s"]))
+    throughput = (hi - lo) / window
+    return Probe(throughput=throughput, service_s=float(in_service.mean()),
+                 mean_batch_size=float(throughput * in_service.mean()))
 
 
 def _work(job: tuple) -> int:
@@ -425,7 +446,8 @@ class _Search:
         s, say = self.s, self.runner.progress
         wanted = []
         for label, config in self.configs.items():
-            n = max(s.min_requests, PROBE_BATCHES * config.engine.max_batch_size)
+            # full batches on every replica that decodes (a disaggregated split's decode pool)
+            n = max(s.min_requests, PROBE_BATCHES * config.engine.max_batch_size * max(1, config.cluster.decode_replicas))
             wanted.append(((label, "probe"), ("probe", config, s.seeds[0], n)))
         self.runner.run(wanted)
         self.probes = {label: self.runner.get((label, "probe")) for label in self.configs}
