@@ -178,20 +178,20 @@ def comparisons(inputs, outcomes: dict, costs: dict) -> list[dict]:
 
 
 def rows(inputs, outcomes: dict, costs: dict) -> list[list[str]]:
-    from specbatch.commands.capacity.report import _money, _num, _policy_text
+    from specbatch.commands.capacity.formats import money_text, num_text, policy_text
 
     out = []
     for r in comparisons(inputs, outcomes, costs):
-        policy = _policy_text(r["policy"], outcomes[r["split"]][r["policy"]])
+        policy = policy_text(r["policy"], outcomes[r["split"]][r["policy"]])
         row = [r["split"], str(r["prefill_gpus"]), str(r["decode_gpus"]), str(r["gpus"]), policy,
-               _num(r["max_rate"]) if r["max_rate"] > 0 else "none meets the SLOs", _num(r["rate_per_gpu"]),
-               _num(r["aggregated_same_gpus_rate"]), "—" if r["ratio_to_aggregated"] is None
+               num_text(r["max_rate"]) if r["max_rate"] > 0 else "none meets the SLOs", num_text(r["rate_per_gpu"]),
+               num_text(r["aggregated_same_gpus_rate"]), "—" if r["ratio_to_aggregated"] is None
                else f"{r['ratio_to_aggregated']:.2f}x"]
         if inputs.target_rate is not None:
             row += ["—" if r["gpus_for_target"] is None else str(r["gpus_for_target"]),
                     "—" if r["aggregated_gpus_for_target"] is None else str(r["aggregated_gpus_for_target"])]
         if inputs.priced:
-            row += [_money(r["cost_per_m_at_max_rate"]), _money(r["aggregated_cost_per_m_at_max_rate"])]
+            row += [money_text(r["cost_per_m_at_max_rate"]), money_text(r["aggregated_cost_per_m_at_max_rate"])]
         out.append(row)
     return out
 

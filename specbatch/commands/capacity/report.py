@@ -23,6 +23,7 @@ import numpy as np
 import sim
 from sim.atomic_write import staged_dir
 from specbatch.commands.capacity.costing import Costing
+from specbatch.commands.capacity.formats import money_text, num_text, policy_text
 from specbatch.commands.capacity.inputs import LONGEST, SLO, SearchSettings
 from specbatch.commands.capacity.search import PolicyOutcome
 from specbatch.commands.figures import NO_MATPLOTLIB, have_matplotlib
@@ -129,14 +130,6 @@ def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
 
 # ---------------------------------------------------------------- tables
 
-def _num(value: float | None, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—"
-    return f"{value:.{digits}g}"
-
-
-def _money(value: float | None) -> str:
-    return "—" if value is None else f"${value:,.2f}"
 
 
 def _price_text(p: PricedProfile) -> str:
@@ -213,11 +206,6 @@ def result_header(inputs: ReportInputs) -> list[str]:
     return cols
 
 
-def _policy_text(label: str, o: PolicyOutcome) -> str:
-    params = " ".join(f"{k}={v}" for k, v in o.config.policy.params.items()  # those the label does not say
-                      if not isinstance(v, (list, dict)) and f":{k}=" not in label)
-    return f"{label}" + (f" ({params})" if params else "")
-
 
 def result_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> list[list[str]]:
     rows = []
@@ -225,17 +213,17 @@ def result_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> list[
         for label, o in by_policy.items():
             op = o.operating or {}
             row = [name] if len(inputs.profiles) > 1 else []
-            row += [_policy_text(label, o), _num(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
-                    f"{_num(o.bracket[0])} – {_num(o.bracket[1])}", _num(o.probe.throughput)]
-            row += [_num(op.get(slo.metric)) for slo in inputs.slos]
-            row += [_num(op.get("goodput")), _num(op.get("mean_k"), 3), _num(op.get("mean_batch_size"), 3)]
+            row += [policy_text(label, o), num_text(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
+                    f"{num_text(o.bracket[0])} – {num_text(o.bracket[1])}", num_text(o.probe.throughput)]
+            row += [num_text(op.get(slo.metric)) for slo in inputs.slos]
+            row += [num_text(op.get("goodput")), num_text(op.get("mean_k"), 3), num_text(op.get("mean_batch_size"), 3)]
             c = costs[name][label]
             if inputs.target_rate is not None:
                 row.append("—" if c.replicas is None else str(c.replicas))
             if inputs.priced:
                 if inputs.target_rate is not None:
-                    row.append(_money(c.cost_per_m_at_target))
-                row.append(_money(c.cost_per_m_at_max_rate))
+                    row.append(money_text(c.cost_per_m_at_target))
+                row.append(money_text(c.cost_per_m_at_max_rate))
             rows.append(row)
     return rows
 
@@ -252,15 +240,15 @@ def evidence_rows(inputs: ReportInputs, o: PolicyOutcome) -> list[list[str]]:
     for rate, point in o.points.items():
         q, st = point.queue, point.stats
         ratio = st["throughput"] / st["arrival_rate"] if st.get("arrival_rate") else None
-        growth = (f"{_num(q['growth'], 3)} [{_num(q['low'], 3)}, {_num(q['high'], 3)}]"
+        growth = (f"{num_text(q['growth'], 3)} [{num_text(q['low'], 3)}, {num_text(q['high'], 3)}]"
                   if "growth" in q else "—")
         runs = f"{point.requests}" + (f" ({point.look} rerun{'s' if point.look > 1 else ''}, first {point.first})"
                                       if point.look else "")
         verdict = f"{point.verdict}: {point.reason}" + (" (curve point)" if point.curve else "")
-        rows.append([_num(rate), f"{rate / o.probe.throughput:.0%}", runs, _num(ratio, 4), growth,
-                     _num(q.get("tolerated"), 3),
-                     *[f"{_num(st.get(slo.metric))} (up to {_num(st.get(slo.metric + '_upper'))})" for slo in inputs.slos],
-                     _num(st.get("goodput")), verdict])
+        rows.append([num_text(rate), f"{rate / o.probe.throughput:.0%}", runs, num_text(ratio, 4), growth,
+                     num_text(q.get("tolerated"), 3),
+                     *[f"{num_text(st.get(slo.metric))} (up to {num_text(st.get(slo.metric + '_upper'))})" for slo in inputs.slos],
+                     num_text(st.get("goodput")), verdict])
     return rows
 
 
@@ -282,11 +270,11 @@ def comparison_rows(inputs: ReportInputs, outcomes: Outcomes, costs: Costs) -> l
             policy = label + (f" (k={k})" if isinstance(k, int) and ":k=" not in label else "")
             gpus = inputs.gpus(name)
             rows.append([name, p.facts["gpu"], str(gpus), policy,
-                         _num(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
+                         num_text(o.max_rate) if o.max_rate > 0 else "none meets the SLOs",
                          "—" if c.replicas is None else str(c.replicas),
                          "—" if c.replicas is None else str(c.replicas * gpus),
-                         "—" if p.price is None else f"${p.price:g}", _money(c.fleet_cost_per_hour),
-                         _money(c.cost_per_m_at_target), _money(c.cost_per_m_at_max_rate)])
+                         "—" if p.price is None else f"${p.price:g}", money_text(c.fleet_cost_per_hour),
+                         money_text(c.cost_per_m_at_target), money_text(c.cost_per_m_at_max_rate)])
     return rows
 
 
@@ -334,8 +322,8 @@ def markdown(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: di
     lines += ["", "## Results", ""] + _md_table(result_header(inputs), result_rows(inputs, outcomes, costs))
     lines += ["", f"Latencies in ms. {METHOD}", "", "## Evidence per rate", ""]
     for title, o in _evidence_sections(outcomes):
-        lines += [f"### {title}", "", f"Saturation probe: {_num(o.probe.throughput)} req/s, service time "
-                  f"{_num(o.probe.service_s, 3)} s, {o.runs} runs, {o.requests:,} requests simulated.", ""]
+        lines += [f"### {title}", "", f"Saturation probe: {num_text(o.probe.throughput)} req/s, service time "
+                  f"{num_text(o.probe.service_s, 3)} s, {o.runs} runs, {o.requests:,} requests simulated.", ""]
         lines += _md_table(evidence_header(inputs), evidence_rows(inputs, o)) + [""]
     lines += ["## Figures", ""]
     lines += [f"![{name[:-4].replace('_', ' ')}]({name})" + "\n" for name in FIGURES] if figures else [NO_FIGURES, ""]
@@ -384,8 +372,8 @@ def html_page(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, figures: d
     parts += ["<h2>Results</h2>"] + table(result_header(inputs), result_rows(inputs, outcomes, costs))
     parts += [f"<p>Latencies in ms. {e(METHOD)}</p>", "<h2>Evidence per rate</h2>"]
     for title, o in _evidence_sections(outcomes):
-        parts += [f"<h3>{e(title)}</h3>", f"<p>Saturation probe: {e(_num(o.probe.throughput))} req/s, service time "
-                  f"{e(_num(o.probe.service_s, 3))} s, {o.runs} runs, {o.requests:,} requests simulated.</p>"]
+        parts += [f"<h3>{e(title)}</h3>", f"<p>Saturation probe: {e(num_text(o.probe.throughput))} req/s, service time "
+                  f"{e(num_text(o.probe.service_s, 3))} s, {o.runs} runs, {o.requests:,} requests simulated.</p>"]
         parts += table(evidence_header(inputs), evidence_rows(inputs, o))
     parts += ["<h2>Figures</h2>"]
     parts += [image(name) for name in FIGURES] if figures else [f"<p>{e(NO_FIGURES)}</p>"]
@@ -563,11 +551,11 @@ def _cost_figure(plt, inputs, outcomes, costs, colors):
     policies = list(colors)
     at_target = inputs.target_rate is not None
     panels = [("$ per 1M output tokens" + (" at target" if at_target else " at max rate"),
-               lambda c: c.cost_per_m_at_target if at_target else c.cost_per_m_at_max_rate, _money)]
+               lambda c: c.cost_per_m_at_target if at_target else c.cost_per_m_at_max_rate, money_text)]
     if at_target:
         panels.append((f"replicas for {inputs.target_rate:g} req/s", lambda c: c.replicas, str))
     else:
-        panels.append(("max rate per replica (req/s)", None, _num))
+        panels.append(("max rate per replica (req/s)", None, num_text))
     width = 0.8 / len(policies)
     x = np.arange(len(names))
     fig, axes = plt.subplots(1, len(panels), figsize=(max(8.0, 2.4 * len(names) * len(panels)), 4.2), squeeze=False)
