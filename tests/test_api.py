@@ -167,3 +167,22 @@ def test_capacity_compares_profiles_with_a_price_per_gpu(empty_cwd):
     with pytest.raises(specbatch.InputError, match=r"^--gpu-price: comparing profiles needs"):
         specbatch.capacity(**settings, profiles=profiles)
     assert list(empty_cwd.iterdir()) == []
+
+
+def test_capacity_reads_a_whole_price_or_rate_as_the_command_line_does(monkeypatch):
+    """specbatch.capacity(gpu_hour_price=2) searches with 2.0, as `--gpu-hour-price 2` does, so the API's
+    capacity.json has the CLI's bytes."""
+    import specbatch.commands.api as api
+    from specbatch.commands.capacity import cli as capacity_cli
+
+    seen = {}
+
+    def plan(config, overrides, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("planned")
+
+    monkeypatch.setattr(capacity_cli, "plan_capacity", plan)
+    with pytest.raises(RuntimeError, match="planned"):
+        api.capacity(slo={"p99_ttft_ms": 2000}, policies=["none"], gpu_hour_price=2, target_rate=10)
+    assert seen["gpu_hour_price"] == 2.0 and type(seen["gpu_hour_price"]) is float
+    assert type(seen["target_rate"]) is float and seen["target_rate"] == 10.0

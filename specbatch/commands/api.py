@@ -346,7 +346,8 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
                                                ("warmup", warmup),
                                                ("curve_points", curve_points)) if value is not None}
     plan = plan_capacity(config, {**(overrides or {}), **keyword_overrides}, slos=slos, policies=policy_text,
-                         target_rate=target_rate, gpu_hour_price=gpu_hour_price, gpus_per_replica=gpus_per_replica,
+                         target_rate=_as_float(target_rate), gpu_hour_price=_as_float(gpu_hour_price),
+                         gpus_per_replica=gpus_per_replica,
                          jobs=jobs, profiles=profile_text, gpu_price=price_text, tp=tp_text, pd_ratios=ratio_text,
                          gpu_budget=gpu_budget, **search)
     from sim.atomic_write import check_output, output_lock
@@ -485,3 +486,9 @@ def compose(gpu: str, target: str, out: str | os.PathLike[str], *, draft: str | 
                  ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)]
     args = parser.parse_args(argv)
     return load_profile(write(command.build_request(args), out))
+
+
+def _as_float(value):
+    """A whole number given where a rate or a price is read as that float (as the command line reads ``2``),
+    so that the report's bytes do not depend on how it was typed; anything else is checked as given."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
