@@ -125,7 +125,7 @@ def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: 
     simulate_cluster(dispatcher, loops)
     sent_s = dispatcher.sent_s
     # Reference cycles (dispatcher <-> queues and loads, queue <-> loop, loop <-> its compiled runs)
-    # would keep every replica's buffers until the GC ran: break them, so that _merge frees each
+    # would keep every replica's buffers until the GC ran: break them, so that merge_loops frees each
     # replica in turn.
     dispatcher.queues.clear()
     dispatcher.loads.clear()
@@ -133,13 +133,13 @@ def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: 
     for loop in loops:
         loop.close()
         loop.queue.waiter = None
-    merged = _merge(loops, arrival_s.shape[0])
+    merged = merge_loops(loops, arrival_s.shape[0])
     merged.sent_s = sent_s
     return merged
 
 
-def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
-    """The replicas' records as the cluster's; each loop's records are moved out and the loop
+def merge_loops(loops: list[ServingLoop], n: int) -> ClusterRecords:
+    """The replicas' records as the cluster's (or one pool's: sim/disaggregated.py); each loop's records are moved out and the loop
     dropped from ``loops`` in turn, so that memory holds about one copy of the steps, not two."""
     ids = [loop.queue.request_ids[:loop.queue.count] for loop in loops]
     replica_of = np.zeros(n, dtype=np.int64)
@@ -188,11 +188,6 @@ def _merge(loops: list[ServingLoop], n: int) -> ClusterRecords:
                             preemptions=preemptions, cached_tokens=cached, scheduler=counters if v1 else None)
     return ClusterRecords(merged, replica_of, step_replica[order], ids, itl_bounds,
                           replica_counters=replica_counters if v1 else None)
-
-
-def merge_loops(loops: list[ServingLoop], n: int) -> ClusterRecords:
-    """Replicas' records as one pool's (a disaggregated cluster merges each pool: sim/disaggregated.py)."""
-    return _merge(loops, n)
 
 
 def _trimmed(rec: ReplicaRecords, count: int) -> ReplicaRecords:

@@ -261,7 +261,7 @@ def test_each_replicas_records_are_rebuilt_from_the_merged_ones(run_config, monk
     import sim.cluster as cluster
 
     own, rebuilt = [], []
-    merge = cluster._merge
+    merge = cluster.merge_loops
 
     def keep(loops, n):
         for loop in loops:
@@ -274,7 +274,7 @@ def test_each_replicas_records_are_rebuilt_from_the_merged_ones(run_config, monk
         rebuilt.extend(records.per_replica())
         return records
 
-    monkeypatch.setattr(cluster, "_merge", keep)
+    monkeypatch.setattr(cluster, "merge_loops", keep)
     execute(prepare(run_config(**SMALL, workload__rate=30.0, cluster__replicas=3, engine__max_batch_size=4)))
     assert len(own) == len(rebuilt) == 3
     for mine, back in zip(own, rebuilt):
@@ -320,13 +320,13 @@ def test_each_replica_is_freed_as_it_merges_without_the_garbage_collector(run_co
     import sim.cluster as cluster
 
     refs = []
-    merge = cluster._merge
+    merge = cluster.merge_loops
 
     def watching(loops, n):
         refs.extend(weakref.ref(loop) for loop in loops)
         return merge(loops, n)
 
-    monkeypatch.setattr(cluster, "_merge", watching)
+    monkeypatch.setattr(cluster, "merge_loops", watching)
     overrides = dict(**SMALL, workload__rate=2.0, cluster__replicas=4, engine__max_batch_size=4,
                      workload__max_concurrency=limit)
     if scheduler == "vllm-v1":
