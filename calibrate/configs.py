@@ -57,6 +57,13 @@ class ModelConfig:
     sliding_window: int = 0  # tokens a windowed layer attends to (Mistral's window, Llama 4's attention chunk)
     window_layers: int = 0  # how many layers are windowed; the others attend to the whole context
     dtype: str = ""  # the checkpoint's dtype (torch_dtype, or the quantization method), as published
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): queries and keys/values through low-rank
+    # latents, one compressed KV vector per token (kv_lora_rank + qk_rope_head_dim); 0: not MLA
+    q_lora_rank: int = 0  # 0 with MLA: queries projected directly (DeepSeek-V2-Lite)
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -78,6 +85,9 @@ class ModelConfig:
         if bool(self.dense_layers) != bool(self.dense_intermediate_size) or self.dense_layers >= self.num_layers:
             raise InputError("dense layers need dense_intermediate_size, and fewer of them than layers",
                              field="dense_layers", source=self.name)
+        if self.is_mla and not (self.qk_nope_head_dim and self.qk_rope_head_dim and self.v_head_dim):
+            raise InputError("multi-head latent attention (kv_lora_rank) needs qk_nope_head_dim, qk_rope_head_dim "
+                             "and v_head_dim", field="kv_lora_rank", source=self.name)
         if bool(self.sliding_window) != bool(self.window_layers) or self.window_layers > self.num_layers:
             raise InputError("a sliding window needs window_layers, at most num_layers", field="window_layers",
                              source=self.name)
@@ -85,6 +95,10 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def moe_layers(self) -> int:
@@ -98,7 +112,8 @@ class ModelConfig:
 
 NEWER_FIELDS = {f.name: f.default for f in fields(ModelConfig) if f.name in (
     "attention_bias", "shared_expert_intermediate_size", "dense_layers", "dense_intermediate_size",
-    "sliding_window", "window_layers", "dtype")}
+    "sliding_window", "window_layers", "dtype", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim")}
 
 
 @lru_cache(maxsize=1)
@@ -159,7 +174,8 @@ def recorded_config(record: dict[str, Any], field: str = "model") -> ModelConfig
 
 def check_buildable(cfg: ModelConfig, field: str = "model") -> None:
     """``calibrate`` builds dense OPT and Llama models in torch; anything else is composed, said in one line."""
-    why = ("a mixture of experts" if cfg.is_moe else "per-head q/k norms" if cfg.qk_norm else
+    why = ("multi-head latent attention" if cfg.is_mla else "a mixture of experts" if cfg.is_moe else
+           "per-head q/k norms" if cfg.qk_norm else
            "a head size other than hidden / heads" if cfg.head_dim * cfg.num_heads != cfg.hidden_size else
            "q/k/v biases" if cfg.attention_bias else "a sliding attention window" if cfg.sliding_window else None)
     if why:
@@ -174,6 +190,8 @@ def param_count(cfg: ModelConfig) -> int:
     kv = cfg.num_kv_heads * cfg.head_dim
     q = cfg.num_heads * cfg.head_dim
     attn = h * (q + 2 * kv) + q * h + (2 * cfg.head_dim if cfg.qk_norm else 0) + (q + 2 * kv if cfg.attention_bias else 0)
+    if cfg.is_mla:
+        attn = mla_params(cfg)
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
     if cfg.arch == "opt":
@@ -188,6 +206,22 @@ def param_count(cfg: ModelConfig) -> int:
     norms = 2 * h
     dense = cfg.dense_layers * (3 * h * cfg.dense_intermediate_size - mlp)
     return embed + head + layers * (attn + mlp + norms) + dense + h
+
+
+def mla_params(cfg: ModelConfig) -> int:
+    """One layer's multi-head latent attention, as DeepSeek's checkpoints hold it: the query's down
+    projection and its norm (or one direct projection without q_lora_rank), the KV down projection
+    (latent plus the shared rotary key) and its norm, the up projections to every head's query, key
+    and value, and the output projection."""
+    h, heads = cfg.hidden_size, cfg.num_heads
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    if cfg.q_lora_rank:
+        query = h * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * heads * qk
+    else:
+        query = h * heads * qk
+    latent = h * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank
+    up = cfg.kv_lora_rank * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    return query + latent + up + heads * cfg.v_head_dim * h
 
 
 def active_param_count(cfg: ModelConfig) -> int:
@@ -207,7 +241,10 @@ def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
-    """Key + value bytes one token occupies across all layers."""
+    """Key + value bytes one token occupies across all layers (with latent attention: its one
+    compressed vector, the latent and the rotary key)."""
+    if cfg.is_mla:
+        return cfg.num_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * dtype_bytes(dtype)
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes(dtype)
 
 

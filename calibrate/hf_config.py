@@ -34,14 +34,12 @@ FAMILIES = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "MixtralForCausalLM": "mixtral",
     "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe", "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4",
+    "DeepseekV3ForCausalLM": "deepseek", "DeepseekV2ForCausalLM": "deepseek",
 }
 # priced nowhere yet, with the reason (the rest: "not priced yet", listing FAMILIES)
 REFUSED = {
-    "DeepseekV3ForCausalLM": "its multi-head latent attention (kv_lora_rank, q_lora_rank) is not priced: the "
-                             "composition reads grouped-query attention tables, not the kernel data's MLA "
-                             "module tables",
-    "DeepseekV2ForCausalLM": "its multi-head latent attention (kv_lora_rank) is not priced: the composition "
-                             "reads grouped-query attention tables, not the kernel data's MLA module tables",
+    "DeepseekV32ForCausalLM": "its sparse attention (the lightning indexer choosing index_topk keys per query) is "
+                              "not priced: the kernel data's MLA module tables time dense latent attention",
 }
 LLAMA4_NOPE_INTERVAL = 4  # HF Llama4TextConfig: every 4th layer has no rotary and global attention
 
@@ -254,6 +252,8 @@ def _shape_of(family: str, k: _Keys) -> dict[str, Any]:
         out["attention_bias"] = True  # Qwen2's q, k and v projections carry biases
     if family in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
+    if family == "deepseek":
+        out.update(_latent_attention(k))
     out.update(_experts(family, k, layers, out["intermediate_size"]))
     if family == "llama4":
         out["qk_norm"] = bool(k.get("use_qk_norm"))
@@ -280,6 +280,15 @@ def _windows(family: str, k: _Keys, layers: int) -> dict[str, int]:
     return {}
 
 
+def _latent_attention(k: _Keys) -> dict[str, int]:
+    """DeepSeek's multi-head latent attention: every head keeps its own query, key and value, but the KV
+    cache holds one compressed vector per token (kv_lora_rank + qk_rope_head_dim wide)."""
+    nope, rope = k.int("qk_nope_head_dim"), k.int("qk_rope_head_dim")
+    return {"q_lora_rank": k.int("q_lora_rank", 0), "kv_lora_rank": k.int("kv_lora_rank"),
+            "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": k.int("v_head_dim"),
+            "head_dim": nope + rope, "num_kv_heads": k.int("num_attention_heads")}
+
+
 def _experts(family: str, k: _Keys, layers: int, intermediate: int) -> dict[str, int]:
     """The mixture of experts' fields: experts, top-k, each expert's size, a shared expert, dense layers."""
     if family == "mixtral":
@@ -293,6 +302,12 @@ def _experts(family: str, k: _Keys, layers: int, intermediate: int) -> dict[str,
                "intermediate_size": k.int("moe_intermediate_size")}
         if family == "qwen2_moe":
             out["shared_expert_intermediate_size"] = k.int("shared_expert_intermediate_size", 0)
+    elif family == "deepseek":  # shared experts beside the routed ones; the first layers dense
+        first, step = k.int("first_k_dense_replace", 0), k.int("moe_layer_freq", 1)
+        sparse = sum(1 for i in range(first, layers) if step and i % step == 0)
+        out = {"num_experts": k.int("n_routed_experts"), "experts_per_token": k.int("num_experts_per_tok"),
+               "intermediate_size": k.int("moe_intermediate_size"),
+               "shared_expert_intermediate_size": k.int("n_shared_experts", 0) * k.int("moe_intermediate_size")}
     elif family == "llama4":  # a shared expert as wide as each routed one; dense layers between expert ones
         step = k.int("interleave_moe_layer_step", 1)
         sparse = len(k.get("moe_layers") or (range(step - 1, layers, step) if step else ()))

@@ -71,6 +71,9 @@ PUBLISHED = [
     # the published 109B counts the vision encoder too, which serving text does not run (nor is priced)
     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 109e9, 17e9, 0.015),
     ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", 400e9, 17e9, 0.015),
+    # DeepSeek's 671B and 37B leave out the multi-token-prediction layer (the checkpoint's 685B holds it)
+    ("deepseek-ai/DeepSeek-V3", 671e9, 37e9, 0.015),
+    ("moonshotai/Kimi-K2-Instruct", 1.0e12, 32e9, 0.03),  # "1 trillion total, 32 billion activated"
 ]
 
 
@@ -195,12 +198,12 @@ def test_an_unpriced_architecture_is_refused_naming_the_key(tmp_path, hf_cache):
 
 
 @needs_data
-def test_deepseek_v3_is_refused_in_one_line_naming_its_latent_attention(hf_cache, tmp_path, capsys):
-    code = cli_main(["compose", "--gpu", "h100_sxm", "--target", "deepseek-ai/DeepSeek-V3", "--tp", "8",
-                     "--out", str(tmp_path / "p")])
+def test_deepseek_v3_2s_sparse_attention_is_refused_in_one_line(hf_cache, tmp_path, capsys):
+    code = cli_main(["compose", "--gpu", "h200_sxm", "--target", "deepseek-ai/DeepSeek-V3.2", "--tp", "8",
+                     "--dtype", "fp8-block", "--out", str(tmp_path / "p")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert "DeepseekV3ForCausalLM" in err and "multi-head latent attention" in err and "architectures" in err
+    assert "DeepseekV32ForCausalLM" in err and "sparse attention" in err and "architectures" in err
     assert not (tmp_path / "p").exists()
 
 
@@ -377,7 +380,8 @@ def test_list_models_names_the_shipped_configs_it_can_price(capsys):
     assert main(["--list-models"]) == 0
     listed = capsys.readouterr().out.splitlines()[-1]
     assert "meta-llama/Llama-4-Scout-17B-16E-Instruct" in listed and "mistralai/Mixtral-8x22B-v0.1" in listed
-    assert "deepseek-ai/DeepSeek-V3" not in listed and "openai/gpt-oss-20b" not in listed
+    assert "deepseek-ai/DeepSeek-V3," in listed  # latent attention is priced from the MLA module tables
+    assert "deepseek-ai/DeepSeek-V3.2" not in listed and "openai/gpt-oss-20b" not in listed
 
 
 def test_a_model_calibrated_from_its_config_json_is_replayed_from_the_profiles_record(tmp_path, hf_cache, capsys):

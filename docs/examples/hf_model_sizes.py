@@ -16,6 +16,8 @@ PUBLISHED = {
     "mistralai/Mixtral-8x22B-v0.1": (141, 39),
     "meta-llama/Llama-4-Scout-17B-16E-Instruct": (109, 17),  # the card's total counts the vision encoder
     "meta-llama/Llama-4-Maverick-17B-128E-Instruct": (400, 17),
+    "deepseek-ai/DeepSeek-V3": (671, 37),  # without the multi-token-prediction layer (the checkpoint's 685B)
+    "moonshotai/Kimi-K2-Instruct": (1000, 32),
 }
 
 
@@ -27,8 +29,9 @@ def main() -> None:
         experts = (f"{c.num_experts} top {c.experts_per_token}" + ("+1" if c.shared_expert_intermediate_size else "")
                    if c.is_moe else "-")
         window = f"{c.sliding_window} x{c.window_layers}" if c.sliding_window else "-"
+        heads = f"{c.num_heads}/MLA" if c.is_mla else f"{c.num_heads}/{c.num_kv_heads}"
         card = f"{total:g}" + (f"/{active:g}" if active else "")
-        print(f"{model:<46} {c.num_layers:>6} {c.hidden_size:>6} {f'{c.num_heads}/{c.num_kv_heads}':>8} "
+        print(f"{model:<46} {c.num_layers:>6} {c.hidden_size:>6} {heads:>8} "
               f"{experts:>13} {window:>10} {param_count(c) / 1e9:>10.2f} {active_param_count(c) / 1e9:>7.2f} "
               f"{card:>11}")
 

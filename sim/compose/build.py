@@ -15,11 +15,13 @@ from sim.atomic_write import staged_dir
 from sim.compose import data
 from sim.compose.heads import HeadPricer, HeadShape
 from sim.compose.interp import running_max
+from sim.compose.mla import CONTEXT_TABLE as MLA_CONTEXT, GENERATION_TABLE as MLA_GENERATION, MlaModule
+from sim.compose.mla import shape_problem as mla_shape_problem
 from sim.compose.moe import ExpertsTable
 from sim.compose.parallel import GRAPH_TOKENS, Collectives, newest
 from sim.compose.price import KV_BYTES, KernelTables, PassPricer
 from sim.compose.sampler import SORT_SOURCE
-from sim.compose.shapes import ModelShape
+from sim.compose.shapes import TP_SIZES, ModelShape
 from sim.compose.fitted import EXPOSED_OVERHEAD_S, REQUEST_LATENCY_S, REQUEST_LATENCY_SOURCE  # noqa: F401 (compose's)
 from sim.errors import InputError
 from sim.costmodel.profile import COLUMNS, CSV_NAME, META_NAME, write_profile
@@ -57,7 +59,7 @@ class Request:
     gpu: str
     framework: str
     framework_version: str
-    dtype: str  # "bf16" or "fp8"
+    dtype: str  # "bf16", "fp8" (per-tensor) or "fp8-block" (DeepSeek's 128 x 128 blocks)
     target: ModelShape
     draft: ModelShape | None
     points: tuple[tuple[str, str, int, int, int], ...]
@@ -117,9 +119,9 @@ def make_pricers(request: Request, tables: KernelTables, root: Path) -> dict[str
     shapes = request.shapes()
     groups = sorted({shape.tp for shape in shapes.values() if shape.tp > 1})
     collectives = {gpus: load_collectives(request, tables, root, gpus) for gpus in groups}
-    moe = None
-    if any(shape.is_moe for shape in shapes.values()):
-        moe = data.read_table(root, request.gpu, request.framework, request.framework_version, data.MOE_TABLE)
+    args = (root, request.gpu, request.framework, request.framework_version)
+    moe = data.read_table(*args, data.MOE_TABLE) if any(s.is_moe for s in shapes.values()) else None
+    mla = load_mla(request, tables, args) if any(s.is_mla for s in shapes.values()) else None
     out = {}
     for role, shape in shapes.items():
         experts = None
@@ -129,8 +131,22 @@ def make_pricers(request: Request, tables: KernelTables, root: Path) -> dict[str
                                               dtype=request.dtype, routing=request.moe_routing,
                                               source=f"the {request.gpu} MoE table")
             tables.kernels[f"experts_{role}"] = experts.kernel
-        out[role] = PassPricer(shape, tables, collectives.get(shape.tp), experts, request.sampling)
+        out[role] = PassPricer(shape, tables, collectives.get(shape.tp), experts, request.sampling,
+                               mla if shape.is_mla else None)
     return out
+
+
+def load_mla(request: Request, tables: KernelTables, args: tuple) -> MlaModule:
+    """The latent-attention module's tables (sim/compose/mla.py); a shape they did not measure is one line."""
+    for role, shape in request.shapes().items():
+        problem = shape.is_mla and mla_shape_problem(shape)
+        if problem:
+            raise InputError(problem[1], field=problem[0], source=request.model_configs[role].get("source") or None)
+    source = f"the {request.gpu} MLA module tables"
+    module = MlaModule.from_frames(data.read_table(*args, MLA_CONTEXT), data.read_table(*args, MLA_GENERATION),
+                                   request.dtype, source)
+    tables.kernels["mla_module"] = module.backend
+    return module
 
 
 def load_collectives(request: Request, tables: KernelTables, root: Path, gpus: int) -> Collectives:
@@ -163,7 +179,7 @@ def kv_capacity(request: Request, spec: data.GpuSpec) -> dict[str, int]:
     over the bytes a token takes on them all. Every figure here is one GPU's: the one the
     draft's weights and KV sit on when it runs on one GPU of the group (that GPU sets the count).
     """
-    weight = 1 if request.dtype == "fp8" else 2
+    weight = data.WEIGHT_BYTES[request.dtype]
     shapes = request.shapes()
     weights = sum(shape.weight_bytes(weight) for shape in shapes.values())
     budget = int(request.memory_fraction * spec.mem_capacity)
@@ -172,9 +188,11 @@ def kv_capacity(request: Request, spec: data.GpuSpec) -> dict[str, int]:
     free = budget - weights - spec.reserved_bytes - nccl
     if free < per_token:
         names = " + ".join(shape.name for shape in shapes.values())
+        remedy = ("split it over more GPUs (--tp)" if request.tp < max(TP_SIZES) else
+                  f"one node's {max(TP_SIZES)} GPUs are the most a replica is priced on: take a GPU with more memory")
         raise InputError(f"{names} ({weights / 2**30:.1f} GiB of weights per GPU over {request.tp} GPU(s)) "
                          f"leave no room for a KV cache in {request.memory_fraction:g} of the {request.gpu}'s "
-                         f"{spec.mem_capacity / 2**30:.0f} GiB; split it over more GPUs (--tp)", field="target")
+                         f"{spec.mem_capacity / 2**30:.0f} GiB; {remedy}", field="target")
     return {"available_bytes": spec.mem_capacity, "budget_bytes": budget, "fraction": request.memory_fraction,
             "weight_bytes": weights, "reserved_bytes": spec.reserved_bytes, "nccl_bytes": nccl,
             "kv_bytes_per_token": per_token, "gpus": request.tp, "per": "GPU", "kv_capacity_tokens": free // per_token}
@@ -293,6 +311,7 @@ def assumptions(request: Request, tables: KernelTables) -> list[str]:
         "but the steps between them and points that fit are interpolated between the two)",
         *parallel_assumptions(request),
         *experts_assumptions(request, tables),
+        *mla_assumptions(request, tables),
         *(line for shape in request.shapes().values() for line in shape.assumptions()),
         f"engine overhead: {request.engine_overhead_source}",
         f"request latency and exposed time per step: {request.request_latency_source}",
@@ -369,6 +388,16 @@ def experts_assumptions(request: Request, tables: KernelTables) -> list[str]:
             "token distribution over the experts: balanced = every expert the same share; a real router is less "
             "even); the router's GEMM (hidden -> experts) from the GEMM table and its top-k as a small op"
             for role, shape in moe]
+def mla_assumptions(request: Request, tables: KernelTables) -> list[str]:
+    return [f"{role} {shape.name}: multi-head latent attention priced as one measured block per layer (the MLA "
+            f"module tables, {tables.kernels['mla_module']} with a bf16 KV cache: down and up projections, norms, "
+            "rotary, cache write, attention and output projection) at the GPU's "
+            f"{shape.heads} heads; the KV cache holds one {shape.kv_lora_rank + shape.qk_rope_head_dim}-wide "
+            "latent per token and layer on every GPU; q query tokens are priced as one token of q x heads (the "
+            "kernels share the latents across heads and tokens); long prompts from the tables' FlashAttention "
+            "prefill rows" for role, shape in request.shapes().items() if shape.is_mla]
+
+
 def head_assumptions(request: Request) -> list[str]:
     """The drafters' lines of the sidecar's assumptions (only those the profile prices)."""
     out = []
@@ -410,14 +439,14 @@ def compose(request: Request, out: str | os.PathLike[str], progress=None) -> Pat
     points, off_table = price_points(request, pricers)
     if request.host_points:
         points = pd.concat([points, host_rows(request.host_points)], ignore_index=True)
-    weight = 1 if request.dtype == "fp8" else 2
+    weight = data.WEIGHT_BYTES[request.dtype]
     meta = {
         "name": request.name or out.name,
         "source": "composed",
         "command": request.command,
         "device": {"name": device_name, "type": "cuda", "gpu": request.gpu,
                    "memory_bytes": tables.spec.mem_capacity, "spec": tables.spec.to_dict()},
-        "dtype": {"bf16": "bfloat16", "fp8": "fp8"}[request.dtype],
+        "dtype": data.GEMM_DTYPES[request.dtype],
         "versions": {"specbatch": _version(), data.PACKAGE: data.package_version() if request.kernel_data is None
                      else None, "framework": request.framework, "framework_version": request.framework_version},
         "models": {role: {"name": shape.name, "config": request.model_configs[role], "params": shape.params,

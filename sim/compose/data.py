@@ -34,7 +34,8 @@ NCCL = "nccl"
 # The attention kernel each framework runs by default, best first: FA3 on Hopper,
 # FA2 on Ada (L40S), the one FlashAttention build recorded for older collections (A100).
 ATTENTION_KERNELS = ("vllm_flash_attn_fa3", "vllm_flash_attn_fa2", "vllm_flash_attn", "flash_attn")
-GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # --dtype -> the tables' gemm_dtype
+GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block"}  # --dtype -> the tables' gemm_dtype
+WEIGHT_BYTES = {"bf16": 2, "fp8": 1, "fp8-block": 1}  # a linear layer's weight, per parameter
 
 
 @dataclass(frozen=True)

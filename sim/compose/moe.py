@@ -29,7 +29,8 @@ from sim.compose.interp import LogTable
 from sim.errors import InputError
 
 ROUTINGS = ("balanced", "power_law_1.01", "power_law_1.2")
-MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # --dtype -> the table's moe_dtype (fp8: per-tensor w8a8)
+MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block"}  # --dtype -> the table's moe_dtype
+# (fp8: per-tensor w8a8; fp8-block: 128 x 128 block scales, DeepSeek-V3's checkpoints)
 
 
 @dataclass(frozen=True)

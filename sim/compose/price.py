@@ -50,6 +50,8 @@ Equivalences (each stated in the sidecar and tested in tests/test_compose.py):
   / window).
 * Unlike layers (a mixture of experts' dense layers) are priced as groups of like ones
   (:meth:`~sim.compose.shapes.ModelShape.layer_groups`).
+* Multi-head latent attention (DeepSeek) is priced as a whole measured block, its projections
+  included, by :mod:`sim.compose.mla`; its layers' GEMMs here are the MLP's.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ import pandas as pd
 
 from sim.compose.data import GpuSpec, attention_kernel
 from sim.compose.interp import LogTable
+from sim.compose.mla import MlaModule
 from sim.compose.moe import ExpertsTable
 from sim.compose.parallel import Collectives
 from sim.compose.sampler import SAMPLING_MODES, sampler_time
@@ -89,8 +92,14 @@ class KernelTables:
                     gemm_dtype: str) -> "KernelTables":
         def gemm_table(dtype: str) -> tuple[LogTable, str]:
             rows = gemm[gemm.gemm_dtype == dtype]
-            kernel = rows.kernel_source.value_counts().index[0]  # one kernel per dtype in vLLM's tables
-            return LogTable.from_frame(rows[rows.kernel_source == kernel], ("m", "n", "k")), kernel
+            # one kernel per dtype in vLLM's tables, but block-scaled fp8 has several, each measured at the
+            # m where vLLM dispatches it (FlashInfer up to 17 tokens, DeepGEMM from 32; CUTLASS's few shapes
+            # at every m): at each m, the kernel measured over the most shapes there
+            shapes = rows.groupby(["m", "kernel_source"]).size().reset_index(name="shapes")
+            chosen = shapes.sort_values(["m", "shapes"], ascending=[True, False]).drop_duplicates("m")
+            rows = rows.merge(chosen[["m", "kernel_source"]], on=["m", "kernel_source"])
+            kernel = " + ".join(chosen.kernel_source.drop_duplicates())
+            return LogTable.from_frame(rows, ("m", "n", "k")), kernel
 
         main, kernel = gemm_table(gemm_dtype)
         head, _ = gemm_table("bfloat16")
@@ -132,16 +141,20 @@ class PassPricer:
 
     ``collectives``: the group's all-reduce and all-gather tables (a model split over more than
     one GPU); ``experts``: the MoE table of this model's experts (a mixture of experts);
-    ``sampling``: what the sampler does per step (:mod:`sim.compose.sampler`)."""
+    ``sampling``: what the sampler does per step (:mod:`sim.compose.sampler`); ``mla``: the
+    latent-attention module's tables (DeepSeek)."""
 
     def __init__(self, model: ModelShape, tables: KernelTables, collectives: Collectives | None = None,
-                 experts: ExpertsTable | None = None, sampling: str = "greedy") -> None:
+                 experts: ExpertsTable | None = None, sampling: str = "greedy", mla: MlaModule | None = None) -> None:
         if sampling not in SAMPLING_MODES:
             raise ValueError(f"sampling '{sampling}' is not one of {', '.join(SAMPLING_MODES)}")
         if model.tp > 1 and collectives is None:
             raise ValueError(f"{model.name} is split over {model.tp} GPUs: its collectives are needed")
         if model.is_moe and experts is None:
             raise ValueError(f"{model.name} is a mixture of experts: its MoE table is needed")
+        if model.is_mla and mla is None:
+            raise ValueError(f"{model.name} has latent attention: its MLA module tables are needed")
+        self.mla = mla
         self.model = model
         self.tables = tables
         self.collectives = collectives
@@ -163,7 +176,8 @@ class PassPricer:
         """One layer's GEMMs, and a mixture of experts' fused experts kernel, at ``tokens`` tokens
         (``layer``: a group of :meth:`ModelShape.layer_groups`; default the model's)."""
         layer = layer or self.model
-        gemms = sum(self.gemm(tokens, n, k) for _, n, k in layer.layer_gemms())
+        shapes = layer.mlp_gemms() if layer.is_mla else layer.layer_gemms()  # latent attention's: in its module
+        gemms = sum(self.gemm(tokens, n, k) for _, n, k in shapes)
         return gemms + self.experts(tokens) if layer.is_moe else gemms
 
     def pass_gemms(self, tokens) -> np.ndarray | float:
@@ -188,7 +202,7 @@ class PassPricer:
     def small_ops(self, tokens, layer: ModelShape | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Bandwidth-priced ops: (per layer, once per pass) seconds for ``tokens`` tokens."""
         per_layer, per_pass = (layer or self.model).small_op_elements_per_token()
-        kv_write = 2 * self.model.kv_heads * self.model.head_dim * KV_BYTES
+        kv_write = 0 if self.model.is_mla else 2 * self.model.kv_heads * self.model.head_dim * KV_BYTES
         tokens = np.asarray(tokens, dtype=float)
         return tokens * (per_layer * ACT_BYTES + kv_write) / self.bw, tokens * per_pass * ACT_BYTES / self.bw
 
@@ -208,6 +222,8 @@ class PassPricer:
 
     def decode_attention(self, b, q, c) -> np.ndarray:
         """Generation attention: q query tokens per sequence over KV length c + q (one layer)."""
+        if self.mla is not None:
+            return self.mla.decode(b, q, c, self.model.heads)
         scale, h0, table = self._units("generation")
         if table is None:
             return np.full(np.broadcast(b, q, c).shape, np.nan)
@@ -231,6 +247,8 @@ class PassPricer:
 
     def context_attention(self, b, p) -> np.ndarray:
         """Prefill attention of b prompts of p tokens (causal, no cached prefix; one layer)."""
+        if self.mla is not None:
+            return self.mla.prefill(b, p, self.model.heads)
         scale, h0, table = self._units("context")
         if table is None:
             return np.full(np.broadcast(b, p).shape, np.nan)

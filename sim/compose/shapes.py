@@ -62,6 +62,11 @@ class ModelShape:
     dense_intermediate_size: int = 0
     sliding_window: int = 0  # tokens each of window_layers layers attends to (0: every layer sees the whole context)
     window_layers: int = 0
+    q_lora_rank: int = 0  # multi-head latent attention (DeepSeek): the query's latent (0: projected directly)
+    kv_lora_rank: int = 0  # the KV latent each token caches (0: not latent attention)
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -78,7 +83,7 @@ class ModelShape:
             return f"tensor parallelism of {tp} GPUs: one node's group is {', '.join(map(str, TP_SIZES))}"
         if self.num_heads % tp:
             return f"{self.num_heads} attention heads do not split over {tp} GPUs"
-        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+        if self.num_kv_heads % tp and tp % self.num_kv_heads and not self.is_mla:
             return f"{self.num_kv_heads} KV heads neither split over nor replicate evenly onto {tp} GPUs"
         for size in (self.intermediate_size, self.shared_expert_intermediate_size, self.dense_intermediate_size):
             if size % tp:
@@ -113,6 +118,11 @@ class ModelShape:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention: priced as a whole module (:mod:`sim.compose.mla`)."""
+        return self.kv_lora_rank > 0
 
     # -- unlike layers --------------------------------------------------------------------
     def layer_groups(self) -> tuple["ModelShape", ...]:
@@ -154,15 +164,37 @@ class ModelShape:
 
         A mixture of experts has its router here (replicated, ``ReplicatedLinear``); the
         experts themselves are one fused kernel (:meth:`expert_params`, priced from the MoE table)."""
+        return self.attention_gemms() + self.mlp_gemms()
+
+    def attention_gemms(self) -> list[tuple[str, int, int]]:
+        """The attention block's projections. Latent attention follows vLLM's DeepSeek code: the fused
+        down projection of the query latent, the KV latent and the shared rotary key (replicated on every
+        GPU), then column-parallel up projections to the GPU's heads and the row-parallel output."""
         h, hd = self.hidden_size, self.head_dim
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            latent = self.kv_lora_rank + self.qk_rope_head_dim
+            if self.q_lora_rank:
+                down = [("qkv_a", self.q_lora_rank + latent, h), ("q_b", self.heads * qk, self.q_lora_rank)]
+            else:
+                down = [("kv_a", latent, h), ("q", self.heads * qk, h)]
+            return [*down, ("kv_b", self.heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank),
+                    ("o", h, self.heads * self.v_head_dim)]
         qkv = (self.heads + 2 * self.kv_heads) * hd
         if self.arch == "opt":
-            return [("qkv", qkv, h), ("out", h, self.heads * hd), ("fc1", self.ffn, h), ("fc2", h, self.ffn)]
+            return [("qkv", qkv, h), ("out", h, self.heads * hd)]
+        return [("qkv", qkv, h), ("o", h, self.heads * hd)]
+
+    def mlp_gemms(self) -> list[tuple[str, int, int]]:
+        """The MLP's GEMMs, or a mixture of experts' router and shared expert."""
+        h = self.hidden_size
+        if self.arch == "opt":
+            return [("fc1", self.ffn, h), ("fc2", h, self.ffn)]
         mlp = [("router", self.num_experts, h)] if self.is_moe else [("gate_up", 2 * self.ffn, h), ("down", h, self.ffn)]
         shared = self.shared_expert_intermediate_size // self.tp
         if shared:  # column- and row-parallel like a dense MLP
             mlp += [("shared_gate_up", 2 * shared, h), ("shared_down", h, shared)]
-        return [("qkv", qkv, h), ("o", h, self.heads * hd), *mlp]
+        return mlp
 
     def expert_params(self) -> int:
         """Expert weights on one GPU, all layers (each expert's gate/up and down, split over the GPUs)."""
@@ -186,7 +218,10 @@ class ModelShape:
         return self.gemm_params() * gemm_weight_bytes + (self.vocab_params() + replicated) * ACT_BYTES
 
     def kv_bytes_per_token(self, kv_bytes: int) -> int:
-        """Key and value bytes one token takes on one GPU (all layers; the whole model's at tp = 1)."""
+        """Key and value bytes one token takes on one GPU (all layers; the whole model's at tp = 1).
+        Latent attention caches one vector per token, the latent and the rotary key, on every GPU."""
+        if self.is_mla:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes
         return 2 * self.num_layers * self.kv_heads * self.head_dim * kv_bytes
 
     def small_op_elements_per_token(self) -> tuple[int, int]:
@@ -198,13 +233,14 @@ class ModelShape:
         fused kernel for experts, whose router's top-k reads the E logits instead, plus a shared
         expert's own), the KV-cache write.
         OPT: two LayerNorms (2h each) and two residual adds (3h each), ReLU (2f), KV write.
+        Latent attention's norms, rotary and cache write are part of its measured module (none here).
         Per pass: the embedding gather (2h; OPT adds its learned positions, 2h + 3h) and the
         final norm. Elements are bf16; the KV write is counted at the KV dtype by the caller.
         """
         h, f, hd = self.hidden_size, self.ffn, self.head_dim
         if self.arch == "opt":
             return 2 * 2 * h + 2 * 3 * h + 2 * f, 2 * h + 5 * h + 2 * h
-        qk = 2 * (self.heads + self.kv_heads) * hd
+        qk = 0 if self.is_mla else 2 * (self.heads + self.kv_heads) * hd  # latent attention: inside its module
         mlp = self.num_experts + 3 * (self.shared_expert_intermediate_size // self.tp) if self.is_moe else 3 * f
         return 2 * 4 * h + qk * (2 if self.qk_norm else 1) + mlp, 2 * h + 4 * h
 

@@ -38,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--framework", default="vllm", help="framework whose kernels were measured (default: %(default)s)")
     p.add_argument("--framework-version", default=None,
                    help="its version in the data (default: the newest the data has for the GPU)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"),
-                   help="GEMM and expert weights (default: %(default)s; fp8: the fp8 GEMM and MoE tables)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8", "fp8-block"),
+                   help="GEMM and expert weights (default: %(default)s; fp8: the per-tensor fp8 GEMM and MoE "
+                        "tables; fp8-block: 128 x 128 block-scaled fp8, as DeepSeek-V3 ships)")
     p.add_argument("--kernel-data", default=None, metavar="DIR",
                    help="a folder laid out like aiconfigurator-core's systems/ (default: the installed package)")
     p.add_argument("--memory-fraction", type=typed("--memory-fraction", float), default=None,
