@@ -81,7 +81,7 @@ def test_bad_vllm_flags_are_one_line_before_any_work(flags, says, capsys, tmp_pa
     (["--backend", "vllm"], "--backend is vllm bench serve's; there is no server to send requests to"),
     (["--dataset-path", "sharegpt.json"], "--dataset-path is vllm bench serve's; replay real requests with --trace"),
     (["--ramp-up-strategy", "linear"], "--ramp-up-strategy is vllm bench serve's; a time-varying rate: --rate-profile"),
-    (["--temperature", "0.7"], "--temperature is vllm bench serve's; sampling does not change a simulated step's cost"),
+    (["--temperature", "0.7"], "--temperature is vllm bench serve's; a profile prices one sampling mode"),
 ])
 def test_a_vllm_flag_with_no_use_here_points_to_ours(flags, says, capsys):
     with pytest.raises(SystemExit) as info:

@@ -33,6 +33,9 @@ PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"  # vLLM's, for generative models
 DEFAULT_METRIC_PERCENTILES = "99"
 
+# A profile prices the sampler once, for the sampling it was composed with (sim/compose/sampler.py).
+SAMPLING_FLAG = ("a profile prices one sampling mode, its sidecar's composition.sampling: compose it with "
+                 "--sampling greedy|random|top-p; acceptance is --alpha")
 # vllm bench serve flags that mean nothing in a simulation, and what to use instead.
 POINTERS: dict[str, str] = {
     "--model": "specbatch simulates a profile's model pair: give --profile (specbatch profiles lists them)",
@@ -57,12 +60,12 @@ POINTERS: dict[str, str] = {
     "--append-result": "each --save-result file holds one run",
     "--profile-torch": "there is no torch in a simulated run",
     "--use-beam-search": "not simulated",
-    "--logprobs": "sampling does not change a simulated step's cost",
-    "--temperature": "sampling does not change a simulated step's cost; acceptance is --alpha",
-    "--top-p": "sampling does not change a simulated step's cost; acceptance is --alpha",
-    "--top-k": "sampling does not change a simulated step's cost; acceptance is --alpha",
-    "--min-p": "sampling does not change a simulated step's cost; acceptance is --alpha",
-    "--extra-body": "sampling does not change a simulated step's cost; acceptance is --alpha",
+    "--logprobs": "log-probabilities are not priced",
+    "--temperature": SAMPLING_FLAG,
+    "--top-p": SAMPLING_FLAG,
+    "--top-k": SAMPLING_FLAG,
+    "--min-p": SAMPLING_FLAG,
+    "--extra-body": SAMPLING_FLAG,
     "--lora-modules": "LoRA is not simulated",
     "--trust-remote-code": "no model code is loaded",
     "--disable-tqdm": "specbatch run shows no progress bar",
