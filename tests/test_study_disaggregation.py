@@ -74,7 +74,7 @@ def small(synthetic_profile):
                           ttft_slowdown=3.0, tpot_slowdown=1.5)]
     profile = str(synthetic_profile)
     sat = study.saturation(setups[0], profile)
-    return study, profile, setups, sat, pd.concat([study.sweep(s, profile, sat) for s in setups])
+    return study, profile, setups, sat, pd.concat([study.sweep(s, {1: profile}, sat) for s in setups])
 
 
 def test_sweep_rows_and_attainment_grow_with_the_slo_scale(small):

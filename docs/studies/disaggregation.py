@@ -68,6 +68,8 @@ class Setup:
     kv_link: str = "rdma"
     kv_link_bandwidth_gb_s: float | None = None
     prefill_first_baseline: bool = False  # also run the paper's aggregated baseline: vLLM without chunked prefill
+    wide_prefill_tp: int | None = None  # also one prefill replica over this many GPUs, the rest decoding (its
+    # paper's placement: a prefill instance over more GPUs than a decode instance)
 
 
 def lognormal(median: float, sigma: float, cap: int) -> str:
@@ -82,7 +84,7 @@ SETUPS = (
     # OPT's 2,048-token context.
     Setup("DistServe chatbot", "DistServe", "a100_sxm", "opt-13b", 1,
           "lognormal:512:0.8:1536", "lognormal:256:0.8:512", ttft_ms=250.0, tpot_ms=100.0,
-          kv_link="nvlink", kv_link_bandwidth_gb_s=300.0, prefill_first_baseline=True),
+          kv_link="nvlink", kv_link_bandwidth_gb_s=300.0, prefill_first_baseline=True, wide_prefill_tp=2),
     # Splitwise §III-A: coding, median prompt 1,500 tokens and 13 generated; conversation, 1,020 and 129. Its P90
     # SLOs (Table VI): TTFT 3x and TBT 1.5x the uncontended latency. DGX-H100: eight GPUs a machine, InfiniBand
     # between machines (rdma). The spread (sigma 0.8) is ours, and lengths are kept within Llama-2's 4,096 tokens.
@@ -158,30 +160,40 @@ def published(found: dict) -> list[dict]:
     return rows
 
 
-def compose_profiles(folder: Path) -> dict[str, str]:
-    """Each setup's target-only profile, composed into ``folder``: the setup's name -> the profile's folder."""
+def compose_profiles(folder: Path) -> dict[str, dict[int, str]]:
+    """Each setup's target-only profiles, composed into ``folder``: the setup's name -> GPUs a replica -> the
+    profile's folder (its own size, and the wide prefill replica's where it has one)."""
     from specbatch import compose
 
     paths = {}
     for setup in SETUPS:
-        path = folder / f"{setup.gpu}-tp{setup.tp}-{setup.target}"
-        if not path.is_dir():
-            compose(setup.gpu, setup.target, path, tp=setup.tp)
-        paths[setup.name] = str(path)
+        paths[setup.name] = {}
+        for tp in dict.fromkeys(t for t in (setup.tp, setup.wide_prefill_tp) if t):
+            path = folder / f"{setup.gpu}-tp{tp}-{setup.target}"
+            if not path.is_dir():
+                compose(setup.gpu, setup.target, path, tp=tp)
+            paths[setup.name][tp] = str(path)
     return paths
 
 
-def configurations(setup: Setup) -> dict[str, dict]:
-    """The cluster settings of every configuration on the setup's UNITS replicas: aggregated (and the paper's
-    prefill-first baseline where it had one), then each prefill:decode split."""
-    out = {V1: {"cluster.replicas": UNITS}}
+def configurations(setup: Setup, profiles: dict[int, str]) -> dict[str, tuple[str, dict]]:
+    """Every configuration on the setup's GPUs (UNITS replicas of ``setup.tp``): its profile and cluster settings.
+    Aggregated (and the paper's prefill-first baseline where it had one), each prefill:decode split of whole
+    replicas, and the wide prefill replica beside decode replicas where the setup has one."""
+    own = profiles[setup.tp]
+    out = {V1: (own, {"cluster.replicas": UNITS})}
     if setup.prefill_first_baseline:
-        out[V0] = {"cluster.replicas": UNITS, "engine.scheduler": "v0"}
+        out[V0] = (own, {"cluster.replicas": UNITS, "engine.scheduler": "v0"})
     link = {"cluster.kv_link": setup.kv_link}
     if setup.kv_link_bandwidth_gb_s:
         link["cluster.kv_link_bandwidth_gb_s"] = setup.kv_link_bandwidth_gb_s
     for p, d in SPLITS:
-        out[f"{p}P:{d}D"] = {"cluster.prefill_replicas": p, "cluster.decode_replicas": d, **link}
+        out[f"{p}P:{d}D"] = (own, {"cluster.prefill_replicas": p, "cluster.decode_replicas": d, **link})
+    if setup.wide_prefill_tp:
+        decode = (UNITS * setup.tp - setup.wide_prefill_tp) // setup.tp
+        out[f"1P:{decode}D, prefill over {setup.wide_prefill_tp} GPUs"] = (
+            profiles[setup.wide_prefill_tp], {"cluster.prefill_replicas": 1, "cluster.decode_replicas": decode,
+                                              "cluster.decode_profile": own, **link})
     return out
 
 
@@ -232,12 +244,12 @@ def meets(requests: pd.DataFrame, ttft_limit: np.ndarray, tpot_limit: np.ndarray
     return requests.ttft_s.to_numpy() <= scale * ttft_limit, np.isnan(tpot) | (tpot <= scale * tpot_limit)
 
 
-def sweep(setup: Setup, profile: str, sat: float) -> pd.DataFrame:
+def sweep(setup: Setup, profiles: dict[int, str], sat: float) -> pd.DataFrame:
     """One row per configuration, rate and SLO scale: the attainment over every request of every seed, of both
-    limits and of each alone (which one binds)."""
-    bounds = {seed: limits(setup, profile, seed) for seed in SEEDS}
+    limits and of each alone (which one binds). ``profiles``: GPUs a replica -> profile (compose_profiles)."""
+    bounds = {seed: limits(setup, profiles[setup.tp], seed) for seed in SEEDS}
     rows = []
-    for config, settings in configurations(setup).items():
+    for config, (profile, settings) in configurations(setup, profiles).items():
         for fraction in FRACTIONS:
             rate = fraction * sat * UNITS
             runs = {seed: simulate_requests(setup, profile, {**settings, "workload.rate": rate}, seed)
@@ -374,7 +386,7 @@ def run(profile: str | None, out_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="disaggregation-profiles-") as folder:
         profiles = compose_profiles(Path(folder))
         for setup in SETUPS:
-            sat = saturation(setup, profiles[setup.name])
+            sat = saturation(setup, profiles[setup.name][setup.tp])
             saturations[setup.name] = sat / setup.tp
             tables.append(sweep(setup, profiles[setup.name], sat))
     table = pd.concat(tables, ignore_index=True)
