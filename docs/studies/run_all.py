@@ -20,9 +20,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 STUDIES = ("optimal_k", "traffic", "rates", "long_context", "scheduling", "tune")  # the order of the issues
-# Studies of replicas of several GPUs (issue 28): each runs on its own shipped multi-GPU profiles, so
-# they run with the default profile's studies (or by name with --only), never on another --profile.
-MULTI_GPU = ("smartspec_70b", "draft_1b_70b", "tp_vs_replicas")
+# Studies of replicas of several GPUs (issues 28, 37): each runs on its own shipped or composed multi-GPU
+# profiles, so they run with the default profile's studies (or by name with --only), never on another --profile.
+MULTI_GPU = ("smartspec_70b", "draft_1b_70b", "tp_vs_replicas", "disaggregation")
 
 
 def main(argv: list[str] | None = None) -> int:
