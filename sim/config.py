@@ -206,7 +206,8 @@ def _if_disaggregated(value: Any, section: Any) -> Any:
     return value if section.prefill_replicas else None
 
 
-DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s", "cluster.kv_link_latency_us")
+DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s", "cluster.kv_link_latency_us",
+                       "cluster.pd_threshold")
 
 
 # Keys that only one scheduler reads: giving one to the other is an error, not silently nothing.
@@ -348,6 +349,11 @@ KEYS: tuple[Key, ...] = (
         write=_if_disaggregated),
     Key("cluster.kv_link_latency_us", number(optional=True), "disaggregated serving: the link's fixed cost per "
         "transfer, microseconds (default: the link's)", "--kv-link-latency-us", write=_if_disaggregated),
+    Key("cluster.pd_threshold", integer(minimum=0, optional=True), "disaggregated serving as llm-d routes it: the "
+        "decode replica is chosen first, and a request whose prompt tokens not in its prefix cache are fewer than "
+        "this is prefilled there (llm-d's pd-profile-handler threshold; 0, its default, sends every prompt to the "
+        "prefill pool); unset: vLLM's proxy, which picks the decode replica after the prefill", "--pd-threshold",
+        write=_if_disaggregated),
     # vLLM compatibility: acceptance models, vllm bench serve's inputs and options, vLLM's speculation
     # metrics. Each is left out of config.toml at its default, so earlier runs keep their digests.
     Key("acceptance.model", choice(MODELS), "geometric (alpha), per-position (vLLM's per-position rates) or "
@@ -450,7 +456,7 @@ class RunConfig:
     output: OutputConfig
     cluster: ClusterConfig = ClusterConfig(replicas=1, router=ROUTERS[0], prefill_replicas=0, decode_replicas=0,
                                            decode_profile=None, kv_link=KV_LINKS[0], kv_link_bandwidth_gb_s=None,
-                                           kv_link_latency_us=None)
+                                           kv_link_latency_us=None, pd_threshold=None)
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
     speculative: SpeculativeSection = SpeculativeSection(config=None, algorithm=None, num_steps=None, eagle_topk=None,
                                                          num_draft_tokens=None)
