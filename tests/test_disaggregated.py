@@ -334,3 +334,63 @@ def test_the_decode_pool_runs_its_own_profile(run_config, synthetic_profile, tmp
     with pytest.raises(InputError) as caught:
         prepare(disaggregated_config(run_config, 1, 1, cluster__decode_profile=str(other)))
     assert caught.value.field == "cluster.decode_profile" and "same models" in str(caught.value)
+
+
+def test_each_pool_runs_its_own_engine_settings(run_config, monkeypatch):
+    """[cluster.prefill] / [cluster.decode] (--prefill-engine / --decode-engine): each pool's token budget,
+    batch limit and KV budget are its own; settings equal to [engine]'s change no byte."""
+    base = execute(prepare(disaggregated_config(run_config, 2, 2, workload__rate=20.0)))
+    same = execute(prepare(disaggregated_config(run_config, 2, 2, workload__rate=20.0,
+                                                cluster__prefill="max_num_batched_tokens=256",
+                                                cluster__decode="max_batch_size=16")))
+    assert base.requests.equals(same.requests) and base.steps.equals(same.steps)
+    with monkeypatch.context() as m:
+        pools = capture_loops(m)
+        own = execute(prepare(disaggregated_config(
+            run_config, 2, 2, workload__rate=20.0, cluster__prefill="max_num_batched_tokens=64,max_batch_size=4",
+            cluster__decode="max_batch_size=2,kv_cache_tokens=900")))
+    check_conservation(own, pools)
+    steps = own.steps
+    on_prefill, on_decode = steps[steps.replica < 2], steps[steps.replica >= 2]
+    assert on_prefill.prefill_tokens.max() <= 64 and on_prefill.running.max() <= 4
+    assert on_decode.running.max() <= 2 and on_decode.kv_blocks.max() <= 900 // 16
+    assert base.steps[base.steps.replica >= 2].running.max() > 2  # the run's own batch limit is wider
+    (prefill_states, decode_states) = [[state for state, _ in pool] for pool in pools]
+    assert {int(s.par[P_BLOCKS]) for s in decode_states} == {900 // 16}
+    assert {int(s.par[P_BLOCKS]) for s in prefill_states} != {900 // 16}
+
+
+def test_pool_settings_from_a_config_file_and_their_errors(tmp_path, synthetic_profile):
+    """A [cluster.decode] table is read, written back to config.toml and rerun the same; a bad entry is one
+    line naming the pool's key, the file and the line of its table."""
+    from sim.config import load_config
+
+    def write(body: str):
+        path = tmp_path / "pools.toml"
+        path.write_text(f'profile = "{synthetic_profile}"\n[engine]\nscheduler = "vllm-v1"\n[workload]\n'
+                        f'num_requests = 20\nrate = 4.0\n[cluster]\nprefill_replicas = 1\ndecode_replicas = 1\n{body}')
+        return path
+
+    config = load_config(write("[cluster.decode]\nmax_batch_size = 4\nkv_cache_tokens = 20000\n"))
+    assert dict(config.cluster.decode) == {"max_batch_size": 4, "kv_cache_tokens": 20000}
+    assert "[cluster.decode]" in config.to_toml()
+    again = tmp_path / "again.toml"
+    again.write_text(config.to_toml())
+    assert load_config(again).cluster.decode == config.cluster.decode
+    for body, words in (("[cluster.decode]\nmax_num_seqs = 4\n", "'max_num_seqs' is not a setting a pool sets"),
+                        ("[cluster.decode]\nmax_num_batched_tokens = 0\n", "max_num_batched_tokens: must be at least 1"),
+                        ("[cluster.prefill]\nkv_cache_tokens = 100\ngpu_memory_utilization = 0.9\n", "not both")):
+        with pytest.raises(InputError) as caught:
+            load_config(write(body))
+        error = caught.value
+        assert error.field.startswith("cluster.") and words in str(error) and "\n" not in str(error)
+        assert error.line == 10 and str(error.source).endswith("pools.toml")  # the table's header
+    with pytest.raises(InputError) as caught:  # a pool too small for a request: named where the pool set it
+        prepare(load_config(write("[cluster.decode]\nkv_cache_tokens = 64\n")))
+    assert caught.value.field == "cluster.decode" and "on a decode replica" in str(caught.value)
+
+
+def test_pool_settings_apply_only_to_disaggregated_serving(run_config):
+    with pytest.raises(InputError) as caught:
+        run_config(**V1, workload__num_requests=5, cluster__decode="max_batch_size=4")
+    assert caught.value.field == "cluster.decode" and "only to disaggregated serving" in str(caught.value)

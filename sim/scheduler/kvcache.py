@@ -132,8 +132,10 @@ def lookup(reqi, r, num_tokens, resumed, kv, key_block, scratch, par):
 
 
 def available(ctr):
-    """Free blocks an allocation may take: those not reserved for KV on its way (disaggregated decode)."""
-    return ctr[C_FREE_BLOCKS] - ctr[C_RESERVED]
+    """Free blocks an admission may take: those not reserved for KV on its way (disaggregated decode); never
+    below 0, though running requests may have borrowed reserved blocks (:func:`shortfall`)."""
+    left = ctr[C_FREE_BLOCKS] - ctr[C_RESERVED]
+    return left if left > 0 else 0
 
 
 def admission_need(hits, tokens, kv, scratch, par):
