@@ -27,7 +27,7 @@ from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import CACHE_ROUTERS, ROUTERS, parse_router, router_text
-from sim.serving.transfer import KV_LINKS
+from sim.serving.transfer import KV_LINKS, KV_TRANSFERS
 from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
 from sim.jit import JIT_MODES
 from sim.tomlsource import KeyLines, parse_toml
@@ -240,7 +240,7 @@ def _if_disaggregated(value: Any, section: Any) -> Any:
 
 
 DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s", "cluster.kv_link_latency_us",
-                       "cluster.pd_threshold", "cluster.prefill", "cluster.decode")
+                       "cluster.pd_threshold", "cluster.prefill", "cluster.decode", "cluster.kv_transfers")
 
 
 # Keys that only one scheduler reads: giving one to the other is an error, not silently nothing.
@@ -382,6 +382,9 @@ KEYS: tuple[Key, ...] = (
         write=_if_disaggregated),
     Key("cluster.kv_link_latency_us", number(optional=True), "disaggregated serving: the link's fixed cost per "
         "transfer, microseconds (default: the link's)", "--kv-link-latency-us", write=_if_disaggregated),
+    Key("cluster.kv_transfers", choice(KV_TRANSFERS), "disaggregated serving: queued (each link end carries one "
+        "transfer at a time) or shared (transfers in flight share each end's bandwidth, as NIXL's concurrent "
+        "reads do)", "--kv-transfers", write=_if_disaggregated),
     Key("cluster.prefill", Value(tuple, pool_engine, optional=True), "disaggregated serving: the prefill pool's own "
         f"engine settings ({', '.join(POOL_ENGINE_KEYS)}), over [engine]'s", "--prefill-engine", write=_pool_table),
     Key("cluster.decode", Value(tuple, pool_engine, optional=True), "disaggregated serving: the decode pool's own "
@@ -493,7 +496,8 @@ class RunConfig:
     output: OutputConfig
     cluster: ClusterConfig = ClusterConfig(replicas=1, router=ROUTERS[0], prefill_replicas=0, decode_replicas=0,
                                            decode_profile=None, kv_link=KV_LINKS[0], kv_link_bandwidth_gb_s=None,
-                                           kv_link_latency_us=None, pd_threshold=None, prefill=None, decode=None)
+                                           kv_link_latency_us=None, pd_threshold=None, prefill=None, decode=None,
+                                           kv_transfers=KV_TRANSFERS[0])
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
     speculative: SpeculativeSection = SpeculativeSection(config=None, algorithm=None, num_steps=None, eagle_topk=None,
                                                          num_draft_tokens=None)

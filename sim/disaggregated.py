@@ -1,24 +1,31 @@
-"""Disaggregated prefill and decode, as vLLM runs it with a KV connector (NIXL) behind its proxy.
+"""Disaggregated prefill and decode, as vLLM runs it with a KV connector (NIXL) behind its proxy, or as llm-d
+routes it.
 
 A request goes through two replicas, each the engine of a single replica unchanged:
 
 1. **Prefill.** The cluster's router picks a prefill replica at the request's arrival (among the
    prefill pool); the proxy sends it there with ``max_tokens=1`` (vLLM's toy proxy and llm-d's sidecar
    do so), so the prefill replica schedules it as any request (chunked under its token budget, its
-   prefix cache looked up), computes the whole prompt, samples one token and finishes.
-2. **Transfer.** The proxy then picks a decode replica (the router again, among the decode pool,
-   where the requests whose KV is on its way count as waiting: sim.cluster.InboundSignals) and the
-   prompt's KV moves over the link (sim/serving/transfer.py: bytes, latency, bandwidth, queueing).
-3. **Decode.** When the KV is there the request joins the decode replica's waiting queue with its
-   prompt's KV counted as computed but for the last token (``REQ_REMOTE``: prompt - 1, as vLLM's
-   scheduler sets ``num_computed_tokens`` once the connector has the blocks), which its scheduler admits
-   through its KV-cache manager: blocks for the whole prompt, a one-token chunk whose logits give the
-   **client's first token**, then decode steps with its own KV budget, preemption and speculation.
+   prefix cache looked up), computes the whole prompt, samples one token and finishes. Its blocks stay
+   held (NIXL's delayed free) until the decode side has read them.
+2. **Blocks on the decode side.** The proxy then picks a decode replica (the router again, among the
+   decode pool, where the requests handed to it count as waiting: sim.cluster.InboundSignals). The
+   replica takes the request when its scheduler would reach it, allocating the prompt's blocks
+   (vLLM's ``WAITING_FOR_REMOTE_KVS``; :class:`Handoff`), and the prompt's KV moves over the link
+   (sim/serving/transfer.py: bytes, latency, bandwidth, queueing).
+3. **Decode.** When the KV is there the request may be admitted with its prompt's KV counted as
+   computed but for the last token (``REQ_REMOTE``: prompt - 1, as vLLM's scheduler sets
+   ``num_computed_tokens`` once the connector has the blocks): the blocks set aside become its own, a
+   one-token chunk gives the **client's first token**, then decode steps with its own KV budget,
+   preemption and speculation.
+
+With llm-d's flow (:class:`DecodeFirst`, ``--pd-threshold``) the decode replica is chosen at arrival, and
+a prompt mostly cached there (fewer uncached tokens than the threshold) is prefilled by it alone.
 
 The prefill replica's sampled token is the proxy's, never the client's: TTFT runs from the arrival to the
-decode replica's first token (prefill queue + prefill + transfer queue + transfer + decode queue + the
-step that computes the last prompt token). Both pools run step by step, with the rules compiled: a
-prefill replica's finish starts a transfer at its instant, and a hand-off may reach a decode replica at
+decode replica's first token (prefill queue + prefill + wait for blocks + transfer queue + transfer + decode
+queue + the step that computes the last prompt token). Both pools run step by step, with the rules compiled:
+a prefill replica's finish starts a transfer at its instant, and a hand-off may reach a decode replica at
 any instant.
 """
 
@@ -39,7 +46,7 @@ from sim.scheduler.layout import (C_HEAD, C_PREFILLING, C_REQUEUED, C_RUNNING, P
 from sim.serving.clock import simulate_disaggregated
 from sim.serving.queues import DecodeQueue, Dispatcher, Handoffs, PrefillQueue
 from sim.serving.records import ReplicaRecords
-from sim.serving.transfer import KVBytes, KVLinks, Link
+from sim.serving.transfer import KVBytes, KVLinks, Link, SharedLinks, make_links
 
 
 @dataclass
@@ -82,7 +89,7 @@ class Handoff:
     the prefill replica frees the blocks it held (NIXL's delayed free). ``later(at, call)`` is the clock's
     (sim.serving.clock.simulate_disaggregated)."""
 
-    def __init__(self, links: KVLinks, router, loads: list[InboundSignals], decode_loops: list,
+    def __init__(self, links: KVLinks | SharedLinks, router, loads: list[InboundSignals], decode_loops: list,
                  reqi: np.ndarray, prompt_tokens: np.ndarray, kv: KVBytes) -> None:
         self.links, self.router, self.loads, self.reqi = links, router, loads, reqi
         self.queues = [loop.queue for loop in decode_loops]
@@ -153,11 +160,12 @@ class Handoff:
             self.loads[receiver].on_way(i, -1)
             position = queue.push(i, now, ready=False)
             sender = int(t.prefill_replica[i])
-            start, end = self.links.reserve(sender, receiver, float(self.link_bytes[i]), now)
-            t.reserved_s[i], t.start_s[i], t.end_s[i] = now, start, end
-            self.later(end, partial(self.arrived, i, sender, receiver, position, end))
+            t.reserved_s[i] = now
+            t.start_s[i] = self.links.send(sender, receiver, float(self.link_bytes[i]), now,
+                                           partial(self.arrived, i, sender, receiver, position), self.later)
 
     def arrived(self, request: int, sender: int, receiver: int, position: int, end: float) -> None:
+        self.transfers.end_s[request] = end
         self.queues[receiver].mark_ready(position, end)
         self.senders[sender].kv_read(request, end)
 
@@ -191,18 +199,20 @@ class DecodeFirst(Dispatcher):
 def run_disaggregated(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                       prefix_keys: np.ndarray | None, acceptance_scale: np.ndarray, replica: ReplicaPlan,
                       decode_replica: ReplicaPlan, prefill_parts: list[ReplicaParts], decode_parts: list[ReplicaParts],
-                      router: str, link: Link, kv: KVBytes, pd_threshold: int | None = None) -> DisaggregatedRecords:
+                      router: str, link: Link, kv: KVBytes, pd_threshold: int | None = None,
+                      kv_transfers: str = "queued") -> DisaggregatedRecords:
     """Simulate the two pools and the transfers between them until every request has finished (the module
     docstring). ``replica`` / ``decode_replica``: what each pool's replicas are built from (their profiles
     may differ); ``kv``: the KV bytes a prompt token takes on each side; ``pd_threshold``: llm-d's flow
-    (:class:`DecodeFirst`) with that threshold, else vLLM's proxy (decode replica chosen after the prefill)."""
+    (:class:`DecodeFirst`) with that threshold, else vLLM's proxy (decode replica chosen after the prefill);
+    ``kv_transfers``: each link end carries one transfer at a time (queued) or all share it (shared)."""
     n = arrival_s.shape[0]
     prefill_inputs = replica.inputs(prompt_tokens, np.ones_like(output_tokens), prefix_keys)
     decode_inputs = decode_replica.inputs(prompt_tokens, output_tokens, prefix_keys, remote_tokens=prompt_tokens - 1)
     handoffs = Handoffs(decode_inputs, acceptance_scale)
     decode_loops = [decode_replica.loop(DecodeQueue(handoffs), p.policy, p.sampler) for p in decode_parts]
     loads = [InboundSignals(loop, decode_inputs) for loop in decode_loops]
-    handoff = Handoff(KVLinks(link, len(prefill_parts), len(decode_parts)), make_router(router), loads,
+    handoff = Handoff(make_links(kv_transfers, link, len(prefill_parts), len(decode_parts)), make_router(router), loads,
                       decode_loops, decode_inputs, prompt_tokens, kv)
     if pd_threshold is None:
         dispatcher = Dispatcher(arrival_s, prefill_inputs, acceptance_scale, make_router(router))
@@ -268,7 +278,7 @@ def transfer_columns(records: DisaggregatedRecords) -> dict[str, np.ndarray]:
 
 
 def disaggregated_section(records: DisaggregatedRecords, link: Link, kv: KVBytes, profiles: tuple[str, str],
-                          duration_s: float, pd_threshold: int | None = None) -> dict:
+                          duration_s: float, pd_threshold: int | None = None, kv_transfers: str = "queued") -> dict:
     """summary.json's ``disaggregated``: how requests were sent (vLLM's proxy, or llm-d's decode-first flow
     and how many its decider kept on the decode pool), each pool's replicas and busy time, and the KV
     transfers (how many, their bytes, how long they took, waited for the decode replica's blocks and queued)."""
@@ -282,6 +292,7 @@ def disaggregated_section(records: DisaggregatedRecords, link: Link, kv: KVBytes
     return {**flow, "prefill": {"profile": profiles[0], **_pool(records.prefill, duration_s)},
             "decode": {"profile": profiles[1], **_pool(records.decode, duration_s)},
             "kv_transfer": {"link": link.name, "bandwidth_gb_s": link.bandwidth_gb_s, "latency_us": link.latency_us,
+                            **({"sharing": kv_transfers} if kv_transfers != "queued" else {}),
                             "kv_bytes_per_token": kv.per_token, "link_bytes_per_token_per_gpu": kv.link_per_gpu,
                             "transfers": int(np.count_nonzero(sent)), "bytes": float(t.nbytes[sent].sum()),
                             "mean_transfer_ms": stat(np.mean, took),

@@ -531,7 +531,7 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         decode = run.decode or run
         extra["disaggregated"] = disaggregated_section(disaggregated, run_link(config), kv_bytes(run),
                                                        (run.profile.name, decode.profile.name), summary["duration_s"],
-                                                       config.cluster.pd_threshold)
+                                                       config.cluster.pd_threshold, config.cluster.kv_transfers)
     if count > 1:  # a one-replica run's files stay exactly the single replica's
         table["replica"] = cluster.replica_of
         steps["replica"] = cluster.step_replica
@@ -564,7 +564,7 @@ def _run_disaggregated(run: PreparedRun, scale: np.ndarray, wrap):
                                 acceptance_scale=scale, replica=run.replica, decode_replica=pool.replica,
                                 prefill_parts=parts[:prefill], decode_parts=parts[prefill:],
                                 router=config.cluster.router, link=run_link(config), kv=kv_bytes(run),
-                                pd_threshold=config.cluster.pd_threshold)
+                                pd_threshold=config.cluster.pd_threshold, kv_transfers=config.cluster.kv_transfers)
     engine_wall = time.perf_counter() - started
     return records.merged, records, [p.sampler for p in parts], [p.policy for p in parts], engine_wall
 

@@ -15,7 +15,7 @@ from sim.errors import InputError
 from sim.router import ROUTERS
 from sim.scheduler.layout import (C_FREE_BLOCKS, C_HELD_BLOCKS, C_PREFILLING, C_REQUEUED, C_RESERVED, C_RUNNING,
                                   P_BLOCKS)
-from sim.serving.transfer import LINKS
+from sim.serving.transfer import KV_TRANSFERS, LINKS
 from sim.simulate import execute, prepare
 
 V1 = dict(engine__scheduler="vllm-v1", engine__max_batch_size=16, engine__max_num_batched_tokens=256,
@@ -72,10 +72,18 @@ def check_conservation(result, pools) -> None:
     assert (req.kv_transfer_start_s >= req.kv_blocks_allocated_s).all()
     assert (req.kv_transfer_end_s > req.kv_transfer_start_s).all()
     assert (req.first_token_s > req.kv_transfer_end_s).all()
-    # a link's end carries one transfer at a time
-    for column in ("prefill_replica", "decode_replica"):
-        for _, group in req.sort_values("kv_transfer_start_s").groupby(column):
-            assert (group.kv_transfer_start_s.to_numpy()[1:] >= group.kv_transfer_end_s.to_numpy()[:-1]).all()
+    link = result.extra["disaggregated"]["kv_transfer"]
+    # a transfer alone on its link: latency + prompt tokens x bytes per token on a GPU's link / bandwidth
+    tokens = req.kv_transfer_bytes / link["kv_bytes_per_token"]
+    alone = link["latency_us"] * 1e-6 + tokens * link["link_bytes_per_token_per_gpu"] / (link["bandwidth_gb_s"] * 1e9)
+    if result.config.cluster.kv_transfers == "queued":  # a link's end carries one transfer at a time
+        for column in ("prefill_replica", "decode_replica"):
+            for _, group in req.sort_values("kv_transfer_start_s").groupby(column):
+                assert (group.kv_transfer_start_s.to_numpy()[1:] >= group.kv_transfer_end_s.to_numpy()[:-1]).all()
+        assert np.allclose(req.kv_transfer_end_s - req.kv_transfer_start_s, alone, rtol=1e-9)
+    else:  # shared: a transfer starts once its blocks are set aside, and takes at least as long as alone
+        assert (req.kv_transfer_start_s == req.kv_blocks_allocated_s).all()
+        assert ((req.kv_transfer_end_s - req.kv_transfer_start_s) >= alone * (1 - 1e-9)).all()
     # one engine per replica, never overlapping
     for _, group in steps.groupby("replica"):
         assert (group.start_s.to_numpy()[1:] >= group.end_s.to_numpy()[:-1]).all()
@@ -93,15 +101,17 @@ def check_conservation(result, pools) -> None:
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prefill=st.integers(1, 3), decode=st.integers(1, 3), router=st.sampled_from(ROUTERS + ("prefix-aware",)),
        seed=st.integers(0, 1000), kv=st.sampled_from([None, 700]), policy=st.sampled_from(["fixed", "none"]),
-       link=st.sampled_from(sorted(LINKS)), threshold=st.sampled_from([None, 0, 150, 10**6]))
+       link=st.sampled_from(sorted(LINKS)), threshold=st.sampled_from([None, 0, 150, 10**6]),
+       transfers=st.sampled_from(KV_TRANSFERS))
 def test_requests_tokens_and_blocks_are_conserved_across_the_pools(run_config, monkeypatch, prefill, decode, router,
-                                                                   seed, kv, policy, link, threshold):
+                                                                   seed, kv, policy, link, threshold, transfers):
     """Whatever the pools, router, link, KV budget (700 tokens: preemptions, and transfers waiting for blocks, on
     both sides) and flow (vLLM's proxy, or llm-d's decode-first with its decider), every request is prefilled
     once and decoded to its last token, and every block goes back on both sides."""
     config = disaggregated_config(run_config, prefill, decode, seed=seed, cluster__router=router,
                                   engine__kv_cache_tokens=kv, policy__name=policy, cluster__kv_link=link,
-                                  workload__shared_prefix="64:4:64", cluster__pd_threshold=threshold)
+                                  workload__shared_prefix="64:4:64", cluster__pd_threshold=threshold,
+                                  cluster__kv_transfers=transfers)
     with monkeypatch.context() as m:
         pools = capture_loops(m)
         result = execute(prepare(config))
@@ -235,6 +245,35 @@ def test_llm_d_decides_by_the_prompt_not_cached_on_the_chosen_decode_replica(run
     assert (alone.requests.prefill_replica < 0).all() and (alone.steps.replica >= 1).all()  # the prefill pool idles
     again = execute(prepare(disaggregated_config(run_config, 2, 2, cluster__pd_threshold=150)))
     assert again.requests.equals(plain.requests) and again.steps.equals(plain.steps)
+
+
+def test_transfers_in_flight_share_a_link(run_config):
+    """--kv-transfers shared: transfers start at once and move their bytes at the bandwidth over the transfers
+    in flight on the busier end. Two equal prompts handed to one decode replica at once take twice as long
+    as one alone and end together; the bytes moved per second never exceed a link's bandwidth per end."""
+    prompt, bandwidth, latency = 1000, 1.0, 10.0
+    config = disaggregated_config(run_config, 2, 1, workload__num_requests=2, workload__prompt_tokens=prompt,
+                                  workload__output_tokens=2, workload__rate="inf", cluster__kv_transfers="shared",
+                                  cluster__kv_link_bandwidth_gb_s=bandwidth, cluster__kv_link_latency_us=latency,
+                                  cluster__router="round-robin", engine__max_num_batched_tokens=2048)
+    result = execute(prepare(config))
+    req = result.requests
+    per_token = 131072 + 32768
+    alone = prompt * per_token / (bandwidth * 1e9)
+    assert (req.prefill_replica.to_numpy() == [0, 1]).all() and req.prefill_done_s.nunique() == 1
+    assert (req.kv_transfer_start_s == req.prefill_done_s).all()
+    assert np.allclose(req.kv_transfer_end_s - req.kv_transfer_start_s, 2 * alone + latency * 1e-6, rtol=1e-12)
+    assert result.extra["disaggregated"]["kv_transfer"]["sharing"] == "shared"
+    busy = execute(prepare(disaggregated_config(run_config, 2, 2, workload__rate=30.0, cluster__kv_transfers="shared",
+                                                cluster__kv_link_bandwidth_gb_s=0.5)))
+    queued = execute(prepare(disaggregated_config(run_config, 2, 2, workload__rate=30.0,
+                                                  cluster__kv_link_bandwidth_gb_s=0.5)))
+    for r in (busy.requests, queued.requests):  # per decode replica: bytes over the busy span within bandwidth
+        for _, group in r.groupby("decode_replica"):
+            span = group.kv_transfer_end_s.max() - group.kv_transfer_start_s.min()
+            assert group.kv_transfer_bytes.sum() / span <= 0.5e9 * (1 + 1e-9)
+    assert busy.extra["disaggregated"]["kv_transfer"]["queued_transfers"] < \
+        queued.extra["disaggregated"]["kv_transfer"]["queued_transfers"]
 
 
 @pytest.mark.parametrize("policy", ["fixed", "goodput"])
