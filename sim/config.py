@@ -239,8 +239,9 @@ def _if_disaggregated(value: Any, section: Any) -> Any:
     return value if section.prefill_replicas else None
 
 
-DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s", "cluster.kv_link_latency_us",
-                       "cluster.pd_threshold", "cluster.prefill", "cluster.decode", "cluster.kv_transfers")
+DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s",
+                       "cluster.kv_link_latency_us", "cluster.kv_transfers", "cluster.pd_threshold", "cluster.prefill",
+                       "cluster.decode")
 
 
 # Keys that only one scheduler reads: giving one to the other is an error, not silently nothing.

@@ -152,7 +152,8 @@ class Handoff:
                 self.loads[receiver].on_way(i, -1)
                 queue.push(i, now)
                 continue
-            if ctr[C_HEAD] < queue.ready_upto or ctr[C_REQUEUED] or ctr[C_RUNNING] + ctr[C_PREFILLING] >= par[P_MAX_SEQS]:
+            full = ctr[C_RUNNING] + ctr[C_PREFILLING] >= par[P_MAX_SEQS]
+            if ctr[C_HEAD] < queue.ready_upto or ctr[C_REQUEUED] or full:
                 return
             if not reserve_blocks(remote_blocks(int(self.reqi[REQ_PROMPT, i]), int(par[P_BLOCK])), ctr):
                 return
@@ -180,7 +181,8 @@ class DecodeFirst(Dispatcher):
     def __init__(self, arrival_s, reqi, scale, router, *, decode_router, decode_loads: list[InboundSignals],
                  handoff: Handoff, threshold: int) -> None:
         super().__init__(arrival_s, reqi, scale, router)
-        self.decode_router, self.decode_loads, self.handoff, self.threshold = decode_router, decode_loads, handoff, threshold
+        self.decode_router, self.decode_loads = decode_router, decode_loads
+        self.handoff, self.threshold = handoff, threshold
 
     def route(self, request: int, at: float) -> None:
         h = self.handoff
@@ -225,7 +227,7 @@ def run_disaggregated(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, outpu
         queue = PrefillQueue(dispatcher, None)
         queue.on_prefilled = handoff.sender(queue)
         loop = replica.loop(queue, p.policy, p.sampler)
-        queue.state = loop.state
+        queue.state, queue.release_rule = loop.state, loop.rules.release_held
         loop.state.par[P_HOLD] = 1  # a finished request's blocks stay until the decode side has read them
         dispatcher.add(queue, ReplicaSignals(loop))
         prefill_loops.append(loop)

@@ -207,16 +207,17 @@ def test_the_prefill_pool_on_its_own_profile(synthetic_profile, tmp_path):
     faster = make_profile(tmp_path / "faster", lambda *point: 0.5 * linear_latency(*point))
     flags = {"profile": (str(synthetic_profile), "--profile"), "engine.scheduler": ("vllm-v1", "--scheduler")}
     plan = plan_capacity(None, flags, slos=["p99_ttft_ms=400"], policies="none", pd_ratios="1:2",
-                         prefill_profile=str(faster))
+                         prefill_profile=str(faster), gpu_hour_price=2.0)
     split, aggregated = plan.configs["1P:2D / none"], plan.configs["aggregated / none"]
     assert split.profile == str(faster) and split.cluster.decode_profile == str(synthetic_profile)
     assert aggregated.profile == str(synthetic_profile) and aggregated.cluster.prefill_replicas == 0
     assert plan.inputs.splits.prefill_profile == str(faster)
     decode_too = plan_capacity(None, {**flags, "cluster.decode_profile": (str(faster), "--decode-profile")},
-                               slos=["p99_ttft_ms=400"], policies="none", pd_ratios="1:2", prefill_profile=str(faster))
+                               slos=["p99_ttft_ms=400"], policies="none", pd_ratios="1:2", prefill_profile=str(faster),
+                               gpu_hour_price=2.0)
     assert decode_too.configs["1P:2D / none"].cluster.decode_profile == str(faster)
     other = make_profile(tmp_path / "other", label="other")
     with pytest.raises(InputError) as caught:
         plan_capacity(None, flags, slos=["p99_ttft_ms=400"], policies="none", pd_ratios="1:2",
-                      prefill_profile=str(other))
+                      prefill_profile=str(other), gpu_hour_price=2.0)
     assert "same models" in str(caught.value) and "\n" not in str(caught.value)

@@ -417,7 +417,8 @@ def test_pool_settings_from_a_config_file_and_their_errors(tmp_path, synthetic_p
     again.write_text(config.to_toml())
     assert load_config(again).cluster.decode == config.cluster.decode
     for body, words in (("[cluster.decode]\nmax_num_seqs = 4\n", "'max_num_seqs' is not a setting a pool sets"),
-                        ("[cluster.decode]\nmax_num_batched_tokens = 0\n", "max_num_batched_tokens: must be at least 1"),
+                        ("[cluster.decode]\nmax_num_batched_tokens = 0\n",
+                         "max_num_batched_tokens: must be at least 1"),
                         ("[cluster.prefill]\nkv_cache_tokens = 100\ngpu_memory_utilization = 0.9\n", "not both")):
         with pytest.raises(InputError) as caught:
             load_config(write(body))

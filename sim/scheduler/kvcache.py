@@ -237,7 +237,8 @@ def hold_slot(slot, slot_blocks, sched, ctr):
 
 
 def release_held(blocks, kv, ctr, par):
-    """Blocks kept by :func:`hold_slot` go back, as :func:`free_slot` gives a table's (last block first)."""
+    """Blocks kept by :func:`hold_slot` go back, as :func:`free_slot` gives a table's (last block first). A
+    rule of its own (compiled where the engine is: sim.serving.loop.Rules), called once a transfer ends."""
     for j in range(blocks.shape[0] - 1, -1, -1):
         blk = blocks[j]
         kv[KV_REF, blk] -= 1
@@ -351,8 +352,9 @@ class KVCacheManager:
         :meth:`release` (sim/disaggregated.py calls it when the decode side has read them)."""
         self.held[request] = hold_slot(slot, self.slot_blocks, sched, ctr)
 
-    def release(self, request: int, ctr, par) -> None:
-        release_held(self.held.pop(request), self.kv, ctr, par)
+    def release(self, request: int, ctr, par, rule=release_held) -> None:
+        """``request``'s held blocks go back (``rule``: :func:`release_held`, or its compiled twin)."""
+        rule(self.held.pop(request), self.kv, ctr, par)
 
     def check(self, ctr) -> None:
         """The cache's invariants (tests): counts match the free queue and the tables."""

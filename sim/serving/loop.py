@@ -28,10 +28,12 @@ from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
 from sim.jit import compiled, direct
 from sim.scheduler.layout import (C_HEAD, C_HELD_BLOCKS, C_OFFERED_K, C_PREEMPTED_NOW, C_PREFILLING, C_REQUEUED,
-                                  C_REQUEUED_AT, C_RESERVED, C_RUNNING, C_TOTAL_REMAINING, NOTHING, P_MAX_SEQS, REC_ACCEPTED, REC_CACHED,
-                                  REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN,
+                                  C_REQUEUED_AT, C_RESERVED, C_RUNNING, C_TOTAL_REMAINING, NOTHING, P_MAX_SEQS,
+                                  REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
+                                  REC_FIRST_TOKEN,
                                   REC_PREEMPTIONS, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG,
                                   ROW_REMAINING, S_PF_DONE, S_PF_REQ, S_PF_TARGET, S_REQUEUED)
+from sim.scheduler import kvcache
 from sim.scheduler.v0 import STUCK
 from sim.scheduler.work import can_step, has_work
 from sim.speculation import proposals as proposal_rules
@@ -77,6 +79,7 @@ class Rules:
         per_step = direct if compile_them else _as_written
         self.begin, self.plan, self.update = per_step(step.begin), per_step(step.plan), per_step(step.update)
         self.count_accepted = pick(proposal_rules.count_accepted)
+        self.release_held = pick(kvcache.release_held)  # a disaggregated prefill replica's blocks, once read
         self.runlength_accepted = pick(proposal_rules.runlength_accepted)
 
 
@@ -123,9 +126,11 @@ class ServingLoop:
     def has_work(self) -> bool:
         """Whether a step can start now (else the replica waits for an arrival): sim.scheduler.work."""
         ctr = self.state.ctr
-        if ctr[C_HELD_BLOCKS] or ctr[C_RESERVED]:  # blocks held for KV transfers (sim/disaggregated.py)
-            return bool(can_step(self.state.arrays()))
-        return bool(has_work(ctr))
+        if not has_work(ctr):
+            return False
+        if (ctr[C_HELD_BLOCKS] or ctr[C_RESERVED]) and not (ctr[C_RUNNING] or ctr[C_PREFILLING]):
+            return bool(can_step(self.state.arrays()))  # blocks held for KV transfers (sim/disaggregated.py)
+        return True
 
     def start_step(self, now: float) -> float | None:
         """Plan the next step and run it: its duration (None: it ran and the clock measures it)."""
@@ -146,7 +151,7 @@ class ServingLoop:
                 # Blocks held for KV transfers (sim/disaggregated.py) made the only running request preempt
                 # itself: no step runs now; the replica plans again at once, or waits (has_work says which)
                 # for a transfer to give blocks back.
-                self._carried_preemptions += int(st.ctr[C_PREEMPTED_NOW])
+                self._carried_preemptions = int(st.ctr[C_PREEMPTED_NOW])  # with any carried before
                 self._dt = 0.0
                 return 0.0
             raise RuntimeError("a step with nothing to run (the clock checks has_work first)")

@@ -265,6 +265,7 @@ class PrefillQueue(RoutedQueue):
         super().__init__(dispatcher)
         self.on_prefilled = on_prefilled
         self.state = None  # the loop's state (sim.serving.state.ReplicaState): its held blocks
+        self.release_rule = None  # the loop's sim.scheduler.kvcache.release_held (compiled where its rules are)
 
     def finished(self, count: int, now: float) -> None:
         """``count`` requests finished at ``now``: the step wrote them and their block tables into
@@ -280,7 +281,7 @@ class PrefillQueue(RoutedQueue):
         """The decode side has read ``request``'s KV: its blocks go back, and a replica that waited for
         room wakes."""
         st = self.state
-        st.kv.release(request, st.ctr, st.par)
+        st.kv.release(request, st.ctr, st.par, self.release_rule)
         if self.waiter is not None:
             waiter, self.waiter = self.waiter, None
             waiter(now)

@@ -9,9 +9,9 @@ over the GPUs, and each GPU has its own NVLink ports and, on an H100 node, its o
 ``latency + bytes / bandwidth``. By default (:class:`KVLinks`) a prefill replica's sending end and a decode
 replica's receiving end each carry one transfer at a time: a transfer starts when the decode replica has
 set its blocks aside and both ends are free, in that order, so transfers queue when a link is busy. With
-``kv_transfers = "shared"`` (:class:`SharedLinks`) transfers start at once and share each end's bandwidth. Where the pools' tensor-parallel sizes
-differ, each GPU carries its share per GPU of the side with the larger share (vLLM's NIXL reads across
-TP sizes).
+``kv_transfers = "shared"`` (:class:`SharedLinks`) transfers start at once and share each end's bandwidth.
+Where the pools' tensor-parallel sizes differ, each GPU carries its share per GPU of the side with the
+larger share (vLLM's NIXL reads across TP sizes).
 """
 
 from __future__ import annotations
