@@ -95,7 +95,7 @@ class Handoff:
         self.queues = [loop.queue for loop in decode_loops]
         self.states = [loop.state for loop in decode_loops]
         self.senders: list[PrefillQueue] = []
-        self.waiting: list[deque] = [deque() for _ in decode_loops]  # per decode replica: (request, sender, ready)
+        self.waiting: list[deque] = [deque() for _ in decode_loops]  # per decode replica: requests not yet taken
         self.link_bytes = prompt_tokens.astype(np.float64) * kv.link_per_gpu  # what each GPU's link carries
         n = reqi.shape[1]
         self.transfers = Transfers(np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64),
