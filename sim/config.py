@@ -27,7 +27,7 @@ from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import CACHE_ROUTERS, ROUTERS, parse_router, router_text
-from sim.serving.transfer import KV_LINKS
+from sim.serving.transfer import KV_LINKS, KV_TRANSFERS
 from sim.scheduler import BATCHING, PREEMPTION, PREFILL, SCHEDULERS
 from sim.jit import JIT_MODES
 from sim.tomlsource import KeyLines, parse_toml
@@ -174,6 +174,39 @@ def window(raw: Any) -> tuple[float, float]:
     return start, end
 
 
+# The engine settings a disaggregated pool may set for itself ([cluster.prefill] / [cluster.decode]).
+POOL_ENGINE_KEYS = ("max_batch_size", "max_num_batched_tokens", "kv_cache_tokens", "gpu_memory_utilization")
+
+
+def pool_engine(raw: Any) -> tuple[tuple[str, Any], ...]:
+    """One pool's engine settings: a TOML table, or as a flag KEY=VALUE,KEY=VALUE (e.g.
+    max_num_batched_tokens=16384,max_batch_size=64), each read as the [engine] key of that name reads it."""
+    if isinstance(raw, str):
+        pairs = {}
+        for item in filter(None, (part.strip() for part in raw.split(","))):
+            name, equals, value = item.partition("=")
+            if not equals:
+                raise ValueError(f"'{item}' is not KEY=VALUE (one of {', '.join(POOL_ENGINE_KEYS)})")
+            pairs[name.strip()] = value.strip()
+        raw = pairs
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a table of engine settings ({', '.join(POOL_ENGINE_KEYS)}), got {raw!r}")
+    out = []
+    for name, value in raw.items():
+        if name not in POOL_ENGINE_KEYS:
+            raise ValueError(f"'{name}' is not a setting a pool sets for itself (one of {', '.join(POOL_ENGINE_KEYS)})")
+        try:
+            out.append((name, KEY_BY_NAME[f"engine.{name}"].value.read(value)))
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    return tuple(sorted(out))
+
+
+def _pool_table(value: tuple | None, section: Any) -> dict | None:
+    """Written as a [cluster.prefill] / [cluster.decode] table, only for a disaggregated run that sets one."""
+    return dict(value) if value and section.prefill_replicas else None
+
+
 def _window_text(value: tuple[float, float] | None, section: Any = None) -> str | None:
     return None if value is None else f"{value[0]!r}:{value[1]!r}"
 
@@ -206,7 +239,9 @@ def _if_disaggregated(value: Any, section: Any) -> Any:
     return value if section.prefill_replicas else None
 
 
-DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s", "cluster.kv_link_latency_us")
+DISAGGREGATION_KEYS = ("cluster.decode_profile", "cluster.kv_link", "cluster.kv_link_bandwidth_gb_s",
+                       "cluster.kv_link_latency_us", "cluster.kv_transfers", "cluster.pd_threshold", "cluster.prefill",
+                       "cluster.decode")
 
 
 # Keys that only one scheduler reads: giving one to the other is an error, not silently nothing.
@@ -348,6 +383,18 @@ KEYS: tuple[Key, ...] = (
         write=_if_disaggregated),
     Key("cluster.kv_link_latency_us", number(optional=True), "disaggregated serving: the link's fixed cost per "
         "transfer, microseconds (default: the link's)", "--kv-link-latency-us", write=_if_disaggregated),
+    Key("cluster.kv_transfers", choice(KV_TRANSFERS), "disaggregated serving: queued (each link end carries one "
+        "transfer at a time) or shared (transfers in flight share each end's bandwidth, as NIXL's concurrent "
+        "reads do)", "--kv-transfers", write=_if_disaggregated),
+    Key("cluster.prefill", Value(tuple, pool_engine, optional=True), "disaggregated serving: the prefill pool's own "
+        f"engine settings ({', '.join(POOL_ENGINE_KEYS)}), over [engine]'s", "--prefill-engine", write=_pool_table),
+    Key("cluster.decode", Value(tuple, pool_engine, optional=True), "disaggregated serving: the decode pool's own "
+        f"engine settings ({', '.join(POOL_ENGINE_KEYS)}), over [engine]'s", "--decode-engine", write=_pool_table),
+    Key("cluster.pd_threshold", integer(minimum=0, optional=True), "disaggregated serving as llm-d routes it: the "
+        "decode replica is chosen first, and a request whose prompt tokens not in its prefix cache are fewer than "
+        "this is prefilled there (llm-d's pd-profile-handler threshold; 0, its default, sends every prompt to the "
+        "prefill pool); unset: vLLM's proxy, which picks the decode replica after the prefill", "--pd-threshold",
+        write=_if_disaggregated),
     # vLLM compatibility: acceptance models, vllm bench serve's inputs and options, vLLM's speculation
     # metrics. Each is left out of config.toml at its default, so earlier runs keep their digests.
     Key("acceptance.model", choice(MODELS), "geometric (alpha), per-position (vLLM's per-position rates) or "
@@ -450,7 +497,8 @@ class RunConfig:
     output: OutputConfig
     cluster: ClusterConfig = ClusterConfig(replicas=1, router=ROUTERS[0], prefill_replicas=0, decode_replicas=0,
                                            decode_profile=None, kv_link=KV_LINKS[0], kv_link_bandwidth_gb_s=None,
-                                           kv_link_latency_us=None)
+                                           kv_link_latency_us=None, pd_threshold=None, prefill=None, decode=None,
+                                           kv_transfers=KV_TRANSFERS[0])
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
     speculative: SpeculativeSection = SpeculativeSection(config=None, algorithm=None, num_steps=None, eagle_topk=None,
                                                          num_draft_tokens=None)
@@ -761,6 +809,10 @@ def _settle_disaggregation(read: dict[str, Any], sources: dict[str, Source], def
                                                             "disaggregated cluster is not simulated yet")
     if read["output.timeline"] is not None:
         raise error_at(sources, "output.timeline", "the timeline of a disaggregated cluster is not written yet")
+    for pool in ("cluster.prefill", "cluster.decode"):
+        names = dict(read[pool] or ())
+        if "kv_cache_tokens" in names and "gpu_memory_utilization" in names:
+            raise error_at(sources, pool, "give either kv_cache_tokens or gpu_memory_utilization for a pool, not both")
     latency = read["cluster.kv_link_latency_us"]
     if latency is not None and latency < 0:
         raise error_at(sources, "cluster.kv_link_latency_us", f"must be at least 0, got {latency:g}")

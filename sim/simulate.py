@@ -167,6 +167,53 @@ def as_frame(columns: Columns) -> "pd.DataFrame":
 
 def prepare(config: RunConfig) -> PreparedRun:
     """Everything that can be wrong with the inputs fails here, before the run."""
+    c = config.cluster
+    if c.prefill_replicas and (c.prefill or c.decode or c.decode_profile is not None):
+        return _prepare_pools(config)
+    return _prepare(config)
+
+
+def _prepare_pools(config: RunConfig) -> PreparedRun:
+    """A disaggregated run whose pools differ (their own engine settings, ``[cluster.prefill]`` and
+    ``[cluster.decode]``, or the decode pool's own profile): each pool is prepared as its own run (the same
+    requests: the same seed and workload), the prefill pool's standing for the run."""
+    c = config.cluster
+    pools = replace(c, prefill=None, decode=None, decode_profile=None)
+
+    def pool(profile: str, settings, role: str) -> PreparedRun:
+        engine = dict(settings or ())
+        if "kv_cache_tokens" in engine:  # a pool's KV budget replaces the run's, however that was given
+            engine.setdefault("gpu_memory_utilization", None)
+        if "gpu_memory_utilization" in engine:
+            engine.setdefault("kv_cache_tokens", None)
+        try:
+            return _prepare(replace(config, profile=profile, engine=replace(config.engine, **engine), cluster=pools),
+                            role=role)
+        except InputError as exc:  # a pool's own setting: name it where the pool set it
+            if exc.field == "profile" and profile != config.profile:
+                raise config.error("cluster.decode_profile", exc.message) from None
+            name = exc.field.rpartition(".")[2] if exc.field else None
+            if name in engine and exc.field == f"engine.{name}":
+                raise config.error(f"cluster.{role}", f"{name}: {exc.message}") from None
+            raise
+
+    prefill = pool(config.profile, c.prefill, "prefill")
+    decode = pool(c.decode_profile or config.profile, c.decode, "decode")
+    if c.decode_profile is not None:
+        ours, theirs = model_names(prefill.profile), model_names(decode.profile)
+        if ours != theirs:
+            raise config.error("cluster.decode_profile", f"profile '{decode.profile.name}' times "
+                                                         f"{' + '.join(theirs)}, the prefill pool's "
+                                                         f"'{prefill.profile.name}' {' + '.join(ours)}: "
+                                                         "both pools must run the same models")
+    prepared = replace(prefill, config=replace(prefill.config, engine=config.engine, cluster=c), decode=decode)
+    prepared.warnings = prefill.warnings + [w for w in decode.warnings if w not in prefill.warnings]
+    return prepared
+
+
+def _prepare(config: RunConfig, role: str | None = None) -> PreparedRun:
+    """One run's (or, ``role``, one disaggregated pool's) preparation: the checks of its inputs, its requests,
+    cost model, step table, policy and replica."""
     try:
         profile, cost_model, digest = _profile_and_costs(config.profile)
     except InputError as exc:
@@ -225,7 +272,7 @@ def prepare(config: RunConfig) -> PreparedRun:
     whose = " (the profile's measured capacity)" if not (config.engine.kv_cache_tokens or
                                                          config.engine.gpu_memory_utilization) else ""
     disaggregated = config.cluster.prefill_replicas > 0
-    if disaggregated:  # a prefill replica holds the prompt and the one token the proxy asks for
+    if disaggregated and role != "decode":  # a prefill replica holds the prompt and the one token the proxy asks for
         block = config.engine.block_size
         prompt_kv = blocks_for(kv_reserve(requests.prompt_tokens, 1, policy.max_k) + policy.max_k, block) * block
         longest = int(np.argmax(prompt_kv))
@@ -233,7 +280,7 @@ def prepare(config: RunConfig) -> PreparedRun:
             raise config.error("engine.kv_cache_tokens", f"request {longest}'s prompt needs {int(prompt_kv[longest])} "
                                                          f"tokens of KV cache on a prefill replica, more than its "
                                                          f"budget of {budget} tokens{whose}")
-    if reserve[worst] > usable:
+    if reserve[worst] > usable and role != "prefill":
         key = "engine.kv_cache_tokens"
         where = " on a decode replica" if disaggregated else ""
         raise config.error(key, f"request {worst} needs {int(reserve[worst])} tokens of KV cache{where}, more than "
@@ -261,29 +308,8 @@ def prepare(config: RunConfig) -> PreparedRun:
             raise config.error("cluster.prefill_replicas", f"profile '{profile.name}' records no KV bytes per token "
                                                            "(models' kv_bytes_per_token): a KV transfer cannot be "
                                                            "priced")
-        if config.cluster.decode_profile is not None:
-            prepared.decode = _prepare_decode_pool(config, prepared)
-            prepared.warnings.extend(w for w in prepared.decode.warnings if w not in prepared.warnings)
     prepared.warnings.extend(cost_model.range_warnings(**reach))
     return prepared
-
-
-def _prepare_decode_pool(config: RunConfig, prefill: PreparedRun) -> PreparedRun:
-    """The decode pool's own profile, cost model, step table, policy and KV budget (``--decode-profile``):
-    the same requests (the same seed and workload), the same models on another GPU or TP size."""
-    c = config.cluster
-    try:
-        profile = _profile_and_costs(c.decode_profile)[0]
-    except InputError as exc:
-        if exc.source is None:  # the name itself was bad: point at where it was given
-            raise config.error("cluster.decode_profile", exc.message) from None
-        raise
-    ours, theirs = model_names(prefill.profile), model_names(profile)
-    if ours != theirs:
-        raise config.error("cluster.decode_profile", f"profile '{profile.name}' times {' + '.join(theirs)}, the "
-                                                     f"prefill pool's '{prefill.profile.name}' {' + '.join(ours)}: "
-                                                     "both pools must run the same models")
-    return prepare(replace(config, profile=c.decode_profile, cluster=replace(c, decode_profile=None)))
 
 
 def model_names(profile: Profile) -> tuple[str, ...]:
@@ -504,7 +530,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
         steps["replica"] = disaggregated.step_replica
         decode = run.decode or run
         extra["disaggregated"] = disaggregated_section(disaggregated, run_link(config), kv_bytes(run),
-                                                       (run.profile.name, decode.profile.name), summary["duration_s"])
+                                                       (run.profile.name, decode.profile.name), summary["duration_s"],
+                                                       config.cluster.pd_threshold, config.cluster.kv_transfers)
     if count > 1:  # a one-replica run's files stay exactly the single replica's
         table["replica"] = cluster.replica_of
         steps["replica"] = cluster.step_replica
@@ -536,7 +563,8 @@ def _run_disaggregated(run: PreparedRun, scale: np.ndarray, wrap):
                                 output_tokens=requests.output_tokens, prefix_keys=run.prefix_keys,
                                 acceptance_scale=scale, replica=run.replica, decode_replica=pool.replica,
                                 prefill_parts=parts[:prefill], decode_parts=parts[prefill:],
-                                router=config.cluster.router, link=run_link(config), kv=kv_bytes(run))
+                                router=config.cluster.router, link=run_link(config), kv=kv_bytes(run),
+                                pd_threshold=config.cluster.pd_threshold, kv_transfers=config.cluster.kv_transfers)
     engine_wall = time.perf_counter() - started
     return records.merged, records, [p.sampler for p in parts], [p.policy for p in parts], engine_wall
 

@@ -139,6 +139,8 @@ def test_ratios_and_budgets():
     (["--decode-profile", "x"], "--decode-profile: applies only to disaggregated serving"),
     (["--kv-link", "nvlink"], "--kv-link: applies only to disaggregated serving"),
     (["--pd-ratios", "1:1", "--tp", "1,2"], "--pd-ratios: compares splits of one profile"),
+    (["--prefill-profile", "x"], "--prefill-profile: applies only to disaggregated serving"),
+    (["--pd-threshold", "100"], "--pd-threshold: applies only to disaggregated serving"),
 ])
 def test_impossible_asks_are_one_line_before_any_run(args, says, synthetic_profile, tmp_path, capsys, monkeypatch):
     import specbatch.commands.capacity.search as search
@@ -194,3 +196,28 @@ def test_the_committed_pd_example_is_what_the_code_gives_today():
     assert [n for _, _, n in again] == [n for _, _, n in searched], stale
     assert [r for r, _, _ in again] == pytest.approx([r for r, _, _ in searched], rel=1e-9), stale
     assert fresh.max_rate == pytest.approx(old["max_rate_req_s"], rel=1e-9), stale
+
+
+def test_the_prefill_pool_on_its_own_profile(synthetic_profile, tmp_path):
+    """--prefill-profile: each split's prefill pool runs on it, its decode pool and the aggregated replica on
+    --profile (or the decode pool on --decode-profile); a profile of other models is one line before any run."""
+    from specbatch.commands.capacity.cli import plan_capacity
+    from tests.synthetic import linear_latency, make_profile
+
+    faster = make_profile(tmp_path / "faster", lambda *point: 0.5 * linear_latency(*point))
+    flags = {"profile": (str(synthetic_profile), "--profile"), "engine.scheduler": ("vllm-v1", "--scheduler")}
+    plan = plan_capacity(None, flags, slos=["p99_ttft_ms=400"], policies="none", pd_ratios="1:2",
+                         prefill_profile=str(faster), gpu_hour_price=2.0)
+    split, aggregated = plan.configs["1P:2D / none"], plan.configs["aggregated / none"]
+    assert split.profile == str(faster) and split.cluster.decode_profile == str(synthetic_profile)
+    assert aggregated.profile == str(synthetic_profile) and aggregated.cluster.prefill_replicas == 0
+    assert plan.inputs.splits.prefill_profile == str(faster)
+    decode_too = plan_capacity(None, {**flags, "cluster.decode_profile": (str(faster), "--decode-profile")},
+                               slos=["p99_ttft_ms=400"], policies="none", pd_ratios="1:2", prefill_profile=str(faster),
+                               gpu_hour_price=2.0)
+    assert decode_too.configs["1P:2D / none"].cluster.decode_profile == str(faster)
+    other = make_profile(tmp_path / "other", label="other")
+    with pytest.raises(InputError) as caught:
+        plan_capacity(None, flags, slos=["p99_ttft_ms=400"], policies="none", pd_ratios="1:2",
+                      prefill_profile=str(other), gpu_hour_price=2.0)
+    assert "same models" in str(caught.value) and "\n" not in str(caught.value)

@@ -9,6 +9,17 @@ blocks registered in the cache, block ids...). The interface the scheduler uses:
 * :func:`cache_slot`: register the request's blocks that are now full of known tokens;
 * :func:`free_slot`: a finished or preempted request gives its blocks back.
 
+Disaggregated serving (sim/disaggregated.py) holds blocks outside any running request, as vLLM's KV
+connector (NIXL) does: a prefill replica's finished request keeps its blocks until the decode replica has
+read them (:func:`hold_slot`, then :func:`release_held`: NIXL's delayed free), and a decode replica
+allocates a prompt's blocks before reading its KV into them (:func:`reserve_blocks`; vLLM's
+``WAITING_FOR_REMOTE_KVS``), which the request takes over when the scheduler admits it. Reserved blocks
+are counted (``C_RESERVED``), not picked: they stay in the free queue, out of reach of admissions
+(:func:`available`), so which cached contents they evict is decided when the request is admitted. A running
+request that needs a block may borrow a reserved one (:func:`shortfall` counts every free block): a running
+request is never preempted for KV on its way, and the request whose KV it was then waits for blocks at its
+admission, as any waiting request does.
+
 **Prefix caching** (vLLM's automatic prefix caching). A full block is identified by its
 contents and everything before them (vLLM hashes a chain of block contents); the simulator
 knows no tokens, so it identifies blocks by *keys* fixed before the run
@@ -33,9 +44,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, KV_FIELDS, KV_KEY, KV_NEXT, KV_PREV, KV_REF, NO_KEY,
-                                  P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS, REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY,
-                                  REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY, S_FREE_SLOT)
+from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_HELD_BLOCKS, C_RESERVED, KV_FIELDS, KV_KEY, KV_NEXT,
+                                  KV_PREV, KV_REF, NO_KEY, P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS,
+                                  REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY, REQ_PROMPT, REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY,
+                                  S_FREE_SLOT)
 
 SLOT_HELD, SLOT_CACHED = 0, 1  # slot_blocks[slot, 0]: blocks held; [slot, 1]: blocks registered
 SLOT_FIRST = 2  # slot_blocks[slot, 2 + j]: the request's block j
@@ -119,16 +131,28 @@ def lookup(reqi, r, num_tokens, resumed, kv, key_block, scratch, par):
     return hits
 
 
+def available(ctr):
+    """Free blocks an admission may take: those not reserved for KV on its way (disaggregated decode); never
+    below 0, though running requests may have borrowed reserved blocks (:func:`shortfall`)."""
+    left = ctr[C_FREE_BLOCKS] - ctr[C_RESERVED]
+    return left if left > 0 else 0
+
+
+def admission_need(hits, tokens, kv, scratch, par):
+    """Free blocks a request takes when admitted with ``hits`` cached leading blocks (in ``scratch[0]``)
+    and ``tokens`` slots filled: its new blocks, plus the hits that sit in the free queue."""
+    need = blocks_for(tokens, par[P_BLOCK]) - hits
+    for h in range(hits):
+        if kv[KV_REF, scratch[0, h]] == 0:
+            need += 1
+    return need
+
+
 def admit_slot(hits, tokens, kv, key_block, slot_blocks, sched, scratch, ctr, par):
     """A block table for a request whose first ``hits`` blocks (in ``scratch[0]``) are cached and
     whose step fills ``tokens`` slots in all; -1 when the free blocks do not cover it. A hit on a
     free block counts as an allocation (it leaves the free queue)."""
-    need = blocks_for(tokens, par[P_BLOCK])
-    evictable = 0
-    for h in range(hits):
-        if kv[KV_REF, scratch[0, h]] == 0:
-            evictable += 1
-    if need - hits + evictable > ctr[C_FREE_BLOCKS]:
+    if admission_need(hits, tokens, kv, scratch, par) > available(ctr):
         return -1
     ctr[C_FREE_SLOTS] -= 1
     slot = sched[S_FREE_SLOT, ctr[C_FREE_SLOTS]]
@@ -199,6 +223,44 @@ def free_slot(slot, kv, slot_blocks, sched, ctr, par):
     ctr[C_FREE_SLOTS] += 1
 
 
+def hold_slot(slot, slot_blocks, sched, ctr):
+    """A finished request's block table is freed but its blocks stay referenced (a disaggregated prefill
+    replica, until the decode side has read them): returns them, for :func:`release_held`."""
+    held = slot_blocks[slot, SLOT_HELD]
+    blocks = slot_blocks[slot, SLOT_FIRST:SLOT_FIRST + held].copy()
+    ctr[C_HELD_BLOCKS] += held
+    slot_blocks[slot, SLOT_HELD] = 0
+    slot_blocks[slot, SLOT_CACHED] = 0
+    sched[S_FREE_SLOT, ctr[C_FREE_SLOTS]] = slot
+    ctr[C_FREE_SLOTS] += 1
+    return blocks
+
+
+def release_held(blocks, kv, ctr, par):
+    """Blocks kept by :func:`hold_slot` go back, as :func:`free_slot` gives a table's (last block first). A
+    rule of its own (compiled where the engine is: sim.serving.loop.Rules), called once a transfer ends."""
+    for j in range(blocks.shape[0] - 1, -1, -1):
+        blk = blocks[j]
+        kv[KV_REF, blk] -= 1
+        if kv[KV_REF, blk] == 0:
+            _push_free(kv, blk, ctr, par)
+    ctr[C_HELD_BLOCKS] -= blocks.shape[0]
+
+
+def reserve_blocks(blocks, ctr):
+    """Set ``blocks`` free blocks aside for a request whose KV is on its way (a disaggregated decode
+    replica); False when fewer are available. The scheduler gives them back as it admits the request."""
+    if blocks > available(ctr):
+        return False
+    ctr[C_RESERVED] += blocks
+    return True
+
+
+def remote_blocks(prompt_tokens, block):
+    """What a decode replica reserves for a prompt whose KV a prefill replica sends: its whole prompt's blocks."""
+    return blocks_for(prompt_tokens, block)
+
+
 def request_block_keys(request, blocks):
     """The keys of a request's leading shared blocks, of its first ``blocks`` (what :func:`key_of`
     gives block by block, up to the first of the request's own blocks): a router looks them up
@@ -209,6 +271,14 @@ def request_block_keys(request, blocks):
     return keys
 
 
+def cached_prefix_tokens(request, key_block, block_size):
+    """How many leading prompt tokens of a request (a column of a queue's inputs) a cache holds, read-only:
+    its shared blocks up to the first one missing (llm-d's decider reads the decode replica's prefix match)."""
+    keys = request_block_keys(request, (int(request[REQ_PROMPT]) - 1) // block_size)
+    held = held_keys(keys, key_block)
+    return int(held.shape[0] if held.all() else held.argmin()) * block_size
+
+
 def held_keys(keys, key_block):
     """Which of ``keys`` a cache holds, read-only: unlike :func:`lookup` followed by
     :func:`admit_slot`, nothing is taken from the free queue, so no block's eviction order moves."""
@@ -216,13 +286,13 @@ def held_keys(keys, key_block):
 
 
 def usage(ctr, par):
-    """The share of the cache's blocks not in the free queue (vLLM's ``kv_cache_usage_perc``:
-    blocks that are free but still hold cached contents count as free)."""
-    return 1.0 - ctr[C_FREE_BLOCKS] / par[P_BLOCKS] if par[P_BLOCKS] else 0.0
+    """The share of the cache's blocks in use (vLLM's ``kv_cache_usage_perc``: blocks that are free but
+    still hold cached contents count as free; blocks reserved for KV on its way count as used)."""
+    return 1.0 - available(ctr) / par[P_BLOCKS] if par[P_BLOCKS] else 0.0
 
 
-RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, admit_slot, shortfall, grow_slot, cache_slot,
-         free_slot)
+RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, available, admission_need, admit_slot, shortfall,
+         grow_slot, cache_slot, free_slot, remote_blocks)
 
 
 def prefix_keys(requests, block_size: int) -> tuple[np.ndarray | None, int]:
@@ -275,6 +345,16 @@ class KVCacheManager:
         self.key_block = np.full(max(num_keys, 1), -1, dtype=np.int64)
         self.slot_blocks = np.zeros((slots, SLOT_FIRST + max_blocks_per_request), dtype=np.int64)
         self.scratch = np.zeros((2, max_blocks_per_request), dtype=np.int64)
+        self.held: dict[int, np.ndarray] = {}  # a disaggregated prefill replica: finished requests' kept blocks
+
+    def hold(self, request: int, slot: int, sched, ctr) -> None:
+        """``request`` (a queue position) finished on a disaggregated prefill replica: its blocks stay until
+        :meth:`release` (sim/disaggregated.py calls it when the decode side has read them)."""
+        self.held[request] = hold_slot(slot, self.slot_blocks, sched, ctr)
+
+    def release(self, request: int, ctr, par, rule=release_held) -> None:
+        """``request``'s held blocks go back (``rule``: :func:`release_held`, or its compiled twin)."""
+        rule(self.held.pop(request), self.kv, ctr, par)
 
     def check(self, ctr) -> None:
         """The cache's invariants (tests): counts match the free queue and the tables."""
@@ -290,6 +370,10 @@ class KVCacheManager:
         refs = np.zeros(n, dtype=np.int64)
         for slot in np.flatnonzero(held):
             np.add.at(refs, self.slot_blocks[slot, SLOT_FIRST:SLOT_FIRST + held[slot]], 1)
+        for blocks in self.held.values():
+            np.add.at(refs, blocks, 1)
         assert (refs == kv[KV_REF, :n]).all(), "reference counts and block tables disagree"
+        assert sum(b.shape[0] for b in self.held.values()) == ctr[C_HELD_BLOCKS], "held blocks miscounted"
+        assert ctr[C_RESERVED] >= 0, "a negative reservation"
         mapped = np.flatnonzero(self.key_block >= 0)
         assert (kv[KV_KEY, self.key_block[mapped]] == mapped).all(), "a key maps to a block that holds another"

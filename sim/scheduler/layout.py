@@ -61,14 +61,20 @@ REC_FLOATS = 4
  # the policy's k before a host matcher's rows cut theirs to what they proposed (sim.speculation.proposals)
  C_OFFERED_K,
  # the largest draft lag of the step's decoding rows (what the draft's catch-up is priced at)
- C_STEP_LAG) = range(40)
-N_COUNTERS = 40
+ C_STEP_LAG,
+ # disaggregated serving's KV held outside any running request (sim/disaggregated.py)
+ C_HELD_BLOCKS, C_RESERVED) = range(42)
+N_COUNTERS = 42
 # C_ADMISSIBLE: the waiting requests a step may admit (vllm-v1 with asynchronous scheduling: those that
 # had arrived when the previous step started, when it was planned); C_ARRIVED_PREV: C_ARRIVED then.
 # C_CACHE_*: prefix-cache look-ups of requests scheduled for the first time (tokens asked, tokens
 # found, as vLLM counts them); C_RESUME_*: of preempted requests resumed (vLLM keeps them apart).
 # C_STEP_BLOCKS: KV blocks in use during the step (vllm-v1); C_STEP_RUNNING: rows running when it started;
 # C_STEP_CHARGED: the batch size its decodes are charged at.
+# C_HELD_BLOCKS: a prefill replica's block references kept for finished requests until a decode replica has
+# read their KV (NIXL's delayed free; kvcache.hold_slot / release_held). C_RESERVED: a decode replica's blocks
+# allocated to requests whose KV is on its way (vLLM's WAITING_FOR_REMOTE_KVS), taken from the free blocks
+# (kvcache.reserve_blocks) and given to the request when the scheduler admits it.
 
 # floats ``clk[name]``: the clock, the end of the last decode step (ITLs), a compiled run's step in
 # flight, the step's mean context (decodes) or mean prompt (a v0 prefill), the prompt length a v0
@@ -80,9 +86,11 @@ N_CLOCKS = 6
 # prefilling entries (vllm-v1), in running order; the waiting ring of preempted requests; the
 # step's per-row speculative tokens; its chunks; the free block-table slots.
 (S_PF_REQ, S_PF_DONE, S_PF_TARGET, S_PF_SLOT, S_REQUEUED, S_ROW_K, S_CHUNK_ENTRY, S_CHUNK_TOKENS,
- S_CHUNK_PREFIX, S_FREE_SLOT) = range(10)
-SCHED_FIELDS = 10
+ S_CHUNK_PREFIX, S_FREE_SLOT, S_HELD_REQ, S_HELD_SLOT) = range(12)
+SCHED_FIELDS = 12
 # S_CHUNK_PREFIX: the tokens a chunk's request already holds in the KV cache (what it attends to beyond itself).
+# S_HELD_REQ, S_HELD_SLOT (P_HOLD): the requests a step finished and the block tables they keep, in finishing
+# order, until the queue hands them over (sim.serving.queues.PrefillQueue).
 
 # ------------------------------------------------------------------ step kinds (records' phase)
 PREFILL, DECODE, MIXED = 0, 1, 2  # MIXED: a vllm-v1 step of decodes and prefill chunks
@@ -90,9 +98,10 @@ NOTHING = -1  # a plan with nothing to run: the replica waits for arrivals
 
 # ------------------------------------------------------------------ scheduler parameters ``par[name]``
 (P_MAX_SEQS, P_BUDGET, P_BLOCK, P_LOOKAHEAD, P_CHUNKED, P_CACHING, P_KV_BUDGET, P_STATIC, P_PADDED,
- P_MAX_BLOCKS, P_BLOCKS, P_ASYNC) = range(12)
-N_PARAMS = 12
-# P_MAX_BLOCKS: the longest block table a request can need; P_BLOCKS: the KV cache's blocks.
+ P_MAX_BLOCKS, P_BLOCKS, P_ASYNC, P_HOLD) = range(13)
+N_PARAMS = 13
+# P_MAX_BLOCKS: the longest block table a request can need; P_BLOCKS: the KV cache's blocks. P_HOLD: a
+# disaggregated prefill replica: a finished request keeps its blocks (S_HELD_*) until its KV has been read.
 
 # -------------------------------------------------------------- KV blocks ``kv[field, block]`` (vllm-v1)
 KV_KEY, KV_REF, KV_PREV, KV_NEXT = range(4)

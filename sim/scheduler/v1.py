@@ -37,11 +37,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.scheduler.kvcache import (SLOT_CACHED, SLOT_HELD, admit_slot, blocks_for, cache_slot, free_slot, grow_slot,
-                                    lookup, shortfall)
+from sim.scheduler.kvcache import (SLOT_CACHED, SLOT_HELD, admission_need, admit_slot, available, blocks_for,
+                                    cache_slot, free_slot, grow_slot, lookup, remote_blocks, shortfall)
 from sim.scheduler.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
-                                  C_FREE_BLOCKS, C_HEAD, C_PEAK_BLOCKS, C_PHASE, C_PREEMPTED_NOW, C_PREFILLING,
-                                  C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RESUME_HITS, C_RESUME_QUERIES, C_RUNNING,
+                                  C_HEAD, C_PEAK_BLOCKS, C_PHASE, C_PREEMPTED_NOW, C_PREFILLING,
+                                  C_RAGGED, C_REQUEUED, C_REQUEUED_AT, C_RESERVED, C_RESUME_HITS, C_RESUME_QUERIES, C_RUNNING,
                                   C_STEP_BLOCKS, C_STEP_K, C_STEP_ROWS, C_STEP_RUNNING, C_TOTAL_CONTEXT, C_TOTAL_REMAINING, DECODE, MIXED, N_PARAMS,
                                   LAST_STEP_END, NOTHING, P_ASYNC, P_BLOCK, P_BLOCKS, P_BUDGET, P_CACHING, P_CHUNKED,
                                   P_LOOKAHEAD,
@@ -171,14 +171,60 @@ def _schedule_prefilling(s, budget):
     return budget
 
 
+def _first_look(s, r, num_tokens, resumed):
+    """What waiting request r starts from: (cached blocks found, tokens they hold, tokens counted as
+    computed, blocks reserved for it). On a disaggregated decode replica (``REQ_REMOTE``) the prompt's KV
+    was sent here, into blocks reserved when its transfer began (sim.scheduler.kvcache.reserve_blocks)."""
+    reqi, par = s.requests.inputs, s.params
+    hits = lookup(reqi, r, num_tokens, resumed, s.blocks.kv, s.blocks.key_block, s.blocks.scratch, par)
+    cached = found = hits * par[P_BLOCK]
+    reserved = 0
+    if not resumed and reqi[REQ_REMOTE, r] > 0:
+        reserved = remote_blocks(reqi[REQ_PROMPT, r], par[P_BLOCK])
+        if reqi[REQ_REMOTE, r] > cached:
+            cached = reqi[REQ_REMOTE, r]
+    return hits, found, cached, reserved
+
+
+def _reserved_idle(ctr):
+    """Nothing runs and blocks are reserved for KV on its way (a disaggregated decode replica): a preempted
+    request that does not fit would wait on requests queued behind it, whose blocks those are, so the
+    waiting requests are admitted past it (vLLM's scheduler stops at it, and such a replica would stall)."""
+    return ctr[C_RESERVED] > 0 and ctr[C_RUNNING] + ctr[C_PREFILLING] == 0
+
+
+def _fits(s, r, resumed):
+    """Whether waiting request r gets the blocks of its first chunk now (the budget all its own)."""
+    ctr, par = s.counters, s.params
+    num_tokens = s.requests.inputs[REQ_PROMPT, r] + s.requests.ints[REC_EMITTED, r]
+    hits, found, cached, reserved = _first_look(s, r, num_tokens, resumed)
+    t = num_tokens - cached
+    if t > par[P_BUDGET]:
+        t = par[P_BUDGET]
+    return admission_need(hits, cached + t, s.blocks.kv, s.blocks.scratch, par) <= available(ctr) + reserved
+
+
+def head_fits(s):
+    """Whether the next waiting request (a preempted one first) gets its blocks now, with nothing else
+    running: a replica whose blocks are held for KV transfers (sim/disaggregated.py) may have waiting
+    requests and no room, and then waits for a transfer to give blocks back."""
+    ctr = s.counters
+    if ctr[C_REQUEUED] > 0:
+        if _fits(s, s.sched[S_REQUEUED, ctr[C_REQUEUED_AT]], True):
+            return True
+        if not _reserved_idle(ctr):
+            return False
+    return ctr[C_HEAD] < ctr[C_ARRIVED] and _fits(s, ctr[C_HEAD], False)
+
+
 def _admit_waiting(s, budget, now):
     """Step 2: start prefilling waiting requests, FCFS, preempted ones first."""
     reqi, reci, recf = s.requests.inputs, s.requests.ints, s.requests.floats
     ctr, sched, par = s.counters, s.sched, s.params
     kv, key_block, slot_blocks, scratch = s.blocks.kv, s.blocks.key_block, s.blocks.slot_blocks, s.blocks.scratch
-    block = par[P_BLOCK]
+    skip_requeued = False
     while budget > 0 and ctr[C_RUNNING] + ctr[C_PREFILLING] < par[P_MAX_SEQS]:
-        resumed = ctr[C_REQUEUED] > 0
+        resumed = ctr[C_REQUEUED] > 0 and not skip_requeued
         if resumed:
             r = sched[S_REQUEUED, ctr[C_REQUEUED_AT]]
         elif ctr[C_HEAD] < ctr[C_ADMISSIBLE]:
@@ -186,17 +232,19 @@ def _admit_waiting(s, budget, now):
         else:
             break
         num_tokens = reqi[REQ_PROMPT, r] + reci[REC_EMITTED, r]
-        hits = lookup(reqi, r, num_tokens, resumed, kv, key_block, scratch, par)
-        cached = found = hits * block
-        if not resumed and reqi[REQ_REMOTE, r] > cached:  # a disaggregated decode: the prompt's KV was sent here
-            cached = reqi[REQ_REMOTE, r]
+        hits, found, cached, reserved = _first_look(s, r, num_tokens, resumed)
         t = num_tokens - cached
         if t > budget:
             if not par[P_CHUNKED]:
                 break
             t = budget
+        ctr[C_RESERVED] -= reserved  # the blocks set aside while its KV was on its way are now its own
         slot = admit_slot(hits, cached + t, kv, key_block, slot_blocks, sched, scratch, ctr, par)
         if slot < 0:
+            ctr[C_RESERVED] += reserved
+            if resumed and _reserved_idle(ctr):
+                skip_requeued = True  # the requests whose KV is here hold the blocks: they go first
+                continue
             break
         cache_slot(slot, reqi, r, cached + t, kv, key_block, slot_blocks, par)
         if resumed:
@@ -259,7 +307,7 @@ def plan_v1(s, now):
         chunk_tokens += sched[S_CHUNK_TOKENS, c]
         sched[S_CHUNK_PREFIX, c] = sched[S_PF_DONE, sched[S_CHUNK_ENTRY, c]]  # computed before, or found cached
     ctr[C_CHUNK_TOKENS] = chunk_tokens
-    used = par[P_BLOCKS] - ctr[C_FREE_BLOCKS]
+    used = par[P_BLOCKS] - available(ctr)  # blocks reserved for KV on its way are in use
     ctr[C_STEP_BLOCKS] = used
     ctr[C_STEP_RUNNING] = ctr[C_RUNNING]
     if used > ctr[C_PEAK_BLOCKS]:
@@ -273,8 +321,8 @@ def plan_v1(s, now):
     return ctr[C_PHASE]
 
 
-RULES = (drop_prefilled, _requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _admit_waiting,
-         admission_horizon, plan_v1)
+RULES = (drop_prefilled, _requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _first_look,
+         _reserved_idle, _fits, head_fits, _admit_waiting, admission_horizon, plan_v1)
 
 
 @dataclass

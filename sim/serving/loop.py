@@ -27,13 +27,15 @@ import numpy as np
 from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
 from sim.jit import compiled, direct
-from sim.scheduler.layout import (C_HEAD, C_OFFERED_K, C_PREFILLING, C_REQUEUED, C_REQUEUED_AT, C_RUNNING,
-                                  C_TOTAL_REMAINING, NOTHING, P_MAX_SEQS, REC_ACCEPTED, REC_CACHED,
-                                  REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH, REC_FIRST_TOKEN,
+from sim.scheduler.layout import (C_HEAD, C_HELD_BLOCKS, C_OFFERED_K, C_PREEMPTED_NOW, C_PREFILLING, C_REQUEUED,
+                                  C_REQUEUED_AT, C_RESERVED, C_RUNNING, C_TOTAL_REMAINING, NOTHING, P_MAX_SEQS,
+                                  REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
+                                  REC_FIRST_TOKEN,
                                   REC_PREEMPTIONS, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG,
                                   ROW_REMAINING, S_PF_DONE, S_PF_REQ, S_PF_TARGET, S_REQUEUED)
+from sim.scheduler import kvcache
 from sim.scheduler.v0 import STUCK
-from sim.scheduler.work import has_work
+from sim.scheduler.work import can_step, has_work
 from sim.speculation import proposals as proposal_rules
 from sim.serving import step
 from sim.serving.plan import Plan
@@ -77,6 +79,7 @@ class Rules:
         per_step = direct if compile_them else _as_written
         self.begin, self.plan, self.update = per_step(step.begin), per_step(step.plan), per_step(step.update)
         self.count_accepted = pick(proposal_rules.count_accepted)
+        self.release_held = pick(kvcache.release_held)  # a disaggregated prefill replica's blocks, once read
         self.runlength_accepted = pick(proposal_rules.runlength_accepted)
 
 
@@ -111,6 +114,7 @@ class ServingLoop:
         self._follows = backend.follows_rows
         self.compiled_runs = None  # sim.serving.compiled.CompiledRuns, when stretches of steps run compiled
         self._dt = None
+        self._carried_preemptions = 0
 
     def close(self) -> None:
         """Break the references that point back at this loop (its compiled runs, the queue's growth
@@ -121,7 +125,12 @@ class ServingLoop:
     # ------------------------------------------------------------ schedule + execute
     def has_work(self) -> bool:
         """Whether a step can start now (else the replica waits for an arrival): sim.scheduler.work."""
-        return bool(has_work(self.state.ctr))
+        ctr = self.state.ctr
+        if not has_work(ctr):
+            return False
+        if (ctr[C_HELD_BLOCKS] or ctr[C_RESERVED]) and not (ctr[C_RUNNING] or ctr[C_PREFILLING]):
+            return bool(can_step(self.state.arrays()))  # blocks held for KV transfers (sim/disaggregated.py)
+        return True
 
     def start_step(self, now: float) -> float | None:
         """Plan the next step and run it: its duration (None: it ran and the clock measures it)."""
@@ -131,10 +140,20 @@ class ServingLoop:
         b, charged, context = r.begin(s)
         k, ragged = self._choose_k(now, int(b), int(charged), float(context)) if b else (0, False)
         phase, m = r.plan(s, b, k, ragged, self.proposer, float(now))
+        if self._carried_preemptions:  # made by a plan that ran nothing (below): this step records them
+            st.ctr[C_PREEMPTED_NOW] += self._carried_preemptions
+            self._carried_preemptions = 0
         self.plan.planned(phase, m)
         if phase == STUCK:
             raise RuntimeError("a waiting request can never be admitted (checked before the run)")
         if phase == NOTHING:
+            if st.ctr[C_HELD_BLOCKS] or st.ctr[C_RESERVED]:
+                # Blocks held for KV transfers (sim/disaggregated.py) made the only running request preempt
+                # itself: no step runs now; the replica plans again at once, or waits (has_work says which)
+                # for a transfer to give blocks back.
+                self._carried_preemptions = int(st.ctr[C_PREEMPTED_NOW])  # with any carried before
+                self._dt = 0.0
+                return 0.0
             raise RuntimeError("a step with nothing to run (the clock checks has_work first)")
         dt, accepted = self.backend.run(self.plan)
         if accepted is not None:
@@ -165,6 +184,8 @@ class ServingLoop:
     def finish_step(self, start: float, end: float) -> None:
         """Apply the step started by :meth:`start_step` (it ran from ``start`` to ``end``)."""
         st, plan = self.state, self.plan
+        if plan.phase == NOTHING:  # the step that never was (start_step)
+            return
         m = plan.rows
         if m and self._follows:
             self.backend.commit()

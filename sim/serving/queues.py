@@ -33,8 +33,8 @@ from bisect import bisect_right
 
 import numpy as np
 
-from sim.scheduler.layout import (C_ARRIVED, C_HEAD, REC_FINISH, REQ_OUTPUT, REQ_PREFIX_KEY, REQ_PROMPT, REQ_REMOTE,
-                                  REQ_RESERVE)
+from sim.scheduler.layout import (C_ARRIVED, C_HEAD, REQ_OUTPUT, REQ_PREFIX_KEY, REQ_PROMPT, REQ_REMOTE, REQ_RESERVE,
+                                  S_HELD_REQ, S_HELD_SLOT)
 from sim.serving.records import grown
 
 REQ_INPUTS = 8  # rows of reqi (sim/scheduler/layout.py REQ_*)
@@ -256,32 +256,40 @@ class PrefillQueue(RoutedQueue):
     """A disaggregated prefill replica's queue (sim/disaggregated.py): its requests ask for one token
     (vLLM's proxy sends max_tokens=1 to the prefill instance), so each finishes with its prefill, and
     the loop's report of those finishes hands each request's id to ``on_prefilled(ids, now)``, which
-    starts its KV transfer at that instant."""
+    starts its KV transfer at that instant. The request's blocks stay held (the replica's
+    ``P_HOLD``: NIXL's delayed free) until :meth:`kv_read` says the decode side has read them."""
 
     compilable = False  # finishes start transfers at their instant: reported step by step
 
     def __init__(self, dispatcher: "Dispatcher", on_prefilled) -> None:
         super().__init__(dispatcher)
         self.on_prefilled = on_prefilled
-        self.state = None  # the loop's state (sim.serving.state.ReplicaState): its finish records
-        self._unfinished = 0  # every queue position before this one has finished
+        self.state = None  # the loop's state (sim.serving.state.ReplicaState): its held blocks
+        self.release_rule = None  # the loop's sim.scheduler.kvcache.release_held (compiled where its rules are)
 
     def finished(self, count: int, now: float) -> None:
-        """``count`` requests finished at ``now``: those taken by the scheduler whose finish is now (the
-        window from the first unfinished position to the head holds the ones in flight)."""
-        low, head = self._unfinished, int(self.ctr[C_HEAD])
-        window = self.state.recf[REC_FINISH, low:head]
-        done = np.flatnonzero(window == now)
-        if done.shape[0] != count:
-            raise RuntimeError(f"{count} prefills finished at {now}, {done.shape[0]} found")
-        open_ = np.flatnonzero(np.isnan(window))
-        self._unfinished = low + (int(open_[0]) if open_.shape[0] else window.shape[0])
-        self.on_prefilled(self.request_ids[low + done], now)
+        """``count`` requests finished at ``now``: the step wrote them and their block tables into
+        ``S_HELD_*``; their blocks are held, by request id, and their transfers begin (in queue order)."""
+        st = self.state
+        positions = st.sched[S_HELD_REQ, :count].copy()
+        slots = st.sched[S_HELD_SLOT, :count].copy()
+        for position, slot in zip(positions.tolist(), slots.tolist()):
+            st.kv.hold(int(self.request_ids[position]), slot, st.sched, st.ctr)
+        self.on_prefilled(self.request_ids[np.sort(positions)], now)
+
+    def kv_read(self, request: int, now: float) -> None:
+        """The decode side has read ``request``'s KV: its blocks go back, and a replica that waited for
+        room wakes."""
+        st = self.state
+        st.kv.release(request, st.ctr, st.par, self.release_rule)
+        if self.waiter is not None:
+            waiter, self.waiter = self.waiter, None
+            waiter(now)
 
 
 class Handoffs:
     """The decode pool's source in disaggregated serving: requests are pushed into a decode replica's
-    :class:`DecodeQueue` when their KV has arrived (sim/disaggregated.py), never at a queue's release."""
+    :class:`DecodeQueue` when it takes them (sim/disaggregated.py), never at a queue's release."""
 
     next_at = math.inf
 
@@ -291,18 +299,65 @@ class Handoffs:
         self.count = reqi.shape[1]
 
     def advance(self, now: float) -> None:
-        """Pushes happen when transfers end, not at a queue's release."""
+        """Pushes happen when a decode replica takes a request, not at a queue's release."""
 
     def next_arrival_s(self) -> float | None:
         return None
 
 
 class DecodeQueue(RoutedQueue):
-    """A disaggregated decode replica's queue: a hand-off may come at any instant no one knows ahead (a
-    transfer that ends), so the replica runs step by step (a compiled run would stop after every step,
-    which costs more than the step-by-step loop)."""
+    """A disaggregated decode replica's queue, in the order it took its requests (vLLM's waiting queue).
+
+    A request whose KV is on its way is pushed when the replica allocates its blocks (``ready=False``,
+    vLLM's ``WAITING_FOR_REMOTE_KVS``) and may be admitted only once :meth:`mark_ready` says the KV is
+    there: the scheduler sees the requests up to the first one not ready (``C_ARRIVED``). ``on_step(now)``
+    (sim/disaggregated.py) is told at every step's release and finish, when the replica may have room for
+    the next transfer. A hand-off may come at any instant no one knows ahead, so the replica runs step by
+    step (a compiled run would stop after every step, which costs more than the step-by-step loop)."""
 
     compilable = False
+
+    def __init__(self, dispatcher) -> None:
+        super().__init__(dispatcher)
+        self.not_ready: set[int] = set()  # positions whose KV is on its way
+        self.ready_upto = 0  # every position before it is ready
+        self.on_step = None
+
+    def push(self, request: int, arrival_s: float, ready: bool = True) -> int:
+        """Append a request; returns its position (for :meth:`mark_ready`)."""
+        position = self.count
+        if ready:
+            super().push(request, arrival_s)
+            self._advance()
+            return position
+        waiter, self.waiter = self.waiter, None  # nothing to do for the replica until the KV is there
+        self.not_ready.add(position)
+        super().push(request, arrival_s)
+        self.waiter = waiter
+        return position
+
+    def mark_ready(self, position: int, now: float) -> None:
+        self.not_ready.discard(position)
+        self._advance()
+        if self.waiter is not None:
+            waiter, self.waiter = self.waiter, None
+            waiter(now)
+
+    def _advance(self) -> None:
+        upto = self.ready_upto
+        while upto < self.count and upto not in self.not_ready:
+            upto += 1
+        self.ready_upto = upto
+
+    def release(self, now: float) -> None:
+        self.ctr[C_ARRIVED] = self.ready_upto
+        if self.on_step is not None:
+            self.on_step(now)
+
+    def finished(self, count: int, now: float) -> None:
+        """Finishes free blocks: a transfer waiting for room may start."""
+        if self.on_step is not None:
+            self.on_step(now)
 
 
 class LimitedRoutedQueue(RoutedQueue):
@@ -368,7 +423,7 @@ class Dispatcher:
         while i < self.count and arrivals[i] <= now:
             self.routed = i + 1
             self.next_at = arrivals[i + 1] if i + 1 < self.count else math.inf
-            self.queues[self.router.choose(self.loads, self.reqi[:, i])].push(i, arrivals[i])
+            self.route(i, arrivals[i])
             i += 1
 
     def _advance_limited(self, now: float) -> None:
@@ -377,8 +432,12 @@ class Dispatcher:
             self.sent_s[i] = sent
             self.routed = i + 1
             self.next_at = self._send_s(i + 1) if i + 1 < self.count else math.inf
-            self.queues[self.router.choose(self.loads, self.reqi[:, i])].push(i, sent)
+            self.route(i, sent)
             i += 1
+
+    def route(self, request: int, at: float) -> None:
+        """Send ``request`` (arriving at ``at``) to the replica the router picks."""
+        self.queues[self.router.choose(self.loads, self.reqi[:, request])].push(request, at)
 
     def finished(self, count: int, now: float) -> None:
         """``count`` requests finished at ``now`` (limit only): their slots go to the next ones,

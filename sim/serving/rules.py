@@ -36,7 +36,8 @@ from sim.scheduler.layout import (C_CHUNKS, C_DECODE_COUNT, C_HEAD, C_ITL_POS, C
                                   REC_ACCEPTED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
                                   REC_FIRST_TOKEN, REC_LAST_EMIT, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, REQ_RESERVE,
                                   ROW_CONTEXT, ROW_LAG, ROW_LAST_EMIT, ROW_REMAINING, ROW_REQ, ROW_SCALE, ROW_SLOT,
-                                  S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_PF_DONE, S_PF_REQ, S_PF_SLOT, S_PF_TARGET, S_ROW_K)
+                                  P_HOLD, S_CHUNK_ENTRY, S_CHUNK_TOKENS, S_HELD_REQ, S_HELD_SLOT, S_PF_DONE, S_PF_REQ,
+                                  S_PF_SLOT, S_PF_TARGET, S_ROW_K)
 
 
 def exact_delay(now, at):
@@ -207,7 +208,8 @@ def apply_prefill(s, n, start, end):
 def apply_chunks(s, out, end):
     """A vllm-v1 step's prefill chunks are in. A request whose last chunk this was emits a token
     (its first, or after a preemption its next: one inter-token gap from its last) and joins the
-    rows, or finishes. Returns (emitted, prefill tokens, finished)."""
+    rows, or finishes (a disaggregated prefill replica's request keeps its blocks: ``S_HELD_*``, in
+    finishing order). Returns (emitted, prefill tokens, finished)."""
     rows, rowf, ctr, sched, par = s.batch.rows, s.batch.rowf, s.counters, s.sched, s.params
     reqi, scale, reci, recf = s.requests.inputs, s.requests.scale, s.requests.ints, s.requests.floats
     itl_v, itl_w = out.itl_values, out.itl_weights
@@ -236,7 +238,11 @@ def apply_chunks(s, out, end):
         remaining = reqi[REQ_OUTPUT, r] - before - 1
         if remaining == 0:
             recf[REC_FINISH, r] = end
-            free_slot(sched[S_PF_SLOT, j], s.blocks.kv, s.blocks.slot_blocks, sched, ctr, par)
+            if par[P_HOLD]:  # a disaggregated prefill replica: the blocks stay until the decode side read them
+                sched[S_HELD_REQ, finished] = r
+                sched[S_HELD_SLOT, finished] = sched[S_PF_SLOT, j]
+            else:
+                free_slot(sched[S_PF_SLOT, j], s.blocks.kv, s.blocks.slot_blocks, sched, ctr, par)
             finished += 1
         else:
             join_row(rows, rowf, ctr, r, remaining, sched[S_PF_TARGET, j], scale[r], sched[S_PF_SLOT, j], end)

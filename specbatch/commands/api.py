@@ -309,7 +309,8 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
              curve_points: int | None = None, target_rate: float | None = None, gpu_hour_price: float | None = None,
              gpus_per_replica: int | None = None, profiles: str | list[str] | None = None,
              gpu_price: str | dict[str, float] | None = None, tp: str | list[int] | None = None,
-             pd_ratios: str | list[str] | None = None, gpu_budget: int | None = None, jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
+             pd_ratios: str | list[str] | None = None, gpu_budget: int | None = None,
+             prefill_profile: str | None = None, jobs: int = 1, out: str | os.PathLike[str] | None = None, progress: bool = False,
              overrides: dict[str, Any] | None = None, **settings: Any) -> CapacityReport:
     """The highest request rate one replica serves within the SLOs, per policy (``specbatch capacity``).
 
@@ -321,7 +322,8 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
     the table then has one row per profile and policy. ``tp=[1, 4]``: each profile split over 1 and
     4 GPUs (tensor parallelism as an axis); a replica of N GPUs costs N GPU-hours an hour.
     ``pd_ratios=["1:1", "1:2"]`` and/or ``gpu_budget=4``: disaggregated prefill:decode splits, each searched
-    as one unit beside an aggregated replica (``decode_profile``, ``kv_link`` ... apply to the splits); the
+    as one unit beside an aggregated replica (``decode_profile``, ``kv_link`` ... apply to the splits;
+    ``prefill_profile`` puts their prefill pool on its own profile); the
     table then has one row per split (and ``aggregated``) and policy, and ``.splits`` compares each split
     with aggregated serving on the same GPUs. The
     search's settings (``seeds``, ``tolerance``, ``service_times``, ``extensions``, ``max_growth``,
@@ -349,7 +351,7 @@ def capacity(config: str | os.PathLike[str] | None = None, *, slo: dict[str, flo
                          target_rate=_as_float(target_rate), gpu_hour_price=_as_float(gpu_hour_price),
                          gpus_per_replica=gpus_per_replica,
                          jobs=jobs, profiles=profile_text, gpu_price=price_text, tp=tp_text, pd_ratios=ratio_text,
-                         gpu_budget=gpu_budget, **search)
+                         gpu_budget=gpu_budget, prefill_profile=prefill_profile, **search)
     from sim.atomic_write import check_output, output_lock
 
     folder = check_output(check_out_dir(out), folder=True, field="out") if out is not None else None

@@ -339,7 +339,10 @@ def format_summary(result: RunResult, selection: tuple[list[str], list[float]] |
         row("Decode pool busy (%):", 100 * disaggregated["decode"]["busy_fraction"])
         link = f"{t['link']}, {t['bandwidth_gb_s']:g} GB/s, {t['latency_us']:g} us"
         lines.append(f"{'KV link:':<12}{link:>40}")
+        if "prefilled_on_decode" in disaggregated:  # llm-d's flow: its decider kept these off the prefill pool
+            row("Prefilled on the decode pool:", disaggregated["prefilled_on_decode"])
         row("KV transfers:", t["transfers"])
+        row("Waited for decode KV blocks:", t["waited_for_blocks"])
         row("KV transferred (GB):", t["bytes"] / 1e9)
         row("Mean KV transfer (ms):", t["mean_transfer_ms"])
         row("Mean transfer queueing (ms):", t["mean_queue_ms"])

@@ -85,6 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="disaggregated serving: search these splits of prefill:decode replicas (e.g. "
                              "1:1,1:2,1:3), each as one unit, beside aggregated serving on the same GPUs "
                              "(docs/capacity.md); --decode-profile and --kv-link... apply to the splits")
+    parser.add_argument("--prefill-profile", default=None, metavar="NAME",
+                        help="disaggregated serving: the splits' prefill pool on this profile (the same models on "
+                             "another GPU or TP size); the decode pool and the aggregated replica stay on "
+                             "--profile (or the decode pool on --decode-profile)")
     parser.add_argument("--gpu-budget", type=typed("--gpu-budget", int), default=None, metavar="GPUS",
                         help="disaggregated serving on this many GPUs: every prefill:decode split that uses them, "
                              "or with --pd-ratios each ratio scaled to the most units that fit")
@@ -174,7 +178,7 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
                   target_rate: float | None = None, gpu_hour_price: float | None = None,
                   gpus_per_replica: int | None = None, jobs: int = 1, profiles: str | None = None,
                   gpu_price: str | None = None, tp: str | None = None, pd_ratios: str | None = None,
-                  gpu_budget: int | None = None) -> CapacityPlan:
+                  gpu_budget: int | None = None, prefill_profile: str | None = None) -> CapacityPlan:
     """Check every input (one InputError, named by its flag) and prepare each policy, before any run."""
     from specbatch.commands.capacity.inputs import SearchSettings, parse_policies, parse_slos, policy_config, positive
     from specbatch.commands.capacity.report import ReportInputs
@@ -204,8 +208,12 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
         raise InputError(f"must be in [0, 0.9), got {warmup:g}", source="--warmup")
     ask = None
     if pd_ratios is not None or gpu_budget is not None:  # serving name -> (base scenario, loaded profile)
-        bases, ask = _disaggregated_bases(config, overrides, profiles, tp, pd_ratios, gpu_budget, gpus_per_replica)
+        bases, ask = _disaggregated_bases(config, overrides, profiles, tp, pd_ratios, gpu_budget, gpus_per_replica,
+                                          prefill_profile)
     else:
+        if prefill_profile is not None:
+            raise InputError("applies only to disaggregated serving: give --pd-ratios or --gpu-budget",
+                             source="--prefill-profile")
         _refuse_pool_flags(overrides)
         bases = _profile_bases(config, overrides, profiles)  # profile name -> (base scenario, loaded profile)
         if tp is not None:
@@ -246,7 +254,7 @@ def plan_from_args(args: argparse.Namespace) -> CapacityPlan:
                          curve_points=args.curve_points, target_rate=args.target_rate,
                          gpu_hour_price=args.gpu_hour_price, gpus_per_replica=args.gpus_per_replica, jobs=args.jobs,
                          profiles=args.profiles, gpu_price=args.gpu_price, tp=args.tp, pd_ratios=args.pd_ratios,
-                         gpu_budget=args.gpu_budget)
+                         gpu_budget=args.gpu_budget, prefill_profile=args.prefill_profile)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -318,11 +326,14 @@ def _refuse_pool_flags(overrides: dict) -> None:
 
 
 def _disaggregated_bases(config: str | None, overrides: dict, profiles: str | None, tp: str | None,
-                         ratios: str | None, budget: int | None, gpus_per_replica: int | None):
+                         ratios: str | None, budget: int | None, gpus_per_replica: int | None,
+                         prefill_profile: str | None = None):
     """Serving name -> (base scenario, profile): one aggregated replica, then each split
-    (specbatch.commands.capacity.disaggregated); and what the report needs to compare them."""
-    from specbatch.commands.capacity.disaggregated import (AGGREGATED, RATIOS_FLAG, Split, SplitAsk, check_not_v0,
-                                                           link_text, plan_splits, pool_keys, split_overrides)
+    (specbatch.commands.capacity.disaggregated), its prefill pool on ``prefill_profile`` where given; and what
+    the report needs to compare them."""
+    from specbatch.commands.capacity.disaggregated import (AGGREGATED, PREFILL_PROFILE_FLAG, RATIOS_FLAG, Split,
+                                                           SplitAsk, check_not_v0, link_text, plan_splits, pool_keys,
+                                                           split_overrides)
     from specbatch.commands.capacity.inputs import base_config
     from sim.costmodel.profile import load_profile
 
@@ -333,17 +344,27 @@ def _disaggregated_bases(config: str | None, overrides: dict, profiles: str | No
     base = base_config(config, aggregated)
     check_not_v0(base)
     profile = load_profile(base.profile)
-    prefill_gpus = gpus_per_replica or profile.gpus_per_replica
-    probe = base_config(config, {**overrides, **split_overrides(Split(1, 1))}, split=True)
+    aggregated_gpus = gpus_per_replica or profile.gpus_per_replica
+    decode_given = _given(overrides, "cluster.decode_profile")
+    pools = lambda split: split_overrides(split, prefill_profile, decode_given or base.profile,  # noqa: E731
+                                          decode_given is not None)
+    probe = base_config(config, {**overrides, **pools(Split(1, 1))}, split=True)
+    prefill = profile
+    if prefill_profile is not None:
+        try:
+            prefill = load_profile(prefill_profile)
+        except InputError as exc:
+            raise InputError(exc.message, source=PREFILL_PROFILE_FLAG) from None
+    prefill_gpus = gpus_per_replica or prefill.gpus_per_replica
     decode_gpus = prefill_gpus
     if probe.cluster.decode_profile is not None:
         decode_gpus = gpus_per_replica or load_profile(probe.cluster.decode_profile).gpus_per_replica
     splits = plan_splits(ratios, budget, prefill_gpus, decode_gpus)
     bases = {AGGREGATED: (base, profile)}
     for split in splits:
-        bases[split.name] = (base_config(config, {**overrides, **split_overrides(split)}, split=True), profile)
-    ask = SplitAsk({split.name: split for split in splits}, prefill_gpus, budget, link_text(probe),
-                   probe.cluster.decode_profile)
+        bases[split.name] = (base_config(config, {**overrides, **pools(split)}, split=True), prefill)
+    ask = SplitAsk({split.name: split for split in splits}, aggregated_gpus, budget, link_text(probe),
+                   probe.cluster.decode_profile, prefill_profile)
     return bases, ask
 
 

@@ -20,7 +20,9 @@ from sim.errors import InputError
 AGGREGATED = "aggregated"
 RATIOS_FLAG, BUDGET_FLAG = "--pd-ratios", "--gpu-budget"
 # the run flags of disaggregated serving that a capacity search over splits passes on to every split
-POOL_FLAGS = ("--decode-profile", "--kv-link", "--kv-link-bandwidth", "--kv-link-latency-us")
+POOL_FLAGS = ("--decode-profile", "--kv-link", "--kv-link-bandwidth", "--kv-link-latency-us", "--pd-threshold",
+              "--prefill-engine", "--decode-engine")
+PREFILL_PROFILE_FLAG = "--prefill-profile"  # capacity's own: the splits' prefill pool on another profile
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class SplitAsk:
     budget: int | None
     link: str               # the KV link, in words
     decode_profile: str | None = None  # the decode pool's own profile (--decode-profile), else the run's
+    prefill_profile: str | None = None  # the prefill pool's own profile (--prefill-profile), else the run's
 
     def same_gpus_replicas(self, split: Split) -> int:
         """Aggregated replicas on the split's GPUs (as many as fit)."""
@@ -105,10 +108,17 @@ def plan_splits(ratios: str | None, budget: int | None, prefill_gpus: int, decod
     return tuple(out)
 
 
-def split_overrides(split: Split) -> dict:
-    """The config keys that make a run this split."""
-    return {"cluster.prefill_replicas": (split.prefill, RATIOS_FLAG),
-            "cluster.decode_replicas": (split.decode, RATIOS_FLAG)}
+def split_overrides(split: Split, prefill_profile: str | None = None, decode_profile: str | None = None,
+                    decode_given: bool = False) -> dict:
+    """The config keys that make a run this split; with ``prefill_profile`` the prefill pool runs on it (the
+    run's profile) and the decode pool on ``decode_profile`` (--decode-profile's if ``decode_given``, else the
+    aggregated replica's)."""
+    out = {"cluster.prefill_replicas": (split.prefill, RATIOS_FLAG),
+           "cluster.decode_replicas": (split.decode, RATIOS_FLAG)}
+    if prefill_profile is not None:
+        out["profile"] = (prefill_profile, PREFILL_PROFILE_FLAG)
+        out["cluster.decode_profile"] = (decode_profile, "--decode-profile" if decode_given else PREFILL_PROFILE_FLAG)
+    return out
 
 
 def pool_keys() -> tuple[str, ...]:

@@ -433,8 +433,9 @@ def _splits_document(inputs: ReportInputs, outcomes: Outcomes, costs: Costs, cle
     from specbatch.commands.capacity import disaggregated as pd
 
     ask = inputs.splits
+    prefill = {"prefill_profile": ask.prefill_profile} if ask.prefill_profile is not None else {}
     return {"disaggregated": {"gpu_budget": ask.budget, "kv_link": ask.link, "decode_profile": ask.decode_profile,
-                              "aggregated_gpus_per_replica": ask.aggregated_gpus,
+                              **prefill, "aggregated_gpus_per_replica": ask.aggregated_gpus,
                               "comparison": [clean(row) for row in pd.comparisons(inputs, outcomes, costs)]}}
 
 
