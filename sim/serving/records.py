@@ -84,7 +84,8 @@ def _doubled(array: np.ndarray, need: int, used: int) -> np.ndarray:
     while capacity < need:
         capacity *= 2
     out = np.empty(capacity, array.dtype)
-    out[:used] = array[:used]
+    # as bytes: numpy copies a packed record dtype field by field, ten times slower (0.9 s of a 1M run)
+    out[:used].view(np.uint8)[:] = array[:used].view(np.uint8)
     return out
 
 

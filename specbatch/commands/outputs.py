@@ -173,10 +173,8 @@ def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
 def write_table(columns: Columns, path: Path, fmt: str) -> None:
     """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order.
 
-    Rows go out in slices of at most :data:`SLICE_ROWS`, so the writer's own memory (the
-    formatted text) stays a few slices', whatever the run's length. A CSV's slices are
-    formatted on every core (pyarrow formats without holding the GIL) and written in order, so
-    the file has the same bytes as one formatted whole.
+    Rows go out in slices of :data:`SLICE_ROWS`, so the writer's own memory (the formatted
+    text) stays a slice's, whatever the run's length.
     """
     import pyarrow as pa
 
@@ -187,61 +185,21 @@ def write_table(columns: Columns, path: Path, fmt: str) -> None:
     def table(lo: int, hi: int):
         return pa.table([_arrow_column(arrays[name][lo:hi], fmt) for name in names], names=names)
 
+    first = table(0, min(rows, SLICE_ROWS))
     with pa.OSFile(str(path), "wb") as sink:
         if fmt == "csv":
-            sink.write((",".join(names) + "\n").encode())  # bare names: they are identifiers
-            options = _csv_options(arrays)
-            for text in _formatted(lambda lo, hi: _csv_text(table(lo, hi), options), rows):
-                sink.write(text)
-            return
-        import pyarrow.parquet as pq
+            import pyarrow.csv as pacsv
 
-        first = table(0, min(rows, SLICE_ROWS))
-        with pq.ParquetWriter(sink, first.schema) as writer:
+            sink.write((",".join(names) + "\n").encode())  # bare names: they are identifiers
+            writer = pacsv.CSVWriter(sink, first.schema, write_options=_csv_options(arrays))
+        else:
+            import pyarrow.parquet as pq
+
+            writer = pq.ParquetWriter(sink, first.schema)
+        with writer:
             writer.write_table(first)
             for lo in range(SLICE_ROWS, rows, SLICE_ROWS):
                 writer.write_table(table(lo, min(rows, lo + SLICE_ROWS)))
-
-
-def _csv_text(table, options):
-    """One slice as CSV text (no header)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    buffer = pa.BufferOutputStream()
-    pacsv.write_csv(table, buffer, write_options=options)
-    return buffer.getvalue()
-
-
-def _formatted(format_rows: Callable, rows: int):
-    """``format_rows(lo, hi)`` over every slice of ``rows`` rows, in order, computed on a thread per
-    core with at most two slices per thread ahead of the one being written. A table shorter
-    than a slice per core is cut into one piece per core (the real run's 37k steps: 0.07 s to
-    format on one core)."""
-    workers = _cores()
-    size = max(1, min(SLICE_ROWS, -(-rows // workers)))
-    bounds = [(lo, min(rows, lo + size)) for lo in range(0, rows, size)]
-    if workers == 1 or len(bounds) <= 1:
-        yield from (format_rows(lo, hi) for lo, hi in bounds)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(workers) as pool:
-        pending = [pool.submit(format_rows, *b) for b in bounds[:2 * workers]]
-        for i in range(len(bounds)):
-            text = pending[i].result()
-            pending[i] = None  # written: let it go
-            if i + 2 * workers < len(bounds):
-                pending.append(pool.submit(format_rows, *bounds[i + 2 * workers]))
-            yield text
-
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def _csv_options(arrays: dict[str, np.ndarray]):
