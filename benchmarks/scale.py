@@ -9,8 +9,8 @@ Each measurement is one fresh process running what ``specbatch run --num-request
 runs (the default scenario: the H100 profile, the chat workload, fixed k = 3, max batch
 256, 18 req/s; records written as CSV), split into
 
-* start-up: imports, the config, ``prepare`` (profile, fitted curves and step table, the
-  workload), with the fit cache warm, as every run after a profile's first finds it;
+* start-up: imports (numba's included), the config, ``prepare`` (profile, fitted curves and step
+  table, the workload), with the fit cache warm, as every run after a profile's first finds it;
 * engine: the serving loop;
 * metrics: the summary and the request table from the records;
 * writing: the run folder (requests.csv, steps.csv, summary.json, config.toml);
@@ -80,6 +80,9 @@ def child(case: str, size: int, trace: str | None) -> dict:
     else:
         overrides["workload.num_requests"] = (size, "scale.py")
     run = prepare(load_config(None, overrides))
+    from sim.jit import wants_compiled
+
+    wants_compiled(run.config.engine.jit)  # numba's import is start-up, not the metrics after the engine
     prepared = time.perf_counter()
     peaks = {"startup": peak_mb()}
     result = execute(run)
@@ -217,7 +220,8 @@ def table(doc: dict) -> str:
         rows.append("Checked against the code before (" + checked[0]["before"]["commit"] + ") in alternating runs, "
                     "medians of the whole run, before → after: " + "; ".join(
                         f"{CASES[r['case']][0]} at {r['requests']:,}: {r['before']['total_s']:.2f} s → {r['total_s']:.2f} s "
-                        f"({r['before']['total_s'] / r['total_s']:.2f}×), peak {r['before']['peak_rss_mb']:,.0f} → "
+                        f"({r['before']['total_s'] / r['total_s']:.2f}×, {r['before']['runs']} "
+                        f"run{'s' if r['before']['runs'] > 1 else ''} each), peak {r['before']['peak_rss_mb']:,.0f} → "
                         f"{r['peak_rss_mb']:,.0f} MB" for r in checked) + ".")
     machine = doc["machine"]
     rows.append(f"Measured {doc['date']} with `python benchmarks/scale.py` on {machine['cpu']} ({machine['cores']} "
