@@ -294,7 +294,10 @@ def main() -> int:
     from real_vllm import VALIDATION
 
     DATA = VALIDATION / "vllm-h100"  # the folder holding REAL_RUN
-    from scale import machine  # one description of the machine for the benchmarks
+    from scale import machine, warm_compiled  # one description of the machine for the benchmarks
+
+    for checkout in filter(None, (ROOT, args.against)):
+        warm_compiled(checkout)  # no measured process compiles, or runs interpreted meanwhile
 
     about = machine()
     print(f"machine        {about['cpu']}, {about['cores']} cores, Python {about['python']}, numpy {about['numpy']}")
