@@ -4,6 +4,7 @@
     python benchmarks/engine_speed.py --update           # the same, into the tracked benchmarks/results/
     python benchmarks/engine_speed.py --cases real-run v0 --repeats 5
     python benchmarks/engine_speed.py --config tests/baselines/scenarios/cpu.toml --policy goodput   # your own
+    python benchmarks/engine_speed.py --cases real-run --repeats 9 --against /tmp/before --update --keep
 
 The cases run the default engine (vLLM V1 scheduling, compiled rules; docs/performance.md):
 
@@ -22,10 +23,16 @@ The cases run the default engine (vLLM V1 scheduling, compiled rules; docs/perfo
 Per case: the engine loop's steps per second (in-process, best of ``--repeats``: the machine's
 noise only ever slows a run down) and the whole process, ``specbatch run --config <the case's
 config.toml>`` from start to exit (imports, the workload, the engine, metrics, writing), best of
-``--repeats`` fresh processes with the caches warm. ``--update`` writes
+``--repeats`` fresh processes with the caches warm (the compiled engine, the fitted curves and Python's
+bytecode, as an installed package has them: ``PYTHONDONTWRITEBYTECODE`` is dropped for these
+processes, which otherwise compile every module of the project from source, 0.15 s a process).
+``--against DIR`` times the whole process of another checkout (e.g. ``git worktree add --detach
+/tmp/before main``) in turns with this one, before, after, before, after ..., and prints and
+records both medians and their ratio, which the README's table quotes. ``--update`` writes
 ``benchmarks/results/engine_speed.json``, from which docs/generate.py's ``engine-speed`` block
 renders the README's table; otherwise the JSON goes to ``runs/benchmarks/`` (or ``--out``).
-Compare two versions of the code in alternating runs on one machine (e.g. ``hyperfine``), not across runs of this script.
+Compare two versions of the code in alternating runs on one machine (``--against``), not across runs of
+this script. ``--keep`` keeps the rows of the results file that this invocation does not measure again.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -141,21 +149,25 @@ def fastest(config, repeats: int):
     return best
 
 
-def whole_process(config, folder: Path, repeats: int) -> float:
-    """The best of ``repeats`` fresh processes of ``specbatch run --config`` (after one warm-up)."""
+def whole_process(config, folder: Path, repeats: int, against: Path | None = None) -> dict[str, list[float]]:
+    """Wall seconds of ``repeats`` fresh processes of ``specbatch run --config`` (after one warm-up
+    each), from this checkout ("after") and, with ``against``, from that one ("before") in turns."""
     path = folder / "config.toml"
     path.write_text(config.to_toml())
     command = [sys.executable, "-m", "specbatch.commands.cli", "run", "--config", str(path), "--out", str(folder / "out"),
                "--quiet", "--jit", config.engine.jit]  # (config.toml leaves out how the rules run)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
-    times = []
+    sides = {"before": against, "after": ROOT} if against is not None else {"after": ROOT}
+    times: dict[str, list[float]] = {name: [] for name in sides}
     for i in range(repeats + 1):
-        shutil.rmtree(folder / "out", ignore_errors=True)
-        started = time.perf_counter()
-        subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
-        if i:
-            times.append(time.perf_counter() - started)
-    return min(times)
+        for name, checkout in sides.items():
+            env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))
+            shutil.rmtree(folder / "out", ignore_errors=True)
+            started = time.perf_counter()
+            subprocess.run(command, cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
+            if i:
+                times[name].append(time.perf_counter() - started)
+    return times
 
 
 def measure(name: str, case: Case, config, args, folder: Path) -> dict:
@@ -163,7 +175,8 @@ def measure(name: str, case: Case, config, args, folder: Path) -> dict:
     best = fastest(config, args.repeats)
     s = best.summary
     steps = int(s["num_steps"])
-    whole = whole_process(config, folder, args.repeats)
+    walls = whole_process(config, folder, args.repeats, args.against)
+    whole = min(walls["after"])
     requests = int(s["completed"])
     row = {"case": name, "label": case.label, "policy": case.policy_label, "config": case.config,
            "scheduler": config.engine.scheduler, "jit": config.engine.jit, "replicas": config.cluster.replicas,
@@ -171,13 +184,26 @@ def measure(name: str, case: Case, config, args, folder: Path) -> dict:
            "mean_batch": float(s["mean_batch_size"]), "engine_s": best.engine_wall_s,
            "engine_steps_per_s": steps / best.engine_wall_s, "whole_process_s": whole,
            "requests_per_s": requests / whole, "load_average": os.getloadavg()[0]}
+    if args.against is not None:
+        before, after = (statistics.median(walls[name]) for name in ("before", "after"))
+        row["against"] = {"commit": _commit(args.against), "runs": args.repeats, "before_median_s": before,
+                          "after_median_s": after, "before_over_after": before / after}
     print(f"case           {name}: {case.label}")
     print(f"workload       {requests:,} requests on {row['profile']}, policy {case.policy}, scheduler "
           f"{row['scheduler']}, jit {row['jit']}, mean batch {row['mean_batch']:.1f}"
           + (f", {row['replicas']} replicas" if row["replicas"] > 1 else ""))
     print(f"engine loop    {steps:,} steps in {row['engine_s']:.3f} s -> {row['engine_steps_per_s']:,.0f} steps/s")
     print(f"whole process  {whole:.3f} s -> {row['requests_per_s']:,.0f} simulated requests/s", flush=True)
+    if "against" in row:
+        a = row["against"]
+        print(f"before/after   medians {a['before_median_s']:.3f} s ({a['commit']}) / {a['after_median_s']:.3f} s "
+              f"(this checkout) = {a['before_over_after']:.2f}x over {a['runs']} alternating runs each", flush=True)
     return row
+
+
+def _commit(checkout: Path) -> str | None:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
+    return done.stdout.strip() or None
 
 
 def rounded(x: float) -> str:
@@ -209,6 +235,16 @@ def table(doc: dict) -> str:
     out = "\n".join(rows) + "\n\n"
     if notes:
         out += "On these runs " + "; ".join(notes) + ".\n"
+    checked = [r for r in sorted(doc["rows"], key=lambda r: list(CASES).index(r["case"])) if "against" in r]
+    if checked:
+        out += ("Checked against the code before in alternating runs (medians of the whole process, before / after): "
+                + "; ".join(f"{r['case']} {r['against']['before_median_s']:.2f} s ({r['against']['commit']}) / "
+                            f"{r['against']['after_median_s']:.2f} s = {r['against']['before_over_after']:.2f}×"
+                            f" over {r['against']['runs']} runs each" for r in checked) + ".\n")
+    kept = doc.get("kept")
+    if kept:
+        out += (f"Rows {', '.join(kept['cases'])} measured {kept['date']} with `{kept['command']}` (best of "
+                f"{kept['repeats']}); the others as follows. ")
     out += (f"Measured {doc['date']} with `{doc['command']}` (best of {doc['repeats']}) on {machine['cpu']} "
             f"({machine['cores']} cores), Python {machine['python']}, numpy {machine['numpy']}, with a 1-minute "
             f"load average of {low if low == high else f'{low}–{high}'} during the runs.\n")
@@ -228,6 +264,10 @@ def main() -> int:
     parser.add_argument("--update", action="store_true",
                         help=f"write the README's cases to the tracked {RESULTS.relative_to(ROOT)} (then run "
                              "python docs/generate.py)")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another checkout (e.g. of main) whose whole process is timed in turns with this one's")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the rows of the results file that this invocation does not measure again")
     own = parser.add_argument_group("a scenario of your own (measures it alone)")
     own.add_argument("--config", default=None, help="scenario TOML under the flags (default: the shipped default)")
     own.add_argument("--policy", default=None, help="default: fixed")
@@ -254,7 +294,10 @@ def main() -> int:
     from real_vllm import VALIDATION
 
     DATA = VALIDATION / "vllm-h100"  # the folder holding REAL_RUN
-    from scale import machine  # one description of the machine for the benchmarks
+    from scale import machine, warm_compiled  # one description of the machine for the benchmarks
+
+    for checkout in filter(None, (ROOT, args.against)):
+        warm_compiled(checkout)  # no measured process compiles, or runs interpreted meanwhile
 
     about = machine()
     print(f"machine        {about['cpu']}, {about['cores']} cores, Python {about['python']}, numpy {about['numpy']}")
@@ -281,6 +324,16 @@ def main() -> int:
         command = shlex.join(["python", "benchmarks/engine_speed.py", *sys.argv[1:]])
         doc = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": about, "command": command,
                "requests": args.requests, "repeats": args.repeats, "rows": rows}
+        if args.keep and out.is_file():
+            kept = json.loads(out.read_text())
+            older = [r for r in kept["rows"] if r["case"] not in {r["case"] for r in rows}]
+            if older:  # the rows left as they were say when and how they were measured
+                doc["rows"] = older + rows
+                cases = [r["case"] for r in older]
+                earlier = kept.get("kept")
+                if not (earlier and set(cases) <= set(earlier["cases"])):
+                    earlier = {key: kept[key] for key in ("date", "command", "repeats")}
+                doc["kept"] = {**earlier, "cases": cases}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {out}")

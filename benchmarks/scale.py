@@ -3,13 +3,14 @@
     python benchmarks/scale.py                                   # every case, into runs/benchmarks/scale.json
     python benchmarks/scale.py --update                          # the same, into the tracked benchmarks/results/scale.json
     python benchmarks/scale.py --sizes 10000 100000 --cases fixed --out /tmp/scale.json
+    python benchmarks/scale.py --cases fixed --sizes 10000 200000 1000000 --against /tmp/before --repeat 3 --update --keep
 
 Each measurement is one fresh process running what ``specbatch run --num-requests N``
 runs (the default scenario: the H100 profile, the chat workload, fixed k = 3, max batch
 256, 18 req/s; records written as CSV), split into
 
-* start-up: imports, the config, ``prepare`` (profile, fitted curves and step table, the
-  workload), with the fit cache warm, as every run after a profile's first finds it;
+* start-up: imports (numba's included), the config, ``prepare`` (profile, fitted curves and step
+  table, the workload), with the fit cache warm, as every run after a profile's first finds it;
 * engine: the serving loop;
 * metrics: the summary and the request table from the records;
 * writing: the run folder (requests.csv, steps.csv, summary.json, config.toml);
@@ -20,6 +21,13 @@ round-robin at 4x the rate) and ``trace`` (the 1M default requests read back fro
 trace, issue 14). One cold start (no cache: imports, fit and tabulation) is measured
 once. README.md quotes the tracked JSON through docs/generate.py's ``scale`` block; only
 ``--update`` writes it (a trial run goes to runs/benchmarks/, which git ignores).
+
+The yardstick: a bare SimPy loop of 1M timeouts (one process yielding ``env.timeout`` a million
+times, ``env.run()`` timed in a fresh process); a 200k-request run's whole run is quoted as a
+multiple of it. ``--against DIR`` measures each case and size with another checkout's code too
+(e.g. ``git worktree add --detach /tmp/before main``), in turns with this one's, ``--repeat`` times
+each (medians), and records both, which the table quotes. Children run without
+``PYTHONDONTWRITEBYTECODE`` (with Python's bytecode cached, as an installed package runs).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -71,6 +80,9 @@ def child(case: str, size: int, trace: str | None) -> dict:
     else:
         overrides["workload.num_requests"] = (size, "scale.py")
     run = prepare(load_config(None, overrides))
+    from sim.jit import wants_compiled
+
+    wants_compiled(run.config.engine.jit)  # numba's import is start-up, not the metrics after the engine
     prepared = time.perf_counter()
     peaks = {"startup": peak_mb()}
     result = execute(run)
@@ -89,17 +101,70 @@ def child(case: str, size: int, trace: str | None) -> dict:
             "peak_rss_mb": peak_mb(), "peak_rss_mb_after": peaks}
 
 
-def measure(case: str, size: int, trace: str | None = None, cache: str | None = None) -> dict:
-    env = dict(os.environ)
+def bare_simpy(timeouts: int = 1_000_000) -> float:
+    """Seconds of ``env.run()`` over one process yielding ``timeouts`` timeouts (in this fresh process)."""
+    import simpy
+
+    env = simpy.Environment()
+
+    def ticks(env):
+        for _ in range(timeouts):
+            yield env.timeout(1)
+
+    env.process(ticks(env))
+    started = time.perf_counter()
+    env.run()
+    return time.perf_counter() - started
+
+
+def child_env(checkout: Path | None = None, cache: str | None = None) -> dict:
+    """A child's environment: this checkout's code (or ``checkout``'s), bytecode cached as installed."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))
     if cache is not None:
         env["SPECBATCH_CACHE_DIR"] = cache
+    return env
+
+
+def measure(case: str, size: int, trace: str | None = None, cache: str | None = None,
+            checkout: Path | None = None) -> dict:
+    env = child_env(checkout, cache)
     argv = [sys.executable, __file__, "--child", case, str(size)] + (["--trace", trace] if trace else [])
     started = time.perf_counter()
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(argv, cwd=checkout or ROOT, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr}")
     row = json.loads(done.stdout.strip().splitlines()[-1])
     row["process_s"] = time.perf_counter() - started  # the interpreter's own start included
+    return row
+
+
+def warm_compiled(checkout: Path) -> None:
+    """Compile ``checkout``'s engine into its own cache folder now (nothing to do where it is warm), so
+    that no measured run of that code compiles, or runs interpreted while a background warm-up does."""
+    env = {**child_env(checkout), "SPECBATCH_BACKGROUND_COMPILE": "0"}
+    subprocess.run([sys.executable, "-m", "sim.warm"], cwd=checkout, env=env, check=True, capture_output=True)
+
+
+def alternated(case: str, size: int, trace: str | None, against: Path | None, repeat: int) -> dict:
+    """The median (by whole run) of ``repeat`` measurements; with ``against``, that checkout's too, taken in
+    turns with this one's (before, after, before, ...), under the row's ``before``."""
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    for _ in range(repeat):
+        if against is not None:
+            runs["before"].append(measure(case, size, trace, checkout=against))
+        runs["after"].append(measure(case, size, trace))
+
+    def median(rows: list[dict]) -> dict:
+        return sorted(rows, key=lambda r: r["total_s"])[(len(rows) - 1) // 2]
+
+    row = median(runs["after"])
+    if against is not None:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=against, capture_output=True, text=True)
+        keys = ("startup_s", "engine_s", "metrics_s", "write_s", "total_s", "peak_rss_mb")
+        row["before"] = {"commit": commit.stdout.strip() or None, "runs": repeat,
+                         **{key: median(runs["before"])[key] for key in keys}}
     return row
 
 
@@ -151,6 +216,20 @@ def table(doc: dict) -> str:
         rows.append(f"Start-up without the fit cache (a profile's first run on a machine): {cold['startup_s']:.2f} s "
                     f"(imports {cold['import_s']:.2f} s); with it: {doc['warm_start_s']:.2f} s "
                     f"(imports {doc['warm_import_s']:.2f} s).")
+    simpy_s = doc.get("simpy_1m_timeouts_s")
+    yardstick = next((r for r in doc["rows"] if r["case"] == "fixed" and r["requests"] == 200_000), None)
+    if simpy_s and yardstick:
+        rows.append(f"200,000 requests end to end take {yardstick['total_s']:.2f} s, {yardstick['total_s'] / simpy_s:.1f}× "
+                    f"a bare SimPy loop of 1M timeouts ({simpy_s:.2f} s), at {yardstick['peak_rss_mb']:,.0f} MB peak.")
+    checked = [r for r in sorted(doc["rows"], key=lambda r: (list(CASES).index(r["case"]), r["requests"]))
+               if "before" in r]
+    if checked:
+        rows.append("Checked against the code before (" + checked[0]["before"]["commit"] + ") in alternating runs, "
+                    "medians of the whole run, before → after: " + "; ".join(
+                        f"{CASES[r['case']][0]} at {r['requests']:,}: {r['before']['total_s']:.2f} s → {r['total_s']:.2f} s "
+                        f"({r['before']['total_s'] / r['total_s']:.2f}×, {r['before']['runs']} "
+                        f"run{'s' if r['before']['runs'] > 1 else ''} each), peak {r['before']['peak_rss_mb']:,.0f} → "
+                        f"{r['peak_rss_mb']:,.0f} MB" for r in checked) + ".")
     machine = doc["machine"]
     rows.append(f"Measured {doc['date']} with `python benchmarks/scale.py` on {machine['cpu']} ({machine['cores']} "
                 f"cores), Python {machine['python']}, numpy {machine['numpy']}, pyarrow {machine['pyarrow']}"
@@ -165,6 +244,9 @@ def main() -> int:
         trace = sys.argv[sys.argv.index("--trace") + 1] if "--trace" in sys.argv else None
         print(json.dumps(child(sys.argv[2], int(sys.argv[3]), trace)))
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--simpy":
+        print(json.dumps(bare_simpy()))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
@@ -173,6 +255,9 @@ def main() -> int:
                         help=f"write the tracked {RESULTS.relative_to(ROOT)} (then run python docs/generate.py)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the rows of --out that this invocation does not measure again (and its cold start)")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another checkout (e.g. of main) measured in turns with this one, each case and size")
+    parser.add_argument("--repeat", type=int, default=1, help="measurements of each case and size (medians)")
     args = parser.parse_args()
     if args.update and args.out is not None:
         parser.error("--update writes the tracked results; it takes no --out")
@@ -180,8 +265,14 @@ def main() -> int:
     kept = json.loads(args.out.read_text()) if args.keep and args.out.is_file() else {"rows": []}
     rows = [r for r in kept["rows"] if r["case"] not in args.cases or
             r["requests"] not in ([max(args.sizes)] if r["case"] == "trace" else args.sizes)]
+    simpy_runs = [json.loads(subprocess.run([sys.executable, __file__, "--simpy"], env=child_env(), check=True,
+                                            capture_output=True, text=True).stdout) for _ in range(3)]
     doc = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(),
-           "load_average_at_start": os.getloadavg()[0], "rows": rows}
+           "load_average_at_start": os.getloadavg()[0], "simpy_1m_timeouts_s": statistics.median(simpy_runs),
+           "rows": rows}
+    print(f"bare SimPy loop of 1M timeouts: {doc['simpy_1m_timeouts_s']:.2f} s (median of 3)", flush=True)
+    for checkout in filter(None, (ROOT, args.against)):
+        warm_compiled(checkout)
     with tempfile.TemporaryDirectory() as scratch:
         if args.keep and "cold_start" in kept:
             cold = kept["cold_start"]
@@ -199,7 +290,7 @@ def main() -> int:
                     trace = str(Path(scratch) / f"trace-{size}.csv")
                     write_default_trace(size, Path(trace))
                 warm(case, size, trace)
-                row = measure(case, size, trace)
+                row = alternated(case, size, trace, args.against, args.repeat)
                 row["load_average"] = os.getloadavg()[0]  # other work on the machine slows every figure
                 rows.append(row)
                 if case == "fixed" and size == min(args.sizes):
@@ -208,6 +299,11 @@ def main() -> int:
                       f"{row['startup_s']:.2f} s, engine {row['engine_s']:.1f} s, metrics {row['metrics_s']:.2f} s, "
                       f"writing {row['write_s']:.2f} s, whole {row['total_s']:.1f} s; {row['steps_per_s']:,.0f} "
                       f"steps/s; peak RSS {row['peak_rss_mb']:,.0f} MB", flush=True)
+                if "before" in row:
+                    b = row["before"]
+                    print(f"{'before':>8} ({b['commit']}): whole {b['total_s']:.1f} s, engine {b['engine_s']:.1f} s, "
+                          f"metrics {b['metrics_s']:.2f} s, writing {b['write_s']:.2f} s; peak RSS {b['peak_rss_mb']:,.0f} MB; "
+                          f"before / after {b['total_s'] / row['total_s']:.2f}x", flush=True)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(doc, indent=2) + "\n")  # after each row: a long run keeps what it has
     print(f"wrote {args.out}")

@@ -195,6 +195,27 @@ def test_buffers_grow_keeping_every_row_written(batches, capacity):
     assert set(buffers.step_columns(v1=False)) == set(STEP_DTYPE.names) - {"prefill_tokens", "kv_blocks", "preemptions"}
 
 
+def test_buffers_grow_keeping_every_field_of_every_record():
+    """Growing copies the records as bytes (a packed record dtype copied field by field was ten times
+    slower): every field of every record survives each doubling, as a field-by-field copy keeps it."""
+    ctr = np.zeros(N_COUNTERS, dtype=np.int64)
+    buffers = Buffers(ctr, capacity=3)
+    rng = np.random.default_rng(7)
+    expected = np.zeros(0, STEP_DTYPE)
+    for steps in (2, 5, 1, 17, 40, 3):
+        buffers.room(steps, 0)
+        rows = np.zeros(steps, STEP_DTYPE)
+        for name in STEP_DTYPE.names:
+            kind = STEP_DTYPE[name]
+            rows[name] = rng.random(steps) * 1e3 if kind.kind == "f" else rng.integers(-100, 100, steps).astype(kind)
+        pos = int(ctr[C_REC_POS])
+        buffers.steps[pos:pos + steps] = rows
+        ctr[C_REC_POS] += steps
+        expected = np.concatenate((expected, rows))
+    assert buffers.steps.shape[0] >= len(expected) > 3
+    assert buffers.steps[:len(expected)].tobytes() == expected.tobytes()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=20))
 def test_csv_floats_read_back_as_the_same_float64(values):

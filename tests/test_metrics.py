@@ -31,6 +31,44 @@ def test_weighted_percentile_equals_percentile_of_the_repeated_values(data, perc
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
 
 
+def test_weighted_percentile_is_exactly_that_of_a_stable_sort_whatever_order_ties_take():
+    """summary.json's bytes must not move: equal values sorted in any order give the same percentile,
+    to the last bit, as the stable sort this used before (many ties, zero weights, a million gaps)."""
+    rng = np.random.default_rng(3)
+    values = np.round(rng.gamma(2.0, 0.01, 1_000_000), 5)  # a few thousand distinct gaps
+    weights = rng.integers(0, 40, values.size)
+    order = np.argsort(values, kind="stable")
+    cum, ranked = np.cumsum(weights[order]), values[order]
+    percents = [0, 1, 50, 90, 99, 99.9, 100]
+    expected = []
+    for p in percents:
+        h = (int(cum[-1]) - 1) * p / 100.0
+        lo, hi = int(np.floor(h)), int(np.ceil(h))
+        v_lo, v_hi = ranked[np.searchsorted(cum, lo, side="right")], ranked[np.searchsorted(cum, hi, side="right")]
+        expected.append(v_lo + (h - lo) * (v_hi - v_lo))
+    assert weighted_percentile(values, weights, percents).tobytes() == np.asarray(expected).tobytes()
+
+
+def test_weighted_stats_are_to_the_bit_those_of_the_milliseconds_computed_first():
+    """distribution_stats finds the ranks on the seconds and scales only the values at them; the mean and
+    std square in place: every figure is the double the plain formulas over milliseconds give."""
+    rng = np.random.default_rng(5)
+    seconds = np.round(rng.gamma(2.0, 0.01, 200_000), 6)
+    weights = rng.integers(0, 9, seconds.size)
+    ms = seconds * 1000.0
+    order = np.argsort(ms, kind="stable")
+    cum, ranked = np.cumsum(weights[order]), ms[order]
+    expected = {}
+    for name, p in (("median", 50), ("p90", 90), ("p99", 99)):
+        h = (int(cum[-1]) - 1) * p / 100.0
+        lo, hi = int(np.floor(h)), int(np.ceil(h))
+        v_lo, v_hi = ranked[np.searchsorted(cum, lo, side="right")], ranked[np.searchsorted(cum, hi, side="right")]
+        expected[f"{name}_itl_ms"] = float(v_lo + (h - lo) * (v_hi - v_lo))
+    mean = float(np.average(ms, weights=weights))
+    expected.update(mean_itl_ms=mean, std_itl_ms=float(np.sqrt(np.average((ms - mean) ** 2, weights=weights))))
+    assert distribution_stats("itl", seconds, weights) == expected
+
+
 def test_weighted_percentile_skips_zero_weight_values():
     got = weighted_percentile(np.array([5.0, 1.0, 100.0, 3.0]), np.array([1, 2, 0, 1]), [0, 50, 100])
     np.testing.assert_allclose(got, [1.0, 2.0, 5.0])  # over [1, 1, 3, 5]

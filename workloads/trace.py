@@ -145,7 +145,6 @@ def read_trace_columns(path: Path) -> Requests | None:
     :mod:`workloads.limits`; anything else goes to the line reader."""
     try:
         import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.csv as pacsv
     except ImportError:
         return None
@@ -177,6 +176,8 @@ def read_trace_columns(path: Path) -> Requests | None:
             and (output <= MAX_TOKENS).all()):
         return None
     alpha = label = None
+    if "alpha" in wanted or "label" in wanted:
+        import pyarrow.compute as pc  # only for these columns: importing it is a tenth of a short run's start
     if "alpha" in wanted:
         alpha = _numbers(pc.fill_null(table["alpha"], float("nan")), np.float64)  # blank cells: NaN
         if np.isnan(alpha).sum() != table["alpha"].null_count:  # a cell written "nan" is not a blank one

@@ -84,7 +84,8 @@ def _doubled(array: np.ndarray, need: int, used: int) -> np.ndarray:
     while capacity < need:
         capacity *= 2
     out = np.empty(capacity, array.dtype)
-    out[:used] = array[:used]
+    # as bytes: numpy copies a packed record dtype field by field (2M records: 0.13-0.37 s against 0.02 s)
+    out[:used].view(np.uint8)[:] = array[:used].view(np.uint8)
     return out
 
 

@@ -1,0 +1,82 @@
+"""A run's fixed cost (issue 36): what `specbatch run` leaves out of its start and its exit.
+
+Each behaviour here was measured to cost a short run a share of its whole process; these
+tests hold the behaviour (what is imported, how the process ends, the collector's state),
+not a time, so they do not depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import specbatch.commands.cli as cli
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = ["run", "--num-requests", "40", "--jit", "off", "--quiet"]
+
+
+def _python(code: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, check=True)
+
+
+def test_run_parses_without_importing_the_other_commands_modules():
+    """`run`, `--help` and bad input build the other commands' parsers from their names alone."""
+    code = ("import sys; from specbatch.commands.cli import COMMANDS, build_parser; "
+            "build_parser('run', every=False).parse_args(['run', '--rate', '2']); "
+            "print(sorted(m for m, _ in COMMANDS.values() if m in sys.modules))")
+    assert _python(code).stdout.strip() == "[]"
+    code = ("import sys; from specbatch.commands.cli import COMMANDS, build_parser; "
+            "build_parser('sweep', every=False); print(sorted(m for m, _ in COMMANDS.values() if m in sys.modules))")
+    assert _python(code).stdout.strip() == "['specbatch.commands.sweep.cli']"
+
+
+def test_every_commands_help_is_the_same_built_lazily_or_in_full():
+    full = cli.build_parser()
+    lazy = cli.build_parser(None, every=False)
+    assert lazy.format_help() == full.format_help()
+    for name in cli.COMMANDS:
+        subparsers = [a for a in cli.build_parser(name, every=False)._actions if a.dest == "command"][0]
+        everything = [a for a in full._actions if a.dest == "command"][0]
+        assert subparsers.choices[name].format_help() == everything.choices[name].format_help()
+
+
+def test_a_run_collects_no_garbage_while_it_works_and_restores_the_collector(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(cli, "_simulate", lambda args: seen.append(gc.isenabled()) or 0)
+    assert gc.isenabled()
+    assert cli.main([*QUICK, "--out", str(tmp_path / "run")]) == 0
+    assert seen == [False] and gc.isenabled()
+    gc.disable()  # a caller that had it off keeps it off
+    try:
+        assert cli.main([*QUICK, "--out", str(tmp_path / "run")]) == 0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_finished_run_ends_without_teardown_and_loses_no_output(tmp_path):
+    """The process ends by os._exit once every file is written: status 0, stdout flushed whole, and
+    the interpreter's exit handlers (here, one that would print) never run."""
+    out = tmp_path / "run"
+    code = ("import atexit, sys; from specbatch.commands.cli import entry_point; "
+            "atexit.register(lambda: print('teardown ran')); sys.argv = ['specbatch', *sys.argv[1:]]; entry_point()")
+    done = subprocess.run([sys.executable, "-c", code, *QUICK, "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str(out)]
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "requests.csv", "steps.csv", "summary.json"]
+    bad = subprocess.run([sys.executable, "-c", code, "run", "--rate", "-1"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == "teardown ran\n"  # any other ending exits as Python does
+
+
+def test_a_trace_without_alpha_or_label_does_not_import_pyarrow_compute(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,20,7\n")
+    code = ("import sys; from workloads.trace import read_trace; r = read_trace(sys.argv[1]); "
+            "print(len(r.arrival_s), 'pyarrow.compute' in sys.modules)")
+    assert _python(code, str(trace)).stdout.split() == ["2", "False"]
+    trace.write_text("arrival_s,prompt_tokens,output_tokens,alpha\n0,10,5,0.5\n0.5,20,7,\n")
+    assert _python(code, str(trace)).stdout.split() == ["2", "True"]
