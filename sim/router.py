@@ -33,6 +33,7 @@ import numpy as np
 
 from sim.scheduler.kvcache import held_keys, request_block_keys
 from sim.scheduler.layout import REQ_PROMPT
+from sim.serving.routing import LEAST_REQUESTS, LEAST_TOKENS, ROUND_ROBIN, first_least, in_turn
 from workloads.numbers import read_number
 
 ROUTERS = ("round-robin", "least-requests", "least-tokens")  # routers that read only the replicas' load
@@ -58,7 +59,7 @@ class RoundRobin:
 
     def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
         chosen = self._next
-        self._next = (chosen + 1) % len(replicas)
+        self._next = in_turn(chosen, len(replicas))
         return chosen
 
 
@@ -66,16 +67,14 @@ class LeastRequests:
     name = "least-requests"
 
     def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
-        loads = [r.outstanding_requests() for r in replicas]
-        return loads.index(min(loads))  # index() finds the first: the lowest replica wins a tie
+        return first_least([r.outstanding_requests() for r in replicas], len(replicas))
 
 
 class LeastTokens:
     name = "least-tokens"
 
     def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
-        loads = [r.outstanding_tokens() for r in replicas]
-        return loads.index(min(loads))
+        return first_least([r.outstanding_tokens() for r in replicas], len(replicas))
 
 
 class ReplicaCache(ReplicaLoad, Protocol):
@@ -189,6 +188,16 @@ def parse_router(raw) -> RouterSpec:
 def router_text(raw) -> str:
     """The canonical spelling of a router spec (the config's value)."""
     return parse_router(raw).text
+
+
+# The routers whose rule a compiled cluster runs (sim/serving/cluster_kernel.py), by exact class: a subclass
+# (its own choose) is asked step by step.
+COMPILED_RULES = {RoundRobin: ROUND_ROBIN, LeastRequests: LEAST_REQUESTS, LeastTokens: LEAST_TOKENS}
+
+
+def compiled_rule(router) -> int | None:
+    """The rule a compiled cluster routes by for ``router`` (sim/serving/routing.py), or None."""
+    return COMPILED_RULES.get(type(router))
 
 
 def make_router(name: str) -> RoundRobin | LeastRequests | LeastTokens | PrefixAware:
