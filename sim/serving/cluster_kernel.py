@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sim.scheduler.layout import (ARRIVAL, C_ARRIVED, C_HEAD, C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, IDLE, MANY,
+from sim.scheduler.layout import (ARRIVAL, C_ARRIVED, C_HEAD, C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, DONE, IDLE, MANY,
                                   NOW, PENDING_END, REFILL, REQ_OUTPUT, REQ_PROMPT, REQ_REMOTE)
 from sim.scheduler.work import has_work
 from sim.serving.kernel import finish_pending, run_steps
@@ -37,8 +37,8 @@ from sim.serving.routing import LEAST_REQUESTS, ROUND_ROBIN, first_least, in_tur
     outstanding_tokens
 from sim.serving.rules import exact_delay
 
-# What :func:`run_cluster` returns
-DONE, GROW, STUCK = 0, 1, 2  # and REFILL (layout.py): ``Board.ctl[WHO]`` names the replica
+# What :func:`run_cluster` returns besides layout.py's DONE and REFILL (then ``Board.ctl[WHO]`` names the replica)
+GROW, STUCK = DONE + 1, DONE + 2
 # Board.ctl
 ROUTED, TURN, REPLICAS, WHO = range(4)
 # Board.status: a replica's step in flight (its end in ``at``), ready to run at ``at``, idle, woken for ``at``
