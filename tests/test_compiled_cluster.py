@@ -1,0 +1,135 @@
+"""A compiled cluster (sim/serving/compiled_cluster.py) gives the SimPy cluster's records to the bit.
+
+The SimPy cluster (sim/serving/clock.py ``simulate_cluster``) is the reference: each test runs the
+same config twice, once as it runs (compiled, where it applies) and once with the compiled cluster
+refused, and compares every record. Where it does not apply, the SimPy cluster must still run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.cluster as cluster
+from sim.jit import numba_available
+from sim.router import ROUTERS
+from sim.serving import compiled_cluster
+from sim.serving.routing import first_least, in_turn
+from sim.simulate import execute, prepare
+from tests.test_decode_runs import assert_identical
+
+pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+
+SMALL = dict(workload__num_requests=120, workload__prompt_tokens="uniform:16:256",
+             workload__output_tokens="uniform:1:48", engine__max_batch_size=8, engine__jit="on")
+
+
+def both(run_config, monkeypatch, **overrides):
+    """(compiled, SimPy) results of one config, routed even for one replica; fails unless the first really
+    ran compiled."""
+    config = run_config(**{**SMALL, **overrides})
+    ran = []
+    run = compiled_cluster.CompiledCluster.run
+    monkeypatch.setattr(compiled_cluster.CompiledCluster, "run", lambda self: (ran.append(1), run(self)))
+    fast = execute(prepare(config), routed=True)
+    assert ran, "the cluster did not run compiled"
+    with monkeypatch.context() as m:
+        m.setattr(cluster, "compiled_cluster_for", lambda *args: None)
+        slow = execute(prepare(config), routed=True)
+    return fast, slow
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("scheduler", ["vllm-v1", "v0"])
+@pytest.mark.parametrize("replicas,rate,seed", [(2, 12.0, 0), (3, 30.0, 1), (4, 60.0, 2)])
+def test_the_compiled_cluster_is_the_simpy_cluster(run_config, monkeypatch, router, scheduler, replicas, rate, seed):
+    fast, slow = both(run_config, monkeypatch, cluster__router=router, engine__scheduler=scheduler,
+                      cluster__replicas=replicas, workload__rate=rate, seed=seed)
+    assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_a_one_replica_compiled_cluster_is_the_single_replica(run_config, monkeypatch, router):
+    config = run_config(**SMALL, workload__rate=6.0, cluster__router=router, acceptance__distribution="beta")
+    ran = []
+    run = compiled_cluster.CompiledCluster.run
+    monkeypatch.setattr(compiled_cluster.CompiledCluster, "run", lambda self: (ran.append(1), run(self)))
+    routed = execute(prepare(config), routed=True)
+    assert ran
+    assert_identical(execute(prepare(config)), routed)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"policy__name": "goodput", "policy__k": None},  # each replica learns its own alpha, in compiled code
+    {"engine__scheduler": "vllm-v1", "engine__kv_cache_tokens": 1500},  # preemptions
+    {"engine__scheduler": "vllm-v1", "engine__async_scheduling": False},
+    {"workload__rate": float("inf")},  # every request routed at 0, before any replica starts
+    {"workload__output_tokens": "8", "workload__prompt_tokens": "16", "policy__name": "none"},  # steps end together
+    {"cluster__replicas": 5},  # a fleet of eight slots, three padding
+])
+def test_the_compiled_cluster_is_the_simpy_cluster_where_events_tie_or_state_is_learnt(run_config, monkeypatch,
+                                                                                     overrides):
+    base = dict(cluster__replicas=3, workload__rate=40.0, cluster__router="least-tokens")
+    fast, slow = both(run_config, monkeypatch, **{**base, **overrides})
+    assert_identical(slow, fast)
+
+
+def test_growing_queues_and_buffers_change_nothing(run_config, monkeypatch):
+    """The call returns to Python to grow a full queue or make room for records and resumes where it was."""
+    from sim.serving.queues import RoutedQueue
+
+    monkeypatch.setattr(RoutedQueue, "INITIAL_CAPACITY", 2)
+    monkeypatch.setattr(compiled_cluster, "RECORD_ROOM", 3)
+    monkeypatch.setattr(compiled_cluster, "ITL_ROOM", 5)
+    fast, slow = both(run_config, monkeypatch, cluster__replicas=3, workload__rate=50.0,
+                      cluster__router="least-requests", engine__scheduler="vllm-v1")
+    assert_identical(slow, fast)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.integers(1, 40), replicas=st.integers(1, 4), router=st.sampled_from(ROUTERS),
+       scheduler=st.sampled_from(["vllm-v1", "v0"]), rate=st.sampled_from([1.0, 20.0, 200.0, float("inf")]),
+       output=st.sampled_from(["1", "4", "uniform:1:30"]), batch=st.integers(1, 6), seed=st.integers(0, 5))
+def test_small_random_clusters_are_the_simpy_clusters(run_config, monkeypatch, requests, replicas, router,
+                                                      scheduler, rate, output, batch, seed):
+    fast, slow = both(run_config, monkeypatch, workload__num_requests=requests, cluster__replicas=replicas,
+                      cluster__router=router, engine__scheduler=scheduler, workload__rate=rate,
+                      workload__output_tokens=output, engine__max_batch_size=batch, seed=seed)
+    assert_identical(slow, fast)
+
+
+def test_the_compiled_cluster_is_the_step_by_step_cluster(run_config):
+    """Against every rule interpreted step by step (``engine.jit = off``), not only the SimPy cluster."""
+    config = dict(**SMALL, cluster__replicas=3, workload__rate=40.0, cluster__router="least-requests")
+    on = execute(prepare(run_config(**config)))
+    off = execute(prepare(run_config(**{**config, "engine__jit": "off"})))
+    assert_identical(off, on)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"workload__max_concurrency": 4},  # sends wait on finishes
+    {"cluster__router": "prefix-aware", "engine__scheduler": "vllm-v1", "engine__enable_prefix_caching": True},
+    {"policy__name": "adaptive"},  # a policy stepped in Python
+    {"engine__jit": "off"},
+    {"output__timeline": "timeline.html"},  # the timeline explains each k, stepped in Python
+])
+def test_what_the_compiled_cluster_leaves_to_simpy(run_config, monkeypatch, tmp_path, overrides):
+    if "output__timeline" in overrides:
+        overrides = {"output__timeline": str(tmp_path / "timeline.html")}
+    simpy_runs = []
+    simulate = cluster.simulate_cluster
+    monkeypatch.setattr(cluster, "simulate_cluster", lambda d, loops: (simpy_runs.append(1), simulate(d, loops)))
+    monkeypatch.setattr(compiled_cluster.CompiledCluster, "run",
+                        lambda self: pytest.fail("the compiled cluster ran"))
+    execute(prepare(run_config(**{**SMALL, "cluster__replicas": 2, "workload__rate": 20.0, **overrides})))
+    assert simpy_runs == [1]
+
+
+def test_the_routers_rules_are_one_rule_each():
+    """sim/router.py's routers pick by the rules the kernel runs: the lowest index wins a tie."""
+    assert first_least([3, 1, 1, 2], 4) == 1 and first_least([0], 1) == 0 and first_least(np.array([2, 2]), 2) == 0
+    assert [in_turn(i, 3) for i in range(3)] == [1, 2, 0]
+    assert compiled_cluster.fleet_size(1) == compiled_cluster.fleet_size(4) == 4
+    assert compiled_cluster.fleet_size(5) == 8 and compiled_cluster.fleet_size(9) == 16
