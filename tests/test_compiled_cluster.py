@@ -76,6 +76,21 @@ def test_the_compiled_cluster_is_the_simpy_cluster_where_events_tie_or_state_is_
     assert_identical(slow, fast)
 
 
+@pytest.mark.parametrize("scheduler", ["vllm-v1", "v0"])
+def test_round_robin_stopping_every_replica_at_every_arrival_is_the_same(run_config, monkeypatch, scheduler):
+    """Round-robin's replicas run ahead to their own next request; where the router's wake-ups might
+    not land on an arrival, every replica stops at every arrival instead: the same records either way."""
+    monkeypatch.setattr(compiled_cluster, "router_lands_on_arrivals", lambda arrivals: False)
+    fast, slow = both(run_config, monkeypatch, cluster__replicas=3, workload__rate=40.0,
+                      cluster__router="round-robin", engine__scheduler=scheduler)
+    assert_identical(slow, fast)
+
+
+def test_the_router_lands_on_arrivals_it_can_reach_by_one_timeout():
+    assert compiled_cluster.router_lands_on_arrivals(np.array([0.0, 0.0, 0.1, 0.30000000000000004, 7.5]))
+    assert compiled_cluster.router_lands_on_arrivals(np.zeros(0))
+
+
 def test_growing_queues_and_buffers_change_nothing(run_config, monkeypatch):
     """The call returns to Python to grow a full queue or make room for records and resumes where it was."""
     from sim.serving.queues import RoutedQueue

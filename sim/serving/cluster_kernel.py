@@ -17,7 +17,10 @@ load-based routers (sim/serving/routing.py) and replicas that run compiled (sim/
   one-replica cluster is the single replica to the bit.
 
 Replicas' events before the next arrival touch nothing another replica or the router reads, so
-each replica runs ahead to it alone. The state each replica's run needs is the loop's; the
+each replica runs ahead to it alone; round-robin reads nothing, so there each replica runs ahead
+to the next request routed to it (where the router's wake-ups land on every arrival's time, as
+they do unless two arrivals' difference does not add back exactly: then every replica stops at
+every arrival, as above). The state each replica's run needs is the loop's; the
 board (:class:`Board`) holds what the SimPy processes held between events, so that the call can
 return to Python (``REFILL``: a replica's record buffers or draws need room; ``GROW``: a queue
 is full) and resume exactly where it stopped.
@@ -78,6 +81,7 @@ class Arrivals(NamedTuple):
     inputs: np.ndarray
     scale: np.ndarray
     rule: int  # sim/serving/routing.py: ROUND_ROBIN, LEAST_REQUESTS or LEAST_TOKENS
+    ahead: bool  # round-robin, its wake-ups landing on every arrival: a replica runs to its own next request
 
 
 def run_cluster(b, f, r, p, itl_room):
@@ -116,8 +120,7 @@ def run_cluster(b, f, r, p, itl_room):
             ctr[C_ARRIVED] = b.count[i]
             s.clocks[NOW] = t
         b.status[i] = READY
-        routed = b.ctl[ROUTED]
-        stop_at = r.arrivals[routed] if routed < total else np.inf
+        stop_at = next_stop(b, r, i)
         reason = run_steps(s, p, f.choosers[i], f.proposers[i], f.draws[i], f.records[i], r.arrivals, False,
                            stop_at, MANY, itl_room)
         if reason == ARRIVAL:
@@ -134,6 +137,16 @@ def run_cluster(b, f, r, p, itl_room):
             b.at[i] = s.clocks[NOW]
             b.ctl[WHO] = i
             return REFILL
+
+
+def next_stop(b, r, i):
+    """Where replica ``i``'s run stops: the next arrival (the router reads every replica then), or under
+    round-robin, which reads none, the next one routed to ``i``; routed at its own time (``ahead``), it
+    sees ``i`` as the SimPy cluster, which stops every replica at every arrival, shows it."""
+    routed = b.ctl[ROUTED]
+    if r.ahead:
+        routed += (i - b.ctl[TURN]) % b.ctl[REPLICAS]
+    return r.arrivals[routed] if routed < r.arrivals.shape[0] else np.inf
 
 
 def route(b, f, r, now):
@@ -193,4 +206,4 @@ def push(b, f, r, j, q, now):
         b.status[j] = WAKING
 
 
-RULES = (run_cluster, route, choose, push)
+RULES = (run_cluster, next_stop, route, choose, push)

@@ -21,6 +21,7 @@ from sim.jit import direct
 from sim.serving import cluster_kernel as ck
 from sim.serving.queues import Dispatcher, RoutedQueue
 from sim.serving.records import ITL_ROOM, RECORD_ROOM
+from sim.serving.routing import ROUND_ROBIN
 from sim.serving.rules import exact_delay
 
 # The replicas' tuples are padded to a power of two, at least this: numba compiles the kernel once per
@@ -36,6 +37,14 @@ def fleet_size(replicas: int) -> int:
     return size
 
 
+def router_lands_on_arrivals(arrivals: np.ndarray) -> bool:
+    """Whether the router's wake-ups (sim/serving/clock.py ``router_process``: from 0, one timeout of
+    ``exact_delay`` to each arrival) land on every arrival's time: each difference adds back exactly,
+    so no replica's step end can route an arrival before the router does."""
+    previous = np.concatenate(([0.0], arrivals[:-1]))
+    return bool(np.all(previous + (arrivals - previous) == arrivals))
+
+
 class CompiledCluster:
     """The dispatcher and the replicas' loops, run by :func:`~sim.serving.cluster_kernel.run_cluster`."""
 
@@ -43,7 +52,8 @@ class CompiledCluster:
         self.dispatcher, self.loops = dispatcher, loops
         n = len(loops)
         arrivals = np.array(dispatcher.arrival_s, dtype=np.float64)
-        self.arrivals = ck.Arrivals(arrivals, dispatcher.reqi, dispatcher.scale, rule)
+        self.arrivals = ck.Arrivals(arrivals, dispatcher.reqi, dispatcher.scale, rule,
+                                    rule == ROUND_ROBIN and router_lands_on_arrivals(arrivals))
         first = arrivals[0] if arrivals.shape[0] else math.inf
         # the router's process starts at 0: it routes what arrives then, else sleeps to the first arrival
         router_at = 0.0 if first <= 0.0 else (math.inf if first == math.inf else exact_delay(0.0, float(first)))
