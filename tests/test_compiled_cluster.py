@@ -68,6 +68,9 @@ def test_a_one_replica_compiled_cluster_is_the_single_replica(run_config, monkey
     {"workload__rate": float("inf")},  # every request routed at 0, before any replica starts
     {"workload__output_tokens": "8", "workload__prompt_tokens": "16", "policy__name": "none"},  # steps end together
     {"cluster__replicas": 5},  # a fleet of eight slots, three padding
+    {"engine__scheduler": "v0", "engine__batching": "static"},
+    {"acceptance__model": "per-position", "acceptance__per_position": [0.8, 0.5, 0.3]},
+    {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
 ])
 def test_the_compiled_cluster_is_the_simpy_cluster_where_events_tie_or_state_is_learnt(run_config, monkeypatch,
                                                                                      overrides):
@@ -89,6 +92,23 @@ def test_round_robin_stopping_every_replica_at_every_arrival_is_the_same(run_con
 def test_the_router_lands_on_arrivals_it_can_reach_by_one_timeout():
     assert compiled_cluster.router_lands_on_arrivals(np.array([0.0, 0.0, 0.1, 0.30000000000000004, 7.5]))
     assert compiled_cluster.router_lands_on_arrivals(np.zeros(0))
+
+
+@pytest.fixture(scope="module")
+def methods_profile(tmp_path_factory):
+    from tests.synthetic import make_profile
+
+    return make_profile(tmp_path_factory.mktemp("profiles") / "methods", drafters=("ngram", "eagle"))
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_the_compiled_cluster_is_the_simpy_cluster_for_other_drafters(run_config, monkeypatch, methods_profile,
+                                                                      method):
+    """A host matcher's proposals (rows that propose only where the context matches) and a head's lag."""
+    fast, slow = both(run_config, monkeypatch, profile=str(methods_profile), cluster__replicas=3,
+                      workload__rate=40.0, cluster__router="least-tokens",
+                      speculative__config={"method": method, "num_speculative_tokens": 3})
+    assert_identical(slow, fast)
 
 
 def test_growing_queues_and_buffers_change_nothing(run_config, monkeypatch):
