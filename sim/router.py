@@ -3,7 +3,9 @@
 A router is asked once per request, at the request's arrival time, with the
 replicas' state at that instant (every step that ended before it applied; a step
 ending at the same instant is applied after the router acts). Ties go to the
-lowest replica index, so routing is deterministic.
+lowest replica index, so routing is deterministic. The load routers' rules are written once in
+sim/serving/routing.py: these classes call them, and so does a compiled cluster
+(sim/serving/cluster_kernel.py), which runs them itself for the exact classes in ``COMPILED_RULES``.
 
 * ``round-robin``: request i (in arrival order) goes to replica i mod N.
 * ``least-requests``: the replica with the fewest outstanding requests, i.e.

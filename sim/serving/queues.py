@@ -186,7 +186,9 @@ class RoutedQueue:
 
     ``request_ids`` maps a queue position back to the cluster's request id. Arrays grow by
     doubling as requests are pushed (a replica of four gets about a quarter of them), and
-    :attr:`on_grow`, set by the replica's loop, grows its per-request arrays alike.
+    :attr:`on_grow`, set by the replica's loop, grows its per-request arrays alike. A compiled
+    cluster (sim/serving/cluster_kernel.py ``push``) fills the same arrays in compiled code and
+    sets :attr:`count` when it returns.
     """
 
     INITIAL_CAPACITY = 1024
