@@ -22,12 +22,13 @@ import numpy as np
 from sim.replica import ReplicaPlan
 from sim.router import compiled_rule, make_router
 from sim.scheduler.kvcache import usage
-from sim.scheduler.layout import C_HEAD, C_REQUEUED, P_BLOCK, REQ_OUTPUT
+from sim.scheduler.layout import P_BLOCK, REQ_OUTPUT
 from sim.serving.clock import simulate_cluster
 from sim.serving.compiled_cluster import compiled_cluster_for
 from sim.serving.loop import ServingLoop
 from sim.serving.queues import Dispatcher, LimitedRoutedQueue, RoutedQueue
 from sim.serving.records import ReplicaRecords
+from sim.serving.routing import waiting_requests
 
 
 @dataclass
@@ -75,8 +76,7 @@ class ReplicaSignals:
 
     def waiting_requests(self) -> int:
         """Routed to it and not yet taken by its scheduler, plus the preempted ones waiting again."""
-        ctr = self.loop.state.ctr
-        return int(self.loop.queue.count - ctr[C_HEAD] + ctr[C_REQUEUED])
+        return int(waiting_requests(self.loop.state.ctr, self.loop.queue.count))
 
     def kv_usage(self) -> float:
         return float(usage(self.loop.state.ctr, self.loop.state.par))

@@ -111,6 +111,24 @@ def test_the_compiled_cluster_is_the_simpy_cluster_for_other_drafters(run_config
     assert_identical(slow, fast)
 
 
+@pytest.mark.parametrize("router", ["prefix-aware", "prefix-aware:prefix=1:queue=2:kv=0.5", "prefix-aware:queue=0"])
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_prefix_aware_compiled_is_the_simpy_cluster(run_config, monkeypatch, tmp_path, router, replicas):
+    """Groups sharing system prompts and repeated prompts, in bursts: the prefix, queue and KV scores all vary."""
+    import pandas as pd
+
+    rng = np.random.default_rng(replicas)
+    n = 150
+    path = tmp_path / "shared.csv"
+    pd.DataFrame({"arrival_s": np.sort(rng.uniform(0, 20, n)).round(2), "prompt_tokens": rng.integers(300, 900, n),
+                  "output_tokens": rng.integers(1, 40, n), "prefix_id": rng.integers(0, 4, n),
+                  "prefix_tokens": 256, "prompt_id": rng.integers(0, 30, n)}).to_csv(path, index=False)
+    fast, slow = both(run_config, monkeypatch, workload__trace=str(path), cluster__replicas=replicas,
+                      cluster__router=router, engine__scheduler="vllm-v1", engine__kv_cache_tokens=3000)
+    assert_identical(slow, fast)
+    assert fast.summary["prefix_cache_hits"] > 0
+
+
 def test_growing_queues_and_buffers_change_nothing(run_config, monkeypatch):
     """The call returns to Python to grow a full queue or make room for records and resumes where it was."""
     from sim.serving.queues import RoutedQueue
@@ -124,11 +142,13 @@ def test_growing_queues_and_buffers_change_nothing(run_config, monkeypatch):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests=st.integers(1, 40), replicas=st.integers(1, 4), router=st.sampled_from(ROUTERS),
+@given(requests=st.integers(1, 40), replicas=st.integers(1, 4), router=st.sampled_from(ROUTERS + ("prefix-aware",)),
        scheduler=st.sampled_from(["vllm-v1", "v0"]), rate=st.sampled_from([1.0, 20.0, 200.0, float("inf")]),
        output=st.sampled_from(["1", "4", "uniform:1:30"]), batch=st.integers(1, 6), seed=st.integers(0, 5))
 def test_small_random_clusters_are_the_simpy_clusters(run_config, monkeypatch, requests, replicas, router,
                                                       scheduler, rate, output, batch, seed):
+    if router == "prefix-aware":  # it reads vllm-v1's prefix cache
+        scheduler = "vllm-v1"
     fast, slow = both(run_config, monkeypatch, workload__num_requests=requests, cluster__replicas=replicas,
                       cluster__router=router, engine__scheduler=scheduler, workload__rate=rate,
                       workload__output_tokens=output, engine__max_batch_size=batch, seed=seed)
@@ -145,7 +165,6 @@ def test_the_compiled_cluster_is_the_step_by_step_cluster(run_config):
 
 @pytest.mark.parametrize("overrides", [
     {"workload__max_concurrency": 4},  # sends wait on finishes
-    {"cluster__router": "prefix-aware", "engine__scheduler": "vllm-v1", "engine__enable_prefix_caching": True},
     {"policy__name": "adaptive"},  # a policy stepped in Python
     {"engine__jit": "off"},
     {"output__timeline": "timeline.html"},  # the timeline explains each k, stepped in Python

@@ -222,7 +222,7 @@ def usage(ctr, par):
 
 
 RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, admit_slot, shortfall, grow_slot, cache_slot,
-         free_slot)
+         free_slot, usage)
 
 
 def prefix_keys(requests, block_size: int) -> tuple[np.ndarray | None, int]:

@@ -3,7 +3,8 @@
 The SimPy cluster (sim/serving/clock.py ``simulate_cluster``) runs each replica as a process whose
 compiled runs stop at every routing decision, so a cluster of a million requests returns to
 Python a million times. :func:`run_cluster` keeps that whole event order in compiled code, for the
-load-based routers (sim/serving/routing.py) and replicas that run compiled (sim/serving/compiled.py):
+built-in routers (their rules: sim/serving/routing.py) and replicas that run compiled
+(sim/serving/compiled.py):
 
 * each replica is a ``Replica`` state (sim/serving/step.py) run by :func:`~sim.serving.kernel.run_steps`,
   as one replica is, from its time until the first step that ends at or after the next arrival
@@ -33,11 +34,13 @@ from typing import NamedTuple
 import numpy as np
 
 from sim.scheduler.layout import (ARRIVAL, C_ARRIVED, C_HEAD, C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, DONE, IDLE, MANY,
-                                  NOW, PENDING_END, REFILL, REQ_OUTPUT, REQ_PROMPT, REQ_REMOTE)
+                                  NOW, P_BLOCK, PENDING_END, REFILL, REQ_OUTPUT, REQ_PROMPT, REQ_REMOTE)
 from sim.scheduler.work import has_work
 from sim.serving.kernel import finish_pending, run_steps
-from sim.serving.routing import LEAST_REQUESTS, ROUND_ROBIN, first_least, in_turn, outstanding_requests, \
-    outstanding_tokens
+from sim.scheduler.kvcache import usage
+from sim.serving.routing import (LEAST_REQUESTS, PREFIX_AWARE, ROUND_ROBIN, first_least, in_turn, outstanding_requests,
+                                 outstanding_tokens, prefix_score, prompt_blocks, queue_score, waiting_requests,
+                                 weighted_score)
 from sim.serving.rules import exact_delay
 
 # What :func:`run_cluster` returns besides layout.py's DONE and REFILL (then ``Board.ctl[WHO]`` names the replica)
@@ -80,7 +83,8 @@ class Arrivals(NamedTuple):
     arrivals: np.ndarray
     inputs: np.ndarray
     scale: np.ndarray
-    rule: int  # sim/serving/routing.py: ROUND_ROBIN, LEAST_REQUESTS or LEAST_TOKENS
+    rule: int  # sim/serving/routing.py: ROUND_ROBIN, LEAST_REQUESTS, LEAST_TOKENS or PREFIX_AWARE
+    weights: np.ndarray  # prefix-aware's weights: prefix, queue, kv
     ahead: bool  # round-robin, its wake-ups landing on every arrival: a replica runs to its own next request
 
 
@@ -172,6 +176,8 @@ def choose(b, f, r):
     n = b.ctl[REPLICAS]
     if r.rule == ROUND_ROBIN:
         return b.ctl[TURN]
+    if r.rule == PREFIX_AWARE:
+        return best_scored(b, f, r, n)
     loads = b.loads
     for j in range(n):
         s = f.states[j]
@@ -182,6 +188,27 @@ def choose(b, f, r):
             loads[j] = outstanding_tokens(s.counters, s.params, s.sched, s.requests.inputs, s.requests.ints,
                                           cum[b.count[j]] - cum[s.counters[C_HEAD]])
     return first_least(loads, n)
+
+
+def best_scored(b, f, r, n):
+    """prefix-aware: the replica with the first highest weighted score (sim/router.py PrefixAware)."""
+    q = b.ctl[ROUTED]
+    waiting = b.loads
+    for j in range(n):
+        waiting[j] = waiting_requests(f.states[j].counters, b.count[j])
+    longest, shortest = float(waiting[0]), float(waiting[0])
+    for j in range(1, n):
+        longest = max(longest, float(waiting[j]))
+        shortest = min(shortest, float(waiting[j]))
+    blocks = prompt_blocks(r.inputs[REQ_PROMPT, q], f.states[0].params[P_BLOCK])
+    best, top = 0, -np.inf
+    for j in range(n):
+        s = f.states[j]
+        score = weighted_score(r.weights, prefix_score(r.inputs, q, blocks, s.blocks.key_block),
+                               queue_score(longest, shortest, float(waiting[j])), usage(s.counters, s.params))
+        if score > top:
+            best, top = j, score
+    return best
 
 
 def push(b, f, r, j, q, now):
@@ -206,4 +233,4 @@ def push(b, f, r, j, q, now):
         b.status[j] = WAKING
 
 
-RULES = (run_cluster, next_stop, route, choose, push)
+RULES = (run_cluster, next_stop, route, choose, best_scored, push)

@@ -2,8 +2,8 @@
 
 It applies where each replica runs compiled (sim/serving/compiled.py: a policy with a compiled form,
 draws and prices the kernel makes, a queue the dispatcher fills at arrival times) and the router is a
-built-in load rule (sim/router.py ``compiled_rule``: round-robin, least-requests, least-tokens),
-with no client concurrency limit (its sends wait on finishes, reported step by step). Anything
+built-in one (sim/router.py ``compiled_rule``: round-robin, least-requests, least-tokens,
+prefix-aware), with no client concurrency limit (its sends wait on finishes, reported step by step). Anything
 else runs in SimPy (sim/serving/clock.py ``simulate_cluster``), whose records these are to the bit
 (tests/test_compiled_cluster.py).
 
@@ -21,7 +21,7 @@ from sim.jit import direct
 from sim.serving import cluster_kernel as ck
 from sim.serving.queues import Dispatcher, RoutedQueue
 from sim.serving.records import ITL_ROOM, RECORD_ROOM
-from sim.serving.routing import ROUND_ROBIN
+from sim.serving.routing import PREFIX_AWARE, ROUND_ROBIN
 from sim.serving.rules import exact_delay
 
 # The replicas' tuples are padded to a power of two, at least this: numba compiles the kernel once per
@@ -52,7 +52,9 @@ class CompiledCluster:
         self.dispatcher, self.loops = dispatcher, loops
         n = len(loops)
         arrivals = np.array(dispatcher.arrival_s, dtype=np.float64)
+        weights = dispatcher.router.weights if rule == PREFIX_AWARE else np.zeros(3)
         self.arrivals = ck.Arrivals(arrivals, dispatcher.reqi, dispatcher.scale, rule,
+                                    np.ascontiguousarray(weights, dtype=np.float64),
                                     rule == ROUND_ROBIN and router_lands_on_arrivals(arrivals))
         first = arrivals[0] if arrivals.shape[0] else math.inf
         # the router's process starts at 0: it routes what arrives then, else sleeps to the first arrival
