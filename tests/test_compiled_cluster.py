@@ -67,7 +67,7 @@ def test_a_one_replica_compiled_cluster_is_the_single_replica(run_config, monkey
     {"engine__scheduler": "vllm-v1", "engine__async_scheduling": False},
     {"workload__rate": float("inf")},  # every request routed at 0, before any replica starts
     {"workload__output_tokens": "8", "workload__prompt_tokens": "16", "policy__name": "none"},  # steps end together
-    {"cluster__replicas": 5},  # a fleet of eight slots, three padding
+    {"cluster__replicas": 5},  # a fleet of eight slots, three of them padding
     {"engine__scheduler": "v0", "engine__batching": "static"},
     {"acceptance__model": "per-position", "acceptance__per_position": [0.8, 0.5, 0.3]},
     {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
@@ -185,5 +185,5 @@ def test_the_routers_rules_are_one_rule_each():
     """sim/router.py's routers pick by the rules the kernel runs: the lowest index wins a tie."""
     assert first_least([3, 1, 1, 2], 4) == 1 and first_least([0], 1) == 0 and first_least(np.array([2, 2]), 2) == 0
     assert [in_turn(i, 3) for i in range(3)] == [1, 2, 0]
-    assert compiled_cluster.fleet_size(1) == compiled_cluster.fleet_size(4) == 4
-    assert compiled_cluster.fleet_size(5) == 8 and compiled_cluster.fleet_size(9) == 16
+    assert compiled_cluster.fleet_size(1) == compiled_cluster.fleet_size(8) == 8
+    assert compiled_cluster.fleet_size(9) == 16 and compiled_cluster.fleet_size(17) == 32

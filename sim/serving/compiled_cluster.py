@@ -25,8 +25,9 @@ from sim.serving.routing import PREFIX_AWARE, ROUND_ROBIN
 from sim.serving.rules import exact_delay
 
 # The replicas' tuples are padded to a power of two, at least this: numba compiles the kernel once per
-# tuple length, so clusters of one to four replicas share one compiled kernel (sim.warm compiles it).
-SMALLEST_FLEET = 4
+# tuple length (about 30 s on a loaded 2-core machine), so clusters of one to eight replicas share the
+# compiled kernel sim.warm makes; a larger one compiles its own once per code version.
+SMALLEST_FLEET = 8
 
 
 def fleet_size(replicas: int) -> int:
