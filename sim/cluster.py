@@ -20,13 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.replica import ReplicaPlan
-from sim.router import make_router
+from sim.router import compiled_rule, make_router
 from sim.scheduler.kvcache import usage
-from sim.scheduler.layout import C_HEAD, C_REQUEUED, P_BLOCK, REQ_OUTPUT
+from sim.scheduler.layout import P_BLOCK, REQ_OUTPUT
 from sim.serving.clock import simulate_cluster
+from sim.serving.compiled_cluster import compiled_cluster_for
 from sim.serving.loop import ServingLoop
 from sim.serving.queues import Dispatcher, LimitedRoutedQueue, RoutedQueue
 from sim.serving.records import ReplicaRecords
+from sim.serving.routing import waiting_requests
 
 
 @dataclass
@@ -74,8 +76,7 @@ class ReplicaSignals:
 
     def waiting_requests(self) -> int:
         """Routed to it and not yet taken by its scheduler, plus the preempted ones waiting again."""
-        ctr = self.loop.state.ctr
-        return int(self.loop.queue.count - ctr[C_HEAD] + ctr[C_REQUEUED])
+        return int(waiting_requests(self.loop.state.ctr, self.loop.queue.count))
 
     def kv_usage(self) -> float:
         return float(usage(self.loop.state.ctr, self.loop.state.par))
@@ -122,7 +123,12 @@ def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: 
         loop = replica.loop(queue, p.policy, p.sampler)
         dispatcher.add(queue, ReplicaSignals(loop))
         loops.append(loop)
-    simulate_cluster(dispatcher, loops)
+    compiled = compiled_cluster_for(dispatcher, loops, compiled_rule(dispatcher.router))
+    if compiled is not None:  # every replica and the router in compiled code
+        compiled.run()
+        del compiled
+    else:
+        simulate_cluster(dispatcher, loops)
     sent_s = dispatcher.sent_s
     # Reference cycles (dispatcher <-> queues and loads, queue <-> loop, loop <-> its compiled runs)
     # would keep every replica's buffers until the GC ran: break them, so that merge_loops frees each

@@ -3,7 +3,9 @@
 A router is asked once per request, at the request's arrival time, with the
 replicas' state at that instant (every step that ended before it applied; a step
 ending at the same instant is applied after the router acts). Ties go to the
-lowest replica index, so routing is deterministic.
+lowest replica index, so routing is deterministic. The routers' rules are written once in
+sim/serving/routing.py: these classes call them, and so does a compiled cluster
+(sim/serving/cluster_kernel.py), which runs them itself for the exact classes in ``COMPILED_RULES``.
 
 * ``round-robin``: request i (in arrival order) goes to replica i mod N.
 * ``least-requests``: the replica with the fewest outstanding requests, i.e.
@@ -31,8 +33,9 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from sim.scheduler.kvcache import held_keys, request_block_keys
 from sim.scheduler.layout import REQ_PROMPT
+from sim.serving.routing import (LEAST_REQUESTS, LEAST_TOKENS, MAX_PREFIX_BLOCKS, PREFIX_AWARE, ROUND_ROBIN,  # noqa: F401
+                                 first_least, in_turn, prefix_score, prompt_blocks, queue_score, weighted_score)
 from workloads.numbers import read_number
 
 ROUTERS = ("round-robin", "least-requests", "least-tokens")  # routers that read only the replicas' load
@@ -40,8 +43,6 @@ CACHE_ROUTERS = ("prefix-aware",)  # routers that read the replicas' KV caches (
 ROUTER_NAMES = ROUTERS + CACHE_ROUTERS
 # llm-d's inference-scheduling profile: prefix-cache-scorer 3, queue-scorer 2, kv-cache-utilization-scorer 2
 PREFIX_AWARE_WEIGHTS = {"prefix": 3.0, "queue": 2.0, "kv": 2.0}
-# gateway-api-inference-extension's prefix-cache-scorer matches at most 256 blocks of a prompt
-MAX_PREFIX_BLOCKS = 256
 
 
 class ReplicaLoad(Protocol):
@@ -58,7 +59,7 @@ class RoundRobin:
 
     def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
         chosen = self._next
-        self._next = (chosen + 1) % len(replicas)
+        self._next = in_turn(chosen, len(replicas))
         return chosen
 
 
@@ -66,16 +67,14 @@ class LeastRequests:
     name = "least-requests"
 
     def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
-        loads = [r.outstanding_requests() for r in replicas]
-        return loads.index(min(loads))  # index() finds the first: the lowest replica wins a tie
+        return first_least([r.outstanding_requests() for r in replicas], len(replicas))
 
 
 class LeastTokens:
     name = "least-tokens"
 
     def choose(self, replicas: Sequence[ReplicaLoad], request: np.ndarray | None = None) -> int:
-        loads = [r.outstanding_tokens() for r in replicas]
-        return loads.index(min(loads))
+        return first_least([r.outstanding_tokens() for r in replicas], len(replicas))
 
 
 class ReplicaCache(ReplicaLoad, Protocol):
@@ -92,8 +91,8 @@ class ReplicaCache(ReplicaLoad, Protocol):
 
 class PrefixAware:
     """llm-d's weighted scorers (the module docstring). ``request`` is the request's input column
-    (sim/serving/queues.py: prompt tokens and prefix-cache keys). The cost per decision is numpy
-    over the request's blocks and the replicas: no step of the replicas is touched."""
+    (sim/serving/queues.py: prompt tokens and prefix-cache keys). Each score is
+    sim/serving/routing.py's rule, which a compiled cluster runs too; no step of the replicas is touched."""
 
     name = "prefix-aware"
 
@@ -101,10 +100,11 @@ class PrefixAware:
         self.weights = np.array([prefix, queue, kv])
 
     def scores(self, replicas: Sequence[ReplicaCache], request: np.ndarray) -> np.ndarray:
-        """Each replica's weighted score (the router picks the first highest)."""
-        prefix, queue, kv = self.weights
-        load = np.array([(r.waiting_requests(), r.kv_usage()) for r in replicas], dtype=np.float64)
-        return prefix * prefix_scores(replicas, request) + queue * queue_scores(load[:, 0]) + kv * (1.0 - load[:, 1])
+        """Each replica's weighted score (the router picks the first highest; sim/serving/routing.py)."""
+        prefix = prefix_scores(replicas, request)
+        queue = queue_scores(np.array([r.waiting_requests() for r in replicas], dtype=np.float64))
+        return np.array([weighted_score(self.weights, prefix[i], queue[i], r.kv_usage())
+                         for i, r in enumerate(replicas)])
 
     def choose(self, replicas: Sequence[ReplicaCache], request: np.ndarray) -> int:
         return int(np.argmax(self.scores(replicas, request)))  # argmax finds the first: the lowest index wins a tie
@@ -114,22 +114,16 @@ def prefix_scores(replicas: Sequence[ReplicaCache], request: np.ndarray) -> np.n
     """Per replica, the share of the request's full prompt blocks (at most MAX_PREFIX_BLOCKS) that
     lead its prompt and are in that replica's cache (gateway-api-inference-extension's
     prefix-cache-scorer: matched leading blocks / the prompt's blocks; 0 for a prompt under a block)."""
-    blocks = min(int(request[REQ_PROMPT]) // replicas[0].block_size, MAX_PREFIX_BLOCKS)
-    keys = request_block_keys(request, blocks)  # its own blocks cannot be held anywhere: only these can match
-    if keys.shape[0] == 0:
-        return np.zeros(len(replicas))
-    held = np.array([held_keys(keys, r.key_block()) for r in replicas])
-    # leading run of held blocks: the first miss's index, or every shared block when none is missed
-    leading = np.where(held.all(axis=1), keys.shape[0], held.argmin(axis=1))
-    return leading / blocks
+    blocks = prompt_blocks(int(request[REQ_PROMPT]), replicas[0].block_size)
+    column = request.reshape(-1, 1)
+    return np.array([prefix_score(column, 0, blocks, r.key_block()) for r in replicas], dtype=np.float64)
 
 
 def queue_scores(waiting: np.ndarray) -> np.ndarray:
     """gateway-api-inference-extension's queue-scorer over the replicas' waiting requests:
     (longest - own) / (longest - shortest), 1 for every replica when the queues are equal."""
-    longest = waiting.max()
-    spread = longest - waiting.min()
-    return np.ones(waiting.shape[0]) if spread == 0 else (longest - waiting) / spread
+    longest, shortest = waiting.max(), waiting.min()
+    return np.array([queue_score(longest, shortest, own) for own in waiting], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -189,6 +183,17 @@ def parse_router(raw) -> RouterSpec:
 def router_text(raw) -> str:
     """The canonical spelling of a router spec (the config's value)."""
     return parse_router(raw).text
+
+
+# The routers whose rule a compiled cluster runs (sim/serving/cluster_kernel.py), by exact class: a subclass
+# (its own choose) is asked step by step.
+COMPILED_RULES = {RoundRobin: ROUND_ROBIN, LeastRequests: LEAST_REQUESTS, LeastTokens: LEAST_TOKENS,
+                  PrefixAware: PREFIX_AWARE}
+
+
+def compiled_rule(router) -> int | None:
+    """The rule a compiled cluster routes by for ``router`` (sim/serving/routing.py), or None."""
+    return COMPILED_RULES.get(type(router))
 
 
 def make_router(name: str) -> RoundRobin | LeastRequests | LeastTokens | PrefixAware:

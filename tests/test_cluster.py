@@ -303,6 +303,7 @@ def test_results_do_not_depend_on_the_order_simpy_runs_replicas_in(run_config, m
     if scheduler == "vllm-v1":
         overrides.update(engine__scheduler="vllm-v1")
     config = run_config(**overrides)
+    monkeypatch.setattr(cluster, "compiled_cluster_for", lambda *args: None)  # the SimPy cluster, whose order this is
     forward = execute(prepare(config))
     monkeypatch.setattr(cluster, "simulate_cluster", lambda dispatcher, loops: simulate_cluster(dispatcher, loops[::-1]))
     backward = execute(prepare(config))

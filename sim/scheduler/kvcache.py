@@ -292,7 +292,7 @@ def usage(ctr, par):
 
 
 RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, available, admission_need, admit_slot, shortfall,
-         grow_slot, cache_slot, free_slot, remote_blocks)
+         grow_slot, cache_slot, free_slot, remote_blocks, usage)
 
 
 def prefix_keys(requests, block_size: int) -> tuple[np.ndarray | None, int]:

@@ -80,24 +80,35 @@ class CompiledRuns:
         cap = loop.scheduler.max_batch_size
         itl_room = 2 * cap + 1
         while True:
-            buffer, pos = self.source.reserve(cap)
-            st.ctr[C_DRAW_POS] = pos
+            draws = self.draws()
             st.buffers.room(RECORD_ROOM, ITL_ROOM + itl_room)
-            draws = self._draws
-            if draws is None or (draws.ints is not buffer and draws.floats is not buffer):
-                shared = buffer.dtype.kind == "i"
-                draws = self._draws = Draws(self.source.kind, buffer if shared else self._no_ints,
-                                            self._no_floats if shared else buffer, self.source.negative_rates,
-                                            self.counts)
             reason = self._run(st.arrays(), self.prices, self.chooser, loop.proposer, draws, st.records(),
                                self.arrivals, loop.queue.timed, stop_at, MANY, itl_room)
-            self.source.advance(int(st.ctr[C_DRAW_POS]))
+            self.settle()
             if reason != REFILL:
                 break
         if reason == IDLE and loop.has_work():
             raise RuntimeError("a waiting request can never be admitted (checked before the run)")
         self._pending = reason == ARRIVAL
         return float(st.clk[PENDING_END] if self._pending else st.clk[NOW])
+
+    def draws(self) -> Draws:
+        """The draws as the kernel reads them, with room for a step of the largest batch from
+        ``C_DRAW_POS`` on (the sampler's buffer, refilled as drawing would)."""
+        st = self.loop.state
+        buffer, pos = self.source.reserve(self.loop.scheduler.max_batch_size)
+        st.ctr[C_DRAW_POS] = pos
+        draws = self._draws
+        if draws is None or (draws.ints is not buffer and draws.floats is not buffer):
+            shared = buffer.dtype.kind == "i"
+            draws = self._draws = Draws(self.source.kind, buffer if shared else self._no_ints,
+                                        self._no_floats if shared else buffer, self.source.negative_rates,
+                                        self.counts)
+        return draws
+
+    def settle(self) -> None:
+        """The sampler's next draw is where the kernel left ``C_DRAW_POS``."""
+        self.source.advance(int(self.loop.state.ctr[C_DRAW_POS]))
 
     def finish(self) -> None:
         """Apply the step left in flight by :meth:`run`, if any (its plan and draws are as they were)."""

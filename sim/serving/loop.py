@@ -27,17 +27,15 @@ import numpy as np
 from policies.base import BatchView, Policy, StepFeedback
 from sim.errors import InputError
 from sim.jit import compiled, direct
-from sim.scheduler.layout import (C_HEAD, C_HELD_BLOCKS, C_OFFERED_K, C_PREEMPTED_NOW, C_PREFILLING, C_REQUEUED,
-                                  C_REQUEUED_AT, C_RESERVED, C_RUNNING, C_TOTAL_REMAINING, NOTHING, P_MAX_SEQS,
-                                  REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS, REC_DRAFTED, REC_EMITTED, REC_FINISH,
-                                  REC_FIRST_TOKEN,
-                                  REC_PREEMPTIONS, REC_SCHEDULED, REQ_OUTPUT, REQ_PROMPT, ROW_CONTEXT, ROW_LAG,
-                                  ROW_REMAINING, S_PF_DONE, S_PF_REQ, S_PF_TARGET, S_REQUEUED)
+from sim.scheduler.layout import (C_HELD_BLOCKS, C_OFFERED_K, C_PREEMPTED_NOW, C_PREFILLING, C_RESERVED, C_RUNNING,
+                                  NOTHING, REC_ACCEPTED, REC_CACHED, REC_DECODE_STEPS, REC_DRAFTED, REC_FINISH,
+                                  REC_FIRST_TOKEN, REC_PREEMPTIONS, REC_SCHEDULED, ROW_CONTEXT, ROW_LAG,
+                                  ROW_REMAINING)
 from sim.scheduler import kvcache
 from sim.scheduler.v0 import STUCK
 from sim.scheduler.work import can_step, has_work
 from sim.speculation import proposals as proposal_rules
-from sim.serving import step
+from sim.serving import routing, step
 from sim.serving.plan import Plan
 from sim.serving.records import ReplicaRecords
 from sim.serving.state import ReplicaState
@@ -214,23 +212,15 @@ class ServingLoop:
 
     # ------------------------------------------------------------- results
     def outstanding_requests(self) -> int:
-        """Given to this replica and not finished: waiting (or being prefilled) plus running."""
-        ctr = self.state.ctr
-        return int(self.queue.count - ctr[C_HEAD] + ctr[C_RUNNING] + ctr[C_PREFILLING] + ctr[C_REQUEUED])
+        """Given to this replica and not finished (sim/serving/routing.py, the routers' rule)."""
+        return int(routing.outstanding_requests(self.state.ctr, self.queue.count))
 
     def outstanding_tokens(self) -> int:
-        """Prompt tokens not yet prefilled plus output tokens not yet emitted, over unfinished requests."""
-        st, ctr, reqi = self.state, self.state.ctr, self.queue.reqi
-        tokens = self.queue.waiting_tokens() + int(ctr[C_TOTAL_REMAINING])
-        for j in range(int(ctr[C_PREFILLING])):  # vllm-v1: prompts (or recomputes) not yet in, and their outputs
-            req = st.sched[S_PF_REQ, j]
-            tokens += int(st.sched[S_PF_TARGET, j] - st.sched[S_PF_DONE, j] + reqi[REQ_OUTPUT, req]
-                          - st.reci[REC_EMITTED, req])
-        cap = int(st.par[P_MAX_SEQS])
-        for j in range(int(ctr[C_REQUEUED])):
-            req = st.sched[S_REQUEUED, (int(ctr[C_REQUEUED_AT]) + j) % cap]
-            tokens += int(reqi[REQ_PROMPT, req] + reqi[REQ_OUTPUT, req])
-        return tokens
+        """Prompt tokens not yet prefilled plus output tokens not yet emitted, over unfinished requests
+        (sim/serving/routing.py)."""
+        st = self.state
+        return int(routing.outstanding_tokens(st.ctr, st.par, st.sched, self.queue.reqi, st.reci,
+                                              self.queue.waiting_tokens()))
 
     def records(self) -> ReplicaRecords:
         st = self.state

@@ -186,7 +186,9 @@ class RoutedQueue:
 
     ``request_ids`` maps a queue position back to the cluster's request id. Arrays grow by
     doubling as requests are pushed (a replica of four gets about a quarter of them), and
-    :attr:`on_grow`, set by the replica's loop, grows its per-request arrays alike.
+    :attr:`on_grow`, set by the replica's loop, grows its per-request arrays alike. A compiled
+    cluster (sim/serving/cluster_kernel.py ``push``) fills the same arrays in compiled code and
+    sets :attr:`count` when it returns.
     """
 
     INITIAL_CAPACITY = 1024
@@ -203,7 +205,7 @@ class RoutedQueue:
         self.on_grow = None  # called with the new capacity after the queue's arrays grew
         self.waiter = None  # set by an idle replica's clock: called once when a request is pushed
         self.ctr = np.zeros(3, dtype=np.int64)
-        self.cum_tokens = array("q", [0])
+        self.cum_tokens = np.zeros(capacity + 1, dtype=np.int64)  # tokens of the requests before each position
 
     bind = ArrivalQueue.bind
     head = ArrivalQueue.head
@@ -233,21 +235,23 @@ class RoutedQueue:
         """Append a request (arriving now, at ``arrival_s``) to this queue."""
         d, j = self.dispatcher, self.count
         if j == self.capacity:
-            self._grow()
+            self.grow()
         self.request_ids[j] = request
         self.reqi[:, j] = d.reqi[:, request]
         self.scale[j] = d.scale[request]
-        self.cum_tokens.append(self.cum_tokens[-1] + int(d.reqi[REQ_PROMPT, request] + d.reqi[REQ_OUTPUT, request]
-                                                         - d.reqi[REQ_REMOTE, request]))  # KV a prefill replica sent
+        self.cum_tokens[j + 1] = self.cum_tokens[j] + (d.reqi[REQ_PROMPT, request] + d.reqi[REQ_OUTPUT, request]
+                                                       - d.reqi[REQ_REMOTE, request])  # less KV a prefill replica sent
         self.count = j + 1
         if self.waiter is not None:
             waiter, self.waiter = self.waiter, None
             waiter(arrival_s)
 
-    def _grow(self) -> None:
+    def grow(self) -> None:
+        """Double what the queue holds (its loop's per-request arrays alike, through :attr:`on_grow`)."""
         capacity = self.capacity = 2 * self.capacity
         self.request_ids, self.reqi, self.scale = (grown(a, capacity) for a in (self.request_ids, self.reqi,
                                                                                   self.scale))
+        self.cum_tokens = grown(self.cum_tokens, capacity + 1)
         if self.on_grow is not None:
             self.on_grow(capacity)
 

@@ -1,0 +1,189 @@
+"""A compiled cluster (sim/serving/compiled_cluster.py) gives the SimPy cluster's records to the bit.
+
+The SimPy cluster (sim/serving/clock.py ``simulate_cluster``) is the reference: each test runs the
+same config twice, once as it runs (compiled, where it applies) and once with the compiled cluster
+refused, and compares every record. Where it does not apply, the SimPy cluster must still run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.cluster as cluster
+from sim.jit import numba_available
+from sim.router import ROUTERS
+from sim.serving import compiled_cluster
+from sim.serving.routing import first_least, in_turn
+from sim.simulate import execute, prepare
+from tests.test_decode_runs import assert_identical
+
+pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+
+SMALL = dict(workload__num_requests=120, workload__prompt_tokens="uniform:16:256",
+             workload__output_tokens="uniform:1:48", engine__max_batch_size=8, engine__jit="on")
+
+
+def both(run_config, monkeypatch, **overrides):
+    """(compiled, SimPy) results of one config, routed even for one replica; fails unless the first really
+    ran compiled."""
+    config = run_config(**{**SMALL, **overrides})
+    ran = []
+    run = compiled_cluster.CompiledCluster.run
+    monkeypatch.setattr(compiled_cluster.CompiledCluster, "run", lambda self: (ran.append(1), run(self)))
+    fast = execute(prepare(config), routed=True)
+    assert ran, "the cluster did not run compiled"
+    with monkeypatch.context() as m:
+        m.setattr(cluster, "compiled_cluster_for", lambda *args: None)
+        slow = execute(prepare(config), routed=True)
+    return fast, slow
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("scheduler", ["vllm-v1", "v0"])
+@pytest.mark.parametrize("replicas,rate,seed", [(2, 12.0, 0), (3, 30.0, 1), (4, 60.0, 2)])
+def test_the_compiled_cluster_is_the_simpy_cluster(run_config, monkeypatch, router, scheduler, replicas, rate, seed):
+    fast, slow = both(run_config, monkeypatch, cluster__router=router, engine__scheduler=scheduler,
+                      cluster__replicas=replicas, workload__rate=rate, seed=seed)
+    assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_a_one_replica_compiled_cluster_is_the_single_replica(run_config, monkeypatch, router):
+    config = run_config(**SMALL, workload__rate=6.0, cluster__router=router, acceptance__distribution="beta")
+    ran = []
+    run = compiled_cluster.CompiledCluster.run
+    monkeypatch.setattr(compiled_cluster.CompiledCluster, "run", lambda self: (ran.append(1), run(self)))
+    routed = execute(prepare(config), routed=True)
+    assert ran
+    assert_identical(execute(prepare(config)), routed)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"policy__name": "goodput", "policy__k": None},  # each replica learns its own alpha, in compiled code
+    {"engine__scheduler": "vllm-v1", "engine__kv_cache_tokens": 1500},  # preemptions
+    {"engine__scheduler": "vllm-v1", "engine__async_scheduling": False},
+    {"workload__rate": float("inf")},  # every request routed at 0, before any replica starts
+    {"workload__output_tokens": "8", "workload__prompt_tokens": "16", "policy__name": "none"},  # steps end together
+    {"cluster__replicas": 5},  # a fleet of eight slots, three of them padding
+    {"engine__scheduler": "v0", "engine__batching": "static"},
+    {"acceptance__model": "per-position", "acceptance__per_position": [0.8, 0.5, 0.3]},
+    {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
+])
+def test_the_compiled_cluster_is_the_simpy_cluster_where_events_tie_or_state_is_learnt(run_config, monkeypatch,
+                                                                                     overrides):
+    base = dict(cluster__replicas=3, workload__rate=40.0, cluster__router="least-tokens")
+    fast, slow = both(run_config, monkeypatch, **{**base, **overrides})
+    assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("scheduler", ["vllm-v1", "v0"])
+def test_round_robin_stopping_every_replica_at_every_arrival_is_the_same(run_config, monkeypatch, scheduler):
+    """Round-robin's replicas run ahead to their own next request; where the router's wake-ups might
+    not land on an arrival, every replica stops at every arrival instead: the same records either way."""
+    monkeypatch.setattr(compiled_cluster, "router_lands_on_arrivals", lambda arrivals: False)
+    fast, slow = both(run_config, monkeypatch, cluster__replicas=3, workload__rate=40.0,
+                      cluster__router="round-robin", engine__scheduler=scheduler)
+    assert_identical(slow, fast)
+
+
+def test_the_router_lands_on_arrivals_it_can_reach_by_one_timeout():
+    assert compiled_cluster.router_lands_on_arrivals(np.array([0.0, 0.0, 0.1, 0.30000000000000004, 7.5]))
+    assert compiled_cluster.router_lands_on_arrivals(np.zeros(0))
+
+
+@pytest.fixture(scope="module")
+def methods_profile(tmp_path_factory):
+    from tests.synthetic import make_profile
+
+    return make_profile(tmp_path_factory.mktemp("profiles") / "methods", drafters=("ngram", "eagle"))
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_the_compiled_cluster_is_the_simpy_cluster_for_other_drafters(run_config, monkeypatch, methods_profile,
+                                                                      method):
+    """A host matcher's proposals (rows that propose only where the context matches) and a head's lag."""
+    fast, slow = both(run_config, monkeypatch, profile=str(methods_profile), cluster__replicas=3,
+                      workload__rate=40.0, cluster__router="least-tokens",
+                      speculative__config={"method": method, "num_speculative_tokens": 3})
+    assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("router", ["prefix-aware", "prefix-aware:prefix=1:queue=2:kv=0.5", "prefix-aware:queue=0"])
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_prefix_aware_compiled_is_the_simpy_cluster(run_config, monkeypatch, tmp_path, router, replicas):
+    """Groups sharing system prompts and repeated prompts, in bursts: the prefix, queue and KV scores all vary."""
+    import pandas as pd
+
+    rng = np.random.default_rng(replicas)
+    n = 150
+    path = tmp_path / "shared.csv"
+    pd.DataFrame({"arrival_s": np.sort(rng.uniform(0, 20, n)).round(2), "prompt_tokens": rng.integers(300, 900, n),
+                  "output_tokens": rng.integers(1, 40, n), "prefix_id": rng.integers(0, 4, n),
+                  "prefix_tokens": 256, "prompt_id": rng.integers(0, 30, n)}).to_csv(path, index=False)
+    fast, slow = both(run_config, monkeypatch, workload__trace=str(path), cluster__replicas=replicas,
+                      cluster__router=router, engine__scheduler="vllm-v1", engine__kv_cache_tokens=3000)
+    assert_identical(slow, fast)
+    assert fast.summary["prefix_cache_hits"] > 0
+
+
+def test_growing_queues_and_buffers_change_nothing(run_config, monkeypatch):
+    """The call returns to Python to grow a full queue or make room for records and resumes where it was."""
+    from sim.serving.queues import RoutedQueue
+
+    monkeypatch.setattr(RoutedQueue, "INITIAL_CAPACITY", 2)
+    monkeypatch.setattr(compiled_cluster, "RECORD_ROOM", 3)
+    monkeypatch.setattr(compiled_cluster, "ITL_ROOM", 5)
+    fast, slow = both(run_config, monkeypatch, cluster__replicas=3, workload__rate=50.0,
+                      cluster__router="least-requests", engine__scheduler="vllm-v1")
+    assert_identical(slow, fast)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.integers(1, 40), replicas=st.integers(1, 4), router=st.sampled_from(ROUTERS + ("prefix-aware",)),
+       scheduler=st.sampled_from(["vllm-v1", "v0"]), rate=st.sampled_from([1.0, 20.0, 200.0, float("inf")]),
+       output=st.sampled_from(["1", "4", "uniform:1:30"]), batch=st.integers(1, 6), seed=st.integers(0, 5))
+def test_small_random_clusters_are_the_simpy_clusters(run_config, monkeypatch, requests, replicas, router,
+                                                      scheduler, rate, output, batch, seed):
+    if router == "prefix-aware":  # it reads vllm-v1's prefix cache
+        scheduler = "vllm-v1"
+    fast, slow = both(run_config, monkeypatch, workload__num_requests=requests, cluster__replicas=replicas,
+                      cluster__router=router, engine__scheduler=scheduler, workload__rate=rate,
+                      workload__output_tokens=output, engine__max_batch_size=batch, seed=seed)
+    assert_identical(slow, fast)
+
+
+def test_the_compiled_cluster_is_the_step_by_step_cluster(run_config):
+    """Against every rule interpreted step by step (``engine.jit = off``), not only the SimPy cluster."""
+    config = dict(**SMALL, cluster__replicas=3, workload__rate=40.0, cluster__router="least-requests")
+    on = execute(prepare(run_config(**config)))
+    off = execute(prepare(run_config(**{**config, "engine__jit": "off"})))
+    assert_identical(off, on)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"workload__max_concurrency": 4},  # sends wait on finishes
+    {"policy__name": "adaptive"},  # a policy stepped in Python
+    {"engine__jit": "off"},
+    {"output__timeline": "timeline.html"},  # the timeline explains each k, stepped in Python
+])
+def test_what_the_compiled_cluster_leaves_to_simpy(run_config, monkeypatch, tmp_path, overrides):
+    if "output__timeline" in overrides:
+        overrides = {"output__timeline": str(tmp_path / "timeline.html")}
+    simpy_runs = []
+    simulate = cluster.simulate_cluster
+    monkeypatch.setattr(cluster, "simulate_cluster", lambda d, loops: (simpy_runs.append(1), simulate(d, loops)))
+    monkeypatch.setattr(compiled_cluster.CompiledCluster, "run",
+                        lambda self: pytest.fail("the compiled cluster ran"))
+    execute(prepare(run_config(**{**SMALL, "cluster__replicas": 2, "workload__rate": 20.0, **overrides})))
+    assert simpy_runs == [1]
+
+
+def test_the_routers_rules_are_one_rule_each():
+    """sim/router.py's routers pick by the rules the kernel runs: the lowest index wins a tie."""
+    assert first_least([3, 1, 1, 2], 4) == 1 and first_least([0], 1) == 0 and first_least(np.array([2, 2]), 2) == 0
+    assert [in_turn(i, 3) for i in range(3)] == [1, 2, 0]
+    assert compiled_cluster.fleet_size(1) == compiled_cluster.fleet_size(8) == 8
+    assert compiled_cluster.fleet_size(9) == 16 and compiled_cluster.fleet_size(17) == 32
