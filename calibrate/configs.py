@@ -140,9 +140,9 @@ def get_config(name: str, field: str = "model") -> ModelConfig:
     """The one model resolver: a built-in name, a path to a Hugging Face ``config.json`` or a folder
     holding one, or a Hugging Face id whose config is in the local cache or ships with
     aiconfigurator-core (:mod:`calibrate.hf_config`), or else one a built-in was copied from (its
-    ``source``). Anything else is an :class:`InputError`
+    ``source``) or a published fine-tune of the same shape (:mod:`calibrate.variants`). Anything else is an :class:`InputError`
     naming ``field``; a config that cannot be priced names its key, file and line."""
-    from calibrate import hf_config
+    from calibrate import hf_config, variants
 
     configs = _all_configs()
     if name in configs:
@@ -152,6 +152,9 @@ def get_config(name: str, field: str = "model") -> ModelConfig:
         same = [c for c in configs.values() if c.source and c.source.lower() == name.lower()]
         if same:
             return same[0]
+        base = variants.base_of(name)  # a published fine-tune of the same shape (calibrate/variants.py)
+        if base is not None:
+            return configs[base]
         raise InputError(f"unknown model '{name}': not a built-in name ({', '.join(configs)}), a config.json "
                          "or a folder holding one, nor a Hugging Face id in the local cache "
                          f"({hf_config.hub_cache()}) or among aiconfigurator-core's configs", field=field)

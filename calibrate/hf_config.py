@@ -67,9 +67,19 @@ def shipped_configs_dir() -> Path | None:
     return None
 
 
+def _named(folder: Path, name: str) -> Path:
+    """``folder / name``, or the entry whose name is ``name`` but for case (the Hub matches ids whatever
+    their case: meta-llama/llama-3.1-8b is meta-llama/Llama-3.1-8B)."""
+    exact = folder / name
+    if exact.exists() or not folder.is_dir():
+        return exact
+    wanted = name.lower()
+    return next((entry for entry in sorted(folder.iterdir()) if entry.name.lower() == wanted), exact)
+
+
 def cached_config(model_id: str) -> Path | None:
     """``ORG/NAME``'s config.json in the local Hugging Face cache: refs/main's snapshot, else the first."""
-    repo = hub_cache() / ("models--" + model_id.replace("/", "--"))
+    repo = _named(hub_cache(), "models--" + model_id.replace("/", "--"))
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
         return None
@@ -86,7 +96,7 @@ def shipped_config(model_id: str) -> Path | None:
     folder = shipped_configs_dir()
     if folder is None:
         return None
-    path = folder / (model_id.replace("/", "--") + SHIPPED_SUFFIX)
+    path = _named(folder, model_id.replace("/", "--") + SHIPPED_SUFFIX)
     return path if path.is_file() else None
 
 
@@ -130,11 +140,13 @@ def locate(spec: str) -> Found | None:
     if not HF_ID.match(spec):
         return None
     cached = cached_config(spec)
-    if cached is not None:
-        return Found(cached, spec, f"{spec} (Hugging Face cache, snapshot {cached.parent.name})", str(cached))
+    if cached is not None:  # named as the cache spells the id, whatever case it was asked in
+        name = name_of_path(cached)
+        return Found(cached, name, f"{name} (Hugging Face cache, snapshot {cached.parent.name})", str(cached))
     shipped = shipped_config(spec)
     if shipped is not None:
-        return Found(shipped, spec, f"{spec} (aiconfigurator-core model_configs/{shipped.name})",
+        name = name_of_path(shipped)
+        return Found(shipped, name, f"{name} (aiconfigurator-core model_configs/{shipped.name})",
                      f"aiconfigurator_core/model_configs/{shipped.name}")
     return None
 

@@ -68,6 +68,7 @@ PUBLISHED = [
     ("Qwen/Qwen3-30B-A3B", 30.5e9, 3.3e9, 0.02),  # the model card rounds 3.35B active to 3.3B
     ("mistralai/Mixtral-8x7B-v0.1", 46.7e9, 12.9e9, 0.005),
     ("mistralai/Mixtral-8x22B-v0.1", 141e9, 39e9, 0.005),
+    ("mistralai/Mixtral-8x22B-Instruct-v0.1", 141e9, 39e9, 0.005),  # a built-in: its 32,768-token vocabulary
     # the published 109B counts the vision encoder too, which serving text does not run (nor is priced)
     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 109e9, 17e9, 0.015),
     ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", 400e9, 17e9, 0.015),
@@ -422,6 +423,34 @@ def test_an_id_a_built_in_was_copied_from_resolves_to_it_offline(hf_cache):
 
     shape = ModelShape.of(read, param_count(read))
     assert read is not built_in and replace(shape, name="qwen3-14b") == ModelShape.of(built_in, param_count(built_in))
+
+
+def test_a_published_fine_tune_of_the_same_shape_resolves_to_its_base_offline(hf_cache):
+    from calibrate.variants import SAME_SHAPE
+
+    assert set(SAME_SHAPE.values()) <= set(known_models())  # every base is a built-in
+    llama = get_config("llama-3.1-8b")
+    for name in ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/llama-3.1-8b-instruct",
+                 "META-LLAMA/META-LLAMA-3.1-8B-INSTRUCT"):
+        assert get_config(name, "target") is llama
+    assert get_config("mistralai/Mixtral-8x7B-Instruct-v0.1") is get_config("mixtral-8x7b")
+    # a fine-tune whose vocabulary differs is its own built-in, not its base's shape
+    instruct = get_config("mistralai/Mixtral-8x22B-Instruct-v0.1")
+    assert instruct.name == "mixtral-8x22b-instruct" and instruct.vocab_size == 32768
+    # the user's own config.json wins over the table
+    cache_model(hf_cache, "meta-llama/Llama-3.1-8B-Instruct", {**LLAMA_3_2_1B, "vocab_size": 128000})
+    assert get_config("meta-llama/Llama-3.1-8B-Instruct").vocab_size == 128000
+    with pytest.raises(InputError, match="unknown model 'meta-llama/Llama-3.1-8B-Instruc'"):
+        get_config("meta-llama/Llama-3.1-8B-Instruc")
+
+
+@needs_data
+def test_a_shipped_or_cached_id_matches_whatever_its_case_and_keeps_its_own_spelling(hf_cache):
+    shipped = get_config("mistralai/mixtral-8x22b-v0.1")
+    assert shipped.name == "mistralai/Mixtral-8x22B-v0.1" and shipped.num_experts == 8
+    cache_model(hf_cache, "Org/Some-Model", LLAMA_2_7B)
+    cached = get_config("org/some-model")
+    assert cached.name == "Org/Some-Model" and cached.num_layers == 32
 
 
 def test_the_framework_version_defaults_to_the_newest_the_gpu_has(tmp_path):

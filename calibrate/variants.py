@@ -1,0 +1,35 @@
+"""Published fine-tunes whose config.json prices as a known model's: offline names for them.
+
+A chat or instruct model is its base model's weights tuned further: the same layers, widths, heads,
+experts and vocabulary, so the same kernels at the same shapes. Each id here was checked against
+its published config.json: every key the shape reads (:func:`calibrate.hf_config.read_config`) has
+the base's value; what differs (end-of-sequence ids, the chat template, the generation defaults) is
+not priced. A fine-tune whose shape differs (Mixtral-8x22B-Instruct's 32,768-token vocabulary
+against the base's 32,000) is a built-in of its own instead. Ids match as the Hugging Face Hub
+matches them, whatever the case. A config.json the user has (a path, the local cache) always wins.
+"""
+
+from __future__ import annotations
+
+# fine-tune id -> the built-in (calibrate/models/*.json) with its shape
+SAME_SHAPE = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b",
+    "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
+    "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b",
+    "codellama/CodeLlama-34b-hf": "codellama-34b",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
+    "Qwen/Qwen3-14B-Base": "qwen3-14b",
+    "Qwen/Qwen3-30B-A3B-Base": "qwen3-30b-a3b",
+}
+
+
+def base_of(model_id: str) -> str | None:
+    """The built-in whose shape ``model_id``'s published config.json has, or None."""
+    wanted = model_id.lower()
+    return next((base for variant, base in SAME_SHAPE.items() if variant.lower() == wanted), None)
