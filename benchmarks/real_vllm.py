@@ -140,10 +140,19 @@ def covering_profile(run: dict, profiles: dict[str, dict]) -> str | None:
 
 def data_gpu(name: str, gpus: list[str]) -> str | None:
     """The kernel data's GPU a run's GPU name is ('NVIDIA RTX PRO 6000 Blackwell Server Edition' ->
-    rtx_pro_6000_server): every word of the data's name among the run's, the most words first."""
-    words = set(re.findall(r"[a-z0-9]+", name.lower()))
+    rtx_pro_6000_server): every word of the data's name among the run's, the most words first (SXM4 and
+    SXM5 read as SXM). A name that gives no form factor ('NVIDIA H100 80GB HBM3', torch's name for the
+    SXM part, which names PCIe parts as such; 'H200') is the family's SXM GPU, or its one GPU; a form
+    factor the data lacks (PCIe) is none."""
+    words = {re.sub(r"^sxm\d$", "sxm", w) for w in re.findall(r"[a-z0-9]+", name.lower())}
     matches = [(len(g.split("_")), g) for g in gpus if set(g.split("_")) <= words]
-    return max(matches)[1] if matches else None
+    if matches:
+        return max(matches)[1]
+    if words & {"sxm", "pcie", "nvl", "server"}:
+        return None
+    # the family is a model number (h100, l40s; not 'rtx'); torch names PCIe parts so: no form factor is SXM
+    family = [g for g in gpus if re.search(r"\d", g.split("_")[0]) and g.split("_")[0] in words]
+    return next((g for g in family if g.endswith("_sxm")), family[0] if len(family) == 1 else None)
 
 
 def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:

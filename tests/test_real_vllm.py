@@ -133,6 +133,10 @@ def test_every_dev_run_is_simulated_or_listed_with_the_reason(bench, tmp_path):
     assert bench.data_gpu("H100-SXM-80GB", gpus) == "h100_sxm"
     assert bench.data_gpu("NVIDIA RTX PRO 6000 Blackwell Server Edition", gpus) == "rtx_pro_6000_server"
     assert bench.data_gpu("NVIDIA GeForce RTX 4090", gpus) is None
+    # torch's device names, SXM4, and a name without a form factor: the data's one GPU of that family
+    assert bench.data_gpu("NVIDIA H100 80GB HBM3", gpus) == "h100_sxm"
+    assert bench.data_gpu("NVIDIA A100-SXM4-80GB", gpus) == "a100_sxm"
+    assert bench.data_gpu("NVIDIA A100 80GB PCIe", gpus) is None  # a form factor the data does not have
     dp = {"run": "x", "model": "Qwen/Qwen3-30B-A3B", "gpu": "NVIDIA RTX PRO 6000", "tensor_parallel_size": 1,
           "data_parallel_size": 2, "enable_expert_parallel": True}
     profile, reason = bench.compose_for(dp, tmp_path)
