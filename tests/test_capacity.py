@@ -104,8 +104,48 @@ def test_rate_search_brackets_then_bisects():
     while (rate := search.next_rate()) is not None:
         rates.append(rate)
         search.record(rate, rate <= truth)
-    assert rates[:4] == [10.0, 5.0, 2.5, 3.75]
+    # after the start fails, the midpoint of [start / 2, start] first; failing, the halving goes on as before
+    assert rates[:5] == [10.0, 7.5, 5.0, 2.5, 3.75]
     assert search.lo <= truth < search.hi and (search.hi - search.lo) / search.lo <= 0.01
+
+
+def _halving_path(truth: float, start: float, tolerance: float) -> list[float]:
+    """The rates the search tried before it looked at the midpoint of [start / 2, start] first: halve from
+    the start until one passes, then bisect."""
+    lo, hi, rates = None, None, []
+    while True:
+        rate = start if hi is None and lo is None else hi * 0.5 if lo is None else None
+        if rate is None:
+            if (hi - lo) / lo <= tolerance:
+                return rates
+            rate = (lo + hi) / 2
+        rates.append(rate)
+        if rate <= truth:
+            lo = rate if lo is None else max(lo, rate)
+        else:
+            hi = rate if hi is None else min(hi, rate)
+
+
+@settings(max_examples=100, deadline=None)
+@given(share=st.floats(0.05, 0.99), start=st.floats(0.5, 5.0), tolerance=st.floats(0.005, 0.2))
+def test_rate_search_tries_the_midpoint_first_and_saves_the_half_start_look(share, start, tolerance):
+    """Where the boundary lies in [3/4, 1) of the start the search skips halving's look at start / 2 and
+    otherwise walks halving's path (one look more only where the boundary is below start / 2), to the
+    same bracket."""
+    truth = share * start
+    old = _halving_path(truth, start, tolerance)
+    rates = []
+    search = RateSearch(start, SearchSettings(tolerance=tolerance))
+    while (rate := search.next_rate()) is not None:
+        rates.append(rate)
+        search.record(rate, rate <= truth)
+    assert search.lo == max(r for r in old if r <= truth) and search.hi == min(r for r in old if r > truth)
+    if truth >= (start * 0.5 + start) / 2:
+        assert rates == [old[0]] + old[2:]
+    elif truth >= start * 0.5:
+        assert rates == [old[0], old[2], old[1]] + old[3:]
+    else:
+        assert sorted(rates) == sorted(old + [(start * 0.5 + start) / 2])
 
 
 def _search_boundary(truth: float, start: float, tolerance: float) -> RateSearch:

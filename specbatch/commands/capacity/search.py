@@ -26,13 +26,16 @@ and the time a request spends in a full batch, s. A rate r's first runs have arr
 queue of r x s requests stable (:func:`sim.stability.requests_for_power`).
 
 The search starts above mu (where the queue grows: a cheap fail, run on the first seed alone
-and on the others only should it not fail), halves until a rate
+and on the others only should it not fail), then tries the midpoint of [start / 2, start] (where
+an SLO near saturation puts the boundary; halving then bisecting would try it next), and only if
+that fails halves on from start / 2 until a rate
 passes (or doubles while they pass, should the probe have undershot), then bisects until
 (hi - lo) / lo <= tolerance. A rate undecided at its first look counts as passing while the
 search goes higher, and is rerun longer only if it ends up the bracket's lo (``_Search.run``):
 a rate below one shown sustained needs no evidence of its own. The max rate is the highest
 rate that passed. Every search advances in lock-step rounds, each round's runs going to a
-process pool at once; the curve points for the figures go with the first round.
+process pool at once; the curve points for the figures go with the first round, each as long as
+the run-length rule asks (it is drawn, never decided on, so the queue test's power does not size it).
 """
 
 from __future__ import annotations
@@ -297,7 +300,13 @@ class RateSearch:
         if self.lo is None and self.hi is None:
             return self.start
         if self.lo is None:
-            return self.hi * STEP_DOWN if self.hi > self.start * STEP_DOWN ** s.max_steps_down else None
+            # After the start fails, first the rate that halving would bisect to next (the boundary is most
+            # often near the saturation throughput), and only should that fail, the halved start.
+            first = (self.start * STEP_DOWN + self.start) / 2
+            if self.hi == self.start:
+                return first
+            below = self.start * STEP_DOWN if self.hi == first else self.hi * STEP_DOWN
+            return below if self.hi > self.start * STEP_DOWN ** s.max_steps_down else None
         if self.hi is None:
             return self.lo * 2 if self.lo < self.start * 2 ** s.max_doublings else None
         if (self.hi - self.lo) / self.lo <= s.tolerance:
@@ -409,12 +418,16 @@ class _Search:
         self.steps: dict[str, tuple[float, dict]] = {}  # label -> (its highest pass, that look's first-seed steps)
         self.curve_points: dict[str, dict[float, Point]] = {}
 
-    def size(self, label: str, rate: float) -> int:
+    def size(self, label: str, rate: float, decided: bool = True) -> int:
         """Requests per seed of a rate's first look: arrivals over service_times service times, and
         enough for the queue test to show a queue of rate x service time requests (Little's law)
-        stable (sim.stability.requests_for_power), whichever is more."""
+        stable (sim.stability.requests_for_power), whichever is more. A curve point (not ``decided``)
+        is drawn, never decided on: the service times alone size it."""
         s, service = self.s, self.probes[label].service_s
-        return max(s.min_requests, math.ceil(rate * s.service_times * service),
+        long_enough = max(s.min_requests, math.ceil(rate * s.service_times * service))
+        if not decided:
+            return long_enough
+        return max(long_enough,
                    requests_for_power(rate * service, len(s.seeds), 1 - s.warmup, confidence=s.confidence,
                                       max_growth=s.max_growth))
 
@@ -427,14 +440,14 @@ class _Search:
             yield (label, rate, seed, n, keep), ("point", self.configs[label], rate, seed, n, self.s.warmup, keep)
 
     def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True, seeds=None,
-               steps: bool = False, keep: bool = False) -> Point:
+               steps: bool = False, keep: bool = False, decided: bool = True) -> Point:
         """The verdict of one look's runs (their per-request arrays are then let go, unless ``keep`` and
         the rate did not fail: a rate is never looked at again with the same length, but a look of the
         first seed alone goes on with the others); a pass above the label's best so far keeps the first
         seed's step records."""
         keys = [key for key, _ in self.jobs(label, rate, n, seeds, steps)]
         runs = [self.runner.get(key) for key in keys]
-        point = judge(runs, self.slos, self.s, look, self.size(label, rate), extend)
+        point = judge(runs, self.slos, self.s, look, self.size(label, rate, decided), extend)
         best = self.steps.get(label)
         if steps and point.verdict == "pass" and (best is None or rate > best[0]):
             self.steps[label] = (rate, runs[0].steps)
@@ -501,7 +514,8 @@ class _Search:
             wanted = [job for label, rate in due.items()
                       for job in self.jobs(label, rate, looks[label][1], seeds[label], steps=True)]
             new = self.runner.run(wanted + [job for label, rates in curve.items() for rate in rates
-                                            for job in self.jobs(label, rate, self.size(label, rate), s.seeds[:1])])
+                                            for job in self.jobs(label, rate, self.size(label, rate, False),
+                                                                 s.seeds[:1])])
             curve = self.curve_looks(curve)
             for label, rate in due.items():
                 look, n = looks.pop(label)
@@ -559,7 +573,8 @@ class _Search:
         """Judge the curve points just run; returns none left to run."""
         for label, rates in curve.items():
             for rate in rates:
-                point = self.looked(label, rate, self.size(label, rate), 0, extend=False, seeds=self.s.seeds[:1])
+                point = self.looked(label, rate, self.size(label, rate, False), 0, extend=False, seeds=self.s.seeds[:1],
+                                    decided=False)
                 point.curve = True
                 self.curve_points.setdefault(label, {})[rate] = point
         return {}
