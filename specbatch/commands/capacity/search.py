@@ -282,6 +282,32 @@ def judge(runs: list[PointRun], slos: tuple[SLO, ...], settings: SearchSettings,
     return point
 
 
+def certain_miss(run: PointRun, slos: tuple[SLO, ...], others: int, per_run: int) -> str | None:
+    """An SLO whose statistic, over the measured requests of ``run`` pooled with those of ``others`` more
+    runs (each at most ``per_run`` of them), is over its limit whatever those runs hold; None if none is.
+
+    A mean is at least this run's sum over the most requests the pool can have (latencies are positive);
+    a percentile (linear interpolation, as numpy's) is over the limit once the sorted value below its
+    position is, that is once at least N - floor(q (N - 1)) of the N pooled values are, which holds for
+    every N up to the most the pool can have when it holds for the most (one value to spare, and a
+    relative 1e-9 on the limit, against rounding)."""
+    for slo in slos:
+        values = getattr(run, f"{slo.latency}_s")
+        values = values[~np.isnan(values)] * 1000.0
+        most = values.size + others * per_run
+        stat, limit = slo.metric.split("_")[0], slo.limit_ms * (1 + 1e-9)
+        if not values.size:
+            continue
+        if stat == "mean":
+            if float(values.sum()) / most > limit:
+                return slo.metric
+            continue
+        q = 50.0 if stat == "median" else float(stat[1:])
+        if int(np.count_nonzero(values > limit)) >= most - math.floor(q / 100 * (most - 1)) + 1:
+            return slo.metric
+    return None
+
+
 def _longer(half_width: float, margin: float, power: int) -> float:
     """The factor of requests that brings a half-width shrinking as requests ** (-1 / power) within its margin."""
     return (half_width / margin) ** power if margin > 0 and math.isfinite(half_width) else math.inf
@@ -363,26 +389,44 @@ class Runner:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def run(self, wanted: Iterable[tuple[tuple, tuple]]) -> int:
-        """Run the (key, job) pairs not yet cached; returns how many that was."""
-        keys, jobs = [], []
-        for key, job in wanted:
-            if key not in self.cache and key not in keys:
-                keys.append(key)
-                jobs.append(job)
-        if not jobs:
-            return 0
-        order = sorted(range(len(jobs)), key=lambda i: -_work(jobs[i]))  # the longest first: less idling at the end
-        done = self.pool.map(_run_job, [jobs[i] for i in order]) if self.pool else map(_run_job, jobs)
-        results = [None] * len(jobs)
-        for i, result in zip(order if self.pool else range(len(jobs)), done):
-            results[i] = result
-        for key, job, result in zip(keys, jobs, results):
-            self.cache[key] = result
-            self.by_label[key[0]] = self.by_label.get(key[0], 0) + 1
-            self.requests[key[0]] = self.requests.get(key[0], 0) + _work(job)
-        self.runs += len(jobs)
-        return len(jobs)
+    def run(self, wanted: Iterable[tuple[tuple, tuple]], then: Callable[[tuple, object], list] | None = None) -> int:
+        """Run the (key, job) pairs not yet cached; returns how many that was. ``then(key, result)``, called
+        as each result comes back, may ask for more (key, job) pairs, run in the same batch (a look's other
+        seeds, once its first is back): the runs asked for depend on the results alone, never on timing."""
+        then = then or (lambda key, result: [])
+        keys: set[tuple] = set()
+
+        def fresh(pairs) -> list[tuple[tuple, tuple]]:
+            out = [(key, job) for key, job in pairs if key not in self.cache and key not in keys]
+            keys.update(key for key, _ in out)
+            return sorted(out, key=lambda pair: -_work(pair[1]))  # the longest first: less idling at the end
+
+        queue = fresh(wanted)
+        ran = 0
+        if self.pool is None:
+            while queue:
+                key, job = queue.pop(0)
+                ran += self._keep(key, job, _run_job(job))
+                queue += fresh(then(key, self.cache[key]))
+            return ran
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        pending = {self.pool.submit(_run_job, job): (key, job) for key, job in queue}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                key, job = pending.pop(future)
+                ran += self._keep(key, job, future.result())
+                for more in fresh(then(key, self.cache[key])):
+                    pending[self.pool.submit(_run_job, more[1])] = more
+        return ran
+
+    def _keep(self, key: tuple, job: tuple, result) -> int:
+        self.cache[key] = result
+        self.by_label[key[0]] = self.by_label.get(key[0], 0) + 1
+        self.requests[key[0]] = self.requests.get(key[0], 0) + _work(job)
+        self.runs += 1
+        return 1
 
     def get(self, key: tuple):
         return self.cache[key]
@@ -511,16 +555,35 @@ class _Search:
                     # Above the saturation throughput the queue grows: one seed shows that as well as
                     # three (a fail can only lower the answer); the others run only if it does not.
                     seeds[label] = s.seeds[:1] if rate >= self.probes[label].throughput else s.seeds
-            wanted = [job for label, rate in due.items()
-                      for job in self.jobs(label, rate, looks[label][1], seeds[label], steps=True)]
+            # A look's first seed runs first; its other seeds follow unless it alone already puts an SLO
+            # statistic of the pooled seeds over its limit (a certain fail: the other seeds cannot change it).
+            wanted, follow, certain = [], {}, set()
+
+            def then(key, result):
+                label, rest = follow.pop(key, (None, []))
+                if rest and certain_miss(result, self.slos, len(rest), key[3]) is not None:
+                    certain.add(label)
+                    return []
+                return rest
+
+            for label, rate in due.items():
+                first, *rest = self.jobs(label, rate, looks[label][1], seeds[label], steps=True)
+                follow[first[0]] = (label, rest)
+                if first[0] in self.runner.cache:  # run in an earlier round (the first seed alone, above mu)
+                    wanted += then(first[0], self.runner.get(first[0]))
+                else:
+                    wanted.append(first)
             new = self.runner.run(wanted + [job for label, rates in curve.items() for rate in rates
                                             for job in self.jobs(label, rate, self.size(label, rate, False),
-                                                                 s.seeds[:1])])
+                                                                 s.seeds[:1])], then)
             curve = self.curve_looks(curve)
             for label, rate in due.items():
                 look, n = looks.pop(label)
                 partial = len(seeds[label]) < len(s.seeds)
-                point = self.looked(label, rate, n, look, seeds=seeds[label], steps=True, keep=partial)
+                point = self.looked(label, rate, n, look, seeds=s.seeds[:1] if label in certain else seeds[label],
+                                    steps=True, keep=partial)
+                if label in certain:
+                    point.reason += " (the first seed alone: over the limit whatever the other seeds hold)"
                 if partial and point.verdict != "fail":
                     looks[label], seeds[label] = (look, n), s.seeds  # the other seeds, at the same length
                     continue
