@@ -34,7 +34,8 @@ passes (or doubles while they pass, should the probe have undershot), then bisec
 search goes higher, and is rerun longer only if it ends up the bracket's lo (``_Search.run``):
 a rate below one shown sustained needs no evidence of its own. The max rate is the highest
 rate that passed. Every search advances in lock-step rounds, each round's runs going to a
-process pool at once; the curve points for the figures go with the first round, each as long as
+process pool at once, a look's other seeds only once its first is back and has not failed it for
+certain (:func:`certain_miss`); the curve points for the figures go with the first round, each as long as
 the run-length rule asks (it is drawn, never decided on, so the queue test's power does not size it).
 """
 
