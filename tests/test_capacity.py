@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,8 +105,48 @@ def test_rate_search_brackets_then_bisects():
     while (rate := search.next_rate()) is not None:
         rates.append(rate)
         search.record(rate, rate <= truth)
-    assert rates[:4] == [10.0, 5.0, 2.5, 3.75]
+    # after the start fails, the midpoint of [start / 2, start] first; failing, the halving goes on as before
+    assert rates[:5] == [10.0, 7.5, 5.0, 2.5, 3.75]
     assert search.lo <= truth < search.hi and (search.hi - search.lo) / search.lo <= 0.01
+
+
+def _halving_path(truth: float, start: float, tolerance: float) -> list[float]:
+    """The rates the search tried before it looked at the midpoint of [start / 2, start] first: halve from
+    the start until one passes, then bisect."""
+    lo, hi, rates = None, None, []
+    while True:
+        rate = start if hi is None and lo is None else hi * 0.5 if lo is None else None
+        if rate is None:
+            if (hi - lo) / lo <= tolerance:
+                return rates
+            rate = (lo + hi) / 2
+        rates.append(rate)
+        if rate <= truth:
+            lo = rate if lo is None else max(lo, rate)
+        else:
+            hi = rate if hi is None else min(hi, rate)
+
+
+@settings(max_examples=100, deadline=None)
+@given(share=st.floats(0.05, 0.99), start=st.floats(0.5, 5.0), tolerance=st.floats(0.005, 0.2))
+def test_rate_search_tries_the_midpoint_first_and_saves_the_half_start_look(share, start, tolerance):
+    """Where the boundary lies in [3/4, 1) of the start the search skips halving's look at start / 2 and
+    otherwise walks halving's path (one look more only where the boundary is below start / 2), to the
+    same bracket."""
+    truth = share * start
+    old = _halving_path(truth, start, tolerance)
+    rates = []
+    search = RateSearch(start, SearchSettings(tolerance=tolerance))
+    while (rate := search.next_rate()) is not None:
+        rates.append(rate)
+        search.record(rate, rate <= truth)
+    assert search.lo == max(r for r in old if r <= truth) and search.hi == min(r for r in old if r > truth)
+    if truth >= (start * 0.5 + start) / 2:
+        assert rates == [old[0]] + old[2:]
+    elif truth >= start * 0.5:
+        assert rates == [old[0], old[2], old[1]] + old[3:]
+    else:
+        assert sorted(rates) == sorted(old + [(start * 0.5 + start) / 2])
 
 
 def _search_boundary(truth: float, start: float, tolerance: float) -> RateSearch:
@@ -133,10 +174,10 @@ class _ScriptedRunner:
     """A Runner whose runs are never simulated: the scripted search below judges each look itself."""
 
     def __init__(self):
-        self.runs, self.by_label, self.requests = 0, {}, {}
+        self.runs, self.by_label, self.requests, self.cache = 0, {}, {}, {}
         self.progress = lambda text: None
 
-    def run(self, wanted):
+    def run(self, wanted, then=None):
         return len(list(wanted))
 
 
@@ -766,3 +807,45 @@ def test_one_profile_is_priced_by_gpu_price_too(gpu_profiles, tmp_path, capsys):
     assert code == 2 and err == ("error: --gpu-price: no price for the GPU of profile fast-h200 ('NVIDIA H200'); "
                                  "prices given for: h100; add one, e.g. --gpu-price nvidia_h200=PRICE\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def _point_run(ttft_ms, tpot_ms) -> "PointRun":
+    from specbatch.commands.capacity.search import PointRun
+
+    ttft, tpot = np.asarray(ttft_ms, float) / 1e3, np.asarray(tpot_ms, float) / 1e3
+    return PointRun(rate=1.0, seed=0, num_requests=ttft.size, growth=None, window=np.zeros(ttft.size, np.int64),
+                    ttft_s=ttft, tpot_s=tpot, e2el_s=ttft + tpot, output_tokens=np.ones(ttft.size), mean_k=0.0,
+                    mean_batch_size=1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(first=st.lists(st.floats(1.0, 3000.0), min_size=1, max_size=60),
+       others=st.lists(st.lists(st.floats(0.0, 3000.0), max_size=40), min_size=1, max_size=3),
+       stat=st.sampled_from(["mean", "median", "p90", "p99"]), limit=st.floats(10.0, 2500.0))
+def test_a_certain_miss_is_missed_whatever_the_other_seeds_hold(first, others, stat, limit):
+    """certain_miss says an SLO is missed from the first seed alone only where the pooled statistic is over
+    the limit for any other seeds' values (each seed at most ``per_run`` measured requests): the search may
+    then leave them unrun, and the pooled estimate of the fail it would have judged is over the limit too."""
+    from specbatch.commands.capacity.search import certain_miss
+    from sim.metrics import distribution_stats
+
+    slo = SLO(f"{stat}_ttft_ms", limit)
+    per_run = max(len(o) for o in others)
+    run = _point_run(first, [np.nan] * len(first))
+    if certain_miss(run, (slo,), len(others), per_run) is not None:
+        pooled = np.concatenate([np.asarray(first), *[np.asarray(o, float) for o in others]]) / 1e3
+        assert distribution_stats("ttft", pooled)[slo.metric] > limit
+        assert distribution_stats("ttft", run.ttft_s)[slo.metric] > limit  # the first seed alone fails it too
+
+
+def test_a_certain_miss_needs_enough_of_the_first_seed_over_the_limit():
+    from specbatch.commands.capacity.search import certain_miss
+
+    slo = SLO("p99_ttft_ms", 1000.0)
+    # 100 requests, 2 more runs of at most 100: at most 300 pooled, so 300 - floor(0.99 x 299) + 1 = 5 must be over
+    assert certain_miss(_point_run([2000.0] * 5 + [10.0] * 95, [np.nan] * 100), (slo,), 2, 100) == slo.metric
+    assert certain_miss(_point_run([2000.0] * 4 + [10.0] * 96, [np.nan] * 100), (slo,), 2, 100) is None
+    # a one-token request has no TPOT: it counts neither way
+    tpot = SLO("p90_tpot_ms", 40.0)
+    assert certain_miss(_point_run([10.0] * 6, [50.0] * 4 + [np.nan] * 2), (tpot,), 0, 0) == tpot.metric
+    assert certain_miss(_point_run([10.0] * 6, [50.0] * 2 + [10.0] * 2 + [np.nan] * 2), (tpot,), 0, 0) is None

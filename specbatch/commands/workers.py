@@ -68,6 +68,24 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
                                initargs=(os.getpid(),))
 
 
+def warmed_pool(workers: int, config=None) -> ProcessPoolExecutor:
+    """:func:`worker_pool`, its workers started now: each pays for its imports and for loading the
+    compiled engine (a run of ``config``, a few requests, where given) while the caller goes on, so
+    the caller's own work before its first batch (a tune's plan) hides their start-up."""
+    pool = worker_pool(workers)
+    for _ in range(workers):
+        pool.submit(warm_worker, config)
+    return pool
+
+
+def warm_worker(config=None) -> None:
+    """Import the simulator and, given a (small) config, run it once: what a worker's first run pays."""
+    from sim.simulate import execute, prepare
+
+    if config is not None:
+        execute(prepare(config))
+
+
 def die_with(parent_pid: int, every_s: float = 0.5) -> None:
     """A pool worker's initializer: exit as soon as the process that started it is gone.
 

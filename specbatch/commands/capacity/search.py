@@ -26,13 +26,17 @@ and the time a request spends in a full batch, s. A rate r's first runs have arr
 queue of r x s requests stable (:func:`sim.stability.requests_for_power`).
 
 The search starts above mu (where the queue grows: a cheap fail, run on the first seed alone
-and on the others only should it not fail), halves until a rate
+and on the others only should it not fail), then tries the midpoint of [start / 2, start] (where
+an SLO near saturation puts the boundary; halving then bisecting would try it next), and only if
+that fails halves on from start / 2 until a rate
 passes (or doubles while they pass, should the probe have undershot), then bisects until
 (hi - lo) / lo <= tolerance. A rate undecided at its first look counts as passing while the
 search goes higher, and is rerun longer only if it ends up the bracket's lo (``_Search.run``):
 a rate below one shown sustained needs no evidence of its own. The max rate is the highest
 rate that passed. Every search advances in lock-step rounds, each round's runs going to a
-process pool at once; the curve points for the figures go with the first round.
+process pool at once, a look's other seeds only once its first is back and has not failed it for
+certain (:func:`certain_miss`); the curve points for the figures go with the first round, each as long as
+the run-length rule asks (it is drawn, never decided on, so the queue test's power does not size it).
 """
 
 from __future__ import annotations
@@ -279,6 +283,32 @@ def judge(runs: list[PointRun], slos: tuple[SLO, ...], settings: SearchSettings,
     return point
 
 
+def certain_miss(run: PointRun, slos: tuple[SLO, ...], others: int, per_run: int) -> str | None:
+    """An SLO whose statistic, over the measured requests of ``run`` pooled with those of ``others`` more
+    runs (each at most ``per_run`` of them), is over its limit whatever those runs hold; None if none is.
+
+    A mean is at least this run's sum over the most requests the pool can have (latencies are positive);
+    a percentile (linear interpolation, as numpy's) is over the limit once the sorted value below its
+    position is, that is once at least N - floor(q (N - 1)) of the N pooled values are, which holds for
+    every N up to the most the pool can have when it holds for the most (one value to spare, and a
+    relative 1e-9 on the limit, against rounding)."""
+    for slo in slos:
+        values = getattr(run, f"{slo.latency}_s")
+        values = values[~np.isnan(values)] * 1000.0
+        most = values.size + others * per_run
+        stat, limit = slo.metric.split("_")[0], slo.limit_ms * (1 + 1e-9)
+        if not values.size:
+            continue
+        if stat == "mean":
+            if float(values.sum()) / most > limit:
+                return slo.metric
+            continue
+        q = 50.0 if stat == "median" else float(stat[1:])
+        if int(np.count_nonzero(values > limit)) >= most - math.floor(q / 100 * (most - 1)) + 1:
+            return slo.metric
+    return None
+
+
 def _longer(half_width: float, margin: float, power: int) -> float:
     """The factor of requests that brings a half-width shrinking as requests ** (-1 / power) within its margin."""
     return (half_width / margin) ** power if margin > 0 and math.isfinite(half_width) else math.inf
@@ -297,7 +327,13 @@ class RateSearch:
         if self.lo is None and self.hi is None:
             return self.start
         if self.lo is None:
-            return self.hi * STEP_DOWN if self.hi > self.start * STEP_DOWN ** s.max_steps_down else None
+            # After the start fails, first the rate that halving would bisect to next (the boundary is most
+            # often near the saturation throughput), and only should that fail, the halved start.
+            first = (self.start * STEP_DOWN + self.start) / 2
+            if self.hi == self.start:
+                return first
+            below = self.start * STEP_DOWN if self.hi == first else self.hi * STEP_DOWN
+            return below if self.hi > self.start * STEP_DOWN ** s.max_steps_down else None
         if self.hi is None:
             return self.lo * 2 if self.lo < self.start * 2 ** s.max_doublings else None
         if (self.hi - self.lo) / self.lo <= s.tolerance:
@@ -354,26 +390,44 @@ class Runner:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def run(self, wanted: Iterable[tuple[tuple, tuple]]) -> int:
-        """Run the (key, job) pairs not yet cached; returns how many that was."""
-        keys, jobs = [], []
-        for key, job in wanted:
-            if key not in self.cache and key not in keys:
-                keys.append(key)
-                jobs.append(job)
-        if not jobs:
-            return 0
-        order = sorted(range(len(jobs)), key=lambda i: -_work(jobs[i]))  # the longest first: less idling at the end
-        done = self.pool.map(_run_job, [jobs[i] for i in order]) if self.pool else map(_run_job, jobs)
-        results = [None] * len(jobs)
-        for i, result in zip(order if self.pool else range(len(jobs)), done):
-            results[i] = result
-        for key, job, result in zip(keys, jobs, results):
-            self.cache[key] = result
-            self.by_label[key[0]] = self.by_label.get(key[0], 0) + 1
-            self.requests[key[0]] = self.requests.get(key[0], 0) + _work(job)
-        self.runs += len(jobs)
-        return len(jobs)
+    def run(self, wanted: Iterable[tuple[tuple, tuple]], then: Callable[[tuple, object], list] | None = None) -> int:
+        """Run the (key, job) pairs not yet cached; returns how many that was. ``then(key, result)``, called
+        as each result comes back, may ask for more (key, job) pairs, run in the same batch (a look's other
+        seeds, once its first is back): the runs asked for depend on the results alone, never on timing."""
+        then = then or (lambda key, result: [])
+        keys: set[tuple] = set()
+
+        def fresh(pairs) -> list[tuple[tuple, tuple]]:
+            out = [(key, job) for key, job in pairs if key not in self.cache and key not in keys]
+            keys.update(key for key, _ in out)
+            return sorted(out, key=lambda pair: -_work(pair[1]))  # the longest first: less idling at the end
+
+        queue = fresh(wanted)
+        ran = 0
+        if self.pool is None:
+            while queue:
+                key, job = queue.pop(0)
+                ran += self._keep(key, job, _run_job(job))
+                queue += fresh(then(key, self.cache[key]))
+            return ran
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        pending = {self.pool.submit(_run_job, job): (key, job) for key, job in queue}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                key, job = pending.pop(future)
+                ran += self._keep(key, job, future.result())
+                for more in fresh(then(key, self.cache[key])):
+                    pending[self.pool.submit(_run_job, more[1])] = more
+        return ran
+
+    def _keep(self, key: tuple, job: tuple, result) -> int:
+        self.cache[key] = result
+        self.by_label[key[0]] = self.by_label.get(key[0], 0) + 1
+        self.requests[key[0]] = self.requests.get(key[0], 0) + _work(job)
+        self.runs += 1
+        return 1
 
     def get(self, key: tuple):
         return self.cache[key]
@@ -409,12 +463,16 @@ class _Search:
         self.steps: dict[str, tuple[float, dict]] = {}  # label -> (its highest pass, that look's first-seed steps)
         self.curve_points: dict[str, dict[float, Point]] = {}
 
-    def size(self, label: str, rate: float) -> int:
+    def size(self, label: str, rate: float, decided: bool = True) -> int:
         """Requests per seed of a rate's first look: arrivals over service_times service times, and
         enough for the queue test to show a queue of rate x service time requests (Little's law)
-        stable (sim.stability.requests_for_power), whichever is more."""
+        stable (sim.stability.requests_for_power), whichever is more. A curve point (not ``decided``)
+        is drawn, never decided on: the service times alone size it."""
         s, service = self.s, self.probes[label].service_s
-        return max(s.min_requests, math.ceil(rate * s.service_times * service),
+        long_enough = max(s.min_requests, math.ceil(rate * s.service_times * service))
+        if not decided:
+            return long_enough
+        return max(long_enough,
                    requests_for_power(rate * service, len(s.seeds), 1 - s.warmup, confidence=s.confidence,
                                       max_growth=s.max_growth))
 
@@ -427,14 +485,14 @@ class _Search:
             yield (label, rate, seed, n, keep), ("point", self.configs[label], rate, seed, n, self.s.warmup, keep)
 
     def looked(self, label: str, rate: float, n: int, look: int, extend: bool = True, seeds=None,
-               steps: bool = False, keep: bool = False) -> Point:
+               steps: bool = False, keep: bool = False, decided: bool = True) -> Point:
         """The verdict of one look's runs (their per-request arrays are then let go, unless ``keep`` and
         the rate did not fail: a rate is never looked at again with the same length, but a look of the
         first seed alone goes on with the others); a pass above the label's best so far keeps the first
         seed's step records."""
         keys = [key for key, _ in self.jobs(label, rate, n, seeds, steps)]
         runs = [self.runner.get(key) for key in keys]
-        point = judge(runs, self.slos, self.s, look, self.size(label, rate), extend)
+        point = judge(runs, self.slos, self.s, look, self.size(label, rate, decided), extend)
         best = self.steps.get(label)
         if steps and point.verdict == "pass" and (best is None or rate > best[0]):
             self.steps[label] = (rate, runs[0].steps)
@@ -498,15 +556,35 @@ class _Search:
                     # Above the saturation throughput the queue grows: one seed shows that as well as
                     # three (a fail can only lower the answer); the others run only if it does not.
                     seeds[label] = s.seeds[:1] if rate >= self.probes[label].throughput else s.seeds
-            wanted = [job for label, rate in due.items()
-                      for job in self.jobs(label, rate, looks[label][1], seeds[label], steps=True)]
+            # A look's first seed runs first; its other seeds follow unless it alone already puts an SLO
+            # statistic of the pooled seeds over its limit (a certain fail: the other seeds cannot change it).
+            wanted, follow, certain = [], {}, set()
+
+            def then(key, result):
+                label, rest = follow.pop(key, (None, []))
+                if rest and certain_miss(result, self.slos, len(rest), key[3]) is not None:
+                    certain.add(label)
+                    return []
+                return rest
+
+            for label, rate in due.items():
+                first, *rest = self.jobs(label, rate, looks[label][1], seeds[label], steps=True)
+                follow[first[0]] = (label, rest)
+                if first[0] in self.runner.cache:  # run in an earlier round (the first seed alone, above mu)
+                    wanted += then(first[0], self.runner.get(first[0]))
+                else:
+                    wanted.append(first)
             new = self.runner.run(wanted + [job for label, rates in curve.items() for rate in rates
-                                            for job in self.jobs(label, rate, self.size(label, rate), s.seeds[:1])])
+                                            for job in self.jobs(label, rate, self.size(label, rate, False),
+                                                                 s.seeds[:1])], then)
             curve = self.curve_looks(curve)
             for label, rate in due.items():
                 look, n = looks.pop(label)
                 partial = len(seeds[label]) < len(s.seeds)
-                point = self.looked(label, rate, n, look, seeds=seeds[label], steps=True, keep=partial)
+                point = self.looked(label, rate, n, look, seeds=s.seeds[:1] if label in certain else seeds[label],
+                                    steps=True, keep=partial)
+                if label in certain:
+                    point.reason += " (the first seed alone: over the limit whatever the other seeds hold)"
                 if partial and point.verdict != "fail":
                     looks[label], seeds[label] = (look, n), s.seeds  # the other seeds, at the same length
                     continue
@@ -559,7 +637,8 @@ class _Search:
         """Judge the curve points just run; returns none left to run."""
         for label, rates in curve.items():
             for rate in rates:
-                point = self.looked(label, rate, self.size(label, rate), 0, extend=False, seeds=self.s.seeds[:1])
+                point = self.looked(label, rate, self.size(label, rate, False), 0, extend=False, seeds=self.s.seeds[:1],
+                                    decided=False)
                 point.curve = True
                 self.curve_points.setdefault(label, {})[rate] = point
         return {}

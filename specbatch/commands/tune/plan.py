@@ -47,6 +47,7 @@ class TunePlan:
     executor: str = "pool"
     workers: int | None = None
     dask_address: str | None = None
+    pool: Any = None   # the process pool the plan started, its workers warming while it prepared (executor pool)
 
     def digest(self) -> str:
         data = {"base": self.base.to_toml(), "objective": self.objective.metric, "bands": self.space.bands,
@@ -66,7 +67,8 @@ class TunePlan:
     def run(self, out: str | os.PathLike[str], progress: bool = False) -> "TuneResult":
         started = time.perf_counter()
         trials = Trials(self.base, Path(out), self.objective, executor=self.executor, workers=self.workers,
-                        dask_address=self.dask_address, progress=progress)
+                        dask_address=self.dask_address, progress=progress, pool=self.pool)
+        self.pool = None  # the trials own it now, and close it
         try:
             def run_batch(pairs, phase):
                 return trials.summaries_for([(self.candidate(s), seed) for s, seed in pairs], phase)
@@ -307,31 +309,55 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
                          "lut (context) table: --format lut", source="--format")
     k_values = tuple(range(k_min, top + 1))
     others = baselines(k_values, base.acceptance.alpha, limit, tree=base.speculation.is_tree)
-    # Prepared here: every input of the scenario is checked before the first run, and the lut
-    # baseline's own table (built at bind from the step table) places the bands and seeds the search.
-    lut = next(c for c in others if c.policy["name"] == "lut")
-    first = prepare(replace(base, policy=PolicyConfig("lut", {k: v for k, v in lut.policy.items() if k != "name"})))
-    busy = min(workers or os.cpu_count() or 1, MAX_WORKERS) if executor == "pool" else 1
-    problem = memory_problem(request_bytes(len(first.requests)) * busy)
-    if problem is not None:
-        raise InputError(f"{len(first.requests)} requests per run on {busy} worker(s): {problem}", source="--workers")
-    lut_table = [list(row) for row in first.policy.table]
-    steps = decode_steps_by_batch(first)
-    if count is not None:
-        batch = fitted_bands(steps, [row[1] for row in lut_table[:-1]], count)
-    space = Space(batch, ctx, k_values)
-    starts = [space.uniform(k) for k in space.k_values]
-    projected = space.project(first.policy.k_for, steps)
-    if projected not in starts:
-        starts.append(projected)
-    # Every policy the tune will run, checked as its run would be (each trial is a table of k within the
-    # searched range, so the two extreme uniform schedules stand for them all): one line before any run.
-    trials = [Candidate(space.text(s), space.policy(s), s) for s in (starts[0], starts[len(k_values) - 1])]
-    for candidate in trials + others:
-        check_runnable(base, candidate)
-    origin = base.seed
-    return TunePlan(base=replace(base, policy=PolicyConfig("none", {})), space=space, objective=goal,
-                    seeds=tuple(range(origin, origin + seeds)),
-                    holdout=tuple(range(origin + seeds, origin + seeds + holdout)), fmt=fmt, starts=starts,
-                    lut_table=lut_table, baselines=others, executor=executor, workers=workers,
-                    dask_address=dask_address)
+    # The pool's workers start now and load the engine while this process prepares (a second or more
+    # on a small machine, which the first batch of runs would otherwise wait for).
+    pool = early_pool(base, executor, workers)
+    try:
+        # Prepared here: every input of the scenario is checked before the first run, and the lut
+        # baseline's own table (built at bind from the step table) places the bands and seeds the search.
+        lut = next(c for c in others if c.policy["name"] == "lut")
+        first = prepare(replace(base, policy=PolicyConfig("lut", {k: v for k, v in lut.policy.items() if k != "name"})))
+        busy = min(workers or os.cpu_count() or 1, MAX_WORKERS) if executor == "pool" else 1
+        problem = memory_problem(request_bytes(len(first.requests)) * busy)
+        if problem is not None:
+            raise InputError(f"{len(first.requests)} requests per run on {busy} worker(s): {problem}", source="--workers")
+        lut_table = [list(row) for row in first.policy.table]
+        steps = decode_steps_by_batch(first)
+        if count is not None:
+            batch = fitted_bands(steps, [row[1] for row in lut_table[:-1]], count)
+        space = Space(batch, ctx, k_values)
+        starts = [space.uniform(k) for k in space.k_values]
+        projected = space.project(first.policy.k_for, steps)
+        if projected not in starts:
+            starts.append(projected)
+        # Every policy the tune will run, checked as its run would be (each trial is a table of k within the
+        # searched range, so the two extreme uniform schedules stand for them all): one line before any run.
+        trials = [Candidate(space.text(s), space.policy(s), s) for s in (starts[0], starts[len(k_values) - 1])]
+        for candidate in trials + others:
+            check_runnable(base, candidate)
+        origin = base.seed
+        return TunePlan(base=replace(base, policy=PolicyConfig("none", {})), space=space, objective=goal,
+                        seeds=tuple(range(origin, origin + seeds)),
+                        holdout=tuple(range(origin + seeds, origin + seeds + holdout)), fmt=fmt, starts=starts,
+                        lut_table=lut_table, baselines=others, executor=executor, workers=workers,
+                        dask_address=dask_address, pool=pool)
+    except BaseException:
+        if pool is not None:  # bad input: one line now, the warming workers are not waited for
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise
+
+
+def early_pool(base: RunConfig, executor: str, workers: int | None):
+    """The tune's process pool, its workers warming on a few requests of the scenario (None unless it will
+    run on a pool of more than one worker)."""
+    from specbatch.commands.sweep.executors import default_workers
+    from specbatch.commands.workers import warmed_pool
+
+    count = workers or default_workers()
+    if executor != "pool" or count < 2:
+        return None
+    w = base.workload
+    generated = w.trace is None and w.trace_vllm is None and w.rate_profile is None
+    small = replace(base, workload=replace(w, num_requests=20, duration_s=None)) if generated else None
+    return warmed_pool(count, small)
+

@@ -50,7 +50,8 @@ class Trials:
     """Every run of a tune: (candidate, seed) -> its summary, from the store or run now."""
 
     def __init__(self, base: RunConfig, out_dir: Path, objective: Objective, *, executor: str = "pool",
-                 workers: int | None = None, dask_address: str | None = None, progress: bool = False) -> None:
+                 workers: int | None = None, dask_address: str | None = None, progress: bool = False,
+                 pool=None) -> None:
         if executor not in EXECUTORS:
             raise InputError(f"'{executor}' is not one of {', '.join(EXECUTORS)}", field="executor")
         self.base, self.objective = base, objective
@@ -68,7 +69,7 @@ class Trials:
         self.bar = tqdm(total=0, unit="run", desc="tune", disable=None if progress else True, file=sys.stderr,
                         dynamic_ncols=True)
         self.progress = progress
-        self.pool = None  # the process pool, started at the first batch that needs it and kept to the end
+        self.pool = pool  # the process pool (started by the plan, or at the first batch that needs it), kept to the end
         self.dask = None  # ... or the Dask client (executors.DaskRunner), likewise
 
 
