@@ -223,13 +223,14 @@ def table(doc: dict) -> str:
                     f"a bare SimPy loop of 1M timeouts ({simpy_s:.2f} s), at {yardstick['peak_rss_mb']:,.0f} MB peak.")
     checked = [r for r in sorted(doc["rows"], key=lambda r: (list(CASES).index(r["case"]), r["requests"]))
                if "before" in r]
-    if checked:
-        rows.append("Checked against the code before (" + checked[0]["before"]["commit"] + ") in alternating runs, "
+    # Rows kept from an earlier invocation (--keep) were checked against the code before them: one note per commit.
+    for commit in dict.fromkeys(r["before"]["commit"] for r in checked):
+        rows.append("Checked against the code before (" + str(commit) + ") in alternating runs, "
                     "medians of the whole run, before → after: " + "; ".join(
                         f"{CASES[r['case']][0]} at {r['requests']:,}: {r['before']['total_s']:.2f} s → {r['total_s']:.2f} s "
                         f"({r['before']['total_s'] / r['total_s']:.2f}×, {r['before']['runs']} "
                         f"run{'s' if r['before']['runs'] > 1 else ''} each), peak {r['before']['peak_rss_mb']:,.0f} → "
-                        f"{r['peak_rss_mb']:,.0f} MB" for r in checked) + ".")
+                        f"{r['peak_rss_mb']:,.0f} MB" for r in checked if r["before"]["commit"] == commit) + ".")
     machine = doc["machine"]
     rows.append(f"Measured {doc['date']} with `python benchmarks/scale.py` on {machine['cpu']} ({machine['cores']} "
                 f"cores), Python {machine['python']}, numpy {machine['numpy']}, pyarrow {machine['pyarrow']}"

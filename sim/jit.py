@@ -18,6 +18,13 @@ The rules allocate nothing (every buffer is handed in), so they are compiled wit
 reference counting (``_nrt=False``): counting references to the forty-odd arrays a step hands
 from rule to rule cost more than the step's own work (2-3 µs a step, measured with perf).
 
+The rules a step calls once each (a module's ``INLINED``, a part of its ``RULES``) are compiled
+into their callers (numba's ``inline="always"``): a call to a rule that takes the replica's state
+passes every field of its forty-odd arrays on the stack (about 150 pushes a call, ten calls a
+step), which cost a third of a compiled step (the default scenario's 200k requests, 760k steps:
+1.61 s -> 1.07 s, medians of 3 alternating runs), against about twice the compilation (``python -m
+sim.warm``: 44 s -> 95 s of CPU; a run's own, 14 s -> 46 s; once per machine and code version).
+
 Compiled code is cached on disk so that a process pays only numba's start (~0.3 s), not the
 compilation (tens of seconds, once per machine and code version); it is loaded without the
 refresh of numba's compilation context that loading does not need (:func:`_load_without_refresh`). The cache folder is keyed by
@@ -46,7 +53,7 @@ from typing import Callable
 
 JIT_MODES = ("auto", "on", "off")
 # A cold run of at most this many requests is interpreted rather than compiled first: interpreted,
-# the default scenario's 5,435 requests take about 5 s of CPU; compiling takes 12-20 s.
+# the default scenario's 5,435 requests take about 5 s of CPU; compiling takes 30-60 s.
 SMALL_RUN = 10_000
 BACKGROUND_ENV = "SPECBATCH_BACKGROUND_COMPILE"
 READY = "ready"  # written in the cache folder once sim.warm has compiled every entry point
@@ -115,8 +122,10 @@ def prepare() -> None:
     except OSError:  # an unwritable cache: compile in every process rather than fail
         pass
     for name in RULE_MODULES:
-        for rule in importlib.import_module(name).RULES:
-            register_jitable(_nrt=False)(rule)
+        module = importlib.import_module(name)
+        inlined = getattr(module, "INLINED", ())
+        for rule in module.RULES:
+            register_jitable(_nrt=False, inline="always" if rule in inlined else "never")(rule)
     _folder = folder
     _READY = True
 
@@ -160,8 +169,8 @@ def use_compiled(mode: str, requests: int) -> bool:
 
 
 NOTE_BACKGROUND = ("the first run of this specbatch version on this machine is interpreted while the engine "
-                   "compiles in the background for the runs after it (about 20 s of CPU, once)")
-NOTE_COMPILING = "compiling the simulation engine for this machine and code version (once; 10-30 s)"
+                   "compiles in the background for the runs after it (about 1-2 minutes of CPU, once)")
+NOTE_COMPILING = "compiling the simulation engine for this machine and code version (once; 30-60 s)"
 FIRST_RUN_NOTES = tuple(f"note: {text}" for text in (NOTE_BACKGROUND, NOTE_COMPILING))
 
 

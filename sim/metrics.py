@@ -85,14 +85,22 @@ def distribution_stats(prefix: str, values_s: np.ndarray, weights: np.ndarray | 
         # values at them are converted (the same doubles as converting all first).
         weights = np.asarray(weights, dtype=np.int64)
         q = weighted_percentile(np.asarray(values_s, dtype=float), weights, [50, *percentiles], scale=1000.0)
-        values = np.asarray(values_s, dtype=float) * 1000.0
-        mean = float(np.average(values, weights=weights))
-        spread = values - mean
-        np.square(spread, out=spread)  # (values - mean) ** 2, in place
-        std = float(np.sqrt(np.average(spread, weights=weights)))
+        mean, std = weighted_mean_std(np.asarray(values_s, dtype=float) * 1000.0, weights)
     out = {f"mean_{prefix}_ms": mean, f"median_{prefix}_ms": float(q[0]), f"std_{prefix}_ms": std}
     out.update({f"{n}_{prefix}_ms": float(v) for n, v in zip(names[3:], q[1:])})
     return out
+
+
+def weighted_mean_std(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """``np.average(values, weights)`` and the weighted standard deviation, the same doubles, with one
+    full-length buffer beside ``values`` (np.average makes its product afresh each time: a third array)."""
+    total = weights.sum(dtype=np.float64)  # np.average's own steps: sum(values * weights) / sum(weights)
+    work = np.multiply(values, weights, dtype=np.float64)
+    mean = float(work.sum() / total)
+    np.subtract(values, mean, out=work)
+    np.square(work, out=work)
+    np.multiply(work, weights, out=work)
+    return mean, float(np.sqrt(work.sum() / total))
 
 
 def percentile_word(p: float) -> str:

@@ -93,3 +93,4 @@ def prefill_price(prefill, b, prompt_column):
 
 RULES = (blend, catch_up_price, decode_price, tokens_price, padded_step, prefix_attention_price, chunk_price,
          prefill_price)
+INLINED = (decode_price,)  # compiled into its callers (sim/jit.py)

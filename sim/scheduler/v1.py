@@ -323,6 +323,7 @@ def plan_v1(s, now):
 
 RULES = (drop_prefilled, _requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _first_look,
          _reserved_idle, _fits, head_fits, _admit_waiting, admission_horizon, plan_v1)
+INLINED = (_schedule_rows, plan_v1)  # compiled into their callers (sim/jit.py)
 
 
 @dataclass

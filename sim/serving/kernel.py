@@ -142,3 +142,4 @@ def finish_pending(s, c, proposer, out):
 
 
 RULES = (choose, start_step, finish_step, run_steps, finish_pending)
+INLINED = (choose, start_step, finish_step)  # compiled into their callers (sim/jit.py)

@@ -292,3 +292,4 @@ def write_step(steps, ctr, step):
 
 RULES = (exact_delay, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill, apply_chunks,
          write_step)
+INLINED = (step_rows_stats, write_itl, apply_decode)  # compiled into their callers (sim/jit.py)

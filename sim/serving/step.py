@@ -295,3 +295,4 @@ def _flag_prefilled(s, n):
 
 
 RULES = (begin, plan, decode_rows, price, draw, update, _flag_prefilled)
+INLINED = (begin, plan, decode_rows, price, draw, update)  # compiled into their callers (sim/jit.py)

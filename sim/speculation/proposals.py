@@ -126,3 +126,4 @@ def count_accepted(kind, draws_i, draws_f, pos, scale, ks, m, neg_rates, out):
 
 
 RULES = (_mix, unit_hash, row_position, run_at, propose_rows, runlength_accepted, count_accepted)
+INLINED = (count_accepted,)  # compiled into its callers (sim/jit.py)
