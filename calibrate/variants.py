@@ -4,8 +4,9 @@ A chat or instruct model is its base model's weights tuned further: the same lay
 experts and vocabulary, so the same kernels at the same shapes. Each id here was checked against
 its published config.json: every key the shape reads (:func:`calibrate.hf_config.read_config`) has
 the base's value; what differs (end-of-sequence ids, the chat template, the generation defaults) is
-not priced. A fine-tune whose shape differs (Mixtral-8x22B-Instruct's 32,768-token vocabulary
-against the base's 32,000) is a built-in of its own instead. Ids match as the Hugging Face Hub
+not priced. A fine-tune whose shape differs is left out (Qwen3's base models hold a 32,768-token
+context against the post-trained models' 40,960) or is a built-in of its own (Mixtral-8x22B-Instruct's
+32,768-token vocabulary against the base's 32,000). Ids match as the Hugging Face Hub
 matches them, whatever the case. A config.json the user has (a path, the local cache) always wins.
 """
 
@@ -24,8 +25,6 @@ SAME_SHAPE = {
     "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b",
     "codellama/CodeLlama-34b-hf": "codellama-34b",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
-    "Qwen/Qwen3-14B-Base": "qwen3-14b",
-    "Qwen/Qwen3-30B-A3B-Base": "qwen3-30b-a3b",
 }
 
 
