@@ -1,9 +1,9 @@
 """Published fine-tunes whose config.json prices as a known model's: offline names for them.
 
 A chat or instruct model is its base model's weights tuned further: the same layers, widths, heads,
-experts and vocabulary, so the same kernels at the same shapes. Each id here was checked against
-its published config.json: every key the shape reads (:func:`calibrate.hf_config.read_config`) has
-the base's value; what differs (end-of-sequence ids, the chat template, the generation defaults) is
+experts and vocabulary, so the same kernels at the same shapes. Each id's published config.json has
+the base's value in every key the shape reads (:func:`calibrate.hf_config.read_config`), as its model
+card publishes it (nothing is fetched here to check it again); what differs (end-of-sequence ids, the chat template, the generation defaults) is
 not priced. A fine-tune whose shape differs is left out (Qwen3's base models hold a 32,768-token
 context against the post-trained models' 40,960) or is a built-in of its own (Mixtral-8x22B-Instruct's
 32,768-token vocabulary against the base's 32,000). Ids match as the Hugging Face Hub
