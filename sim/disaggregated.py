@@ -40,9 +40,10 @@ import numpy as np
 from sim.cluster import ClusterRecords, InboundSignals, ReplicaParts, ReplicaSignals, merge_loops
 from sim.replica import ReplicaPlan
 from sim.router import make_router
-from sim.scheduler.kvcache import cached_prefix_tokens, remote_blocks, reserve_blocks
+from sim.scheduler.kvcache import remote_blocks, reserve_blocks
 from sim.scheduler.layout import (C_HEAD, C_PREFILLING, C_REQUEUED, C_RUNNING, P_BLOCK, P_HOLD, P_MAX_SEQS,
                                   REQ_PROMPT, REQ_REMOTE)
+from sim.serving import routing
 from sim.serving.clock import simulate_disaggregated
 from sim.serving.queues import DecodeQueue, Dispatcher, Handoffs, PrefillQueue
 from sim.serving.records import ReplicaRecords
@@ -190,7 +191,9 @@ class DecodeFirst(Dispatcher):
         receiver = self.decode_router.choose(self.decode_loads, column)
         self.decode_loads[receiver].on_way(request, 1)  # the decode replica holds it from now (llm-d's sidecar)
         signals = self.decode_loads[receiver]
-        cached = cached_prefix_tokens(column, signals.key_block(), signals.block_size) if signals.block_size else 0
+        block = signals.block_size  # the prompt's blocks before its last token, which vLLM always computes
+        cached = routing.leading_cached_blocks(h.reqi, request, (int(column[REQ_PROMPT]) - 1) // block,
+                                               signals.key_block()) * block if block else 0
         if int(column[REQ_PROMPT]) - cached < self.threshold:
             h.prefill_here(request, receiver, at)
             return

@@ -46,7 +46,7 @@ import numpy as np
 
 from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_HELD_BLOCKS, C_RESERVED, KV_FIELDS, KV_KEY, KV_NEXT,
                                   KV_PREV, KV_REF, NO_KEY, P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS,
-                                  REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY, REQ_PROMPT, REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY,
+                                  REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY, REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY,
                                   S_FREE_SLOT)
 
 SLOT_HELD, SLOT_CACHED = 0, 1  # slot_blocks[slot, 0]: blocks held; [slot, 1]: blocks registered
@@ -269,14 +269,6 @@ def request_block_keys(request, blocks):
     keys = np.arange(min(blocks, max(prefix_blocks, request[REQ_PROMPT_BLOCKS])), dtype=np.int64)
     keys += np.where(keys < prefix_blocks, request[REQ_PREFIX_KEY], request[REQ_PROMPT_KEY])
     return keys
-
-
-def cached_prefix_tokens(request, key_block, block_size):
-    """How many leading prompt tokens of a request (a column of a queue's inputs) a cache holds, read-only:
-    its shared blocks up to the first one missing (llm-d's decider reads the decode replica's prefix match)."""
-    keys = request_block_keys(request, (int(request[REQ_PROMPT]) - 1) // block_size)
-    held = held_keys(keys, key_block)
-    return int(held.shape[0] if held.all() else held.argmin()) * block_size
 
 
 def held_keys(keys, key_block):

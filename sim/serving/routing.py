@@ -63,20 +63,23 @@ def prompt_blocks(prompt, block_size):
     return min(prompt // block_size, MAX_PREFIX_BLOCKS)
 
 
-def prefix_score(reqi, r, blocks, key_block):
-    """The prefix-cache scorer for one replica: the share of request ``r``'s (a column of ``reqi``)
-    ``blocks`` leading prompt blocks held in its cache (``key_block``, read-only: nothing moves in its
-    eviction order), counted up to the first miss; only the request's shared blocks can be held (its
-    own are made when it is admitted); 0 for a prompt under a block."""
-    if blocks == 0:
-        return 0.0
+def leading_cached_blocks(reqi, r, blocks, key_block):
+    """How many of request ``r``'s (a column of ``reqi``) first ``blocks`` prompt blocks a cache
+    (``key_block``, read-only: nothing moves in its eviction order) holds, counted up to the first miss;
+    only the request's shared blocks can be held (its own are made when it is admitted)."""
     shared = min(blocks, max(reqi[REQ_PREFIX_BLOCKS, r], reqi[REQ_PROMPT_BLOCKS, r]))
-    leading = shared
     for j in range(shared):
         if key_block[key_of(reqi, r, j, 1)] < 0:
-            leading = j
-            break
-    return leading / blocks
+            return j
+    return shared
+
+
+def prefix_score(reqi, r, blocks, key_block):
+    """The prefix-cache scorer for one replica: the share of request ``r``'s ``blocks`` leading prompt
+    blocks held in its cache (:func:`leading_cached_blocks`); 0 for a prompt under a block."""
+    if blocks == 0:
+        return 0.0
+    return leading_cached_blocks(reqi, r, blocks, key_block) / blocks
 
 
 def queue_score(longest, shortest, own):
@@ -92,4 +95,4 @@ def weighted_score(weights, prefix, queue, used):
 
 
 RULES = (in_turn, first_least, outstanding_requests, outstanding_tokens, waiting_requests, prompt_blocks,
-         prefix_score, queue_score, weighted_score)
+         leading_cached_blocks, prefix_score, queue_score, weighted_score)
