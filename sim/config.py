@@ -25,6 +25,7 @@ import tomli_w
 from sim.speculation.acceptance import DISTRIBUTIONS, MODELS, PROPOSERS, AcceptanceSpec, parse_rates
 from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
+from sim.costmodel.profile import SAMPLERS
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import CACHE_ROUTERS, ROUTERS, parse_router, router_text
 from sim.serving.transfer import KV_LINKS, KV_TRANSFERS
@@ -440,6 +441,10 @@ KEYS: tuple[Key, ...] = (
     Key("acceptance.sibling_rates", Value(tuple, parse_sibling_rates, optional=True), "trees: the chance the 2nd, "
         "3rd, ... ranked candidate is the target's token once the better-ranked were not, e.g. 0.3,0.2",
         "--acceptance-sibling-rates", write=lambda value, section: None if value is None else list(value)),
+    Key("workload.sampling", Value(str, choice(SAMPLERS).parse, optional=True), "the sampling the requests ask "
+        "for, as vLLM's sampler runs it: greedy (temperature 0, vllm bench serve's default), random (temperature "
+        "> 0) or top-p (top-p or top-k filtering: a sort over the vocabulary in vLLM 0.15); default: the "
+        "profile's own (docs/gpu-profiles.md#sampling)", "--sampling"),
 )
 
 KNOWN = frozenset(key.name for key in KEYS if key.value is not None)  # policy.* is open: the policy checks it

@@ -220,6 +220,7 @@ def _prepare(config: RunConfig, role: str | None = None) -> PreparedRun:
         if exc.source is None:  # the name itself was bad: point at where it was given
             raise config.error("profile", exc.message) from None
         raise
+    cost_model, digest = _with_sampling(config, profile, cost_model, digest)
     try:
         policy = make_policy(config.policy.name, config.policy.params)
         if policy.max_k > 0 and not profile.has_draft:
@@ -310,6 +311,19 @@ def _prepare(config: RunConfig, role: str | None = None) -> PreparedRun:
                                                            "priced")
     prepared.warnings.extend(cost_model.range_warnings(**reach))
     return prepared
+
+
+def _with_sampling(config: RunConfig, profile: Profile, cost_model: CostModel, digest: str):
+    """The cost model verifying at the sampling the run's requests ask for (``workload.sampling``; None: the
+    profile's own), and its step tables' cache key."""
+    asked = config.workload.sampling
+    if asked is None or asked == cost_model.sampling:
+        return cost_model, digest
+    if asked not in cost_model.samplers:
+        raise config.error("workload.sampling", f"profile '{profile.name}' prices only {', '.join(profile.samplings())} "
+                                                f"sampling (its verify points); compose one with --sampling {asked}, "
+                                                f"or run without --sampling")
+    return cost_model.with_sampling(asked), f"{digest}-{asked}"
 
 
 def model_names(profile: Profile) -> tuple[str, ...]:

@@ -317,7 +317,9 @@ def test_a_target_only_profile_runs_policy_none_and_refuses_speculation_in_one_l
     out = tmp_path / "target-only"
     assert compose(capsys, tiny_tp, out, "--target", "tiny-llama", "--tp", "2")[0] == 0
     profile = load_profile(out)
-    assert not profile.has_draft and profile.gpus_per_replica == 2 and set(profile.points.model) == {"target"}
+    assert not profile.has_draft and profile.gpus_per_replica == 2
+    assert set(profile.points.model) == {"target", "greedy", "random", "top-p"}  # no draft: the target's, and
+    assert set(profile.points.phase[profile.points.model != "target"]) == {"verify"}  # its sampler per sampling
     base = ["run", "--profile", str(out), "--num-requests", "20", "--prompt-tokens", "16", "--output-tokens", "8"]
     code, stdout, err = run_cli(capsys, *base, "--policy", "none", "--out", str(tmp_path / "r"))
     assert code == 0, err

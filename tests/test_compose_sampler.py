@@ -33,8 +33,8 @@ def compose_tiny(tiny_data, tmp_path, capsys, *extra: str):
     return load_profile(out)
 
 
-def verify_rows(profile) -> dict[tuple[int, int], float]:
-    rows = profile.points[profile.points.phase == "verify"]
+def verify_rows(profile, model: str = "target") -> dict[tuple[int, int], float]:
+    rows = profile.points[(profile.points.phase == "verify") & (profile.points.model == model)]
     return {(int(r.batch_size), int(r.query_tokens)): float(r.latency_median_s) for r in rows.itertuples()}
 
 
@@ -59,6 +59,16 @@ def test_sampling_at_a_temperature_prices_its_passes_and_top_p_the_measured_sort
     meta = top_p.meta
     assert meta["composition"]["sampling"] == "top-p" and "--sampling top-p" in meta["command"]
     assert any("sampling 'top-p'" in line and "#33538" in line for line in meta["composition"]["assumptions"])
+
+
+def test_every_profile_prices_every_sampling_as_a_profile_composed_at_it_does(tiny_data, tmp_path, capsys):
+    """verify / <mode>: what a run asking for that sampling prices (workload.sampling), point for point what
+    composing at it puts in verify / target."""
+    greedy = compose_tiny(tiny_data, tmp_path, capsys)
+    for mode in ("greedy", "random", "top-p"):
+        at_mode = greedy if mode == "greedy" else compose_tiny(tiny_data, tmp_path, capsys, "--sampling", mode)
+        assert verify_rows(greedy, mode) == verify_rows(at_mode) == verify_rows(at_mode, mode)
+        assert at_mode.samplings() == ["greedy", "random", "top-p"]
 
 
 def test_a_greedy_profile_says_nothing_new(tiny_data, tmp_path, capsys):
@@ -104,8 +114,9 @@ def test_an_unknown_sampling_is_one_line_before_any_work(tiny_data, tmp_path, ca
 
 
 def test_the_benchmark_simulates_each_run_with_the_sampling_vllm_did():
-    """A run is covered only by a profile pricing its requests' sampling: the Llama-2 runs' (top-p, their
-    model's generation_config.json), the 70B's shipped profile carries it; the 7B one (greedy) does not."""
+    """A run is covered by a shipped profile composed at its requests' sampling (the Llama-2 runs': top-p, their
+    model's generation_config.json): the 70B's; the 7B pair (greedy) is not, and the run is simulated on the
+    profile compose writes for it. Either way the run asks for its sampling (workload.sampling)."""
     from sim.costmodel.profile import resolve_profile_path, shipped_profiles
 
     bench = load_script("benchmarks/real_vllm.py", "real_vllm_bench_sampling")
@@ -115,6 +126,8 @@ def test_the_benchmark_simulates_each_run_with_the_sampling_vllm_did():
     run_7b = {"gpu": "H100-SXM-80GB", "tensor_parallel_size": 1, "model": "meta-llama/Llama-2-7b-hf",
               "engine": "vllm 0.15.1 (V1 engine)", "model_config": llama2}
     assert bench.run_sampling(run_7b) == "top-p" and bench.covering_profile(run_7b, profiles) is None
+    assert bench.run_overrides(run_7b | {"max_num_seqs": 256, "max_num_batched_tokens": 2048},
+                               "h100-llama-2-7b-llama-68m")["workload.sampling"] == ("top-p", "runs.json")
     assert bench.covering_profile({**run_7b, "model": "an/unrecorded-model"}, profiles) == "h100-llama-2-7b-llama-68m"
     assert bench.built_in_of(run_7b) == ["llama-2-7b"]
     sampled = {model: bench.run_sampling({**run_7b, "model": model}) for model in (
@@ -128,8 +141,9 @@ def test_the_benchmark_simulates_each_run_with_the_sampling_vllm_did():
                "model_config": {**llama2, "hidden_dim": 8192, "intermediate_dim": 28672, "num_layers": 80,
                                 "num_heads": 64, "num_kv_heads": 8}}
     assert bench.covering_profile(run_70b, profiles) == "h100-tp4-llama-2-70b"
+    assert load_profile("h100-tp4-llama-2-70b").sampling == "top-p"
+    assert load_profile("h100-tp2-mixtral-8x7b").sampling == "random"
     assert bench.profile_sampling(profiles["h100-tp4-llama-2-70b"]) == "top-p"
-    assert bench.profile_sampling(profiles["h100-tp2-mixtral-8x7b"]) == "random"
 
 
 @needs_data

@@ -68,6 +68,10 @@ def test_the_random_dataset_draws_lengths_as_vllm_does(flags, prompt, output, ca
                                                "tpot, itl, e2el"),
     (["--metric-percentiles", "99,100"], "error: --metric-percentiles: '99,100': each percentile must be inside"),
     (["--result-filename", "r.json"], "error: --result-filename: applies only with --save-result"),
+    (["--top-p", "1.5"], "error: --top-p: must be in (0, 1], got 1.5"),
+    (["--temperature", "-1"], "error: --temperature: must be in [0, inf], got -1"),
+    (["--temperature", "0.6", "--sampling", "greedy"], "error: --temperature: give --sampling or vllm bench serve's "
+                                                       "--temperature/--top-p/--top-k/--min-p, not both"),
 ])
 def test_bad_vllm_flags_are_one_line_before_any_work(flags, says, capsys, tmp_path):
     code, _, err = run(capsys, *BASE, "--num-requests", "5", *flags, "--out", str(tmp_path / "r"))
@@ -81,7 +85,7 @@ def test_bad_vllm_flags_are_one_line_before_any_work(flags, says, capsys, tmp_pa
     (["--backend", "vllm"], "--backend is vllm bench serve's; there is no server to send requests to"),
     (["--dataset-path", "sharegpt.json"], "--dataset-path is vllm bench serve's; replay real requests with --trace"),
     (["--ramp-up-strategy", "linear"], "--ramp-up-strategy is vllm bench serve's; a time-varying rate: --rate-profile"),
-    (["--temperature", "0.7"], "--temperature is vllm bench serve's; a profile prices one sampling mode"),
+    (["--extra-body", "{}"], "--extra-body is vllm bench serve's; sampling is --temperature/--top-p"),
 ])
 def test_a_vllm_flag_with_no_use_here_points_to_ours(flags, says, capsys):
     with pytest.raises(SystemExit) as info:

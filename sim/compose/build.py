@@ -20,7 +20,7 @@ from sim.compose.mla import shape_problem as mla_shape_problem
 from sim.compose.moe import ExpertsTable
 from sim.compose.parallel import GRAPH_TOKENS, Collectives, newest
 from sim.compose.price import KV_BYTES, KernelTables, PassPricer
-from sim.compose.sampler import SORT_SOURCE
+from sim.compose.sampler import SAMPLING_MODES, SORT_SOURCE
 from sim.compose.shapes import TP_SIZES, ModelShape
 from sim.compose.fitted import EXPOSED_OVERHEAD_S, REQUEST_LATENCY_S, REQUEST_LATENCY_SOURCE  # noqa: F401 (compose's)
 from sim.errors import InputError
@@ -218,7 +218,8 @@ def check_priceable(pricers: dict[str, PassPricer], request: Request) -> None:
 
 
 def price_points(request: Request, pricers: dict[str, PassPricer]) -> tuple[pd.DataFrame, dict]:
-    """One row per grid point: ``ok``, or ``error`` (off the kernel tables).
+    """One row per grid point: ``ok``, or ``error`` (off the kernel tables); the verify points once more
+    for every sampling (sim/compose/sampler.py), so that a run prices the one its requests ask for.
 
     Points whose KV would not fit the capacity are priced too (a calibration would record them
     ``oom``): a run never reaches them, but it does reach the steps between them and the points
@@ -227,17 +228,19 @@ def price_points(request: Request, pricers: dict[str, PassPricer]) -> tuple[pd.D
     frame = pd.DataFrame(list(request.points), columns=["phase", "model", "batch_size", "query_tokens",
                                                         "context_tokens"])
     frame = frame[frame.model.isin(list(pricers))].reset_index(drop=True)  # a target-only profile: no draft rows
+    verify = frame[(frame.phase == "verify") & (frame.model == "target")]
+    frame = pd.concat([frame, *(verify.assign(model=mode) for mode in SAMPLING_MODES)], ignore_index=True)
     latency = np.full(len(frame), np.nan)
     off_table: dict[str, dict[str, int]] = {}
     for (phase, model), rows in frame.groupby(["phase", "model"], sort=False):
-        pricer = pricers[model]
+        pricer = pricers[model if model in pricers else "target"]
         b, q, c = (rows[col].to_numpy(dtype=float) for col in ("batch_size", "query_tokens", "context_tokens"))
         if phase == "prefill":
             parts = pricer.prefill_parts(b, q)
         elif phase == "decode":
             parts = pricer.decode_parts(b, q, c, None if model == "target" else 1)
-        else:
-            parts = {"verify": pricer.verify(b, q)}
+        else:  # verify / target: the profile's sampling; verify / <mode>: each other a run may ask for
+            parts = {"verify": pricer.verify(b, q, model if model in SAMPLING_MODES else None)}
         latency[rows.index] = sum(parts.values())
         for name, value in parts.items():
             missing = int((~np.isfinite(value)).sum())

@@ -322,9 +322,10 @@ class PassPricer:
 
         return float(sum(self._parts(float(tokens), self.layers_attention(one_layer), b * q + len(chunks)).values()))
 
-    def verify(self, b, k) -> np.ndarray:
-        """Sampling over the vocabulary as vLLM V1's sampler runs it for this pricer's sampling
-        (:mod:`sim.compose.sampler`): b sequences verifying k draft tokens each (k = 0: decoding).
+    def verify(self, b, k, sampling: str | None = None) -> np.ndarray:
+        """Sampling over the vocabulary as vLLM V1's sampler runs it for ``sampling`` (default: this
+        pricer's; :mod:`sim.compose.sampler`): b sequences verifying k draft tokens each (k = 0: decoding).
         Per sequence this is vocabulary-sized work: 128k columns for Llama-3 against 32k for Llama-2."""
         spec = self.tables.spec
-        return sampler_time(b, k, self.model.vocab_size, self.sampling, self.bw, spec.mem_bw, spec.mem_latency_s)
+        return sampler_time(b, k, self.model.vocab_size, sampling or self.sampling, self.bw, spec.mem_bw,
+                            spec.mem_latency_s)

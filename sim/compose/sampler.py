@@ -31,9 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from sim.compose.shapes import ACT_BYTES
+from sim.costmodel.profile import SAMPLERS as SAMPLING_MODES  # the profile format names them (verify rows)
 
 PROB_BYTES = 4  # fp32 logits and probabilities
-SAMPLING_MODES = ("greedy", "random", "top-p")
 # apply_top_k_top_p's PyTorch path with top-p on every row, measured on an H100 (vLLM's
 # benchmarks/benchmark_topk_topp.py, "PyTorch" column, scenario topp_whole): (rows x vocabulary, seconds).
 # Rows 1 and 4 of a 32768 vocabulary from vLLM PR #42191 ("benchmark results on a H100"), the rest
@@ -45,6 +45,26 @@ SORT_TABLE = ((32768, 0.094e-3), (131072, 0.179e-3), (1835008, 0.393e-3), (16777
 SORT_SOURCE = ("vLLM 0.15's PyTorch top-p (sort over the vocabulary), measured on an H100 in vLLM PRs #42191 and "
                "#33538 (benchmarks/benchmark_topk_topp.py, topp_whole)")
 SORT_GPU_BW = 3.35e12  # the H100 SXM's spec-sheet bandwidth: SORT_TABLE is scaled by it to another GPU's
+
+
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature under it is greedy (top-p, top-k and min-p then unused)
+
+
+def sampling_of(temperature: float | None, top_p: float | None = None, top_k: int | None = None,
+                min_p: float | None = None) -> str:
+    """The sampler path vLLM 0.15 runs for requests with these parameters (``vllm bench serve``'s
+    ``--temperature/--top-p/--top-k/--min-p``; a parameter not given is None).
+
+    ``vllm bench serve`` sends temperature 0 unless told otherwise, and vLLM samples greedily below
+    :data:`GREEDY_BELOW`; at a positive temperature a top-p under 1 or a top-k above 0 goes through
+    ``apply_top_k_top_p``, priced as its sort over the vocabulary (with top-k alone vLLM takes
+    ``torch.topk`` instead, which costs less: the sort is then an upper bound); min-p alone is a
+    comparison against each row's maximum, within the random path's element passes."""
+    if temperature is None or temperature < GREEDY_BELOW:
+        return "greedy"
+    if (top_p is not None and top_p < 1.0) or (top_k is not None and top_k > 0):
+        return "top-p"
+    return "random"
 
 
 def sort_time(elements, mem_bw: float) -> np.ndarray:

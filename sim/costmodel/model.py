@@ -155,8 +155,7 @@ class CostModel:
                                                    _draft_features))
         self.decode_target = Curve.from_points("decode/target", profile.phase("decode", "target"),
                                                ("batch_size", "query_tokens", "context_tokens"), decode_features)
-        self.verify = Curve.from_points("verify", profile.phase("verify", "target"),
-                                        ("batch_size", "query_tokens"), verify_features)
+        self.verify = Curve.from_points("verify", profile.phase("verify", "target"), VERIFY_AXES, verify_features)
         self.decode_overhead = profile.engine_overhead_s("decode")  # t_overhead, per step
         self.prefill_overhead = profile.engine_overhead_s("prefill")
         self.exposed_overhead = profile.exposed_overhead_s  # t_exposed, per step, never hidden
@@ -164,6 +163,8 @@ class CostModel:
         self.cuda_graphs = graphed(profile.meta)  # vLLM pads steps to its graphs
         self.drafters = drafter_curves(profile)  # "decode/eagle3", "prefill/eagle3", "decode/medusa", "propose/ngram"
         self.drafter = DRAFT_MODEL  # the drafting this model prices (with_drafter)
+        self.samplers = sampler_curves(profile)  # "greedy", "random", "top-p": verification at each (with_sampling)
+        self.sampling = profile.sampling  # the sampling self.verify prices
 
     @property
     def curves(self) -> list[Curve]:
@@ -188,6 +189,10 @@ class CostModel:
             out[f"{attr}/axes"] = np.array(curve.axes)
             out[f"{attr}/features"] = np.array(curve.features.__name__)
             out.update({f"{attr}/{key}": value for key, value in curve.state().items()})
+        out["sampling"] = np.array(self.sampling)
+        out["samplers"] = np.array(sorted(self.samplers), dtype=str)
+        for name, curve in self.samplers.items():
+            out.update({f"sampler:{name}/{key}": value for key, value in curve.state().items()})
         out["drafters"] = np.array(sorted(self.drafters), dtype=str)
         for name, curve in self.drafters.items():
             out[f"drafter:{name}/axes"] = np.array(curve.axes)
@@ -220,6 +225,21 @@ class CostModel:
         names = [str(n) for n in state["drafters"]] if "drafters" in state else []
         model.drafters = {name: curve_at(f"drafter:{name}/", name) for name in names}
         model.drafter = DRAFT_MODEL
+        model.sampling = str(state["sampling"])
+        model.samplers = {}
+        for name in (str(n) for n in state["samplers"]):
+            part = {key[len(f"sampler:{name}/"):]: value for key, value in state.items()
+                    if key.startswith(f"sampler:{name}/")}
+            model.samplers[name] = Curve.from_state(f"verify/{name}", VERIFY_AXES, verify_features, part)
+        return model
+
+    def with_sampling(self, sampling: str) -> "CostModel":
+        """This model with verification priced for ``sampling`` (a profile's ``verify / <mode>`` points);
+        KeyError where the profile prices neither it nor it as its own."""
+        if sampling == self.sampling:
+            return self
+        model = copy.copy(self)
+        model.verify, model.sampling = self.samplers[sampling], sampling
         return model
 
     def with_drafter(self, drafter: "Drafter | dict | None") -> "CostModel":
@@ -658,6 +678,21 @@ def host_features(x: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     component, the max taken: a coarse extrapolation that stays linear in batch and context)."""
     b, q, c = x["batch_size"], x["query_tokens"], x["context_tokens"]
     return np.stack([np.ones_like(b, dtype=float), b, b * c], axis=-1), (b * q)[..., None]
+
+
+VERIFY_AXES = ("batch_size", "query_tokens")
+
+
+def sampler_curves(profile: Profile) -> dict[str, Curve]:
+    """The profile's verification at each sampling it prices besides its own (``verify / <mode>``)."""
+    from sim.costmodel.profile import SAMPLERS
+
+    curves = {}
+    for mode in SAMPLERS:
+        points = profile.phase("verify", mode)
+        if len(points):
+            curves[mode] = Curve.from_points(f"verify/{mode}", points, VERIFY_AXES, verify_features)
+    return curves
 
 
 def drafter_curves(profile: Profile) -> dict[str, Curve]:

@@ -18,6 +18,11 @@ decode     target   q = 1 (plain decode) .. k_max + 1   tokens already in KV cac
 verify     target   k = 0 (sample one token) .. k_max   0
 =========  =======  ==================================  ===========================
 
+A composed profile also prices the sampler for each sampling a run may ask for (``verify`` rows
+whose model is a :data:`SAMPLERS` name: greedy, random, top-p; sim/compose/sampler.py); ``verify /
+target`` is the one its sidecar names (``composition.sampling``, else greedy), what a run prices
+unless it asks for another (``workload.sampling``).
+
 Optional drafters besides the draft model (docs/speculation-methods.md), each priced only if present:
 
 ==========  ==========================  ==========================================  ==================
@@ -61,12 +66,13 @@ META_NAME = "profile.json"
 DEFAULT_PROFILE = "h100-llama-3.1-8b-llama-3.2-1b"
 
 PHASES = ("prefill", "decode", "verify", "propose")
-MODELS = ("target", "draft", "eagle", "eagle3", "mtp", "medusa", "ngram", "suffix")
+SAMPLERS = ("greedy", "random", "top-p")  # vLLM's sampler as a run's requests drive it (sim/compose/sampler.py)
+MODELS = ("target", "draft", "eagle", "eagle3", "mtp", "medusa", "ngram", "suffix", *SAMPLERS)
 HEADS = ("eagle", "eagle3", "mtp")  # drafters that are a decoder layer on the target's hidden states
 HOSTS = ("ngram", "suffix")  # drafters that run on the host, timed in phase "propose"
 PHASE_MODELS = ("prefill/target", "decode/target", "verify/target", "prefill/draft", "decode/draft",
                 *(f"{phase}/{head}" for head in HEADS for phase in ("prefill", "decode")), "decode/medusa",
-                *(f"propose/{host}" for host in HOSTS))
+                *(f"propose/{host}" for host in HOSTS), *(f"verify/{mode}" for mode in SAMPLERS))
 STATUSES = ("ok", "oom", "error")
 
 COLUMNS: tuple[str, ...] = (
@@ -140,6 +146,18 @@ class Profile:
     def kv_capacity_tokens(self) -> int | None:
         value = self.meta.get("kv_capacity_tokens")
         return int(value) if value is not None else None
+
+    @property
+    def sampling(self) -> str:
+        """The sampling its ``verify / target`` points price: a composed sidecar's ``composition.sampling``,
+        else greedy (``vllm bench serve``'s default; a measured profile's verification kernel is taken as
+        that)."""
+        return str((self.meta.get("composition") or {}).get("sampling", "greedy"))
+
+    def samplings(self) -> list[str]:
+        """Every sampling a run on this profile can be priced at: its own, and those it has verify points for."""
+        priced = set(self.points.model[self.points.phase == "verify"]) & set(SAMPLERS)
+        return [mode for mode in SAMPLERS if mode in priced or mode == self.sampling]
 
     def engine_overhead_s(self, phase: str) -> float:
         """Seconds per step an engine spends outside the timed passes (0 where not measured).

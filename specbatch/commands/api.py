@@ -159,9 +159,10 @@ def validate(config: str | os.PathLike[str] | None = None, *, overrides: dict[st
 
 def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict[str, tuple[Any, str]]:
     """Keywords -> load_config overrides, each sourced as its flag (so errors read as the CLI's);
-    vllm bench serve's random dataset keywords (``random_input_len``...) become the lengths."""
+    vllm bench serve's random dataset keywords (``random_input_len``...) become the lengths, its sampling
+    keywords (``temperature``, ``top_p``...) the sampling."""
     from specbatch.commands.flags import RUN_FLAGS, one_name_per_setting
-    from specbatch.commands.vllm_bench import DATASET_KEYWORDS, dataset_overrides
+    from specbatch.commands.vllm_bench import DATASET_KEYWORDS, SAMPLING_KEYWORDS, dataset_overrides, sampling_overrides
 
     one_name_per_setting(settings, as_flag=lambda name: f"--{name.replace('_', '-')}")  # rate= and request_rate=
     flags = {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}
@@ -171,6 +172,10 @@ def _keywords(settings: dict[str, Any], allowed: set[str] | None = None) -> dict
         dataset = {name: settings.pop(name, None) for name in DATASET_KEYWORDS}
         lengths = any(name in settings for name in ("prompt_tokens", "output_tokens"))
         overrides.update(dataset_overrides(dataset, lengths))
+    if allowed is None and any(name in settings for name in SAMPLING_KEYWORDS):
+        settings = dict(settings)
+        overrides.update(sampling_overrides({name: settings.pop(name, None) for name in SAMPLING_KEYWORDS},
+                                            "sampling" in settings))
     for name, value in settings.items():
         key = key_for(name)
         flag = flags.get(key)

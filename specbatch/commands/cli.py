@@ -246,6 +246,8 @@ def _simulate(args: argparse.Namespace) -> int:
     overrides = run_overrides(args)
     given = any(overrides[key][0] is not None for key in ("workload.prompt_tokens", "workload.output_tokens"))
     overrides.update(vllm_bench.dataset_overrides({k: getattr(args, k) for k in vllm_bench.DATASET_KEYWORDS}, given))
+    overrides.update(vllm_bench.sampling_overrides({k: getattr(args, k) for k in vllm_bench.SAMPLING_KEYWORDS},
+                                                   overrides["workload.sampling"][0] is not None))
     config = load_config(args.config, overrides)
     chosen = vllm_bench.selection(args)
     saved = vllm_bench.result_path(args, config)
@@ -306,6 +308,9 @@ def _profiles(name: str | None) -> int:
     print(f"models       target {models.get('target', {}).get('name')}, {draft}{placement}")
     print(f"timing       {meta.get('timing', {}).get('method')}, created {meta.get('created_utc')}")
     print(f"k_max        {profile.k_max}    kv capacity {profile.kv_capacity_tokens} tokens")
+    others = [mode for mode in profile.samplings() if mode != profile.sampling]
+    print(f"sampling     {profile.sampling} (its verify / target points)"
+          + (f"; --sampling {', '.join(others)} priced too" if others else ""))
     overhead = meta.get("engine_overhead", {})
     if "decode_overhead_s" in overhead:
         origin = ("fitted (specbatch fit)" if "fitted" in overhead else

@@ -64,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what vLLM's sampler does each step: greedy (temperature 0, vllm bench serve's default), "
                         "random (temperature > 0, no top-k/top-p), top-p (nucleus: vLLM 0.15 sorts the vocabulary; "
                         "what a request without sampling parameters gets from a model whose generation_config.json "
-                        "sets top_p, e.g. Llama 2 and 3) (default: %(default)s)")
+                        "sets top_p, e.g. Llama 2 and 3): what a run prices unless it asks for another with "
+                        "specbatch run --sampling (every mode is priced) (default: %(default)s)")
     p.add_argument("--max-len", type=int, default=None,
                    help=f"longest sequence the grid covers (default: the models' limit, at most {DEFAULT_MAX_LEN})")
     p.add_argument("--name", default=None, help="profile name in the sidecar (default: the folder's name)")

@@ -11,6 +11,9 @@
   vLLM; ``--save-result`` writes vLLM's result JSON, flat (``--result-filename``,
   ``--result-dir``; ``--save-detailed`` adds the per-request lists), so a script written for
   ``vllm bench serve --save-result`` files reads ours.
+* ``--temperature``, ``--top-p``, ``--top-k`` and ``--min-p`` say which sampler path vLLM runs
+  (greedy, random or top-p: ``workload.sampling``), priced from the profile's verify points per
+  sampling (sim/compose/sampler.py); vllm bench serve sends temperature 0 unless given one.
 * A ``vllm bench serve`` flag with no meaning in a simulation gets one line saying what to
   use instead (:data:`POINTERS`).
 """
@@ -33,9 +36,7 @@ PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"  # vLLM's, for generative models
 DEFAULT_METRIC_PERCENTILES = "99"
 
-# A profile prices the sampler once, for the sampling it was composed with (sim/compose/sampler.py).
-SAMPLING_FLAG = ("a profile prices one sampling mode, its sidecar's composition.sampling: compose it with "
-                 "--sampling greedy|random|top-p; acceptance is --alpha")
+SAMPLING_KEYWORDS = ("temperature", "top_p", "top_k", "min_p")  # vllm bench serve's sampling flags, as API keywords
 # vllm bench serve flags that mean nothing in a simulation, and what to use instead.
 POINTERS: dict[str, str] = {
     "--model": "specbatch simulates a profile's model pair: give --profile (specbatch profiles lists them)",
@@ -61,11 +62,8 @@ POINTERS: dict[str, str] = {
     "--profile-torch": "there is no torch in a simulated run",
     "--use-beam-search": "not simulated",
     "--logprobs": "log-probabilities are not priced",
-    "--temperature": SAMPLING_FLAG,
-    "--top-p": SAMPLING_FLAG,
-    "--top-k": SAMPLING_FLAG,
-    "--min-p": SAMPLING_FLAG,
-    "--extra-body": SAMPLING_FLAG,
+    "--extra-body": "sampling is --temperature/--top-p/--top-k/--min-p (or --sampling greedy|random|top-p); "
+                    "acceptance is --alpha",
     "--lora-modules": "LoRA is not simulated",
     "--trust-remote-code": "no model code is loaded",
     "--disable-tqdm": "specbatch run shows no progress bar",
@@ -90,6 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="lengths uniform on [L(1 - R), L(1 + R)], R in [0, 1) (default 0: fixed lengths)")
     group.add_argument("--random-prefix-len", type=typed("--random-prefix-len", int), default=None,
                        help="tokens added to every prompt (default 0)")
+    group.add_argument("--temperature", type=typed("--temperature", float), default=None,
+                       help="the requests' temperature: 0 (vllm bench serve's default) samples greedily; sets "
+                            "--sampling with --top-p/--top-k (docs/gpu-profiles.md#sampling)")
+    group.add_argument("--top-p", type=typed("--top-p", float), default=None,
+                       help="the requests' top-p: under 1 at a positive temperature, vLLM 0.15 sorts the vocabulary")
+    group.add_argument("--top-k", type=typed("--top-k", int), default=None,
+                       help="the requests' top-k: above 0 at a positive temperature, priced as the top-p sort")
+    group.add_argument("--min-p", type=typed("--min-p", float), default=None,
+                       help="the requests' min-p (within the sampler's element passes)")
     group.add_argument("--percentile-metrics", default=None, metavar="ttft,tpot,itl,e2el",
                        help=f"the latencies whose statistics are printed and saved (default {DEFAULT_PERCENTILE_METRICS})")
     group.add_argument("--metric-percentiles", default=None, metavar="P,P,...",
@@ -120,6 +127,29 @@ def dataset_overrides(given: dict[str, Any], given_lengths: bool) -> dict[str, t
     if given_lengths:
         raise InputError("give vLLM's random dataset or --prompt-tokens/--output-tokens, not both", source=source)
     return random_lengths(source=source, **{**RANDOM_DEFAULTS, **named})
+
+
+def sampling_overrides(given: dict[str, Any], sampling_given: bool) -> dict[str, tuple[Any, str]]:
+    """vllm bench serve's sampling flags (``given``: SAMPLING_KEYWORDS -> value or None) as the sampling
+    vLLM's sampler runs (sim.compose.sampler.sampling_of); none given, none returned."""
+    from sim.compose.sampler import sampling_of
+
+    named = {k: v for k, v in given.items() if v is not None}
+    if not named:
+        return {}
+    source = f"--{next(iter(named)).replace('_', '-')}"
+    if sampling_given:
+        raise InputError("give --sampling or vllm bench serve's --temperature/--top-p/--top-k/--min-p, not both",
+                         source=source)
+    checks = {"temperature": (0.0, math.inf), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
+    for name, (low, high) in checks.items():
+        value = named.get(name)
+        if value is not None and not (low <= value <= high and (name != "top_p" or value > 0)):
+            bounds = "(0, 1]" if name == "top_p" else f"[{low:g}, {high:g}]"
+            raise InputError(f"must be in {bounds}, got {value:g}", source=f"--{name.replace('_', '-')}")
+    if named.get("top_k") is not None and named["top_k"] < -1:
+        raise InputError(f"must be -1 or 0 (off) or a positive count, got {named['top_k']}", source="--top-k")
+    return {"workload.sampling": (sampling_of(**{k: given.get(k) for k in SAMPLING_KEYWORDS}), source)}
 
 
 def random_lengths(input_len: int, output_len: int, range_ratio: float, prefix_len: int,

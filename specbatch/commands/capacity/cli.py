@@ -24,7 +24,8 @@ from sim.limits import MAX_WORKERS, memory_problem, request_bytes
 # `specbatch run` lacks is left out.
 WORKLOAD_FLAGS = ("--profile", "--arrival", "--burstiness", "--cv", "--prompt-tokens", "--output-tokens",
                   "--batching", "--max-batch-size", "--prefill", "--kv-cache-tokens", "--scheduler",
-                  "--max-num-batched-tokens", "--alpha", "--alpha-distribution", "--alpha-concentration", "--seed")
+                  "--max-num-batched-tokens", "--alpha", "--alpha-distribution", "--alpha-concentration", "--seed",
+                  "--sampling")
 DEFAULT_POLICIES = "none,fixed,goodput"
 
 
