@@ -8,10 +8,11 @@ the BLIS project's sixteen vLLM 0.15.1 runs on H100 SXM, and ``vllm-llmservingsi
 vLLM 0.19 runs on other GPUs; their READMEs say how they were made): per request the arrival,
 prompt and output length, the measured TTFT and E2E latency, and where recorded the prompt
 id and the stage. A run is simulated on the shipped profile whose target has the run's shape
-(layers, widths, heads, KV heads, vocabulary) on the run's GPU at its tensor-parallel size, pricing
-the sampling vLLM did for the run's requests (GENERATION_SAMPLING: the model's generation_config.json
-where the client asked for none), else on the profile ``specbatch compose`` writes for the run's model, GPU,
-size and sampling; a run it
+(layers, widths, heads, KV heads, vocabulary) on the run's GPU at its tensor-parallel size, composed
+at the sampling vLLM did for the run's requests (GENERATION_SAMPLING: the model's generation_config.json
+where the client asked for none), else on the profile ``specbatch compose`` writes for the run's model,
+GPU and size; either way the run asks for that sampling (``workload.sampling``, priced from the
+profile's verify points for it). A run it
 cannot compose (a model compose cannot read, a GPU without kernel data, data parallelism) is
 listed with the reason, in one line. Each is simulated request for request by ``specbatch
 compare`` (specbatch.commands.compare.compare_measured) with the run's own engine settings: the
@@ -103,7 +104,8 @@ def run_sampling(run: dict) -> str:
 
 
 def profile_sampling(meta: dict) -> str:
-    """The sampling a profile's verify curve prices (a composed sidecar says where it is not greedy)."""
+    """The sampling a profile was composed at (its ``verify / target`` points; a composed sidecar says where it is
+    not greedy)."""
     return meta.get("composition", {}).get("sampling", "greedy")
 
 
@@ -123,8 +125,9 @@ def normalise(run: dict, folder: Path) -> dict:
 
 
 def covering_profile(run: dict, profiles: dict[str, dict]) -> str | None:
-    """The shipped profile whose target is the run's model on the run's GPU at its TP size, pricing the
-    run's sampling (composed first)."""
+    """The shipped profile whose target is the run's model on the run's GPU at its TP size, composed at the
+    run's sampling as benchmarks/compose_profiles.sh composes the real runs' targets (composed first); the
+    others, such as a speculation pair sized for its draft, leave the run to :func:`compose_for`."""
     if "model_config" not in run:
         return None
     found = []
@@ -156,8 +159,8 @@ def data_gpu(name: str, gpus: list[str]) -> str | None:
 
 
 def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:
-    """A run no shipped profile covers: the profile ``specbatch compose`` writes for its model, GPU, TP
-    size and sampling (in ``scratch``), or None and why it cannot be composed (one line)."""
+    """A run no shipped profile covers: the profile ``specbatch compose`` writes for its model, GPU and TP
+    size (in ``scratch``; every sampling priced), or None and why it cannot be composed (one line)."""
     from specbatch.commands.compose import add_arguments, main as compose_main
     from sim.compose import data
     from sim.errors import InputError
@@ -178,8 +181,7 @@ def compose_for(run: dict, scratch: Path) -> tuple[str | None, str | None]:
     for target in (run["model"], run["model"].split("/")[-1].lower(), *built_in_of(run)):  # an id, then built-ins
         parser = argparse.ArgumentParser()
         add_arguments(parser)
-        argv = ["--gpu", gpu, "--target", target, "--tp", str(run["tensor_parallel_size"]), "--out", str(out),
-                "--sampling", run_sampling(run)]
+        argv = ["--gpu", gpu, "--target", target, "--tp", str(run["tensor_parallel_size"]), "--out", str(out)]
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 compose_main(parser.parse_args(argv))
@@ -211,7 +213,7 @@ def run_overrides(run: dict, profile: str) -> dict:
     from sim.config import KEYS
 
     keys = {key.name for key in KEYS}
-    settings = {"profile": profile,
+    settings = {"profile": profile, "workload.sampling": run_sampling(run),
                 "policy.name": "none", "engine.scheduler": "vllm-v1",
                 "engine.max_batch_size": run["max_num_seqs"],
                 "engine.max_num_batched_tokens": run["max_num_batched_tokens"],
@@ -337,13 +339,13 @@ def run_document(run: dict, profile: str, comparison, physics: list[dict], fold:
             "stages": _records(comparison.stages), "table": scored(_records(comparison.table),
                                                                   fold["terms"].get("request_latency_s", 0.0)),
             "physics_table": physics, "fitted": fold,
-            "terms": pass_terms(profile, comparison), "warm_up": warm_up(comparison)}
+            "terms": pass_terms(profile, comparison, run_sampling(run)), "warm_up": warm_up(comparison)}
 
 
-def pass_terms(profile: str, comparison) -> list[dict] | None:
+def pass_terms(profile: str, comparison, sampling: str) -> list[dict] | None:
     """Per stage, what a target decode pass is made of at the stage's simulated mean decode batch and
-    context: each composed term's share (GEMMs and experts, attention, small ops, LM head, and the
-    collectives of a split replica). Read from the kernel data the profile was composed from; None
+    context: each composed term's share (GEMMs and experts, attention, small ops, LM head, the sampler at
+    the run's ``sampling``, and the collectives of a split replica). Read from the kernel data the profile was composed from; None
     for a measured profile or without the data (the gpu-data extra)."""
     from specbatch.commands.compose import pricers_for
     from sim.errors import InputError
@@ -365,7 +367,7 @@ def pass_terms(profile: str, comparison) -> list[dict] | None:
             continue
         batch, context = float(decode.batch_size.mean()), float(decode.mean_context_tokens.mean())
         parts = {name: float(value) for name, value in target.decode_parts(round(batch), 1, context).items()}
-        parts["sampler"] = float(target.verify(round(batch), 0))
+        parts["sampler"] = float(target.verify(round(batch), 0, sampling))
         total = sum(parts.values())
         out.append({"stage": int(stage.stage), "batch": batch, "context": context, "pass_s": total,
                     "shares": {name: value / total for name, value in parts.items()}})
