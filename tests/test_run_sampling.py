@@ -94,6 +94,10 @@ def test_a_profile_s_own_sampling_is_what_it_prices_without_asking(capsys, tmp_p
 
 
 def test_vllm_bench_serve_s_sampling_flags_are_the_sampling_they_ask_for(capsys, tmp_path):
+    assert cli_main(["run", "--profile", DEFAULT, *SMALL, "--temperature", "0.6", "--records", "none",
+                     "--out", str(tmp_path / "printed")]) == 0
+    assert [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("Sampling:")] == \
+        [["Sampling:", "random"]]
     _, flags, err = run(capsys, tmp_path, "flags", "--profile", DEFAULT, *SMALL, "--temperature", "0.6", "--top-p", "0.9")
     _, named, _ = run(capsys, tmp_path, "named", "--profile", DEFAULT, *SMALL, "--sampling", "top-p")
     assert flags["mean_tpot_ms"] == named["mean_tpot_ms"], err

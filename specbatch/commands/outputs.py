@@ -273,6 +273,8 @@ def format_summary(result: RunResult, selection: tuple[list[str], list[float]] |
         policy = policy[:39] + "…"
     lines.append(f"{'Policy:':<12}{policy:>40}")
     lines.append(f"{'Batching:':<12}{cfg.engine.batching + f' (max {cfg.engine.max_batch_size})':>40}")
+    if cfg.workload.sampling is not None:  # asked for (else the profile's own, as `specbatch profiles` says)
+        lines.append(f"{'Sampling:':<12}{cfg.workload.sampling:>40}")
     if result.replicas:
         lines.append(f"{'Cluster:':<12}{f'{cfg.cluster.replicas} replicas, {cfg.cluster.router}':>40}")
     disaggregated = (result.extra or {}).get("disaggregated")
