@@ -444,7 +444,7 @@ KEYS: tuple[Key, ...] = (
     Key("workload.sampling", Value(str, choice(SAMPLERS).parse, optional=True), "the sampling the requests ask "
         "for, as vLLM's sampler runs it: greedy (temperature 0, vllm bench serve's default), random (temperature "
         "> 0) or top-p (top-p or top-k filtering: a sort over the vocabulary in vLLM 0.15); default: the "
-        "profile's own (docs/gpu-profiles.md#sampling)", "--sampling"),
+        "profile's own (docs/gpu-profiles.md#sampling-a-runs-choice)", "--sampling"),
 )
 
 KNOWN = frozenset(key.name for key in KEYS if key.value is not None)  # policy.* is open: the policy checks it

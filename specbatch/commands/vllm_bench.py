@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="tokens added to every prompt (default 0)")
     group.add_argument("--temperature", type=typed("--temperature", float), default=None,
                        help="the requests' temperature: 0 (vllm bench serve's default) samples greedily; sets "
-                            "--sampling with --top-p/--top-k (docs/gpu-profiles.md#sampling)")
+                            "--sampling with --top-p/--top-k (docs/gpu-profiles.md#sampling-a-runs-choice)")
     group.add_argument("--top-p", type=typed("--top-p", float), default=None,
                        help="the requests' top-p: under 1 at a positive temperature, vLLM 0.15 sorts the vocabulary")
     group.add_argument("--top-k", type=typed("--top-k", int), default=None,
