@@ -124,10 +124,16 @@ def window_growths(arrival_s: np.ndarray, finish_s: np.ndarray, measured_from: f
     edges = measured_windows(arrival_s, measured_from, windows)
     if edges is None:
         return None
-    arrived = np.diff(np.searchsorted(np.sort(arrival_s), edges))
-    served = np.diff(np.searchsorted(np.sort(finish_s), edges))
+    arrived, served = in_windows(arrival_s, edges), in_windows(finish_s, edges)
     return WindowGrowths((arrived - served) / np.diff(edges), int(arrived.sum()), int(served.sum()),
                          float(edges[-1] - edges[0]))
+
+
+def in_windows(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """How many of ``times`` fall in each [edges[i], edges[i + 1]) (NaN in none): a count per
+    window without sorting a long run's million times."""
+    window = np.searchsorted(edges, times, side="right")  # i + 1 for a time in window i
+    return np.bincount(window, minlength=edges.shape[0] + 1)[1:edges.shape[0]]
 
 
 def requests_for_power(in_system: float, runs: int, measured_fraction: float, windows: int = WINDOWS,

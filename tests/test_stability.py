@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specbatch.commands.cli import main
-from sim.stability import MAX_GROWTH, queue_growth
+from sim.stability import MAX_GROWTH, in_windows, measured_windows, queue_growth
 from tests.conftest import CPU_DEFAULTS
 
 
@@ -25,6 +25,18 @@ def mm1(rng: np.random.Generator, arrival_rate: float, service_rate: float, n: i
         free = np.maximum(free, arrival[:, i]) + service[:, i]
         finish[:, i] = free
     return arrival, finish
+
+
+def test_window_counts_are_those_of_the_sorted_times():
+    """Counted per window without sorting: the same counts as searching the sorted times, unfinished
+    requests (NaN), times before the first edge and at the last counted in no window."""
+    rng = np.random.default_rng(4)
+    times = np.concatenate((rng.uniform(0, 100, 5000), [np.nan] * 7, [-1.0, 200.0]))
+    edges = measured_windows(times[:5000])
+    edges = np.concatenate((edges[:3], [edges[3]] * 2, edges[4:]))  # an empty window too
+    expected = np.diff(np.searchsorted(np.sort(times), edges))
+    assert in_windows(times, edges).tolist() == expected.tolist()
+    assert in_windows(times, np.array([times[0], times[0]])).tolist() == [0]
 
 
 def test_known_answers():
