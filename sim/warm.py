@@ -2,8 +2,8 @@
 
 sim.jit starts it in the background on a machine's first run of a code version (that run is
 interpreted meanwhile); it runs small variants of the default scenario compiled, which call
-every compiled entry point with every argument type a run can give it, then marks the cache
-folder ready (sim.jit.READY), or leaves why it failed (sim.jit.FAILED).
+every compiled entry point with every argument type a run can give it, and the run folder's CSV
+row formatter (sim/csv_rows.py), then marks the cache folder ready (sim.jit.READY), or leaves why it failed (sim.jit.FAILED).
 """
 
 from __future__ import annotations
