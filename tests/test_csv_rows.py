@@ -68,7 +68,7 @@ def test_a_long_table_is_written_by_the_compiled_rows_with_the_same_bytes(tmp_pa
     so), in slices, and writes pyarrow's bytes; a table with a label, or Parquet, stays with pyarrow."""
     columns = awkward_table()
     monkeypatch.setattr(csv_rows, "MIN_ROWS", 1000)
-    monkeypatch.setattr(outputs, "SLICE_ROWS", 777)
+    monkeypatch.setattr(outputs, "COMPILED_SLICE_ROWS", 777)
     monkeypatch.setattr(jit, "is_warm", lambda: True)
     calls = []
     real = csv_rows.csv_rows
