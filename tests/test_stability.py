@@ -39,6 +39,32 @@ def test_window_counts_are_those_of_the_sorted_times():
     assert in_windows(times, np.array([times[0], times[0]])).tolist() == [0]
 
 
+def test_the_t_quantile_is_scipys_and_comes_back_from_the_cache_without_importing_scipy(tmp_path, monkeypatch):
+    """A constant-rate run's growth check needs one t quantile: stored in the fit cache, it is read
+    back, to the bit, by a process that has not imported scipy.special (0.2 s), and computed where
+    nothing is stored."""
+    import subprocess
+    import sys
+
+    from scipy.special import stdtrit
+
+    import sim.stability as stability
+
+    monkeypatch.setenv("SPECBATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(stability, "_T_QUANTILES", {})
+    assert stability.t_quantile(0.95, 9) == float(stdtrit(9, 0.95))
+    assert len(list(tmp_path.glob("stdtrit-*.npz"))) == 1
+    script = ("import sys; from sim.stability import t_quantile; v = t_quantile(0.95, 9); "
+              "print(v.hex(), 'scipy.special' in sys.modules)")
+    env = {**__import__("os").environ, "SPECBATCH_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [float(stdtrit(9, 0.95)).hex(), "False"]
+    for entry in tmp_path.glob("stdtrit-*.npz"):
+        entry.write_bytes(b"not an npz")  # unreadable: computed again (importing scipy), and stored again
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [float(stdtrit(9, 0.95)).hex(), "True"]
+
+
 def test_known_answers():
     arrival = np.arange(1000) / 2.0                          # 2 req/s
     served = arrival + 0.25                                  # each done 0.25 s after it came: kept up
