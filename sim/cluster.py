@@ -161,13 +161,6 @@ def merge_loops(loops: list[ServingLoop], n: int) -> ClusterRecords:
     itl_counts = [loop.state.buffers.itl()[0].shape[0] for loop in loops]
     step_replica = np.repeat(np.arange(len(loops), dtype=np.int64), counts)
     itl_bounds = np.concatenate(([0], np.cumsum(itl_counts)))
-    # The merged order (by start time, then replica) first, so that each replica's steps are put in
-    # their merged rows at once: no concatenated copy to reorder after.
-    starts = np.concatenate([loop.state.buffers.step_columns(False)["start_s"] for loop in loops])
-    order = np.lexsort((step_replica, starts))
-    del starts
-    merged_row = np.empty_like(order)
-    merged_row[order] = np.arange(order.shape[0])
     steps = itl_values = itl_weights = None
     row = 0
     for index, req in enumerate(ids):
@@ -187,14 +180,16 @@ def merge_loops(loops: list[ServingLoop], n: int) -> ClusterRecords:
             steps = {f: np.empty(step_replica.shape[0], v.dtype) for f, v in rec.steps.items()}
             itl_values = np.empty(itl_bounds[-1], rec.itl_values.dtype)
             itl_weights = np.empty(itl_bounds[-1], rec.itl_weights.dtype)
-        rows = merged_row[row:row + counts[index]]
         for f, v in rec.steps.items():
-            steps[f][rows] = v
+            steps[f][row:row + v.shape[0]] = v
         row += counts[index]
         itl_values[itl_bounds[index]:itl_bounds[index + 1]] = rec.itl_values
         itl_weights[itl_bounds[index]:itl_bounds[index + 1]] = rec.itl_weights
         del rec, loop
         loops[index] = None  # its buffers go now
+    order = np.lexsort((step_replica, steps["start_s"]))  # by start time, then replica
+    for f in steps:
+        steps[f] = steps[f][order]
     merged = ReplicaRecords(**per_request, steps=steps, itl_values=itl_values, itl_weights=itl_weights,
                             preemptions=preemptions, cached_tokens=cached, scheduler=counters if v1 else None)
     return ClusterRecords(merged, replica_of, step_replica[order], ids, itl_bounds,
