@@ -54,7 +54,7 @@ class ClusterRecords:
         merged ones (a replica's steps are the merged steps it ran, in their order)."""
         m = self.merged
         for index, ids in enumerate(self.request_ids):
-            mine = self.step_replica == index
+            mine = np.flatnonzero(self.step_replica == index)  # once: a mask would be searched again per column
             lo, hi = self.itl_bounds[index], self.itl_bounds[index + 1]
             yield ReplicaRecords(m.scheduled_s[ids], m.first_token_s[ids], m.finish_s[ids], m.decode_steps[ids],
                                  m.drafted_tokens[ids], m.accepted_tokens[ids],

@@ -110,22 +110,76 @@ def percentile_word(p: float) -> str:
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, percents, scale: float = 1.0) -> np.ndarray:
     """Equals ``np.percentile(np.repeat(values * scale, weights), percents)`` without building the repeat
-    (or the scaled copy: ``scale`` > 0 keeps the order, and only the values at the ranks are scaled)."""
-    # Equal values may sort in any order: a rank falls on one of them, and they are one value. numpy's
-    # default sort is 1.5x its stable one; only the few values at the ranks are gathered, not all
-    # (a million-request run has millions of gaps: as few copies as possible).
-    order = np.argsort(values)
-    cum = weights[order]
-    np.cumsum(cum, out=cum)
-    total = int(cum[-1])
-    out = []
+    (or the scaled copy: ``scale`` > 0 keeps the order, and only the values at the ranks are scaled).
+
+    The value at a rank r of the repeated values is the smallest value whose weight at or below it
+    exceeds r, whatever order equal values take, so it is found without sorting every value: a long
+    run's millions of gaps are bracketed around the ranks from a sorted sample, and only the few
+    inside the bracket are sorted (:func:`_ranked`). The doubles are those of a full sort's."""
+    total, ranks = int(weights.sum()), []
     for p in percents:
         h = (total - 1) * p / 100.0
-        lo, hi = int(np.floor(h)), int(np.ceil(h))
-        v_lo = values[order[np.searchsorted(cum, lo, side="right")]] * scale
-        v_hi = values[order[np.searchsorted(cum, hi, side="right")]] * scale
+        ranks.append((h, int(np.floor(h)), int(np.ceil(h))))
+    at = _ranked(values, weights, total, sorted({r for _, lo, hi in ranks for r in (lo, hi)}))
+    out = []
+    for h, lo, hi in ranks:
+        v_lo, v_hi = at[lo] * scale, at[hi] * scale
         out.append(v_lo + (h - lo) * (v_hi - v_lo))
     return np.asarray(out)
+
+
+BRACKET_FROM = 1 << 16  # fewer values than this are sorted whole
+SAMPLE = 1 << 14        # about this many values sampled to bracket the ranks
+MARGIN = 256            # sampled values either side of a rank's estimate (about 4 standard errors at the median)
+
+
+def _ranked(values: np.ndarray, weights: np.ndarray, total: int, ranks: list[int]) -> dict[int, float]:
+    """The value at each rank of the values repeated by their weights. Each rank's bracket [a, b] is
+    checked against the whole array (the weight below a is at most the rank, the weight up to b
+    exceeds it); a bracket the sample misjudged, or NaN anywhere, falls back to sorting everything."""
+    n = values.shape[0]
+    if n >= BRACKET_FROM and total > 0 and not np.isnan(values.sum()):
+        stride = n // SAMPLE
+        order = np.argsort(values[::stride])
+        sample, cum = values[::stride][order], np.cumsum(weights[::stride][order], dtype=np.float64)
+        brackets: dict[tuple[float, float], list[int]] = {}  # a rank's floor and ceiling often share one
+        for rank in ranks:
+            at = int(np.searchsorted(cum, rank * cum[-1] / total, side="right"))
+            a = sample[at - MARGIN] if at - MARGIN >= 0 else -np.inf
+            b = sample[at + MARGIN] if at + MARGIN < sample.shape[0] else np.inf
+            brackets.setdefault((a, b), []).append(rank)
+        found: dict[int, float] = {}
+        for (a, b), inside in brackets.items():
+            values_at = _ranked_between(values, weights, inside, a, b)
+            if values_at is None:
+                break
+            found.update(values_at)
+        else:
+            return found
+    return _ranked_between(values, weights, ranks, -np.inf, np.inf)
+
+
+def _ranked_between(values: np.ndarray, weights: np.ndarray, ranks: list[int], a: float, b: float):
+    """The value at each of ``ranks``, sorting only the values in [a, b]; None when one is not there."""
+    whole = a == -np.inf and b == np.inf
+    if whole:
+        below, sub_v, sub_w = 0, values, weights
+    else:
+        under = values < a
+        below = int(np.sum(weights, where=under))
+        inside = values <= b
+        np.logical_and(inside, ~under, out=inside)
+        sub_v, sub_w = values[inside], weights[inside]
+    # Equal values may sort in any order: a rank falls on one of them, and they are one value.
+    order = np.argsort(sub_v)
+    cum = sub_w[order]
+    np.cumsum(cum, out=cum)
+    out = {}
+    for r in ranks:
+        if not whole and not (below <= r < below + (int(cum[-1]) if cum.size else 0)):
+            return None
+        out[r] = sub_v[order[np.searchsorted(cum, r - below, side="right")]]
+    return out
 
 
 def summarize(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,

@@ -124,10 +124,16 @@ def window_growths(arrival_s: np.ndarray, finish_s: np.ndarray, measured_from: f
     edges = measured_windows(arrival_s, measured_from, windows)
     if edges is None:
         return None
-    arrived = np.diff(np.searchsorted(np.sort(arrival_s), edges))
-    served = np.diff(np.searchsorted(np.sort(finish_s), edges))
+    arrived, served = in_windows(arrival_s, edges), in_windows(finish_s, edges)
     return WindowGrowths((arrived - served) / np.diff(edges), int(arrived.sum()), int(served.sum()),
                          float(edges[-1] - edges[0]))
+
+
+def in_windows(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """How many of ``times`` fall in each [edges[i], edges[i + 1]) (NaN in none): a count per
+    window without sorting a long run's million times."""
+    window = np.searchsorted(edges, times, side="right")  # i + 1 for a time in window i
+    return np.bincount(window, minlength=edges.shape[0] + 1)[1:edges.shape[0]]
 
 
 def requests_for_power(in_system: float, runs: int, measured_fraction: float, windows: int = WINDOWS,
@@ -147,12 +153,38 @@ def requests_for_power(in_system: float, runs: int, measured_fraction: float, wi
                      / (max_growth * math.sqrt(runs) * measured_fraction))
 
 
+_T_QUANTILES: dict[tuple[float, int], float] = {}  # this process's, by (confidence, dof)
+
+
 def t_quantile(confidence: float, dof: int) -> float:
-    """Student's t quantile, from scipy.special (the same function as scipy.stats.t.ppf, without
-    importing scipy.stats: 0.3 s of every run's post-run check)."""
+    """Student's t quantile, scipy.special's ``stdtrit`` (the same function as scipy.stats.t.ppf,
+    without importing scipy.stats: 0.3 s of every run's post-run check)."""
+    key = (float(confidence), int(dof))
+    if key not in _T_QUANTILES:
+        _T_QUANTILES[key] = _stored_t_quantile(*key)
+    return _T_QUANTILES[key]
+
+
+def _stored_t_quantile(confidence: float, dof: int) -> float:
+    """``stdtrit(dof, confidence)``, kept in the fit cache (sim/costmodel/cache.py, keyed by scipy's
+    version among the rest): importing scipy.special takes 0.2 s, most of a constant-rate run's
+    growth check, for the one quantile it needs, the same every run. A process that has imported
+    scipy.special computes it; the stored double is the computed one."""
+    import hashlib
+    import sys
+
+    from sim.costmodel import cache
+
+    name = "stdtrit-" + hashlib.sha256(f"{cache.CODE_VERSION}:{confidence.hex()}:{dof}".encode()).hexdigest()[:16]
+    if "scipy.special" not in sys.modules:
+        stored = cache.load(name)
+        if stored is not None and stored.get("value", np.zeros(0)).shape == (1,):
+            return float(stored["value"][0])
     from scipy.special import stdtrit
 
-    return float(stdtrit(dof, confidence))
+    value = float(stdtrit(dof, confidence))
+    cache.store(name, {"value": np.array([value])})
+    return value
 
 
 def sectioned_bound(estimate: float, sections: np.ndarray, confidence: float = CONFIDENCE) -> float:

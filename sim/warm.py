@@ -2,8 +2,8 @@
 
 sim.jit starts it in the background on a machine's first run of a code version (that run is
 interpreted meanwhile); it runs small variants of the default scenario compiled, which call
-every compiled entry point with every argument type a run can give it, then marks the cache
-folder ready (sim.jit.READY), or leaves why it failed (sim.jit.FAILED).
+every compiled entry point with every argument type a run can give it, and the run folder's CSV
+row formatter (sim/csv_rows.py), then marks the cache folder ready (sim.jit.READY), or leaves why it failed (sim.jit.FAILED).
 """
 
 from __future__ import annotations
@@ -36,12 +36,22 @@ def warm(runs: tuple[dict, ...] = WARM_RUNS) -> None:
         for overrides in runs:
             settings = {"workload.num_requests": 40, "output.records": "none", "engine.jit": "on", **overrides}
             execute(prepare(load_config(None, settings)))
+        warm_csv_rows()
         (folder / jit.READY).write_text("compiled by python -m sim.warm\n")
     except Exception:
         (folder / jit.FAILED).write_text(traceback.format_exc())
         raise
     finally:
         (folder / jit.WARMING).unlink(missing_ok=True)
+
+
+def warm_csv_rows() -> None:
+    """Compile the run folder's CSV row formatter (sim.csv_rows) on a table of each kind of column."""
+    import numpy as np
+
+    from sim.csv_rows import csv_rows, format_rows
+
+    csv_rows({"i": np.arange(2), "x": np.zeros(2)}, 0, 2, {}, jit.compiled(format_rows))
 
 
 if __name__ == "__main__":  # started by sim.jit.start_warm_up, at low priority

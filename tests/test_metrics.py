@@ -49,6 +49,50 @@ def test_weighted_percentile_is_exactly_that_of_a_stable_sort_whatever_order_tie
     assert weighted_percentile(values, weights, percents).tobytes() == np.asarray(expected).tobytes()
 
 
+def _stable_sort_percentiles(values, weights, percents):
+    order = np.argsort(values, kind="stable")
+    cum, ranked = np.cumsum(weights[order]), values[order]
+    out = []
+    for p in percents:
+        h = (int(cum[-1]) - 1) * p / 100.0
+        lo, hi = int(np.floor(h)), int(np.ceil(h))
+        v_lo, v_hi = ranked[np.searchsorted(cum, lo, side="right")], ranked[np.searchsorted(cum, hi, side="right")]
+        out.append(v_lo + (h - lo) * (v_hi - v_lo))
+    return np.asarray(out).tobytes()
+
+
+@pytest.mark.parametrize("layout", ["weight-follows-value", "periodic", "sorted", "heavy-tail-weight", "inf", "nan"])
+def test_bracketed_percentiles_are_those_of_a_full_sort_where_a_sample_misjudges(layout):
+    """Long arrays are bracketed from a strided sample and only the bracket is sorted: samples that
+    miss the weight (it grows with the value, sits on a few entries, repeats with the stride) or
+    arrays holding inf or NaN still give a full sort's doubles."""
+    import sim.metrics as metrics
+
+    rng = np.random.default_rng(11)
+    n = 300_000
+    values = rng.gamma(2.0, 0.01, n)
+    weights = rng.integers(1, 5, n)
+    if layout == "weight-follows-value":
+        weights = (values * 1e4).astype(np.int64) ** 2
+    elif layout == "periodic":  # every sampled entry is the small one
+        stride = n // metrics.SAMPLE
+        values[::stride], weights[::stride] = 1e-6, 1
+        weights[1::stride] = 5000
+    elif layout == "sorted":
+        values.sort()
+    elif layout == "heavy-tail-weight":  # a handful of entries carry most of the weight
+        weights[rng.integers(0, n, 5)] = 10**7
+    elif layout == "inf":
+        values[rng.integers(0, n, 50)] = np.inf
+    elif layout == "nan":
+        values[rng.integers(0, n, 50)] = np.nan
+    percents = [0, 0.1, 50, 90, 99, 99.9, 100]
+    assert n >= metrics.BRACKET_FROM
+    with np.errstate(invalid="ignore"):  # inf - inf between two infinite ranks is NaN either way
+        assert weighted_percentile(values, weights, percents).tobytes() == _stable_sort_percentiles(values, weights,
+                                                                                                      percents)
+
+
 def test_weighted_stats_are_to_the_bit_those_of_the_milliseconds_computed_first():
     """distribution_stats finds the ranks on the seconds and scales only the values at them; the mean and
     std square in place: every figure is the double the plain formulas over milliseconds give."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specbatch.commands.cli import main
-from sim.stability import MAX_GROWTH, queue_growth
+from sim.stability import MAX_GROWTH, in_windows, measured_windows, queue_growth
 from tests.conftest import CPU_DEFAULTS
 
 
@@ -25,6 +25,44 @@ def mm1(rng: np.random.Generator, arrival_rate: float, service_rate: float, n: i
         free = np.maximum(free, arrival[:, i]) + service[:, i]
         finish[:, i] = free
     return arrival, finish
+
+
+def test_window_counts_are_those_of_the_sorted_times():
+    """Counted per window without sorting: the same counts as searching the sorted times, unfinished
+    requests (NaN), times before the first edge and at the last counted in no window."""
+    rng = np.random.default_rng(4)
+    times = np.concatenate((rng.uniform(0, 100, 5000), [np.nan] * 7, [-1.0, 200.0]))
+    edges = measured_windows(times[:5000])
+    edges = np.concatenate((edges[:3], [edges[3]] * 2, edges[4:]))  # an empty window too
+    expected = np.diff(np.searchsorted(np.sort(times), edges))
+    assert in_windows(times, edges).tolist() == expected.tolist()
+    assert in_windows(times, np.array([times[0], times[0]])).tolist() == [0]
+
+
+def test_the_t_quantile_is_scipys_and_comes_back_from_the_cache_without_importing_scipy(tmp_path, monkeypatch):
+    """A constant-rate run's growth check needs one t quantile: stored in the fit cache, it is read
+    back, to the bit, by a process that has not imported scipy.special (0.2 s), and computed where
+    nothing is stored."""
+    import subprocess
+    import sys
+
+    from scipy.special import stdtrit
+
+    import sim.stability as stability
+
+    monkeypatch.setenv("SPECBATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(stability, "_T_QUANTILES", {})
+    assert stability.t_quantile(0.95, 9) == float(stdtrit(9, 0.95))
+    assert len(list(tmp_path.glob("stdtrit-*.npz"))) == 1
+    script = ("import sys; from sim.stability import t_quantile; v = t_quantile(0.95, 9); "
+              "print(v.hex(), 'scipy.special' in sys.modules)")
+    env = {**__import__("os").environ, "SPECBATCH_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [float(stdtrit(9, 0.95)).hex(), "False"]
+    for entry in tmp_path.glob("stdtrit-*.npz"):
+        entry.write_bytes(b"not an npz")  # unreadable: computed again (importing scipy), and stored again
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [float(stdtrit(9, 0.95)).hex(), "True"]
 
 
 def test_known_answers():

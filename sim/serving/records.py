@@ -92,8 +92,9 @@ def _doubled(array: np.ndarray, need: int, used: int) -> np.ndarray:
 def grown(array: np.ndarray, capacity: int, fill=0) -> np.ndarray:
     """``array`` with its last axis extended to ``capacity``, the new entries ``fill``: per-request
     arrays that double as a cluster replica is given requests (queues and loops alike)."""
-    out = np.full(array.shape[:-1] + (capacity,), fill, dtype=array.dtype)
+    out = np.empty(array.shape[:-1] + (capacity,), dtype=array.dtype)  # each entry written once, not twice
     out[..., :array.shape[-1]] = array
+    out[..., array.shape[-1]:] = fill
     return out
 
 
