@@ -244,3 +244,4 @@ def push(b, f, r, j, q, now):
 
 
 RULES = (run_cluster, next_stop, route, choose, best_scored, enqueue, push)
+INLINED = (choose, best_scored, enqueue)  # compiled into their callers (sim/jit.py): a call would pass the fleet

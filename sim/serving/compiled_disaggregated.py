@@ -46,9 +46,9 @@ class CompiledDisaggregated:
         self.decode_board = self._pool_board(decode, n_prefill)
         size = n_prefill + n_decode
         events = total + size + 2  # at most one per process: the router, each replica, each transfer
-        self.board = pk.Board(ctl=np.array([0, -1, -1, 0, n_prefill, n_decode, HELD_ROWS], dtype=np.int64),
+        self.board = pk.Board(ctl=np.array([0, -1, -1, 0, n_prefill, n_decode, HELD_ROWS, 0], dtype=np.int64),
                               clock=np.zeros(1), heap_t=np.zeros(events), heap_k=np.zeros((events, 4), dtype=np.int64),
-                              status=np.full(size, pk.BUSY, dtype=np.int64), started=np.zeros(size),
+                              status=np.full(size, pk.BUSY, dtype=np.int64), started=np.zeros(size), pending=np.zeros(size),
                               idle_since=np.zeros(size), routed_at=np.zeros(size),
                               carried=np.zeros(size, dtype=np.int64), nothing=np.zeros(size, dtype=np.int64))
         # Every process starts at 0 (clock.py simulate_disaggregated: the router, then the replicas in order)
@@ -70,7 +70,7 @@ class CompiledDisaggregated:
             reserved_s=t.reserved_s, start_s=t.start_s, end_s=t.end_s,
             held_row=np.full(total, -1, dtype=np.int64), held_blocks=np.zeros((HELD_ROWS, widest), dtype=np.int64),
             held_len=np.zeros(HELD_ROWS, dtype=np.int64), free_rows=np.arange(HELD_ROWS, dtype=np.int64)[::-1].copy(),
-            scratch=np.zeros((2, max(prefill_cap, n_decode)), dtype=np.int64))
+            scratch=np.zeros((2, max(prefill_cap, n_decode)), dtype=np.int64), starting=np.zeros(total, dtype=np.int64))
         self.size = fleet_size(size)
         self.prices = (runs[0].prices, runs[n_prefill].prices)
         self.itl_room = np.array([2 * prefill_cap + 1, 2 * decode[0].scheduler.max_batch_size + 1], dtype=np.int64)

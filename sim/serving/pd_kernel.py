@@ -49,11 +49,11 @@ from sim.serving.rules import exact_delay
 GROW_PREFILL, GROW_DECODE, GROW_HELD, STUCK = DONE + 1, DONE + 2, DONE + 3, DONE + 4
 # Board.ctl: the next event's sequence number, who, a replica to serve before the next event, events queued,
 # the pools' sizes, the held store's free rows
-SEQ, WHO_, RESUME, SIZE, PREFILL, DECODE, FREE_ROWS = range(7)
+SEQ, WHO_, RESUME, SIZE, PREFILL, DECODE, FREE_ROWS, STARTING = range(8)
 # SimPy's priorities: a process's start (Initialize) before anything else at its instant
 URGENT, NORMAL = 0, 1
-# Events (Board.heap_k[:, KIND]); who: a replica's fleet index, or a request (transfers)
-EV_ROUTER, EV_START, EV_STEP, EV_WAKE, EV_WAKE_TIMEOUT, EV_XFER_INIT, EV_XFER_END = range(7)
+# Events (Board.heap_k[:, KIND]); who: a replica's fleet index, or a request (a transfer's end), or -1 (the router)
+EV_ROUTER, EV_START, EV_STEP, EV_WAKE, EV_WAKE_TIMEOUT, EV_XFER_END = range(6)
 PRIORITY, ORDER, KIND, WHOM = range(4)
 # Board.status: a step in flight, idle (its waiter set), woken (its wake event or timeout queued)
 BUSY, IDLE_WAIT, WOKEN = range(3)
@@ -68,6 +68,7 @@ class Board(NamedTuple):
     heap_k: np.ndarray  # per queued event: PRIORITY, ORDER, KIND, WHOM
     status: np.ndarray  # per replica (fleet index)
     started: np.ndarray  # per replica: when its step in flight started
+    pending: np.ndarray  # per replica: when it ends
     idle_since: np.ndarray  # per replica: when it went idle
     routed_at: np.ndarray  # per replica: what woke it (an arrival, a transfer's end)
     carried: np.ndarray  # per replica: preemptions of a plan that ran nothing, recorded by the next step
@@ -98,70 +99,87 @@ class Handoffs(NamedTuple):
     held_len: np.ndarray  # per row
     free_rows: np.ndarray  # the rows not in use (ctl[FREE_ROWS] of them)
     scratch: np.ndarray  # a prefill step's finished positions, sorted; the decode replicas it touched
+    starting: np.ndarray  # the transfers reserved in this callback (ctl[STARTING] of them)
 
 
 def run_pd(e, pb, db, f, pr, dr, prices, h, itl_room):
     """Run from where the boards say until every event is done (DONE) or a stop Python resolves (the
     module docstring). ``pb`` / ``db``: the pools' routing boards (cluster_kernel.Board; the decode pool's
     ``FIRST`` is the prefill pool's size), ``f``: every replica (prefill first), ``pr`` / ``dr``: the
-    requests as each pool's queues copy them, ``prices``: each pool's step table, ``itl_room``: per pool."""
+    requests as each pool's queues copy them, ``prices``: each pool's step table, ``itl_room``: per pool.
+
+    Each pass is one SimPy callback: an event's process runs until it waits again. The rules it calls are
+    compiled into it (``INLINED``), each where one call site does, so that no call passes the fleet."""
+    cap = f.states[0].batch.rows.shape[1]  # a prefill step's most finishes
+    n_prefill = e.ctl[PREFILL]
+    total = pr.arrivals.shape[0]
     while True:
-        g = e.ctl[RESUME]
+        g = e.ctl[RESUME]  # a replica whose step was about to start when the last call stopped
         if g >= 0:
             e.ctl[RESUME] = -1
-            code = serve(e, pb, db, f, prices, itl_room, g, e.clock[0])
+            now = e.clock[0]
+        else:
+            if e.ctl[SIZE] == 0:
+                return DONE
+            now = e.heap_t[0]
+            kind, who = e.heap_k[0, KIND], e.heap_k[0, WHOM]
+            code = room_for(e, pb, db, pr, h, cap, now)
+            if code == 0 and kind == EV_STEP:
+                code = room_to_finish(e, f.states[who].counters, itl_room, cap, who)
             if code != 0:
                 return code
-            continue
-        if e.ctl[SIZE] == 0:
-            return DONE
-        t = e.heap_t[0]
-        kind, who = e.heap_k[0, KIND], e.heap_k[0, WHOM]
-        code = room_for(e, pb, db, f, pr, h, itl_room, t, kind, who)
-        if code != 0:
-            return code
-        pop(e)
-        if kind == EV_ROUTER or kind == EV_START and who < 0:
-            if kind == EV_ROUTER:
-                advance(e, pb, f, pr, t)
-            router_next(e, pb, f, pr, t)
-        elif kind == EV_STEP:
-            release(e, pb, db, f, pr, dr, h, who, t)
-            if not e.nothing[who]:
-                s = f.states[who]
-                pool = 0 if who < e.ctl[PREFILL] else 1
-                finished = finish_step(s, f.choosers[who], f.proposers[who], f.records[who], e.started[who], t)
-                if finished:
-                    if pool == 0:
-                        prefilled(e, db, f, dr, h, who, finished, t)
-                    else:
-                        take(e, db, f, dr, h, who - e.ctl[PREFILL], t)
-            code = serve(e, pb, db, f, prices, itl_room, who, t)
-        elif kind == EV_WAKE:
-            at = e.idle_since[who]
-            arrival = e.routed_at[who]
-            while at < arrival:  # where a single replica idle since then lands on this time
-                at = at + (arrival - at)
-            if at > t:
-                schedule(e, t + exact_delay(t, at), NORMAL, EV_WAKE_TIMEOUT, who)
+            pop(e)
+            router = kind == EV_ROUTER or kind == EV_START and who < 0
+            if kind == EV_WAKE:
+                at = e.idle_since[who]
+                arrival = e.routed_at[who]
+                while at < arrival:  # where a single replica idle since then lands on this time
+                    at = at + (arrival - at)
+                if at > now:
+                    schedule(e, now + exact_delay(now, at), NORMAL, EV_WAKE_TIMEOUT, who)
+                    continue
+            if kind == EV_XFER_END:
+                transferred(e, db, f, h, who, now)
                 continue
-            release(e, pb, db, f, pr, dr, h, who, t)
-            code = serve(e, pb, db, f, prices, itl_room, who, t)
-        elif kind == EV_START or kind == EV_WAKE_TIMEOUT:
-            release(e, pb, db, f, pr, dr, h, who, t)
-            code = serve(e, pb, db, f, prices, itl_room, who, t)
-        elif kind == EV_XFER_INIT:
-            schedule(e, t + exact_delay(t, h.end_s[who]), NORMAL, EV_XFER_END, who)
-        else:
-            transferred(e, db, f, h, who, t)
+            # the router's wake-up, or a prefill replica's queue released: every arrival up to now is routed
+            q = pb.ctl[ROUTED]
+            if (router or who < n_prefill) and q < total and pr.arrivals[q] <= now:
+                advance(e, pb, f, pr, now)
+            if router:
+                q = pb.ctl[ROUTED]
+                if q < total:  # sleep to the next arrival (clock.py router_process)
+                    schedule(e, now + exact_delay(now, pr.arrivals[q]), NORMAL, EV_ROUTER, -1)
+                continue
+            g = who
+            s = f.states[g]
+            if g < n_prefill:
+                s.counters[C_ARRIVED] = pb.count[g]
+            else:  # a decode replica sees the requests whose KV is there, and takes what it has room for
+                s.counters[C_ARRIVED] = h.ready_upto[g - n_prefill]
+                take(e, db, f, dr, h, s, g - n_prefill, now)
+            if kind == EV_STEP and not e.nothing[g]:  # its step in flight is applied
+                finished = finish_step(s, f.choosers[g], f.proposers[g], f.records[g], e.started[g], now)
+                if finished and g < n_prefill:
+                    prefilled(e, db, f, dr, h, g, s, finished, now)
+                elif finished:
+                    take(e, db, f, dr, h, s, g - n_prefill, now)
+        pool = 0 if g < n_prefill else 1
+        code = start(e, f.states[g], prices[pool], f.choosers[g], f.proposers[g], f.draws[g], itl_room[pool], g, now)
         if code != 0:
             return code
+        if e.status[g] == BUSY:
+            schedule(e, e.pending[g], NORMAL, EV_STEP, g)
+        # the transfers this callback reserved: each one's process starts, and queues its end (clock.py ``_at``)
+        for k in range(e.ctl[STARTING]):
+            request = h.starting[k]
+            schedule(e, now + exact_delay(now, h.end_s[request]), NORMAL, EV_XFER_END, request)
+        e.ctl[STARTING] = 0
 
 
-def room_for(e, pb, db, f, pr, h, itl_room, t, kind, who):
-    """0 when the next event can be handled without growing anything, else why not (``ctl[WHO_]`` says where):
-    its arrivals fit every prefill queue, the requests waiting for each decode replica (and a prefill step's
-    finishes) fit its queue, a prefill step's finishes fit the held store, a step's end fits its records."""
+def room_for(e, pb, db, pr, h, cap, t):
+    """0 when an event at ``t`` can be handled without growing a queue, else which (``ctl[WHO_]`` says where):
+    its arrivals fit every prefill queue, and the requests waiting for each decode replica, with a prefill
+    step's finishes (at most ``cap``), fit its queue."""
     total = pr.arrivals.shape[0]
     q = pb.ctl[ROUTED]
     coming = 0
@@ -171,42 +189,42 @@ def room_for(e, pb, db, f, pr, h, itl_room, t, kind, who):
         if pb.count[j] + coming > pb.room[j]:
             e.ctl[WHO_] = j
             return GROW_PREFILL
-    cap = f.states[0].batch.rows.shape[1]
     for j in range(e.ctl[DECODE]):
         if db.count[j] + h.wait_len[j] + cap > db.room[j]:
             e.ctl[WHO_] = j
             return GROW_DECODE
-    if kind == EV_STEP:
-        if who < e.ctl[PREFILL] and e.ctl[FREE_ROWS] < cap:
-            return GROW_HELD
-        ctr = f.states[who].counters
-        room = itl_room[0 if who < e.ctl[PREFILL] else 1]
-        if ctr[C_REC_POS] + 1 > ctr[C_REC_END] or ctr[C_ITL_POS] + room > ctr[C_ITL_END]:
-            e.ctl[WHO_] = who
-            return REFILL
     return 0
 
 
-def serve(e, pb, db, f, prices, itl_room, g, now):
-    """Replica ``g``'s process at ``now`` with nothing in flight (clock.py ``_process``): its next step
-    starts, or it waits for a request, a transfer's KV or its held blocks back. Returns 0, or REFILL (it is
-    served again on the next call) or STUCK."""
-    s = f.states[g]
+def room_to_finish(e, ctr, itl_room, cap, g):
+    """0 when replica ``g``'s step in flight can be applied: its records have room, and a prefill step's
+    finishes fit the held blocks' store."""
+    prefill = g < e.ctl[PREFILL]
+    if prefill and e.ctl[FREE_ROWS] < cap:
+        return GROW_HELD
+    if ctr[C_REC_POS] + 1 > ctr[C_REC_END] or ctr[C_ITL_POS] + itl_room[0 if prefill else 1] > ctr[C_ITL_END]:
+        e.ctl[WHO_] = g
+        return REFILL
+    return 0
+
+
+def start(e, s, p, c, proposer, d, room, g, now):
+    """Replica ``g`` (its state ``s``, prices ``p``, policy ``c``, draws ``d``) at ``now``: its next step
+    starts (``status`` BUSY, its end in ``pending``, for the caller to queue), or it waits for a request, a
+    transfer's KV or its held blocks back. Returns 0, or REFILL (it is served again on the next call) or STUCK."""
     ctr = s.counters
     if not can_step(s):
         e.status[g] = IDLE_WAIT
         e.idle_since[g] = now
         return 0
-    pool = 0 if g < e.ctl[PREFILL] else 1
-    d = f.draws[g]
     n_draws = d.ints.shape[0] if d.kind == 0 else d.floats.shape[0]
-    if (ctr[C_REC_POS] + 1 > ctr[C_REC_END] or ctr[C_ITL_POS] + itl_room[pool] > ctr[C_ITL_END]
+    if (ctr[C_REC_POS] + 1 > ctr[C_REC_END] or ctr[C_ITL_POS] + room > ctr[C_ITL_END]
             or ctr[C_DRAW_POS] + s.batch.rows.shape[1] > n_draws):
         e.ctl[RESUME] = g
         e.clock[0] = now
         e.ctl[WHO_] = g
         return REFILL
-    dt = start_step(s, prices[pool], f.choosers[g], f.proposers[g], d, now)
+    dt = start_step(s, p, c, proposer, d, now)
     ctr[C_PREEMPTED_NOW] += e.carried[g]  # made by a plan that ran nothing: this step records them
     e.carried[g] = 0
     e.nothing[g] = 0
@@ -220,24 +238,9 @@ def serve(e, pb, db, f, prices, itl_room, g, now):
         e.nothing[g] = 1
         dt = 0.0
     e.started[g] = now
+    e.pending[g] = now + dt
     e.status[g] = BUSY
-    schedule(e, now + dt, NORMAL, EV_STEP, g)
     return 0
-
-
-def release(e, pb, db, f, pr, dr, h, g, now):
-    """The queue's release (sim/serving/queues.py): a prefill replica's routes every arrival up to now
-    first; a decode replica's sees the requests whose KV is there and takes what it has room for."""
-    s = f.states[g]
-    if g < e.ctl[PREFILL]:
-        q = pb.ctl[ROUTED]
-        if q < pr.arrivals.shape[0] and pr.arrivals[q] <= now:
-            advance(e, pb, f, pr, now)
-        s.counters[C_ARRIVED] = pb.count[g]
-    else:
-        j = g - e.ctl[PREFILL]
-        s.counters[C_ARRIVED] = h.ready_upto[j]
-        take(e, db, f, dr, h, j, now)
 
 
 def advance(e, pb, f, pr, now):
@@ -253,17 +256,6 @@ def advance(e, pb, f, pr, now):
         q += 1
 
 
-def router_next(e, pb, f, pr, now):
-    """The router's process (clock.py ``router_process``): route what has arrived, sleep to the next arrival."""
-    total = pr.arrivals.shape[0]
-    while pb.ctl[ROUTED] < total:
-        at = pr.arrivals[pb.ctl[ROUTED]]
-        if at > now:
-            schedule(e, now + exact_delay(now, at), NORMAL, EV_ROUTER, -1)
-            return
-        advance(e, pb, f, pr, now)
-
-
 def wake(e, g, now, at):
     """An idle replica's waiter: its wake event, at ``now``, for something that came at ``at``."""
     if e.status[g] == IDLE_WAIT:
@@ -272,11 +264,10 @@ def wake(e, g, now, at):
         schedule(e, now, NORMAL, EV_WAKE, g)
 
 
-def prefilled(e, db, f, dr, h, g, count, now):
+def prefilled(e, db, f, dr, h, g, s, count, now):
     """Prefill replica ``g``'s step finished ``count`` requests (queues.py ``PrefillQueue.finished``):
     their blocks are held, in finishing order; in queue order each goes to the decode replica the router
     picks (sim/disaggregated.py ``Handoff.prefilled``), and each replica touched takes what it can."""
-    s = f.states[g]
     sched, ctr = s.sched, s.counters
     ids = f.ids[g]
     order = h.scratch[0]
@@ -318,8 +309,9 @@ def prefilled(e, db, f, dr, h, g, count, now):
         if not seen:
             touched[n_touched] = receiver
             n_touched += 1
+    first = e.ctl[PREFILL]
     for k in range(n_touched):
-        take(e, db, f, dr, h, touched[k], now)
+        take(e, db, f, dr, h, f.states[first + touched[k]], touched[k], now)
 
 
 def on_way(db, dr, receiver, request, count):
@@ -328,11 +320,10 @@ def on_way(db, dr, receiver, request, count):
     db.inbound[1, receiver] += count * (1 + dr.inputs[REQ_OUTPUT, request])
 
 
-def take(e, db, f, dr, h, j, now):
-    """Decode replica ``j`` takes the requests waiting for it, in order, while it has room (sim/disaggregated.py
-    ``Handoff.take``): their blocks set aside, each transfer reserved on the links (transfer.py ``KVLinks``)."""
-    g = e.ctl[PREFILL] + j
-    s = f.states[g]
+def take(e, db, f, dr, h, s, j, now):
+    """Decode replica ``j`` (state ``s``) takes the requests waiting for it, in order, while it has room
+    (sim/disaggregated.py ``Handoff.take``): their blocks set aside, each transfer reserved on the links
+    (transfer.py ``KVLinks``)."""
     ctr, par = s.counters, s.params
     while h.wait_len[j]:
         request = h.wait_head[j]
@@ -352,7 +343,8 @@ def take(e, db, f, dr, h, j, now):
         h.send_free[sender] = end
         h.receive_free[j] = end
         h.start_s[request], h.end_s[request] = start, end
-        schedule(e, now, URGENT, EV_XFER_INIT, request)  # the transfer's process starts (clock.py ``_at``)
+        h.starting[e.ctl[STARTING]] = request  # its process starts once this callback is done (clock.py ``_at``)
+        e.ctl[STARTING] += 1
 
 
 def transferred(e, db, f, h, request, now):
@@ -431,5 +423,7 @@ def pop(e):
     e.heap_k[i, PRIORITY], e.heap_k[i, ORDER], e.heap_k[i, KIND], e.heap_k[i, WHOM] = priority, order, kind, who
 
 
-RULES = (run_pd, room_for, serve, release, advance, router_next, wake, prefilled, on_way, take, transferred, before,
+RULES = (run_pd, room_for, room_to_finish, start, advance, wake, prefilled, on_way, take, transferred, before,
          schedule, pop)
+# compiled into run_pd (sim/jit.py): a call would pass the fleet's (or the hand-offs') arrays on the stack
+INLINED = (room_for, start, advance, prefilled, on_way, take, transferred)
