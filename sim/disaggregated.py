@@ -24,9 +24,13 @@ a prompt mostly cached there (fewer uncached tokens than the threshold) is prefi
 
 The prefill replica's sampled token is the proxy's, never the client's: TTFT runs from the arrival to the
 decode replica's first token (prefill queue + prefill + wait for blocks + transfer queue + transfer + decode
-queue + the step that computes the last prompt token). Both pools run step by step, with the rules compiled:
-a prefill replica's finish starts a transfer at its instant, and a hand-off may reach a decode replica at
-any instant.
+queue + the step that computes the last prompt token).
+
+A prefill replica's finish starts a transfer at its instant, and a hand-off may reach a decode replica at
+any instant, so in SimPy (sim/serving/clock.py ``simulate_disaggregated``) both pools run step by step.
+Where every replica's steps run compiled and the router is a built-in one, vLLM's proxy flow over queued
+links runs whole in one compiled call instead (sim/serving/compiled_disaggregated.py: SimPy's event order,
+the same records); llm-d's flow, shared links and Python-stepped policies run in SimPy.
 """
 
 from __future__ import annotations
