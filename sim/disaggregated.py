@@ -24,9 +24,13 @@ a prompt mostly cached there (fewer uncached tokens than the threshold) is prefi
 
 The prefill replica's sampled token is the proxy's, never the client's: TTFT runs from the arrival to the
 decode replica's first token (prefill queue + prefill + wait for blocks + transfer queue + transfer + decode
-queue + the step that computes the last prompt token). Both pools run step by step, with the rules compiled:
-a prefill replica's finish starts a transfer at its instant, and a hand-off may reach a decode replica at
-any instant.
+queue + the step that computes the last prompt token).
+
+A prefill replica's finish starts a transfer at its instant, and a hand-off may reach a decode replica at
+any instant, so in SimPy (sim/serving/clock.py ``simulate_disaggregated``) both pools run step by step.
+Where every replica's steps run compiled and the router is a built-in one, vLLM's proxy flow over queued
+links runs whole in one compiled call instead (sim/serving/compiled_disaggregated.py: SimPy's event order,
+the same records); llm-d's flow, shared links and Python-stepped policies run in SimPy.
 """
 
 from __future__ import annotations
@@ -39,12 +43,13 @@ import numpy as np
 
 from sim.cluster import ClusterRecords, InboundSignals, ReplicaParts, ReplicaSignals, merge_loops
 from sim.replica import ReplicaPlan
-from sim.router import make_router
+from sim.router import compiled_rule, make_router
 from sim.scheduler.kvcache import remote_blocks, reserve_blocks
 from sim.scheduler.layout import (C_HEAD, C_PREFILLING, C_REQUEUED, C_RUNNING, P_BLOCK, P_HOLD, P_MAX_SEQS,
                                   REQ_PROMPT, REQ_REMOTE)
 from sim.serving import routing
 from sim.serving.clock import simulate_disaggregated
+from sim.serving.compiled_disaggregated import compiled_disaggregated_for
 from sim.serving.queues import DecodeQueue, Dispatcher, Handoffs, PrefillQueue
 from sim.serving.records import ReplicaRecords
 from sim.serving.transfer import KVBytes, KVLinks, Link, SharedLinks, make_links
@@ -234,7 +239,16 @@ def run_disaggregated(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, outpu
         loop.state.par[P_HOLD] = 1  # a finished request's blocks stay until the decode side has read them
         dispatcher.add(queue, ReplicaSignals(loop))
         prefill_loops.append(loop)
-    simulate_disaggregated(dispatcher, prefill_loops, decode_loops, handoff)
+    compiled = compiled_disaggregated_for(dispatcher, handoff, prefill_loops, decode_loops,
+                                          (replica.table, decode_replica.table),
+                                          [p.sampler for p in prefill_parts + decode_parts],
+                                          compiled_rule(dispatcher.router), compiled_rule(handoff.router),
+                                          pd_threshold is None)
+    if compiled is not None:  # both pools, the hand-offs and the transfers in compiled code
+        compiled.run()
+        del compiled
+    else:
+        simulate_disaggregated(dispatcher, prefill_loops, decode_loops, handoff)
     # Break the cycles back to the loops (dispatcher, queues, signals), so that merging frees each in turn.
     dispatcher.queues.clear()
     dispatcher.loads.clear()

@@ -16,7 +16,7 @@ from sim.config import load_config
 from sim.simulate import execute, prepare
 
 # Both schedulers; compiled runs with a k table and with goodput; the step-by-step rules under a
-# learning policy; a cluster's routed runs; a host drafter's proposals.
+# learning policy; a cluster's routed runs; a disaggregated run's; a host drafter's proposals.
 WARM_RUNS: tuple[dict, ...] = (
     {},
     {"engine.scheduler": "v0"},
@@ -24,6 +24,7 @@ WARM_RUNS: tuple[dict, ...] = (
     {"policy.name": "adaptive"},
     {"policy.name": "adaptive", "engine.scheduler": "v0"},
     {"cluster.replicas": 2},
+    {"cluster.prefill_replicas": 1, "cluster.decode_replicas": 1},
     {"speculative.config": {"method": "ngram", "num_speculative_tokens": 3}},
 )
 

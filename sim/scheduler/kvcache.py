@@ -226,14 +226,23 @@ def free_slot(slot, kv, slot_blocks, sched, ctr, par):
 def hold_slot(slot, slot_blocks, sched, ctr):
     """A finished request's block table is freed but its blocks stay referenced (a disaggregated prefill
     replica, until the decode side has read them): returns them, for :func:`release_held`."""
+    blocks = np.empty(slot_blocks[slot, SLOT_HELD], dtype=np.int64)
+    hold_slot_into(slot, slot_blocks, sched, ctr, blocks)
+    return blocks
+
+
+def hold_slot_into(slot, slot_blocks, sched, ctr, dest):
+    """:func:`hold_slot`, the blocks written into ``dest`` (a compiled run's store, which allocates nothing);
+    returns how many."""
     held = slot_blocks[slot, SLOT_HELD]
-    blocks = slot_blocks[slot, SLOT_FIRST:SLOT_FIRST + held].copy()
+    for j in range(held):
+        dest[j] = slot_blocks[slot, SLOT_FIRST + j]
     ctr[C_HELD_BLOCKS] += held
     slot_blocks[slot, SLOT_HELD] = 0
     slot_blocks[slot, SLOT_CACHED] = 0
     sched[S_FREE_SLOT, ctr[C_FREE_SLOTS]] = slot
     ctr[C_FREE_SLOTS] += 1
-    return blocks
+    return held
 
 
 def release_held(blocks, kv, ctr, par):
@@ -284,7 +293,7 @@ def usage(ctr, par):
 
 
 RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, available, admission_need, admit_slot, shortfall,
-         grow_slot, cache_slot, free_slot, remote_blocks, usage)
+         grow_slot, cache_slot, free_slot, hold_slot_into, release_held, reserve_blocks, remote_blocks, usage)
 
 
 def prefix_keys(requests, block_size: int) -> tuple[np.ndarray | None, int]:

@@ -27,4 +27,4 @@ def can_step(s):
     return head_fits(s)
 
 
-RULES = (has_work,)
+RULES = (has_work, can_step)

@@ -45,8 +45,8 @@ from sim.serving.rules import exact_delay
 
 # What :func:`run_cluster` returns besides layout.py's DONE and REFILL (then ``Board.ctl[WHO]`` names the replica)
 GROW, STUCK = DONE + 1, DONE + 2
-# Board.ctl
-ROUTED, TURN, REPLICAS, WHO = range(4)
+# Board.ctl (FIRST: the pool's first replica in the fleet's tuples; 0 but for a disaggregated decode pool)
+ROUTED, TURN, REPLICAS, WHO, FIRST = range(5)
 # Board.status: a replica's step in flight (its end in ``at``), ready to run at ``at``, idle, woken for ``at``
 BUSY, READY, IDLE_WAIT, WAKING = range(4)
 
@@ -54,7 +54,7 @@ BUSY, READY, IDLE_WAIT, WAKING = range(4)
 class Board(NamedTuple):
     """What the cluster's processes hold between events (the replicas' own state is theirs)."""
 
-    ctl: np.ndarray  # ROUTED, TURN (round-robin's next), REPLICAS, WHO
+    ctl: np.ndarray  # ROUTED, TURN (round-robin's next), REPLICAS, WHO, FIRST
     status: np.ndarray  # per replica: BUSY, READY, IDLE_WAIT or WAKING
     count: np.ndarray  # per replica: requests routed to it (its queue's length)
     room: np.ndarray  # per replica: what its queue's arrays hold
@@ -62,6 +62,8 @@ class Board(NamedTuple):
     idle_since: np.ndarray  # per replica: when it went idle
     router_at: np.ndarray  # [the router's next wake-up] (inf: every request routed)
     loads: np.ndarray  # per replica: what the router weighs (scratch)
+    inbound: np.ndarray  # per replica: requests and tokens on their way to it, which the router counts as its
+    # own (a disaggregated decode pool: sim.cluster.InboundSignals); zeros elsewhere
 
 
 class Fleet(NamedTuple):
@@ -159,7 +161,7 @@ def route(b, f, r, now):
     total = r.arrivals.shape[0]
     q = b.ctl[ROUTED]
     while q < total and r.arrivals[q] <= now:
-        j = choose(b, f, r)
+        j = choose(b, f, r, q)
         if b.count[j] == b.room[j]:
             b.ctl[WHO] = j
             return j
@@ -171,39 +173,41 @@ def route(b, f, r, now):
     return -1
 
 
-def choose(b, f, r):
-    """The router's replica for the next request, with the replicas' state now (sim/serving/routing.py)."""
+def choose(b, f, r, q):
+    """The router's replica (of the board's pool) for request ``q`` (a column of ``r.inputs``), with the
+    replicas' state now (sim/serving/routing.py)."""
     n = b.ctl[REPLICAS]
     if r.rule == ROUND_ROBIN:
         return b.ctl[TURN]
     if r.rule == PREFIX_AWARE:
-        return best_scored(b, f, r, n)
+        return best_scored(b, f, r, n, q)
     loads = b.loads
+    first = b.ctl[FIRST]
     for j in range(n):
-        s = f.states[j]
+        s = f.states[first + j]
         if r.rule == LEAST_REQUESTS:
-            loads[j] = outstanding_requests(s.counters, b.count[j])
+            loads[j] = outstanding_requests(s.counters, b.count[j]) + b.inbound[0, j]
         else:
-            cum = f.cum_tokens[j]
+            cum = f.cum_tokens[first + j]
             loads[j] = outstanding_tokens(s.counters, s.params, s.sched, s.requests.inputs, s.requests.ints,
-                                          cum[b.count[j]] - cum[s.counters[C_HEAD]])
+                                          cum[b.count[j]] - cum[s.counters[C_HEAD]]) + b.inbound[1, j]
     return first_least(loads, n)
 
 
-def best_scored(b, f, r, n):
+def best_scored(b, f, r, n, q):
     """prefix-aware: the replica with the first highest weighted score (sim/router.py PrefixAware)."""
-    q = b.ctl[ROUTED]
+    first = b.ctl[FIRST]
     waiting = b.loads
     for j in range(n):
-        waiting[j] = waiting_requests(f.states[j].counters, b.count[j])
+        waiting[j] = waiting_requests(f.states[first + j].counters, b.count[j]) + b.inbound[0, j]
     longest, shortest = float(waiting[0]), float(waiting[0])
     for j in range(1, n):
         longest = max(longest, float(waiting[j]))
         shortest = min(shortest, float(waiting[j]))
-    blocks = prompt_blocks(r.inputs[REQ_PROMPT, q], f.states[0].params[P_BLOCK])
+    blocks = prompt_blocks(r.inputs[REQ_PROMPT, q], f.states[first].params[P_BLOCK])
     best, top = 0, -np.inf
     for j in range(n):
-        s = f.states[j]
+        s = f.states[first + j]
         score = weighted_score(r.weights, prefix_score(r.inputs, q, blocks, s.blocks.key_block),
                                queue_score(longest, shortest, float(waiting[j])), usage(s.counters, s.params))
         if score > top:
@@ -211,19 +215,25 @@ def best_scored(b, f, r, n):
     return best
 
 
-def push(b, f, r, j, q, now):
-    """Request ``q`` joins replica ``j``'s queue (sim/serving/queues.py RoutedQueue.push); an idle replica
-    wakes where its SimPy process would (sim/serving/clock.py ``_until_routed``)."""
+def enqueue(b, f, r, j, q):
+    """Request ``q`` joins the queue of the pool's replica ``j`` (sim/serving/queues.py RoutedQueue.push)."""
     pos = b.count[j]
-    s = f.states[j]
+    g = b.ctl[FIRST] + j
+    s = f.states[g]
     inputs = s.requests.inputs
     for field in range(inputs.shape[0]):
         inputs[field, pos] = r.inputs[field, q]
     s.requests.scale[pos] = r.scale[q]
-    f.ids[j][pos] = q
-    cum = f.cum_tokens[j]
+    f.ids[g][pos] = q
+    cum = f.cum_tokens[g]
     cum[pos + 1] = cum[pos] + r.inputs[REQ_PROMPT, q] + r.inputs[REQ_OUTPUT, q] - r.inputs[REQ_REMOTE, q]
     b.count[j] = pos + 1
+
+
+def push(b, f, r, j, q, now):
+    """Request ``q`` joins replica ``j``'s queue (:func:`enqueue`); an idle replica wakes where its SimPy
+    process would (sim/serving/clock.py ``_until_routed``)."""
+    enqueue(b, f, r, j, q)
     if b.status[j] == IDLE_WAIT:
         arrival = r.arrivals[q]
         t = b.idle_since[j]
@@ -233,4 +243,5 @@ def push(b, f, r, j, q, now):
         b.status[j] = WAKING
 
 
-RULES = (run_cluster, next_stop, route, choose, best_scored, push)
+RULES = (run_cluster, next_stop, route, choose, best_scored, enqueue, push)
+INLINED = (choose, best_scored, enqueue)  # compiled into their callers (sim/jit.py): a call would pass the fleet

@@ -121,7 +121,13 @@ class CompiledRuns:
 
 def compiled_runs_for(loop, table, sampler, jit: bool) -> CompiledRuns | None:
     """The loop's compiled runs, or None where they do not apply (module docstring) or are not wanted."""
-    if not jit or not loop.backend.steps_compiled or not loop.queue.compilable or not sampler.compilable:
+    return compiled_steps_for(loop, table, sampler, jit) if loop.queue.compilable else None
+
+
+def compiled_steps_for(loop, table, sampler, jit: bool) -> CompiledRuns | None:
+    """:func:`compiled_runs_for` whatever the queue: for a caller that runs the queue's part itself, in
+    compiled code (a disaggregated cluster: sim/serving/pd_kernel.py)."""
+    if not jit or not loop.backend.steps_compiled or not sampler.compilable:
         return None
     form = policy_form(loop.policy, loop.scheduler.max_batch_size, loop.k_max, table)
     return None if form is None else CompiledRuns(loop, table, sampler, form)

@@ -60,12 +60,12 @@ class CompiledCluster:
         first = arrivals[0] if arrivals.shape[0] else math.inf
         # the router's process starts at 0: it routes what arrives then, else sleeps to the first arrival
         router_at = 0.0 if first <= 0.0 else (math.inf if first == math.inf else exact_delay(0.0, float(first)))
-        self.board = ck.Board(ctl=np.array([0, 0, n, -1], dtype=np.int64),
+        self.board = ck.Board(ctl=np.array([0, 0, n, -1, 0], dtype=np.int64),
                               status=np.full(n, ck.READY, dtype=np.int64),  # every process starts at 0
                               count=np.zeros(n, dtype=np.int64),
                               room=np.array([loop.queue.capacity for loop in loops], dtype=np.int64),
                               at=np.zeros(n), idle_since=np.zeros(n), router_at=np.array([router_at]),
-                              loads=np.zeros(n, dtype=np.int64))
+                              loads=np.zeros(n, dtype=np.int64), inbound=np.zeros((2, n), dtype=np.int64))
         self.size = fleet_size(n)
         self.prices = loops[0].compiled_runs.prices  # one step table for every replica
         self.itl_room = 2 * loops[0].scheduler.max_batch_size + 1

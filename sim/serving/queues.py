@@ -261,9 +261,11 @@ class PrefillQueue(RoutedQueue):
     (vLLM's proxy sends max_tokens=1 to the prefill instance), so each finishes with its prefill, and
     the loop's report of those finishes hands each request's id to ``on_prefilled(ids, now)``, which
     starts its KV transfer at that instant. The request's blocks stay held (the replica's
-    ``P_HOLD``: NIXL's delayed free) until :meth:`kv_read` says the decode side has read them."""
+    ``P_HOLD``: NIXL's delayed free) until :meth:`kv_read` says the decode side has read them.
+    A compiled disaggregated run (sim/serving/pd_kernel.py) does what this queue does itself."""
 
-    compilable = False  # finishes start transfers at their instant: reported step by step
+    compilable = False  # finishes start transfers at their instant: no compiled runs of its own (stepped in
+    # SimPy, or the whole cluster in sim/serving/pd_kernel.py)
 
     def __init__(self, dispatcher: "Dispatcher", on_prefilled) -> None:
         super().__init__(dispatcher)
@@ -316,8 +318,9 @@ class DecodeQueue(RoutedQueue):
     vLLM's ``WAITING_FOR_REMOTE_KVS``) and may be admitted only once :meth:`mark_ready` says the KV is
     there: the scheduler sees the requests up to the first one not ready (``C_ARRIVED``). ``on_step(now)``
     (sim/disaggregated.py) is told at every step's release and finish, when the replica may have room for
-    the next transfer. A hand-off may come at any instant no one knows ahead, so the replica runs step by
-    step (a compiled run would stop after every step, which costs more than the step-by-step loop)."""
+    the next transfer. A hand-off may come at any instant no one knows ahead, so in SimPy the replica runs
+    step by step (a compiled run would stop after every step, which costs more than the step-by-step loop);
+    a compiled disaggregated run (sim/serving/pd_kernel.py) does what this queue does itself, event by event."""
 
     compilable = False
 
