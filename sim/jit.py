@@ -53,7 +53,7 @@ from typing import Callable
 
 JIT_MODES = ("auto", "on", "off")
 # A cold run of at most this many requests is interpreted rather than compiled first: interpreted,
-# the default scenario's 5,435 requests take about 5 s of CPU; compiling takes 30-60 s.
+# the default scenario's 5,435 requests take about 5 s of CPU; compiling everything takes about 4 minutes of CPU.
 SMALL_RUN = 10_000
 BACKGROUND_ENV = "SPECBATCH_BACKGROUND_COMPILE"
 READY = "ready"  # written in the cache folder once sim.warm has compiled every entry point
@@ -169,8 +169,8 @@ def use_compiled(mode: str, requests: int) -> bool:
 
 
 NOTE_BACKGROUND = ("the first run of this specbatch version on this machine is interpreted while the engine "
-                   "compiles in the background for the runs after it (about 1-2 minutes of CPU, once)")
-NOTE_COMPILING = "compiling the simulation engine for this machine and code version (once; 30-60 s)"
+                   "compiles in the background for the runs after it (a few minutes of CPU, once)")
+NOTE_COMPILING = "compiling the simulation engine for this machine and code version (once; a few minutes)"
 FIRST_RUN_NOTES = tuple(f"note: {text}" for text in (NOTE_BACKGROUND, NOTE_COMPILING))
 
 
