@@ -92,20 +92,26 @@ class CompiledCluster:
 
     def _fleet(self) -> ck.Fleet:
         """Each replica's part of the call, with room for its next steps; padded to the fleet's size."""
-        states, records, draws, choosers, proposers, ids, cum = [], [], [], [], [], [], []
-        for loop in self.loops:
-            st, runs = loop.state, loop.compiled_runs
-            draws.append(runs.draws())
-            st.buffers.room(RECORD_ROOM, ITL_ROOM + self.itl_room)
-            states.append(st.arrays())
-            records.append(st.records())
-            choosers.append(runs.chooser)
-            proposers.append(loop.proposer)
-            ids.append(loop.queue.request_ids)
-            cum.append(loop.queue.cum_tokens)
-        pad = self.size - len(self.loops)
-        return ck.Fleet(*(tuple(part + part[:1] * pad) for part in (states, records, draws, choosers, proposers,
-                                                                     ids, cum)))
+        return fleet_of(self.loops, [loop.compiled_runs for loop in self.loops], [self.itl_room] * len(self.loops),
+                        self.size)
+
+
+def fleet_of(loops: list, runs: list, itl_rooms: list[int], size: int) -> ck.Fleet:
+    """The replicas' parts of a compiled cluster's call (each loop run by its ``runs``, with room for its next
+    steps' records and ``itl_rooms`` gaps beyond one per row), padded to ``size`` with the first's."""
+    states, records, draws, choosers, proposers, ids, cum = [], [], [], [], [], [], []
+    for loop, run, room in zip(loops, runs, itl_rooms):
+        st = loop.state
+        draws.append(run.draws())
+        st.buffers.room(RECORD_ROOM, ITL_ROOM + int(room))
+        states.append(st.arrays())
+        records.append(st.records())
+        choosers.append(run.chooser)
+        proposers.append(loop.proposer)
+        ids.append(loop.queue.request_ids)
+        cum.append(loop.queue.cum_tokens)
+    pad = size - len(loops)
+    return ck.Fleet(*(tuple(part + part[:1] * pad) for part in (states, records, draws, choosers, proposers, ids, cum)))
 
 
 def compiled_cluster_for(dispatcher: Dispatcher, loops: list, rule: int | None) -> CompiledCluster | None:

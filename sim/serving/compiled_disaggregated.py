@@ -20,8 +20,7 @@ from sim.jit import direct
 from sim.serving import cluster_kernel as ck
 from sim.serving import pd_kernel as pk
 from sim.serving.compiled import compiled_steps_for
-from sim.serving.compiled_cluster import fleet_size
-from sim.serving.records import ITL_ROOM, RECORD_ROOM
+from sim.serving.compiled_cluster import fleet_of, fleet_size
 from sim.serving.routing import PREFIX_AWARE
 from sim.serving.transfer import GB, KVLinks
 
@@ -131,21 +130,8 @@ class CompiledDisaggregated:
 
     def _fleet(self) -> ck.Fleet:
         """Each replica's part of the call (prefill pool first), with room for its next steps; padded."""
-        states, records, draws, choosers, proposers, ids, cum = [], [], [], [], [], [], []
-        for loop, runs, room in zip(self.loops, self.runs,
-                                    [self.itl_room[0]] * len(self.prefill) + [self.itl_room[1]] * len(self.decode)):
-            st = loop.state
-            draws.append(runs.draws())
-            st.buffers.room(RECORD_ROOM, ITL_ROOM + int(room))
-            states.append(st.arrays())
-            records.append(st.records())
-            choosers.append(runs.chooser)
-            proposers.append(loop.proposer)
-            ids.append(loop.queue.request_ids)
-            cum.append(loop.queue.cum_tokens)
-        pad = self.size - len(self.loops)
-        return ck.Fleet(*(tuple(part + part[:1] * pad) for part in (states, records, draws, choosers, proposers,
-                                                                     ids, cum)))
+        rooms = [self.itl_room[0]] * len(self.prefill) + [self.itl_room[1]] * len(self.decode)
+        return fleet_of(self.loops, self.runs, rooms, self.size)
 
 
 def compiled_disaggregated_for(dispatcher, handoff, prefill: list, decode: list, tables: tuple, samplers: list,
