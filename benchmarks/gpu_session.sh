@@ -2,6 +2,7 @@
 # Everything that runs on a lent H100 for one task, phase by phase, resumable across machines.
 #
 #   bash benchmarks/gpu_session.sh WORK SECONDS PHASE...
+#   bash benchmarks/gpu_session.sh WORK SECONDS issue-38     # the engine-like replay and the step's terms
 #   bash benchmarks/gpu_session.sh WORK SECONDS issue-33     # the CUDA-graph session, in order
 #
 # WORK holds every output (a calibration killed by the deadline resumes from its partial
@@ -25,6 +26,18 @@
 #   measure   part of the composed H100 profile's grid (batch 1..128), graphs, with an EAGLE-3
 #             head: more points for the composed-vs-measured comparison
 #             (benchmarks/composed_vs_measured.py) and the head's timing
+#
+# The session of issue 38 (the replay as an engine runs it; the step's terms measured), in its
+# order, within 9 minutes of a lent H100/H200 (docs/gpu-profiles.md, docs/validation.md):
+#
+#   env       as above, and which attention the model picks on this GPU (calibrate.attention)
+#   tests     as above (the replay's CUDA-event timing and split attention run in them)
+#   calibrate as above, on the GPU it finds (the profile is named after it: h100-/h200-graphs-...)
+#   terms     benchmarks/gpu_step_terms.py measure: LM head and sampler, decode attention
+#             (grouped-query and multi-head at the same KV bytes), and whole decode steps of
+#             Llama-3.1-8B and Llama-2-7b from CUDA graphs
+#   validate  as above, on the profile just calibrated
+#   pack      everything under WORK into OUT (one tarball, plus the small result files apart)
 #
 # Earlier sessions' phases (issues 15 and 16) stay runnable: eager (the eager profile),
 # opt (opt-6.7b / opt-125m), gc-check, smoke, replay-tests.
@@ -64,18 +77,28 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   VALID_GRID="--batch-sizes 1,2,4 --k-max 4 --contexts 16,64 --prompts 8,32 --max-prefill-tokens 128 --warmup 1 --repeats 2"
   MEASURE_GRID="$VALID_GRID"
 fi
-PROFILE="$WORK/h100-graphs-$TARGET-$DRAFT"
+GPU_TAG=cpu
+if [ "$DEVICE" = cuda ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) GPU_TAG=h200 ;; *H100*) GPU_TAG=h100 ;; *) GPU_TAG=cuda ;;
+  esac
+fi
+PROFILE="$WORK/$GPU_TAG-graphs-$TARGET-$DRAFT"
 [ "${1:-}" = issue-33 ] && set -- env tests calibrate probe validate measure
+[ "${1:-}" = issue-38 ] && set -- env tests calibrate terms validate pack
 for phase in "$@"; do
   case $phase in
     env)
       run env 60 bash -c 'nvidia-smi; python3 -c "import sys, torch, numpy, pandas, scipy; print(sys.version);
 print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.mem_get_info());
 print(numpy.__version__, pandas.__version__, scipy.__version__)"; python3 -m pip list 2>/dev/null |
-grep -iE "^(numba|pyarrow|tqdm|simpy|tomli|tomlkit|hypothesis|pytest) "' ;;
+grep -iE "^(numba|pyarrow|tqdm|simpy|tomli|tomlkit|hypothesis|pytest) "' ;
+      run attention 60 python3 -c "import torch; from calibrate.attention import split_attention as s, split_attention_notes as n
+d = torch.device('$DEVICE'); t = getattr(torch, '$DTYPE')
+[s(d, t, h, kv, hd) for h, kv, hd in ((32, 8, 128), (32, 32, 128), (32, 8, 64))]; print(n())" ;;
     tests)
       run tests 120 env SPECBATCH_TEST_DEVICE=$DEVICE python3 -m pytest -q -p no:cacheprovider -x \
-        tests/test_replay.py -k "identical or catch_up or graph_keys" ;
+        tests/test_replay.py tests/test_calibrate_attention.py -k "identical or catch_up or graph_keys or attention" ;
       run model-tests 60 env SPECBATCH_TEST_DEVICE=$DEVICE python3 -m pytest -q -p no:cacheprovider \
         tests/test_calibrate_model.py tests/test_calibrate_verify.py ;;
     calibrate)
@@ -88,6 +111,16 @@ grep -iE "^(numba|pyarrow|tqdm|simpy|tomli|tomlkit|hypothesis|pytest) "' ;;
     validate)
       run validate 300 python3 benchmarks/validation.py --suite $SUITE --profile "$PROFILE" \
         --out "$WORK/validation-gpu" ;;
+    terms)
+      if [ "$DEVICE" = cuda ]; then run terms 150 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --budget 140;
+      else run terms 60 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --dry-run; fi ;;
+    pack)  # OUT (the device tool's folder, if set) gets it all: what comes back is 8 files at most
+      if [ -n "${OUT:-}" ]; then
+        cp "$WORK/logs/phases.txt" "$OUT/" 2>/dev/null
+        cp "$WORK/terms/gpu_step_terms.json" "$OUT/" 2>/dev/null
+        cp "$WORK/validation-gpu/results.json" "$OUT/validation-results.json" 2>/dev/null
+        tar czf "$OUT/session.tgz" -C "$(dirname "$WORK")" "$(basename "$WORK")"
+      fi ;;
     measure)
       # shellcheck disable=SC2086
       run measure 600 python3 -m calibrate --device $DEVICE --target $TARGET --draft $DRAFT --dtype $DTYPE \

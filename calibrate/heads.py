@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from calibrate.configs import ModelConfig, param_count
-from calibrate.model import Block, CachedModel, Init, constant, attention_mask, rms_norm, rope_frequencies, rope_tables
+from calibrate.attention import pass_context, split_attention
+from calibrate.model import Block, CachedModel, Init, constant, rms_norm, rope_frequencies, rope_tables
 from sim.compose.heads import HEAD_METHODS, HeadShape
 from sim.compose.shapes import ModelShape
 
@@ -63,6 +64,7 @@ class Head(CachedModel):
         self.norm_w = constant(1.0, h, device=device, dtype=dtype)
         self.lm_head = init.weight(shape.lm_rows, h)
         self.register_buffer("inv_freq", rope_frequencies(cfg, device), persistent=False)
+        self.split = split_attention(device, dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
     def hidden_width(self, first: bool) -> int:
         """The width of the hidden states a pass is fed: EAGLE-3's first pass the target's fused three
@@ -85,8 +87,8 @@ class Head(CachedModel):
         else:
             x = F.linear(torch.cat((embeds, hidden), dim=-1), self.fc)
         rope = rope_tables(positions, self.inv_freq, x.dtype)
-        mask = None if cache.span == 0 else attention_mask(cache, positions, cfg, x.dtype)
-        x = self.block(x, cache, 0, positions, rope, mask, qkv_input)
+        context = pass_context(cache, positions, cfg.num_heads, cfg.num_kv_heads, x.dtype, self.split)
+        x = self.block(x, cache, 0, positions, rope, context, qkv_input)
         cache.advance(q)
         return F.linear(rms_norm(x[:, -1:], self.norm_w, cfg.norm_eps), self.lm_head)
 

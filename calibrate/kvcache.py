@@ -17,11 +17,13 @@ import torch
 
 
 class KVCache:
-    """Per-layer keys/values of shape ``[batch, kv_heads, max_len, head_dim]``."""
+    """Per-layer keys/values of shape ``[batch, max_len, kv_heads, head_dim]``: token-major, as vLLM's
+    flash-attention cache, so one layer's rows are one ``[batch * max_len, kv_heads, head_dim]`` buffer
+    that a variable-length kernel reads row by row, each to its own length (calibrate.model.attend)."""
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
                  *, dtype: torch.dtype, device: torch.device | str) -> None:
-        shape = (num_layers, batch, kv_heads, max_len, head_dim)
+        shape = (num_layers, batch, max_len, kv_heads, head_dim)
         # zeros, not empty: uninitialised memory may hold NaNs or denormals that slow CPU math
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -48,8 +50,8 @@ class KVCache:
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, positions: torch.Tensor) -> None:
         """Store ``[b, kv_heads, q, d]`` keys/values at absolute ``positions [b, q]`` of each sequence."""
         rows = torch.arange(self.batch, device=positions.device)[:, None]
-        self.k[layer][rows, :, positions] = k_new.transpose(1, 2)
-        self.v[layer][rows, :, positions] = v_new.transpose(1, 2)
+        self.k[layer][rows, positions] = k_new.transpose(1, 2)
+        self.v[layer][rows, positions] = v_new.transpose(1, 2)
 
     def advance(self, q: int) -> None:
         """Count ``q`` freshly written tokens in every sequence."""
@@ -79,14 +81,22 @@ class KVCache:
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy sequence ``src``'s first ``length`` entries into row ``dst`` (a finished row's slot)."""
-        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+        self.k[:, dst, :length] = self.k[:, src, :length]
+        self.v[:, dst, :length] = self.v[:, src, :length]
         self.lengths[dst] = self.lengths[src]
 
-    def rollback(self, n: int | torch.Tensor) -> None:
-        """Forget the last ``n`` tokens: an int for every sequence, or a LongTensor ``[batch]`` each."""
+    def rollback(self, n: int | torch.Tensor, *, known: bool = False) -> None:
+        """Forget the last ``n`` tokens: an int for every sequence, or a LongTensor ``[batch]`` each.
+
+        ``known``: the caller tracks lengths on the host and knows ``0 <= n <= length`` (the real
+        replay), so nothing is read back from the device, which would wait for its queued work;
+        ``span`` then stays what it was, still an upper bound of every length.
+        """
         if isinstance(n, torch.Tensor):
             n = n.to(device=self.lengths.device, dtype=torch.long)
+            if known:
+                self.lengths.sub_(n)
+                return
             if bool((n < 0).any()) or bool((n > self.lengths).any()):
                 raise ValueError("rollback count must lie in [0, length] for every sequence")
             self.lengths.sub_(n)

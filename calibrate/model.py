@@ -6,8 +6,8 @@ detour, no slow initialiser). Like serving engines we fuse q/k/v (and Llama's ga
 projections into one matmul each.
 
 ``forward(tokens[b, q], cache)`` writes the q new tokens' keys/values into the cache at
-each sequence's current length, attends causally over the cached prefix (an additive mask
-handles ragged lengths) and returns logits ``[b, q, vocab]`` (or ``[b, 1, vocab]`` with
+each sequence's current length, attends causally over the cached prefix, each row to its own
+length (calibrate.attention), and returns logits ``[b, q, vocab]`` (or ``[b, 1, vocab]`` with
 ``last_only`` or ``last_positions``, as prefill needs).
 """
 
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from calibrate.attention import PassContext, attend, pass_context, split_attention
 from calibrate.configs import OPT_POSITION_OFFSET, ModelConfig
 from calibrate.kvcache import KVCache
 
@@ -85,7 +86,7 @@ class Block(nn.Module):
         return rms_norm(x, w, self.cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, cache: KVCache, layer: int, positions: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None, context: PassContext | None,
                 qkv_input: torch.Tensor | None = None) -> torch.Tensor:
         """``qkv_input``: what the QKV projection reads instead of the normed ``x`` (the residual stays x)."""
         cfg = self.cfg
@@ -99,7 +100,7 @@ class Block(nn.Module):
         xq, xk = qk.split([nh, nkv], dim=2)
         xq, xk = xq.transpose(1, 2), xk.transpose(1, 2)
         xv = xv.view(b, q, nkv, d).transpose(1, 2)
-        attn = attend(xq, xk, xv, cache, layer, positions, mask)
+        attn = attend(xq, xk, xv, cache, layer, positions, context)
         x = x + F.linear(attn.transpose(1, 2).reshape(b, q, nh * d), self.out_w, getattr(self, "out_b", None))
         y = self.norm(x, 2)
         if cfg.arch == "opt":
@@ -150,6 +151,7 @@ class Transformer(CachedModel):
         self.blocks = nn.ModuleList(Block(cfg, init) for _ in range(cfg.num_layers))
         if cfg.arch == "llama":
             self.register_buffer("inv_freq", rope_frequencies(cfg, device), persistent=False)
+        self.split = split_attention(device, dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, *, last_only: bool = False,
@@ -167,9 +169,9 @@ class Transformer(CachedModel):
             x = x + F.embedding(positions + OPT_POSITION_OFFSET, self.positions)
         else:
             rope = rope_tables(positions, self.inv_freq, x.dtype)
-        mask = None if cache.span == 0 else attention_mask(cache, positions, self.cfg, x.dtype)
+        context = pass_context(cache, positions, self.cfg.num_heads, self.cfg.num_kv_heads, x.dtype, self.split)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer, positions, rope, mask)
+            x = block(x, cache, layer, positions, rope, context)
         cache.advance(q)
         if last_positions is not None:  # a right-padded batch: each sequence's own last token
             x = x[torch.arange(b, device=x.device), last_positions][:, None]
@@ -199,44 +201,3 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
-
-
-def attention_mask(cache: KVCache, positions: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
-    """Additive causal mask ``[b, 1, group * q, kv_len]`` over the cached prefix, built once per pass.
-
-    Query i of sequence s (absolute position length_s + i) sees key j iff j <= length_s + i,
-    which also hides stale entries left behind by a rollback. Rows repeat per grouped-query
-    head (see :func:`attend`). The key axis is allocated padded to a multiple of 16 so that
-    fused kernels accept the mask's stride without copying it in every layer.
-    """
-    qlen = positions.shape[1]
-    kv_len = cache.span + qlen
-    padded = -(-kv_len // 16) * 16
-    visible = torch.arange(padded, device=positions.device) <= positions[:, None, :, None]  # [b, 1, q, padded]
-    mask = torch.zeros(visible.shape, dtype=dtype, device=positions.device).masked_fill_(~visible, float("-inf"))
-    group = cfg.num_heads // cfg.num_kv_heads
-    if group > 1:
-        mask = mask.repeat(1, 1, group, 1)
-    return mask[..., :kv_len]
-
-
-def attend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache: KVCache, layer: int,
-           positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Causal attention of ``q [b, H, q, d]`` over the cached prefix plus the new keys.
-
-    An empty cache (prefill, ``mask`` None) attends over the new keys alone with
-    ``is_causal`` (flash kernels apply). Otherwise the new keys are written to the cache
-    first and attention reads the cache up to its span under ``mask``. Grouped-query heads
-    are folded into the query axis (``[b, kv_heads, group * q, d]``), so keys are never
-    copied per query head.
-    """
-    b, nh, qlen, d = q.shape
-    nkv = k_new.shape[1]
-    cache.write(layer, k_new, v_new, positions)
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k_new, v_new, is_causal=qlen > 1, enable_gqa=nh != nkv)
-    kv_len = mask.shape[-1]
-    keys, values = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
-    if nh != nkv:
-        q = q.reshape(b, nkv, (nh // nkv) * qlen, d)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).reshape(b, nh, qlen, d)

@@ -32,7 +32,10 @@ simulator charges it; those rows are not the loop's any more.
 
 On CUDA, with a profile calibrated from CUDA graphs, every pass (prefill, draft, target,
 verification) runs from a graph padded as vLLM V0 pads a batch (:mod:`calibrate.graphs`),
-and the run is priced with that padding (:func:`sim.simulate.graph_padding`).
+and the run is priced with that padding (:func:`sim.simulate.graph_padding`). As in an engine,
+a step queues its passes back to back and waits for the device once, at its end: inputs go
+up through pinned memory without waiting, passes are timed between CUDA events read after
+that one synchronisation, and attention reads each row's own context (calibrate.attention).
 
 Records are the simulator's (:mod:`sim.serving.records`, the request table of
 ``sim.simulate``), so ``sim.metrics`` summarises both alike. Ctrl-C stops the replay
@@ -49,6 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from calibrate.attention import split_attention_notes
 from calibrate.configs import check_buildable, recorded_config
 from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.graphs import PassGraphs
@@ -154,6 +158,7 @@ class TorchBackend:
         self.row_live = np.zeros(slots, bool)
         self.used = 0
         self.passes_s: list[float] = []  # per step: time inside the passes calibration times
+        self._events: list = []  # this step's (begin, end) CUDA events around each pass
         self.predicted_s: list[float] = []  # ... and what the profile says they take
         self.accepted_rows: list[np.ndarray | None] = []  # per step: accepted per running row
         self.overheads = (run.profile.engine_overhead_s("prefill"), run.profile.engine_overhead_s("decode"))
@@ -192,8 +197,8 @@ class TorchBackend:
         tokens = np.zeros((n, longest), np.int64)
         for i, p in enumerate(lengths.tolist()):
             tokens[i, :p] = self.prompt_tokens[:p]
-        tokens_t = torch.from_numpy(tokens).to(self.device)
-        last = torch.from_numpy(lengths - 1).to(self.device)
+        tokens_t = self._upload(tokens)
+        last = self._upload(lengths - 1)
         self._passes = 0.0
         self.predicted_s.append(self.table.prefill_time(n, float(longest)) - self.overheads[0])
         self.accepted_rows.append(None)
@@ -202,8 +207,9 @@ class TorchBackend:
             self._timed(self._prefill, self.draft, self.d_cache, tokens_t, last, lo, hi, lengths)
         first = sample(torch.softmax(logits[:, -1].float(), dim=-1), self.generator)
         self.history[lo:hi, :longest] = tokens_t
-        self.history[torch.arange(lo, hi, device=self.device), torch.from_numpy(lengths).to(self.device)] = first
+        self.history[torch.arange(lo, hi, device=self.device), self._upload(lengths)] = first
         self._sync()
+        self._passes_done()
         self.row_len[lo:hi], self.row_live[lo:hi] = lengths + 1, True
         self.used = hi
         self.passes_s.append(self._passes)
@@ -224,14 +230,14 @@ class TorchBackend:
             graph.inputs["tokens"][:, :longest].copy_(tokens)
             graph.inputs["last"].copy_(last)
             graph.replay()
-            cache.k[:, lo:hi, :, :longest].copy_(scratch.k[:, :n, :, :longest])
-            cache.v[:, lo:hi, :, :longest].copy_(scratch.v[:, :n, :, :longest])
-            cache.lengths[lo:hi] = torch.from_numpy(lengths).to(cache.lengths.device)
+            cache.k[:, lo:hi, :longest].copy_(scratch.k[:, :n, :longest])
+            cache.v[:, lo:hi, :longest].copy_(scratch.v[:, :n, :longest])
+            cache.lengths[lo:hi] = self._upload(lengths)
             return graph.output.clone()  # a later replay may reuse the graph's memory
         cache.lengths[lo:hi] = 0
         view = cache.rows(lo, hi, 0)
         logits = model(tokens, view, last_positions=last)
-        cache.lengths[lo:hi] = torch.from_numpy(lengths).to(cache.lengths.device)  # padding is stale, masked
+        cache.lengths[lo:hi] = self._upload(lengths)  # padding is stale, masked
         return logits
 
     def _build_prefill(self, model: Transformer, scratch, n: int, padded: int):
@@ -268,7 +274,8 @@ class TorchBackend:
             accepted, final = self._speculate(b, k, live, ragged_rows, lag_rows, scale, ragged)
         else:
             accepted, final = None, self._plain(b)
-        self._sync()
+        self._sync()  # the step's one synchronisation: its passes are done
+        self._passes_done()
         self._step = (b, k, live, accepted, final, remaining)
         self.accepted_rows.append(accepted[live].copy() if k else None)
         return None, (accepted[live] if k else None)
@@ -276,7 +283,7 @@ class TorchBackend:
     def _plain(self, b: int) -> torch.Tensor:
         """k = 0: one target pass over each sequence's newest token, then sampling (verify at k = 0)."""
         rows = torch.arange(b, device=self.device)
-        last = self.history[rows, torch.from_numpy(self.row_len[:b] - 1).to(self.device)][:, None]
+        last = self.history[rows, self._upload(self.row_len[:b] - 1)][:, None]
         logits = self._timed(self._target_pass, last, int(self.row_len[:b].max()) - 1)
         empty = torch.empty(b, 0, dtype=torch.long, device=self.device)
         result = self._timed(self._verify, logits, torch.empty(b, 0, logits.shape[-1], device=self.device), empty)
@@ -292,11 +299,11 @@ class TorchBackend:
         catch_up = int(lag.max())
         d_len = row_len - lag
         positions = np.minimum(d_len[:, None] + np.arange(catch_up), row_len[:, None] - 1)
-        feed = self.history[:b].gather(1, torch.from_numpy(positions).to(dev))
-        last = torch.from_numpy(lag - 1).to(dev)
+        feed = self.history[:b].gather(1, self._upload(positions))
+        last = self._upload(lag - 1)
         junk = np.zeros(self.d_cache.batch, np.int64)
         junk[:b] = catch_up - lag
-        junk = torch.from_numpy(junk).to(dev)
+        junk = self._upload(junk)
         draft_tokens, draft_probs = [], []
         span = int(d_len.max())
         for j in range(k):
@@ -310,7 +317,7 @@ class TorchBackend:
         # Target: one pass over the newest emitted token (not yet in its cache) and the k drafts.
         t_len = row_len - 1
         rows = torch.arange(b, device=dev)
-        newest = self.history[rows, torch.from_numpy(t_len).to(dev)]
+        newest = self.history[rows, self._upload(t_len)]
         logits = self._timed(self._target_pass, torch.cat((newest[:, None], drafts), 1), int(t_len.max()))
         result = self._timed(self._verify, logits, torch.stack(draft_probs, 1), drafts)
         if self.acceptance == "synthetic":  # drawn for the live rows, as the simulator draws
@@ -322,7 +329,7 @@ class TorchBackend:
                 accepted = np.minimum(accepted, ragged)
         # The token after the kept drafts: the kernel's where it stopped there; otherwise (a
         # synthetic or truncated count) any valid token will do, as values do not change timing.
-        stop = torch.from_numpy(accepted).to(dev)
+        stop = self._upload(accepted)
         kernel = result.tokens[rows, stop]
         final = torch.where(kernel >= 0, kernel, drafts[rows, stop.clamp(max=k - 1)])
         tokens = torch.cat((drafts, final[:, None]), 1)
@@ -422,13 +429,43 @@ class TorchBackend:
         probs = torch.softmax(logits.float(), dim=-1)
         return probs, sample(probs, self.generator)
 
+    def _upload(self, array: np.ndarray) -> torch.Tensor:
+        """Host values onto the device without waiting for the queued passes, as an engine stages its
+        inputs: a plain copy from pageable memory synchronises the stream, so on a GPU the copy goes
+        through pinned memory, asynchronously (torch's pinned allocator keeps the buffer until it is done)."""
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if self.device.type != "cuda":
+            return tensor.to(self.device)
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
     def _timed(self, fn, *args):
-        """Run one calibrated pass, adding its time to this step's model-pass time (not a graph's capture)."""
+        """Run one calibrated pass and add its time to this step's model-pass time (not a graph's capture).
+
+        On a GPU the pass is timed between two CUDA events and read after the step's one
+        synchronisation (:meth:`_passes_done`), so the host queues the step's passes back to
+        back as an engine does; a pass that captured its graph just now is timed on the host
+        instead, less the capture. Elsewhere, the host clock around the pass.
+        """
         captured, started = self.graphs.capture_s, time.perf_counter()
+        if self.device.type != "cuda":
+            out = fn(*args)
+            self._passes += time.perf_counter() - started
+            return out
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         out = fn(*args)
-        self._sync()
-        self._passes += time.perf_counter() - started - (self.graphs.capture_s - captured)
+        end.record()
+        if self.graphs.capture_s != captured:
+            self._sync()
+            self._passes += time.perf_counter() - started - (self.graphs.capture_s - captured)
+        else:
+            self._events.append((begin, end))
         return out
+
+    def _passes_done(self) -> None:
+        """After the step's synchronisation: the passes' event times into this step's model-pass time."""
+        self._passes += sum(begin.elapsed_time(end) for begin, end in self._events) / 1e3
+        self._events.clear()
 
     def watch(self, queue) -> None:
         """The real clock releases the queue."""
@@ -447,16 +484,16 @@ class TorchBackend:
             emitted = live.astype(np.int64)
             new_tokens = final[:, None]
         width = new_tokens.shape[1]
-        positions = torch.from_numpy(np.minimum(row_len[:, None] + np.arange(width), self.max_len - 1)).to(dev)
+        positions = self._upload(np.minimum(row_len[:, None] + np.arange(width), self.max_len - 1))
         self.history[:b].scatter_(1, positions, new_tokens)
         # Target cache: it took width tokens (the newest emitted one, then the drafts); keep a + 1 of them.
         t_pad = np.zeros(self.t_cache.batch, np.int64)
         t_pad[:b] = np.where(live, width - (a + 1), 0)
-        self.t_cache.rollback(torch.from_numpy(t_pad).to(dev))
+        self.t_cache.rollback(self._upload(t_pad), known=True)
         if self.d_cache is not None and k:  # the draft holds row_len - lag + k - 1 tokens; keep min(a, k - 1) drafts
             d_pad = np.zeros(self.d_cache.batch, np.int64)
             d_pad[:b] = np.where(live, (k - 1) - np.minimum(a, k - 1), 0)
-            self.d_cache.rollback(torch.from_numpy(d_pad).to(dev))
+            self.d_cache.rollback(self._upload(d_pad), known=True)
         self.row_len[:b] += emitted
         self.passes_s.append(self._passes)
         if not live.all():
@@ -464,7 +501,7 @@ class TorchBackend:
 
     def _freeze_padding(self, b: int, live: np.ndarray) -> None:
         """A static batch's finished rows ride along as padding; their caches keep their final lengths."""
-        pad = torch.from_numpy(np.flatnonzero(~live)).to(self.device)
+        pad = self._upload(np.flatnonzero(~live))
         self.t_cache.lengths[pad] = self.t_frozen[pad]
         if self.d_cache is not None:
             self.d_cache.lengths[pad] = self.d_frozen[pad]
@@ -474,7 +511,7 @@ class TorchBackend:
         rows = np.flatnonzero(self.row_live[:self.used])[done]
         self.row_live[rows] = False
         if self.static:
-            index = torch.from_numpy(rows).to(self.device)
+            index = self._upload(rows)
             self.t_frozen[index] = self.t_cache.lengths[index]
             if self.d_cache is not None:
                 self.d_frozen[index] = self.d_cache.lengths[index]
@@ -575,7 +612,7 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     return ReplayResult(table, pd.DataFrame(rec.steps), summary, acceptance, partial, wall_s,
                         np.asarray(backend.passes_s[:steps]), np.asarray(backend.predicted_s[:steps]),
                         by_label(table), np.asarray(readings, dtype=np.float64),
-                        tuple(backend.accepted_rows[:steps]), graphs.summary())
+                        tuple(backend.accepted_rows[:steps]), graphs.summary() | {"attention": split_attention_notes()})
 
 
 def replay_config(config: RunConfig, *, acceptance: str = "synthetic",

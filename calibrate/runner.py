@@ -25,6 +25,7 @@ from calibrate.environment import device_info, versions
 from calibrate.grid import HOST_DRAFTERS, Grid, Point
 from calibrate.heads import Head, head_shape, head_weight_bytes, layer_config
 from calibrate.host import host_info, time_proposer
+from calibrate.attention import split_attention_notes
 from calibrate.model import TORCH_DTYPES, Transformer
 from calibrate.overhead import measure_overhead
 from calibrate.partial import PartialRun
@@ -229,6 +230,7 @@ def build_meta(settings: Settings, cfgs: dict[str, ModelConfig], device: dict[st
         "grid": {**settings.grid.to_dict(), "max_len": min(c.max_position_embeddings for c in cfgs.values())},
         "timing": {"method": "cuda_events" if settings.device == "cuda" else "perf_counter",
                    "cuda_graphs": graph_phases, "graph_fallbacks": int(len(fallbacks)),
+                   "attention": split_attention_notes(),
                    "warmup": settings.grid.warmup, "repeats": settings.grid.repeats,
                    "budget_s": settings.grid.budget_s, "threads": device["threads"]},
         "memory": {"available_bytes": available, "fraction": settings.memory_fraction, "budget_bytes": budget},

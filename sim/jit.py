@@ -287,6 +287,8 @@ class DirectCall:
         return result
 
 
-def direct(fn: Callable) -> DirectCall:
-    """``fn``'s compiled twin called as :class:`DirectCall` says: for a caller whose argument types never change."""
-    return DirectCall(compiled(fn))
+def direct(fn: Callable) -> DirectCall | Callable:
+    """``fn``'s compiled twin called as :class:`DirectCall` says: for a caller whose argument types never change.
+    Under ``NUMBA_DISABLE_JIT=1`` numba hands back ``fn`` itself, which is then called as it is."""
+    twin = compiled(fn)
+    return DirectCall(twin) if hasattr(twin, "overloads") else twin

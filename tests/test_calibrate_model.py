@@ -91,7 +91,7 @@ def test_gqa_shapes() -> None:
     assert cfg.num_kv_heads < cfg.num_heads
     model = Transformer(cfg)
     cache = model.new_cache(2, 8)
-    assert cache.k.shape == (cfg.num_layers, 2, cfg.num_kv_heads, 8, cfg.head_dim)
+    assert cache.k.shape == (cfg.num_layers, 2, 8, cfg.num_kv_heads, cfg.head_dim)
     assert model.blocks[0].qkv_w.shape == (cfg.hidden_size + 2 * cfg.num_kv_heads * cfg.head_dim, cfg.hidden_size)
     assert model(_tokens(model, 2, 3), cache).shape == (2, 3, cfg.vocab_size)
 
@@ -101,7 +101,7 @@ def test_cache_append_without_model() -> None:
     kv = [(torch.ones(2, 1, 3, 4) * (i + 1), torch.ones(2, 1, 3, 4)) for i in range(2)]
     cache.append(kv)
     assert cache.lengths.tolist() == [3, 3]
-    assert cache.k[1, :, :, :3].eq(2).all() and cache.k[:, :, :, 3:].eq(0).all()
+    assert cache.k[1, :, :3].eq(2).all() and cache.k[:, :, 3:].eq(0).all()
 
 
 def test_random_weights_give_finite_logits_in_half_precision() -> None:

@@ -119,3 +119,20 @@ def test_the_compiled_code_folder_is_keyed_by_every_file_whose_values_it_compile
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
                     "sim", "policies", "workloads", "calibrate"):
                 assert node.module in keyed, f"{name} imports from {node.module}, which does not key the cache"
+
+
+def test_numba_disabled_runs_the_compiled_path_interpreted_with_the_same_numbers(tmp_path):
+    """NUMBA_DISABLE_JIT=1 (the GPU session runs so, to spend no device time compiling): numba hands back
+    the plain functions, and a run that would call them compiled runs them as Python, to the same result."""
+    import json
+    import os
+    import sys
+
+    out = {}
+    for name, env in (("disabled", {"NUMBA_DISABLE_JIT": "1"}), ("interpreted", {})):
+        folder = tmp_path / name
+        subprocess.run([sys.executable, "-m", "specbatch.commands.cli", "run", "--num-requests", "40", "--rate", "8",
+                        "--jit", "on" if env else "off", "--records", "none", "--out", str(folder), "--quiet"],
+                       check=True, env={**os.environ, **env, "SPECBATCH_BACKGROUND_COMPILE": "0"}, timeout=300)
+        out[name] = json.loads((folder / "summary.json").read_text())["metrics"]
+    assert out["disabled"] == out["interpreted"]

@@ -266,5 +266,5 @@ def test_graph_path_fills_the_caches_and_computes_the_logits_of_the_eager_path(t
         ce, cg = getattr(e, cache), getattr(g, cache)
         assert ce.lengths[:5].tolist() == cg.lengths[:5].tolist()
         for row, length in enumerate((lengths + np.array([4 if cache == "t_cache" else 1] * 5)).tolist()):
-            torch.testing.assert_close(ce.k[:, row, :, :length], cg.k[:, row, :, :length], rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(ce.v[:, row, :, :length], cg.v[:, row, :, :length], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(ce.k[:, row, :length], cg.k[:, row, :length], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(ce.v[:, row, :length], cg.v[:, row, :length], rtol=1e-4, atol=1e-4)
