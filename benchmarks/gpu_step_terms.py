@@ -555,6 +555,164 @@ def summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- compare (here, with the whole project)
+
+NOT_COMPOSED = "not composed"
+
+
+class Composer:
+    """The composition's prices for measured points: one pricer per model, as ``specbatch compose --gpu``
+    builds it on one GPU (benchmarks/step_terms.py's :func:`pricer`); a model it cannot price is None."""
+
+    def __init__(self, gpu: str) -> None:
+        self.gpu = gpu
+        self.pricers: dict[str, Any] = {}
+
+    def pricer(self, model: str):
+        if model not in self.pricers:
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from step_terms import pricer
+
+            from sim.errors import InputError
+
+            try:
+                self.pricers[model] = pricer(model, self.gpu, 1)[0]
+            except InputError as exc:
+                if exc.field == "gpu":
+                    raise
+                self.pricers[model] = None
+        return self.pricers[model]
+
+    def decode_step(self, model: str, batch: int, context: int) -> float:
+        """One token a sequence over ``context`` cached ones: the pass with its LM head, and the greedy sampler."""
+        p = self.pricer(model)
+        if p is None:
+            return math.nan
+        return float(sum(p.decode_parts(batch, 1, context).values()) + p.verify(batch, 0, "greedy"))
+
+    def sampler(self, model: str, batch: int) -> dict[str, float]:
+        """The LM head and the sampler over the model's vocabulary, by the measured terms' names."""
+        p = self.pricer(model)
+        if p is None:
+            return {}
+        return {"lm_head": float(p.lm_head(batch)), "greedy": float(p.verify(batch, 0, "greedy")),
+                "random": float(p.verify(batch, 0, "random")), "top_p": float(p.verify(batch, 0, "top-p")),
+                "rejection_k4": float(p.verify(batch, K, "random"))}
+
+    def attention(self, model: str, batch: int, kv_length: float) -> float:
+        """One layer's decode attention, one query token a sequence over ``kv_length`` keys (the new one's
+        included): the pass's attention term divided by its layers."""
+        p = self.pricer(model)
+        if p is None:
+            return math.nan
+        return float(p.decode_parts(batch, 1, kv_length - 1)["attention"]) / p.model.num_layers
+
+
+# measured sampler terms and what they are compared with: vLLM's sampler starts from the bf16 logits,
+# so the cast is part of every mode (sim.compose.sampler prices it in each)
+SAMPLER_ROWS = (("lm_head", ("lm_head",), "lm_head"), ("greedy", ("cast", "greedy"), "greedy"),
+                ("random", ("cast", "random"), "random"), ("top_p", ("cast", "top_p"), "top_p"),
+                ("rejection k=4", ("rejection_k4",), "rejection_k4"))
+
+
+def ms(seconds: float) -> str:
+    """A 13-wide cell of milliseconds, or 'not composed' where the composition has no price."""
+    return f"{1e3 * seconds:13.3f}" if math.isfinite(seconds) else f"{NOT_COMPOSED:>13}"
+
+
+def ratio(measured: float, composed: float) -> str:
+    return f"{measured / composed:8.2f}" if math.isfinite(composed) and composed > 0 else f"{'':>8}"
+
+
+def error(measured: float, composed: float) -> str:
+    return f"{100 * (measured / composed - 1):+9.1f}%" if math.isfinite(composed) and composed > 0 else ""
+
+
+def why_missing(point: dict[str, Any]) -> str:
+    for key in ("skipped", "error", "unavailable"):
+        if key in point:
+            text = str(point[key])
+            return text if text.startswith(key) else f"{key}: {text}"
+    return "no time"
+
+
+def decode_table(doc: dict[str, Any], composer: Composer) -> list[str]:
+    points = doc["sections"].get("decode_step", {}).get("points", [])
+    lines = []
+    for model in dict.fromkeys(p["model"] for p in points):
+        lines += ["", f"decode step, {model}: one token a sequence, LM head and greedy sampler included",
+                  f"{'batch':>6}{'context':>9}{'measured ms':>13}{'composed ms':>13}{'error':>11}"]
+        for p in (p for p in points if p["model"] == model):
+            head = f"{p['batch']:>6}{p['context']:>9}"
+            if "median_s" not in p:
+                lines.append(f"{head}  {why_missing(p)}")
+                continue
+            composed = composer.decode_step(model, p["batch"], p["context"])
+            lines.append(f"{head}{ms(p['median_s'])}{ms(composed)}{error(p['median_s'], composed)}".rstrip())
+    return lines
+
+
+def sampler_table(doc: dict[str, Any], composer: Composer) -> list[str]:
+    points = doc["sections"].get("sampler", {}).get("points", [])
+    lines = []
+    for model in dict.fromkeys(p["model"] for p in points):
+        mine = [p for p in points if p["model"] == model]
+        lines += ["", f"LM head and sampler, vocabulary {mine[0]['vocab']} (hidden {mine[0]['hidden']}, {model}'s)",
+                  f"{'term':<15}{'batch':>6}{'measured ms':>13}{'composed ms':>13}{'ratio':>8}"]
+        for label, parts, priced in SAMPLER_ROWS:
+            for b in dict.fromkeys(p["batch"] for p in mine):
+                got = {p["term"]: p for p in mine if p["batch"] == b}
+                head = f"{label:<15}{b:>6}"
+                missing = [got.get(t, {}) for t in parts if "median_s" not in got.get(t, {})]
+                if missing:
+                    lines.append(f"{head}  {why_missing(missing[0])}")
+                    continue
+                measured = sum(got[t]["median_s"] for t in parts)
+                composed = composer.sampler(model, b).get(priced, math.nan)
+                lines.append(f"{head}{ms(measured)}{ms(composed)}{ratio(measured, composed)}".rstrip())
+    return lines
+
+
+def attention_table(doc: dict[str, Any], composer: Composer) -> list[str]:
+    points = doc["sections"].get("attention", {}).get("points", [])
+    lines = []
+    for layout in dict.fromkeys(p["layout"] for p in points):
+        mine = [p for p in points if p["layout"] == layout]
+        first = mine[0]
+        ragged = layout.endswith("-ragged")
+        lines += ["", f"decode attention, one layer, {layout}: {first['heads']} query heads, {first['kv_heads']} KV "
+                      f"heads of {first['head_dim']}, composed as {first['model']}"
+                  + ("; rows' lengths uniform in [1, context], composed at their mean, rates of the bytes the rows "
+                     "hold" if ragged else ""),
+                  f"{'batch':>6}{'context':>9}  {'variant':<12}{'measured ms':>13}{'TB/s':>8}{'composed ms':>13}"
+                  f"{'TB/s':>8}{'ratio':>8}"]
+        for p in mine:
+            head = f"{p['batch']:>6}{p['context']:>9}  {p['variant']:<12}"
+            if "median_s" not in p:
+                lines.append(f"{head}  {why_missing(p)}")
+                continue
+            kv_length = p["mean_length"] if ragged else p["context"]
+            composed = composer.attention(p["model"], p["batch"], kv_length)
+            useful = p.get("useful_bytes", p["kv_bytes"])
+            rate = useful / composed / 1e12 if math.isfinite(composed) and composed > 0 else math.nan
+            measured_rate = useful / p["median_s"] / 1e12
+            lines.append((f"{head}{ms(p['median_s'])}{measured_rate:8.3f}{ms(composed)}"
+                          + (f"{rate:8.3f}" if math.isfinite(rate) else f"{'':>8}") + ratio(p["median_s"], composed)).rstrip())
+    return lines
+
+
+def compare(measured: Path, gpu: str) -> str:
+    """The three tables (module docstring): the same JSON and GPU give the same text."""
+    doc = json.loads(measured.read_text())
+    composer = Composer(gpu)
+    versions = doc.get("versions", {})
+    lines = [f"measured on {doc['device'].get('name')} ({'a CPU dry run' if doc.get('dry_run') else 'GPU'}; torch "
+             f"{versions.get('torch')}, CUDA {versions.get('cuda')}; {doc['timer']['method']}; {doc['started']}), "
+             f"composed for {gpu} as specbatch compose --gpu {gpu} prices it; ratio = measured / composed time"]
+    lines += decode_table(doc, composer) + sampler_table(doc, composer) + attention_table(doc, composer)
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
@@ -564,9 +722,24 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", type=Path, required=True, help=f"folder for {RESULT}")
     m.add_argument("--budget", type=float, default=150.0, help="seconds for the whole run (default %(default)s)")
     m.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, a few seconds")
+    c = sub.add_parser("compare", help="the measured points against the composition's price for them")
+    c.add_argument("--measured", type=Path, default=DEFAULT_MEASURED, help="the measure's JSON (default %(default)s)")
+    c.add_argument("--gpu", default="h200_sxm", help="the kernel data's GPU (default %(default)s)")
     args = parser.parse_args(argv)
     if args.command == "measure":
         measure(args.out, args.budget, args.dry_run)
+        return 0
+    if not args.measured.is_file():
+        print(f"gpu_step_terms compare: no measured file {args.measured}: run 'gpu_step_terms.py measure --out DIR' "
+              f"on a GPU and pass DIR/{RESULT} with --measured", file=sys.stderr)
+        return 2
+    from sim.errors import InputError
+
+    try:
+        print(compare(args.measured, args.gpu))
+    except InputError as exc:
+        print(f"gpu_step_terms compare: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

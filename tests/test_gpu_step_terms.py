@@ -134,3 +134,53 @@ def test_the_budget_is_shared_between_sections_and_skips_what_is_over(terms, tmp
     nothing = terms.measure(tmp_path, 0.0, dry_run=True)
     for section in nothing["sections"].values():
         assert section["points"] and all(p["skipped"].startswith("out of time") for p in section["points"])
+
+
+def test_compare_prices_whatever_points_exist_and_says_what_it_cannot(dry_run, terms):
+    pytest.importorskip("sim.compose.build")
+    out, _ = dry_run
+    text = terms.compare(out / terms.RESULT, "h200_sxm")
+    assert text == terms.compare(out / terms.RESULT, "h200_sxm")  # deterministic: it goes into generated docs
+    tables = text.split("\n\n")
+    tiny = next(t for t in tables if t.startswith("decode step, tiny-llama"))
+    composed = next(t for t in tables if t.startswith("decode step, llama-68m"))
+    # tiny-llama's head size (16) is in no attention table: its step has no price; llama-68m's has
+    assert all(line.endswith(terms.NOT_COMPOSED) for line in tiny.splitlines()[2:])
+    assert all(line.endswith("%") for line in composed.splitlines()[2:]) and len(composed.splitlines()) == 6
+    sampler = next(t for t in tables if t.startswith("LM head and sampler, vocabulary 32000"))
+    assert [line.split()[0] for line in sampler.splitlines()[2:]] == [
+        "lm_head", "lm_head", "greedy", "greedy", "random", "random", "top_p", "top_p", "rejection", "rejection"]
+    assert terms.NOT_COMPOSED not in sampler
+    ragged = next(t for t in tables if "gqa-ragged" in t.splitlines()[0])
+    assert "varlen        unavailable: flash" in ragged
+
+
+def test_compare_on_a_gpu_shaped_point_and_on_failed_ones(dry_run, terms, tmp_path):
+    """A decode point of the GPU grid is priced as compose prices it (pass + greedy sampler); a failed or
+    skipped point is listed with why; a missing section is no table."""
+    pytest.importorskip("sim.compose.build")
+    out, _ = dry_run
+    doc = json.loads((out / terms.RESULT).read_text())
+    del doc["sections"]["attention"]
+    doc["sections"]["decode_step"]["points"] = [
+        {"model": "llama-3.1-8b", "batch": 32, "context": 1024, "kv_bytes": 1, "median_s": 8e-3, "p10_s": 8e-3,
+         "p90_s": 8e-3, "samples": 10, "graph": True},
+        {"model": "llama-3.1-8b", "batch": 64, "context": 1024, "error": "OutOfMemoryError: CUDA out of memory"},
+        {"model": "llama-2-7b", "batch": 128, "context": 4096, "skipped": "KV cache 275.1 GB over the 60 GB limit"}]
+    path = tmp_path / terms.RESULT
+    path.write_text(json.dumps(doc))
+    text = terms.compare(path, "h200_sxm")
+    assert "decode attention" not in text
+    composer = terms.Composer("h200_sxm")
+    priced = composer.decode_step("llama-3.1-8b", 32, 1024)
+    p = composer.pricer("llama-3.1-8b")
+    assert priced == pytest.approx(float(sum(p.decode_parts(32, 1, 1024).values()) + p.verify(32, 0, "greedy")))
+    assert f"{1e3 * priced:13.3f}{100 * (8e-3 / priced - 1):+9.1f}%" in text
+    assert "    64     1024  error: OutOfMemoryError: CUDA out of memory" in text
+    assert "   128     4096  skipped: KV cache 275.1 GB over the 60 GB limit" in text
+
+
+def test_compare_without_a_measured_file_says_so_in_one_line(terms, tmp_path, capsys):
+    assert terms.main(["compare", "--measured", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no measured file" in err
