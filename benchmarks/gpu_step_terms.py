@@ -40,6 +40,7 @@ import argparse
 import gc
 import json
 import math
+import signal
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -529,8 +530,13 @@ def measure(out: Path, budget: float, dry_run: bool) -> dict[str, Any]:
             rec.section["status"] = "partial" if short else "done"
         except Exception as exc:  # noqa: BLE001 - a section's failure is recorded and the next one runs
             rec.section.update(status="failed", error=error_text(exc))
+        except KeyboardInterrupt:  # SIGINT, or SIGTERM (main): keep what finished, say where it stopped
+            rec.section.update(status="interrupted")
+            doc["interrupted"] = True
         rec.section["elapsed_s"] = round(now() - t0, 3)
         rec.write()
+        if doc.get("interrupted"):
+            break
         free(plan, collect=True)
     print(summary(doc))
     return {k: v for k, v in doc.items() if not k.startswith("_")}
@@ -715,6 +721,10 @@ def compare(measured: Path, gpu: str) -> str:
 
 # --------------------------------------------------------------------------- CLI
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -727,8 +737,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--gpu", default="h200_sxm", help="the kernel data's GPU (default %(default)s)")
     args = parser.parse_args(argv)
     if args.command == "measure":
-        measure(args.out, args.budget, args.dry_run)
-        return 0
+        signal.signal(signal.SIGTERM, _interrupt)  # a machine's timeout: stop as Ctrl-C does, JSON written
+        doc = measure(args.out, args.budget, args.dry_run)
+        return 130 if doc.get("interrupted") else 0
     if not args.measured.is_file():
         print(f"gpu_step_terms compare: no measured file {args.measured}: run 'gpu_step_terms.py measure --out DIR' "
               f"on a GPU and pass DIR/{RESULT} with --measured", file=sys.stderr)

@@ -184,3 +184,22 @@ def test_compare_without_a_measured_file_says_so_in_one_line(terms, tmp_path, ca
     assert terms.main(["compare", "--measured", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no measured file" in err
+
+
+def test_an_interrupted_run_keeps_what_finished(terms, tmp_path, monkeypatch):
+    """Ctrl-C, or the SIGTERM of a machine's timeout, stops the run with the JSON written and saying where."""
+    small(terms, monkeypatch)
+    calls = []
+    real = terms.timed
+
+    def interrupted(fn, plan):
+        calls.append(1)
+        if len(calls) == 8:  # the second point of the attention section
+            raise KeyboardInterrupt
+        return real(fn, plan)
+
+    monkeypatch.setattr(terms, "timed", interrupted)
+    doc = json.loads(((terms.measure(tmp_path, 150.0, dry_run=True) and tmp_path) / terms.RESULT).read_text())
+    assert doc["interrupted"] is True and list(doc["sections"]) == ["sampler", "attention"]
+    assert doc["sections"]["sampler"]["status"] == "done" and doc["sections"]["attention"]["status"] == "interrupted"
+    assert len(timed_points(doc["sections"]["attention"])) == 1
