@@ -543,7 +543,8 @@ def measure(out: Path, budget: float, dry_run: bool) -> dict[str, Any]:
 
 
 def summary(doc: dict[str, Any]) -> str:
-    """A short human table of what was measured (ms, medians)."""
+    """A short human table of what was measured: median ms per term or variant (KV TB/s beside attention's),
+    one line per (model or layout, batch, context); '-' where a point has no time."""
     lines = [f"{doc['device'].get('name')} ({'dry run, ' + doc['dry_run_why'] if doc['dry_run'] else 'GPU'}), "
              f"torch {doc['versions'].get('torch')}, CUDA {doc['versions'].get('cuda')}, {doc['elapsed_s']:.1f} s"]
     for name, sec in doc["sections"].items():
@@ -552,12 +553,15 @@ def summary(doc: dict[str, Any]) -> str:
         lines.append(f"{name}: {sec['status']}, {counts['median_s']} timed, {counts['skipped']} skipped, "
                      f"{counts['error']} failed, {counts['unavailable']} unavailable, {sec.get('elapsed_s', 0):.1f} s"
                      + (f" ({sec['error']})" if "error" in sec else ""))
+        column = "term" if name == "sampler" else "variant" if name == "attention" else None
+        rows: dict[tuple, dict[str, str]] = {}
         for p in pts:
-            if "median_s" not in p:
-                continue
-            what = " ".join(f"{k}={p[k]}" for k in ("model", "layout", "term", "variant", "batch", "context") if k in p)
-            extra = f"  {p['kv_read_tb_s']:.2f} TB/s" if "kv_read_tb_s" in p else ""
-            lines.append(f"  {what:<58} {1e3 * p['median_s']:9.3f} ms{extra}")
+            row = tuple(p.get(k) for k in ("model", "layout", "batch", "context") if k in p)
+            cell = "-" if "median_s" not in p else f"{1e3 * p['median_s']:.3f}" + (
+                f" ({p['kv_read_tb_s']:.2f} TB/s)" if "kv_read_tb_s" in p else "")
+            rows.setdefault(row, {})[p.get(column, "ms") if column else "ms"] = cell
+        for row, cells in rows.items():
+            lines.append("  " + " ".join(str(v) for v in row) + ": " + ", ".join(f"{k} {v}" for k, v in cells.items()))
     return "\n".join(lines)
 
 
