@@ -473,6 +473,7 @@ def measure_decode(rec: Recorder, plan: Plan, gen) -> None:
                 rec.point(key, dict)
             continue
         model = None
+        print(f"  {name}", flush=True)
         try:
             model = Transformer(cfg, device=plan.device, dtype=torch_dtype(plan))
         except Exception as exc:  # noqa: BLE001 - recorded on each of the model's points
@@ -524,6 +525,7 @@ def measure(out: Path, budget: float, dry_run: bool) -> dict[str, Any]:
         rec.section_deadline = now() + max(left, 0.0) * share
         rec.section = doc["sections"][name] = {"status": "running", "points": []}
         t0 = now()
+        print(f"[{t0 - start:6.1f} s] {name}: until {rec.section_deadline - start:.0f} s", flush=True)  # where a hang is
         try:
             MEASURES[name](rec, plan, gen)
             short = [p for p in rec.section["points"] if "error" in p or str(p.get("skipped", "")).startswith("out of time")]
