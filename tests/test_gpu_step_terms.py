@@ -1,0 +1,205 @@
+"""benchmarks/gpu_step_terms.py: the GPU measurement of the step's terms, dry-run on the CPU (tiny sizes),
+so the one run it gets on a lent GPU cannot fail on its bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.conftest import load_script  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def terms():
+    return load_script("benchmarks/gpu_step_terms.py", "gpu_step_terms")
+
+
+@pytest.fixture(scope="module")
+def dry_run(terms, tmp_path_factory):
+    out = tmp_path_factory.mktemp("terms")
+    doc = terms.measure(out, 150.0, dry_run=True)
+    return out, doc
+
+
+def small(terms, monkeypatch) -> None:
+    """One model, one batch, one context: the bookkeeping tests need points, not sizes."""
+    monkeypatch.setattr(terms, "DRY_PLAN", replace(
+        terms.DRY_PLAN, sampler_models=("tiny-llama",), sampler_batches=(1,), attention_batches=(1,),
+        contexts=(32,), decode_models=("tiny-llama",), decode_batches=(1,), decode_contexts=(16,)))
+
+
+def timed_points(section):
+    return [p for p in section["points"] if "median_s" in p]
+
+
+def test_the_dry_run_writes_every_section_with_positive_finite_times(dry_run, terms):
+    out, doc = dry_run
+    written = json.loads((out / terms.RESULT).read_text())
+    assert written["sections"].keys() == set(terms.SECTIONS) and written["dry_run"] is True
+    assert written["device"]["type"] == "cpu" and written["versions"]["torch"] == torch.__version__
+    for name, section in written["sections"].items():
+        assert section["status"] == "done", (name, section)
+        points = timed_points(section)
+        assert points, name
+        for p in points:
+            assert math.isfinite(p["median_s"]) and 0 < p["p10_s"] <= p["median_s"] <= p["p90_s"], p
+    sampler = written["sections"]["sampler"]["points"]
+    assert {p["term"] for p in sampler} == set(terms.SAMPLER_TERMS)
+    assert {(p["vocab"], p["hidden"]) for p in sampler} == {(512, 64), (32000, 768)}
+    attention = written["sections"]["attention"]["points"]
+    # the same KV bytes in both layouts at a grid point; varlen is CUDA only, its call checked on meta tensors
+    gqa = {(p["batch"], p["kv_bytes"]) for p in attention if p["layout"] == "gqa" and "kv_bytes" in p}
+    mha = {(p["batch"], p["kv_bytes"]) for p in attention if p["layout"] == "mha" and "kv_bytes" in p}
+    assert gqa == mha and gqa
+    assert all(p["unavailable"].startswith("unavailable: flash") for p in attention if p["variant"] == "varlen")
+    ragged = [p for p in attention if p["layout"] == "gqa-ragged" and p["variant"] == "masked_sdpa"]
+    assert ragged and all(p["useful_bytes"] < p["kv_bytes"] for p in ragged)
+    decode = written["sections"]["decode_step"]["points"]
+    assert {p["model"] for p in decode} == {"tiny-llama", "llama-68m"} and len(timed_points({"points": decode})) == 8
+
+
+def test_varlen_reads_each_rows_own_keys(terms, monkeypatch):
+    """The token-major copy and lengths the varlen kernel gets give what the model's masked attention gives,
+    with a per-row reference in place of the CUDA-only kernel."""
+    import torch.nn.functional as F
+
+    def reference(q, k, v, lengths, max_len):
+        def run():
+            rows = []
+            for i, n in enumerate(lengths.tolist()):
+                keys = k[i * max_len:i * max_len + n].transpose(0, 1)[None]
+                vals = v[i * max_len:i * max_len + n].transpose(0, 1)[None]
+                rows.append(F.scaled_dot_product_attention(q[i][None, :, None], keys, vals, enable_gqa=True)[0, :, 0])
+            return torch.stack(rows)
+        return run
+
+    plan = replace(terms.DRY_PLAN, dtype="float32")
+    gen = torch.Generator().manual_seed(0)
+    point = terms.AttentionPoint(terms.model_config("tiny-llama"), [5, 64, 17], plan, gen)
+    monkeypatch.setattr(terms, "varlen_call", reference)
+    assert point.varlen_error(point.varlen()) < 1e-5
+
+
+def test_a_failed_point_or_section_is_recorded_and_the_rest_goes_on(terms, tmp_path, monkeypatch):
+    small(terms, monkeypatch)
+    calls = []
+    real = terms.timed
+
+    def flaky(fn, plan):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected failure")
+        return real(fn, plan)
+
+    def broken(rec, plan, gen):
+        raise MemoryError("injected section failure")
+
+    monkeypatch.setattr(terms, "timed", flaky)
+    monkeypatch.setitem(terms.MEASURES, "attention", broken)
+    doc = terms.measure(tmp_path, 150.0, dry_run=True)
+    assert doc == json.loads((tmp_path / terms.RESULT).read_text())
+    sampler, attention, decode = (doc["sections"][s] for s in terms.SECTIONS)
+    failed = [p for p in sampler["points"] if "error" in p]
+    assert [(p["term"], p["error"]) for p in failed] == [(terms.SAMPLER_TERMS[2], "RuntimeError: injected failure")]
+    assert sampler["status"] == "partial" and len(timed_points(sampler)) == len(terms.SAMPLER_TERMS) - 1
+    assert attention["status"] == "failed" and attention["error"] == "MemoryError: injected section failure"
+    assert decode["status"] == "done" and len(timed_points(decode)) == 1
+
+
+def test_the_budget_is_shared_between_sections_and_skips_what_is_over(terms, tmp_path, monkeypatch):
+    """A fake clock: every timed point takes 1 s. Of 10 s, the sampler gets 1/5, attention 1/4 of the rest,
+    the decode step the rest; a point is skipped once its section's share is spent."""
+    small(terms, monkeypatch)
+    clock = [0.0]
+    monkeypatch.setattr(terms, "now", lambda: clock[0])
+
+    def one_second(fn, plan):
+        clock[0] += 1.0
+        return {"median_s": 1e-3, "p10_s": 1e-3, "p90_s": 1e-3, "samples": 1, "graph": False}
+
+    monkeypatch.setattr(terms, "timed", one_second)
+    doc = terms.measure(tmp_path, 10.0, dry_run=True)
+    sampler, attention, decode = (doc["sections"][s]["points"] for s in terms.SECTIONS)
+    assert len(timed_points({"points": sampler})) == 2
+    assert all(p["skipped"].startswith("out of time") for p in sampler[2:])
+    assert [p["variant"] for p in attention if "median_s" in p] == ["masked_sdpa", "sdpa"]
+    assert len(timed_points({"points": decode})) == 1
+    assert doc["sections"]["sampler"]["status"] == "partial"
+
+    nothing = terms.measure(tmp_path, 0.0, dry_run=True)
+    for section in nothing["sections"].values():
+        assert section["points"] and all(p["skipped"].startswith("out of time") for p in section["points"])
+
+
+def test_compare_prices_whatever_points_exist_and_says_what_it_cannot(dry_run, terms):
+    pytest.importorskip("sim.compose.build")
+    out, _ = dry_run
+    text = terms.compare(out / terms.RESULT, "h200_sxm")
+    assert text == terms.compare(out / terms.RESULT, "h200_sxm")  # deterministic: it goes into generated docs
+    tables = text.split("\n\n")
+    tiny = next(t for t in tables if t.startswith("decode step, tiny-llama"))
+    composed = next(t for t in tables if t.startswith("decode step, llama-68m"))
+    # tiny-llama's head size (16) is in no attention table: its step has no price; llama-68m's has
+    assert all(line.endswith(terms.NOT_COMPOSED) for line in tiny.splitlines()[2:])
+    assert all(line.endswith("%") for line in composed.splitlines()[2:]) and len(composed.splitlines()) == 6
+    sampler = next(t for t in tables if t.startswith("LM head and sampler, vocabulary 32000"))
+    assert [line.split()[0] for line in sampler.splitlines()[2:]] == [
+        "lm_head", "lm_head", "greedy", "greedy", "random", "random", "top_p", "top_p", "rejection", "rejection"]
+    assert terms.NOT_COMPOSED not in sampler
+    ragged = next(t for t in tables if "gqa-ragged" in t.splitlines()[0])
+    assert "varlen        unavailable: flash" in ragged
+
+
+def test_compare_on_a_gpu_shaped_point_and_on_failed_ones(dry_run, terms, tmp_path):
+    """A decode point of the GPU grid is priced as compose prices it (pass + greedy sampler); a failed or
+    skipped point is listed with why; a missing section is no table."""
+    pytest.importorskip("sim.compose.build")
+    out, _ = dry_run
+    doc = json.loads((out / terms.RESULT).read_text())
+    del doc["sections"]["attention"]
+    doc["sections"]["decode_step"]["points"] = [
+        {"model": "llama-3.1-8b", "batch": 32, "context": 1024, "kv_bytes": 1, "median_s": 8e-3, "p10_s": 8e-3,
+         "p90_s": 8e-3, "samples": 10, "graph": True},
+        {"model": "llama-3.1-8b", "batch": 64, "context": 1024, "error": "OutOfMemoryError: CUDA out of memory"},
+        {"model": "llama-2-7b", "batch": 128, "context": 4096, "skipped": "KV cache 275.1 GB over the 60 GB limit"}]
+    path = tmp_path / terms.RESULT
+    path.write_text(json.dumps(doc))
+    text = terms.compare(path, "h200_sxm")
+    assert "decode attention" not in text
+    composer = terms.Composer("h200_sxm")
+    priced = composer.decode_step("llama-3.1-8b", 32, 1024)
+    p = composer.pricer("llama-3.1-8b")
+    assert priced == pytest.approx(float(sum(p.decode_parts(32, 1, 1024).values()) + p.verify(32, 0, "greedy")))
+    assert f"{1e3 * priced:13.3f}{100 * (8e-3 / priced - 1):+9.1f}%" in text
+    assert "    64     1024  error: OutOfMemoryError: CUDA out of memory" in text
+    assert "   128     4096  skipped: KV cache 275.1 GB over the 60 GB limit" in text
+
+
+def test_compare_without_a_measured_file_says_so_in_one_line(terms, tmp_path, capsys):
+    assert terms.main(["compare", "--measured", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no measured file" in err
+
+
+def test_an_interrupted_run_keeps_what_finished(terms, tmp_path, monkeypatch):
+    """Ctrl-C, or the SIGTERM of a machine's timeout, stops the run with the JSON written and saying where."""
+    small(terms, monkeypatch)
+    calls = []
+    real = terms.timed
+
+    def interrupted(fn, plan):
+        calls.append(1)
+        if len(calls) == 8:  # the second point of the attention section
+            raise KeyboardInterrupt
+        return real(fn, plan)
+
+    monkeypatch.setattr(terms, "timed", interrupted)
+    doc = json.loads(((terms.measure(tmp_path, 150.0, dry_run=True) and tmp_path) / terms.RESULT).read_text())
+    assert doc["interrupted"] is True and list(doc["sections"]) == ["sampler", "attention"]
+    assert doc["sections"]["sampler"]["status"] == "done" and doc["sections"]["attention"]["status"] == "interrupted"
+    assert len(timed_points(doc["sections"]["attention"])) == 1
