@@ -94,7 +94,7 @@ GPU_PLAN = Plan(device="cuda", dtype="bfloat16", warmup=2, repeats=10, point_bud
                 attention_batches=(1, 4, 16, 64, 128), contexts=(1024, 4096, 16384),
                 ragged_batches=(16, 64), ragged_context=4096, attention_kv_limit=20e9,
                 decode_models=("llama-3.1-8b", "llama-2-7b"), decode_batches=(1, 8, 32, 64, 128),
-                decode_contexts=(512, 1024, 2048, 4096), decode_kv_limit=60e9)
+                decode_contexts=(512, 1024, 2048, 4096), decode_kv_limit=70e9)
 # tiny-llama: 4 query heads over 2 KV heads, vocabulary 512; "tiny-llama-mha": the same with 4 KV heads
 DRY_PLAN = Plan(device="cpu", dtype="bfloat16", warmup=1, repeats=2, point_budget_s=0.02,
                 sampler_models=("tiny-llama", "llama-68m"), sampler_batches=(1, 2),
@@ -277,52 +277,31 @@ def _raiser(exc: BaseException) -> Callable[[], object]:
 
 # --------------------------------------------------------------------------- section (b): attention
 
-def varlen_call(q, k, v, lengths, max_len: int):
-    """Flash attention's varlen forward: queries ``[b, H, d]`` (one a sequence), keys and values token-major
-    ``[b * max_len, H_kv, d]`` (row i's at i * max_len), each row reading its own ``lengths[i]`` keys. The
-    op's keywords are read from its schema at run time (they differ between torch versions)."""
-    import torch
-
-    op = torch.ops.aten._flash_attention_forward.default
-    names = {a.name for a in op._schema.arguments}
-    b, d = q.shape[0], q.shape[-1]
-    cum_q = torch.arange(b + 1, dtype=torch.int32, device=q.device)
-    args = {"query": q, "key": k, "value": v, "cum_seq_q": cum_q, "cum_seq_k": cum_q * max_len, "max_q": 1,
-            "max_k": max_len, "dropout_p": 0.0, "is_causal": False, "return_debug_mask": False,
-            "scale": d ** -0.5, "seqused_k": lengths.to(torch.int32)}
-    missing = [a.name for a in op._schema.arguments if a.name not in args and not a.has_default_value()
-               and not str(a.type).endswith("?")]
-    if missing or "seqused_k" not in names:  # without seqused_k every row would read max_len keys
-        raise RuntimeError(f"this torch's _flash_attention_forward needs {missing} or lacks seqused_k")
-    return lambda: op(**{n: value for n, value in args.items() if n in names})[0]
-
-
 def varlen_unavailable(plan: Plan, heads: int, kv_heads: int, head_dim: int) -> str:
-    """Why the varlen kernel cannot run here ('' where it can): CUDA only. On a CPU the call itself is
-    checked on meta tensors, so a wrong keyword shows in the dry run."""
+    """Why the model's split kernel (calibrate.attention: flash attention, variable length) cannot run here
+    ('' where it can): the model's own check, run once on the device against a float32 reference."""
     import torch
 
-    if plan.device == "cuda":
+    from calibrate.attention import split_attention, split_attention_notes
+
+    if split_attention(torch.device(plan.device), torch_dtype(plan), heads, kv_heads, head_dim):
         return ""
-    meta = dict(device="meta", dtype=torch_dtype(plan))
-    lengths = torch.full((2,), 8, dtype=torch.int32, device="meta")
-    out = varlen_call(torch.empty(2, heads, head_dim, **meta), torch.empty(16, kv_heads, head_dim, **meta),
-                      torch.empty(16, kv_heads, head_dim, **meta), lengths, 8)()
-    if tuple(out.shape) != (2, heads, head_dim):
-        raise RuntimeError(f"varlen gave shape {tuple(out.shape)} on meta tensors")
-    return "unavailable: flash attention's varlen kernel runs on CUDA only (its call checked on meta tensors)"
+    notes = split_attention_notes()
+    return "unavailable: " + next((n for k, n in notes.items() if k.endswith(f"heads {heads}/{kv_heads}x{head_dim}")
+                                   and k.startswith(plan.device)), "not checked")
 
 
 class AttentionPoint:
     """One layer's decode attention over a cache of ``lengths`` keys a row (the new token's included), as
-    :func:`calibrate.model.attend` runs it (K/V head-major in a :class:`calibrate.kvcache.KVCache`, an additive
-    mask built once), and the same K/V token-major for the varlen kernel."""
+    :func:`calibrate.attention.attend` runs it in the model: on the token-major
+    :class:`calibrate.kvcache.KVCache`, with the pass's dense mask (``masked_sdpa``) or its split-kernel
+    metadata (``varlen``), each built once as a pass builds it."""
 
     def __init__(self, cfg, lengths, plan: Plan, gen) -> None:
         import torch
 
+        from calibrate.attention import pass_context
         from calibrate.kvcache import KVCache
-        from calibrate.model import attention_mask
 
         dev, dt = plan.device, torch_dtype(plan)
         self.cfg, self.plan, self.lengths = cfg, plan, lengths
@@ -337,33 +316,29 @@ class AttentionPoint:
         self.k_new = torch.randn(b, kv, 1, d, generator=gen, device=dev).to(dt)
         self.v_new = torch.randn(b, kv, 1, d, generator=gen, device=dev).to(dt)
         self.positions = self.cache.lengths[:, None]
-        self.mask = attention_mask(self.cache, self.positions, cfg, dt)
+        self.dense = pass_context(self.cache, self.positions, h, kv, dt, split=False)
+        self.split = pass_context(self.cache, self.positions, h, kv, dt, split=True)
 
     def masked_sdpa(self):
-        from calibrate.model import attend
+        from calibrate.attention import attend
 
-        return attend(self.q, self.k_new, self.v_new, self.cache, 0, self.positions, self.mask)
+        return attend(self.q, self.k_new, self.v_new, self.cache, 0, self.positions, self.dense)
 
     def sdpa(self):
         import torch.nn.functional as F
 
-        k, v = self.cache.k[0], self.cache.v[0]
+        k, v = self.cache.k[0].transpose(1, 2), self.cache.v[0].transpose(1, 2)  # [b, kv heads, keys, d] views
         return F.scaled_dot_product_attention(self.q, k, v, enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
 
     def varlen(self) -> Callable[[], object]:
-        """The varlen closure, on token-major copies of the cache (the head-major cache is kept for the check)."""
-        import torch
+        """The split kernel's pass, as the model runs it: each row reads its own keys from the cache."""
+        from calibrate.attention import attend
 
-        self.masked_sdpa()  # writes the new token's K/V into the cache, as every timed call does
-        b, kv, d = self.cache.batch, self.cfg.num_kv_heads, self.cfg.head_dim
-        k = self.cache.k[0].transpose(1, 2).contiguous().view(b * self.max_len, kv, d)
-        v = self.cache.v[0].transpose(1, 2).contiguous().view(b * self.max_len, kv, d)
-        lengths = torch.as_tensor(self.lengths, device=self.q.device)
-        return varlen_call(self.q[:, :, 0], k, v, lengths, self.max_len)
+        return lambda: attend(self.q, self.k_new, self.v_new, self.cache, 0, self.positions, self.split)
 
     def varlen_error(self, call: Callable[[], object]) -> float:
         """Largest |varlen - masked SDPA| over the outputs: the varlen call reads what the model's attention reads."""
-        ref = self.masked_sdpa()[:, :, 0].float()
+        ref = self.masked_sdpa().float()
         return float((call().float() - ref).abs().max())
 
 
@@ -412,9 +387,9 @@ def one_point(rec: Recorder, plan: Plan, gen, cfg, key: dict[str, Any], lengths:
     """Every variant at one (layout, batch, lengths): the masked SDPA reads the longest row for each row."""
     read_all = kv_bytes(max(lengths) * len(lengths), cfg, plan)
     useful = kv_bytes(sum(lengths), cfg, plan)
-    if 2 * read_all > plan.attention_kv_limit:  # the head-major cache and the varlen copy
+    if read_all > plan.attention_kv_limit:  # one token-major cache serves every variant
         for v in variants:
-            rec.skip({**key, "variant": v}, f"KV {2 * read_all / 1e9:.1f} GB (cache + varlen copy) over the "
+            rec.skip({**key, "variant": v}, f"KV {read_all / 1e9:.1f} GB over the "
                                              f"{plan.attention_kv_limit / 1e9:g} GB limit")
         return
     point: AttentionPoint | None = None

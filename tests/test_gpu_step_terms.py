@@ -56,7 +56,8 @@ def test_the_dry_run_writes_every_section_with_positive_finite_times(dry_run, te
     gqa = {(p["batch"], p["kv_bytes"]) for p in attention if p["layout"] == "gqa" and "kv_bytes" in p}
     mha = {(p["batch"], p["kv_bytes"]) for p in attention if p["layout"] == "mha" and "kv_bytes" in p}
     assert gqa == mha and gqa
-    assert all(p["unavailable"].startswith("unavailable: flash") for p in attention if p["variant"] == "varlen")
+    assert all(p["unavailable"].startswith("unavailable: dense: the split kernel is CUDA's") for p in attention
+               if p["variant"] == "varlen")
     ragged = [p for p in attention if p["layout"] == "gqa-ragged" and p["variant"] == "masked_sdpa"]
     assert ragged and all(p["useful_bytes"] < p["kv_bytes"] for p in ragged)
     decode = written["sections"]["decode_step"]["points"]
@@ -64,24 +65,24 @@ def test_the_dry_run_writes_every_section_with_positive_finite_times(dry_run, te
 
 
 def test_varlen_reads_each_rows_own_keys(terms, monkeypatch):
-    """The token-major copy and lengths the varlen kernel gets give what the model's masked attention gives,
+    """The model's split path (token-major cache, one length per row) gives what its masked attention gives,
     with a per-row reference in place of the CUDA-only kernel."""
     import torch.nn.functional as F
 
-    def reference(q, k, v, lengths, max_len):
-        def run():
-            rows = []
-            for i, n in enumerate(lengths.tolist()):
-                keys = k[i * max_len:i * max_len + n].transpose(0, 1)[None]
-                vals = v[i * max_len:i * max_len + n].transpose(0, 1)[None]
-                rows.append(F.scaled_dot_product_attention(q[i][None, :, None], keys, vals, enable_gqa=True)[0, :, 0])
-            return torch.stack(rows)
-        return run
+    from calibrate import attention
+
+    def reference(q, k, v, s, causal):
+        rows = []
+        for i, n in enumerate(s.used_k.tolist()):
+            start = int(s.cu_k[i])
+            keys, vals = k[start:start + n].transpose(0, 1)[None], v[start:start + n].transpose(0, 1)[None]
+            rows.append(F.scaled_dot_product_attention(q[i][None, :, None], keys, vals, enable_gqa=True)[0, :, 0])
+        return torch.stack(rows)
 
     plan = replace(terms.DRY_PLAN, dtype="float32")
     gen = torch.Generator().manual_seed(0)
     point = terms.AttentionPoint(terms.model_config("tiny-llama"), [5, 64, 17], plan, gen)
-    monkeypatch.setattr(terms, "varlen_call", reference)
+    monkeypatch.setattr(attention, "_flash_varlen", reference)
     assert point.varlen_error(point.varlen()) < 1e-5
 
 
@@ -152,7 +153,7 @@ def test_compare_prices_whatever_points_exist_and_says_what_it_cannot(dry_run, t
         "lm_head", "lm_head", "greedy", "greedy", "random", "random", "top_p", "top_p", "rejection", "rejection"]
     assert terms.NOT_COMPOSED not in sampler
     ragged = next(t for t in tables if "gqa-ragged" in t.splitlines()[0])
-    assert "varlen        unavailable: flash" in ragged
+    assert "varlen        unavailable: dense: the split kernel is CUDA's" in ragged
 
 
 def test_compare_on_a_gpu_shaped_point_and_on_failed_ones(dry_run, terms, tmp_path):
