@@ -99,7 +99,7 @@ d = torch.device('$DEVICE'); t = getattr(torch, '$DTYPE')
     tests)
       run tests 120 env SPECBATCH_TEST_DEVICE=$DEVICE python3 -m pytest -q -p no:cacheprovider -x \
         tests/test_replay.py tests/test_calibrate_attention.py -k "identical or catch_up or graph_keys or attention" ;
-      run model-tests 60 env SPECBATCH_TEST_DEVICE=$DEVICE python3 -m pytest -q -p no:cacheprovider \
+      run model-tests 45 env SPECBATCH_TEST_DEVICE=$DEVICE python3 -m pytest -q -p no:cacheprovider \
         tests/test_calibrate_model.py tests/test_calibrate_verify.py ;;
     calibrate)
       # shellcheck disable=SC2086
@@ -112,7 +112,7 @@ d = torch.device('$DEVICE'); t = getattr(torch, '$DTYPE')
       run validate 300 python3 benchmarks/validation.py --suite $SUITE --profile "$PROFILE" \
         --out "$WORK/validation-gpu" ;;
     terms)
-      if [ "$DEVICE" = cuda ]; then run terms 150 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --budget 140;
+      if [ "$DEVICE" = cuda ]; then run terms 130 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --budget 110;
       else run terms 60 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --dry-run; fi ;;
     pack)  # OUT (the device tool's folder, if set) gets it all: what comes back is 8 files at most
       if [ -n "${OUT:-}" ]; then
