@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.speculation.acceptance import (AcceptanceSampler, AcceptanceSpec, SharedAlphaSampler, acceptance_scale,
+from sim.speculation.acceptance import (AcceptanceSampler, AcceptanceSpec, PositionSampler, SharedAlphaSampler, acceptance_scale,
                             expected_tokens_per_step)
 
 
@@ -165,3 +165,28 @@ def test_expected_tokens_per_step_is_vectorised():
 
 def test_acceptance_scale_is_one_over_minus_log_alpha():
     np.testing.assert_allclose(acceptance_scale(np.array([math.exp(-1), math.exp(-0.5)])), [1.0, 2.0])
+
+
+@pytest.mark.parametrize("make", [
+    lambda rng, block: AcceptanceSampler(rng, block=block),
+    lambda rng, block: SharedAlphaSampler(rng, 2.5, block=block),
+    lambda rng, block: PositionSampler(rng, np.array([0.8, 0.6, 0.5, 0.4]), block=block)])
+@pytest.mark.parametrize("block", [1, 6, 50])
+def test_blocks_drawn_ahead_give_the_stream_drawn_in_one_go(make, block):
+    """Each refill's next block is drawn on a worker thread while the run goes on; the counts are those of
+    the stream drawn at once, whatever sizes the steps ask for (larger than a block too), and a sampler
+    pickled with a block in flight goes on with the same stream."""
+    import pickle
+
+    plan = np.random.default_rng(1)
+    sizes = [int(plan.choice([0, 1, 3, block, block + 1, 4 * block + 3])) for _ in range(200)]
+    ks = [int(plan.integers(0, 6)) for _ in sizes]
+    scale = acceptance_scale(np.full(max(sizes), 0.7))
+    ahead = make(np.random.default_rng(5), block)
+    assert type(ahead).draws_ahead
+    once = make(np.random.default_rng(5), 10 * sum(sizes) + block)  # one block holds every draw: never refills
+    for step, (n, k) in enumerate(zip(sizes, ks)):
+        if step == 100:
+            ahead = pickle.loads(pickle.dumps(ahead))
+        np.testing.assert_array_equal(ahead.accepted(scale[:n], k), once.accepted(scale[:n], k))
+    assert ahead._ahead is not None  # a block was being drawn ahead

@@ -122,6 +122,7 @@ class AcceptanceSampler:
 
     kind = 1  # sim.scheduler.layout.SCALED: an exponential times the row's 1 / -ln(alpha)
     keyed = False
+    draws_ahead = True  # _fresh(a) then _fresh(b) gives _fresh(a + b): its next block may be drawn early
     # Its counts are count_accepted of its buffer's draws, which a compiled run applies itself; a
     # subclass with its own ``accepted`` is drawn step by step unless it says otherwise.
     draws_compiled = True
@@ -137,6 +138,7 @@ class AcceptanceSampler:
         self._block = block = block or DRAW_BLOCK
         self._buffer = self._fresh(block)
         self._pos = 0
+        self._ahead = None  # the next block of the stream, being drawn on the side (see _next_block)
         self.rules = interpreted_rules()  # what it counts with (use_rules: its replica's)
         self.proposals = ALWAYS_PROPOSE  # how rows propose (sim.simulate sets a host matcher's)
         self.negative_rates = np.zeros(0)  # POSITIONS only
@@ -155,9 +157,32 @@ class AcceptanceSampler:
         """The draw buffer and the position of the next draw, with at least ``n`` draws there
         (refilled exactly as drawing them would)."""
         if self._pos + n > self._buffer.shape[0]:
-            self._buffer = np.concatenate((self._buffer[self._pos:], self._fresh(max(self._block, n))))
+            self._buffer = np.concatenate((self._buffer[self._pos:], self._next_block(max(self._block, n))))
             self._pos = 0
         return self._buffer, self._pos
+
+    def _next_block(self, size: int) -> np.ndarray:
+        """The stream's next ``size`` draws. The first ``block`` of them were drawn on a worker thread
+        while the run went on (the generator fills arrays without the GIL, and so does the compiled
+        run): a million-request run spends most of a second drawing. The order of the stream is kept
+        (this block, then any more asked for, then the next block on the side), so the draws are
+        those :meth:`_fresh` would give in one call."""
+        if self._ahead is None:
+            head = self._fresh(self._block)
+        else:
+            head, self._ahead = self._ahead.result(), None
+        if size > self._block:
+            head = np.concatenate((head, self._fresh(size - self._block)))
+        if self.draws_ahead:
+            self._ahead = _draw_thread().submit(self._fresh, self._block)
+        return head
+
+    def __getstate__(self) -> dict:
+        """A block being drawn on the side is waited for and kept as drawn (a future cannot be pickled)."""
+        state = dict(self.__dict__)
+        if state.get("_ahead") is not None:
+            state["_ahead"] = _Drawn(state["_ahead"].result())
+        return state
 
     def advance(self, position: int) -> None:
         """The next draw is at ``position`` of the buffer :meth:`reserve` handed out."""
@@ -178,6 +203,25 @@ class AcceptanceSampler:
 
 
 _NO_INTS, _NO_FLOATS = np.zeros(0, dtype=np.int64), np.zeros(0)
+
+
+@dataclass(frozen=True)
+class _Drawn:
+    """A block drawn already, standing where a pending one was (an unpickled sampler's)."""
+
+    block: np.ndarray
+
+    def result(self) -> np.ndarray:
+        return self.block
+
+
+@lru_cache(maxsize=1)
+def _draw_thread():
+    """One worker thread for every sampler's blocks drawn ahead: each sampler has one at a time, and a
+    generator is only ever drawn from by one thread at a time (its block waited for before the next)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="draws")
 
 
 @lru_cache(maxsize=1)
@@ -476,6 +520,8 @@ class RunLengthSampler(AcceptanceSampler):
         self.runs, self.start, self.length = trace.runs, trace.start[record], trace.length[record]
         self._loop = None
         super().__init__(rng, block)
+
+    draws_ahead = False  # nothing to draw
 
     def _fresh(self, n: int) -> np.ndarray:
         return np.zeros(0)  # nothing is drawn
