@@ -16,9 +16,10 @@ code runs on the CPU at tiny sizes in a few seconds. Three sections, in this ord
   over the vocabulary) and the rejection sampler at k = 4 (:func:`calibrate.verify.verify_logits`);
 * ``attention``: one layer's decode attention (one query token a sequence, 32 query heads of
   128) for grouped-query (8 KV heads) and multi-head (32) at the same KV bytes, three ways:
-  what :func:`calibrate.model.attend` runs today (a masked SDPA over the longest row), SDPA
-  without a mask, and flash attention's varlen kernel reading each row's own length; plus
-  ragged rows, where the masked SDPA reads the longest row for every row;
+  the model's dense path (:func:`calibrate.attention.attend` with a mask over the longest row,
+  what the calibrator ran until 2026-11-28 and still runs without the split kernel), SDPA
+  without a mask, and the model's split path (flash attention's varlen kernel reading each
+  row's own length); plus ragged rows, where the masked SDPA reads the longest row for every row;
 * ``decode_step``: a whole Llama-3.1-8B and Llama-2-7B decode step (the pass calibration
   times, :func:`calibrate.passes.build_pass`, plus the greedy sampler) at batch 1-128 and
   contexts 512-4096.

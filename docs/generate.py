@@ -329,6 +329,8 @@ def console(block: Block) -> str:
                     status, printed = run_status(command.replace("\\\n", " "), scratch, status)
                 except ValueError as exc:
                     raise ValueError(f"{block.path}:{block.line}: {exc}") from None
+                if "Traceback (most recent call last)" in printed:  # a page never shows a crash as output
+                    raise ValueError(f"{block.path}:{block.line}: '{command.splitlines()[0]}' crashed:\n{printed}")
                 parts.append(f"$ {command}")
                 if printed.strip():
                     shown = printed.rstrip("\n").replace(os.path.realpath(scratch) + os.sep, "")

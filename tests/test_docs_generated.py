@@ -118,6 +118,16 @@ def test_a_script_not_copied_in_is_refused_not_recorded(generate, tmp_path):
     assert "drafting k = 3 tokens per sequence" in generate.console(copied)
 
 
+def test_a_command_that_crashes_is_refused_not_recorded(generate, tmp_path):
+    """A script that dies with a traceback (a data folder the marker forgot to copy in, say) stops the
+    generator naming the page and the command: a page never shows a crash as a command's output."""
+    block = _block(generate, tmp_path, "<!-- generated: console files=benchmarks/replay_attention_term.py -->",
+                   "$ python benchmarks/replay_attention_term.py --from no-such-folder\n")
+    with pytest.raises(ValueError, match=r"page.md:1: 'python benchmarks/replay_attention_term.py --from "
+                                         r"no-such-folder' crashed:\nTraceback"):
+        generate.console(block)
+
+
 @pytest.mark.parametrize("files", ["../outside.toml", "/etc/passwd", "docs/examples/no-such-file.toml"])
 def test_files_outside_the_repo_or_missing_are_refused(generate, tmp_path, files):
     block = _block(generate, tmp_path, f"<!-- generated: console files={files} -->", "$ echo hi\n")
