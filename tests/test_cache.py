@@ -47,10 +47,15 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def test_results_are_byte_identical_cold_warm_and_uncached(tmp_path, monkeypatch, run_config):
+    from sim import stability
+
     config = run_config(workload__num_requests=150, workload__rate=5.0)
     monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(stability, "_T_QUANTILES", {})  # as in a fresh process, whatever ran here before
     cold = _run_bytes(config, tmp_path / "cold")
-    assert len(_entries(tmp_path / "cache")) == 2  # the fitted model and one step table
+    entries = [p.name for p in _entries(tmp_path / "cache")]
+    assert len(entries) == 3 and sum(name.startswith("stdtrit-") for name in entries) == 1, entries
+    # the fitted model, one step table and the growth check's t quantile
     warm = _run_bytes(config, tmp_path / "warm")
     monkeypatch.setenv(cache.ENV, "")
     off = _run_bytes(config, tmp_path / "off")
@@ -352,9 +357,40 @@ def test_ctrl_c_inside_a_lazy_import_is_an_interrupt(monkeypatch, capsys):
         raise AttributeError("module 'pandas' has no attribute 'DataFrame'")
 
     monkeypatch.setattr(cli, "_dispatch", interrupted_import)
+    before = signal.getsignal(signal.SIGINT)
     assert cli.main(["run"]) == 130
     assert capsys.readouterr().err.startswith("interrupted: nothing was written")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before  # put back as it was
+
+
+def test_ctrl_c_is_noted_under_a_host_s_own_sigint_handler(monkeypatch, capsys):
+    """Inside a host that handles SIGINT itself (Jupyter's kernel, a test runner), the failure that
+    follows a Ctrl-C is still the interrupt, and the host's handler still runs and stays in place."""
+    import signal
+
+    import specbatch.commands.cli as cli
+
+    hosted = []
+
+    def host(signum, frame):
+        hosted.append(signum)
+        raise KeyboardInterrupt
+
+    def interrupted_import(argv):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        raise AttributeError("module 'scipy' has no attribute 'special'")
+
+    monkeypatch.setattr(cli, "_dispatch", interrupted_import)
+    previous = signal.signal(signal.SIGINT, host)
+    try:
+        assert cli.main(["run"]) == 130
+        assert signal.getsignal(signal.SIGINT) is host and hosted == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().err.startswith("interrupted: nothing was written")
 
 
 def test_the_cache_keeps_under_its_limit_dropping_the_least_recently_used(tmp_path, monkeypatch):

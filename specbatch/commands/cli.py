@@ -152,26 +152,26 @@ DEBUG_FLAG = "--debug"
 
 @contextlib.contextmanager
 def _noting_interrupts():
-    """Yields a list that records each SIGINT (then raised as KeyboardInterrupt, as by default).
+    """Yields a list that records each SIGINT (then handled as before: by default, KeyboardInterrupt).
 
     pandas and scipy are imported on first use, mid-run; Ctrl-C during a module's import can
     leave it half-initialised, so the run fails with an ImportError or AttributeError rather
     than KeyboardInterrupt. A failure after Ctrl-C is still reported as the interrupt."""
     seen: list[int] = []
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield seen
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield seen  # signals are the main thread's; an ignored or default-action SIGINT stays so
         return
 
-    def note(signum, frame):
+    def note(signum, frame):  # then whatever handled it before (Python's, or a host's such as Jupyter's)
         seen.append(signum)
-        signal.default_int_handler(signum, frame)
+        previous(signum, frame)
 
     signal.signal(signal.SIGINT, note)
     try:
         yield seen
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous)
 
 
 def _print_traceback(exc: BaseException, debug: bool) -> None:
