@@ -19,7 +19,7 @@ import torch
 class KVCache:
     """Per-layer keys/values of shape ``[batch, max_len, kv_heads, head_dim]``: token-major, as vLLM's
     flash-attention cache, so one layer's rows are one ``[batch * max_len, kv_heads, head_dim]`` buffer
-    that a variable-length kernel reads row by row, each to its own length (calibrate.model.attend)."""
+    that a variable-length kernel reads row by row, each to its own length (calibrate.attention.attend)."""
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
                  *, dtype: torch.dtype, device: torch.device | str) -> None:

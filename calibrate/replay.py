@@ -158,9 +158,9 @@ class TorchBackend:
         self.row_live = np.zeros(slots, bool)
         self.used = 0
         self.passes_s: list[float] = []  # per step: time inside the passes calibration times
-        self._events: list = []  # this step's (begin, end) CUDA events around each pass
         self.predicted_s: list[float] = []  # ... and what the profile says they take
         self.accepted_rows: list[np.ndarray | None] = []  # per step: accepted per running row
+        self._events: list = []  # this step's (begin, end) CUDA events around each pass
         self.overheads = (run.profile.engine_overhead_s("prefill"), run.profile.engine_overhead_s("decode"))
 
     def _sync(self) -> None:

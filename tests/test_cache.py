@@ -360,8 +360,8 @@ def test_ctrl_c_inside_a_lazy_import_is_an_interrupt(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_dispatch", interrupted_import)
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers are the main thread's")
-    # Python's own handler, as a plain `specbatch` process starts with: a test run before this one, in this
-    # process, may have left another (CI saw the noting skipped here though no code of ours sets SIGINT)
+    # Python's own handler, as a `specbatch` started from a terminal has: a process started as a shell's
+    # background job inherits SIGINT ignored (Python then leaves it so, and there is no Ctrl-C to note)
     found = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         assert cli.main(["run"]) == 130
