@@ -50,13 +50,14 @@ set -u
 WORK=$1; BUDGET=$2; shift 2
 DEADLINE=$((SECONDS + BUDGET))
 mkdir -p "$WORK/logs"
-export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD" SPECBATCH_CACHE_DIR=/tmp/specbatch-cache NUMBA_DISABLE_JIT=1
+SITE=${SITE:-/tmp/site}  # where the wheels install (a test points it elsewhere)
+export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$PWD" SPECBATCH_CACHE_DIR=/tmp/specbatch-cache NUMBA_DISABLE_JIT=1
 DEVICE=cuda TARGET=llama-3.1-8b DRAFT=llama-3.2-1b DTYPE=bfloat16 SUITE=gpu
 if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny models
   DEVICE=cpu TARGET=llama-160m DRAFT=llama-68m DTYPE=float32 SUITE=gpu-dry
 fi
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     >"$WORK/logs/wheels.log" 2>&1 || echo "wheels failed" >&2
 fi
 left() { echo $((DEADLINE - SECONDS)); }
