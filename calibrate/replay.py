@@ -473,7 +473,6 @@ class TorchBackend:
     def commit(self) -> None:
         """Write the step's tokens and roll both caches back to what each row kept."""
         b, k, live, accepted, final, remaining = self._step
-        dev = self.device
         row_len = self.row_len[:b]
         if k:
             a = np.where(live, accepted, -1)  # padding rows keep nothing

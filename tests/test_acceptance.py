@@ -190,3 +190,29 @@ def test_blocks_drawn_ahead_give_the_stream_drawn_in_one_go(make, block):
             ahead = pickle.loads(pickle.dumps(ahead))
         np.testing.assert_array_equal(ahead.accepted(scale[:n], k), once.accepted(scale[:n], k))
     assert ahead._ahead is not None  # a block was being drawn ahead
+
+
+def test_a_process_forked_after_drawing_ahead_draws_on_its_own_thread():
+    """A child forked from a process whose draws thread ran (a user's own fork-based pool) gets a fresh
+    one: the inherited executor has no thread in the child, and a block submitted to it would never come."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import os, numpy as np
+from sim.speculation.acceptance import AcceptanceSampler, acceptance_scale
+scale = acceptance_scale(np.full(8, 0.7))
+AcceptanceSampler(np.random.default_rng(0), block=4).accepted(scale, 3)  # starts the parent's thread
+pid = os.fork()
+if pid == 0:
+    sampler = AcceptanceSampler(np.random.default_rng(1), block=4)
+    for _ in range(5):
+        sampler.accepted(scale, 3)  # each refill waits for a block drawn ahead
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)

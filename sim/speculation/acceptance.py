@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -222,6 +223,10 @@ def _draw_thread():
     from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="draws")
+
+
+# A process forked from one that drew ahead has the executor but not its thread: it makes its own.
+os.register_at_fork(after_in_child=_draw_thread.cache_clear)
 
 
 @lru_cache(maxsize=1)
