@@ -263,14 +263,14 @@ def test_each_replicas_records_are_rebuilt_from_the_merged_ones(run_config, monk
     own, rebuilt = [], []
     merge = cluster.merge_loops
 
-    def keep(loops, n):
+    def keep(loops, n, shares=None):
         for loop in loops:
             rec = cluster._trimmed(loop.records(), loop.queue.count)
             own.append({name: np.array(getattr(rec, name), copy=True) if name != "steps" else
                         {f: v.copy() for f, v in rec.steps.items()}
                         for name in ("first_token_s", "finish_s", "decode_steps", "steps", "itl_values",
                                      "itl_weights")})
-        records = merge(loops, n)
+        records = merge(loops, n, shares)
         rebuilt.extend(records.per_replica())
         return records
 
@@ -323,9 +323,9 @@ def test_each_replica_is_freed_as_it_merges_without_the_garbage_collector(run_co
     refs = []
     merge = cluster.merge_loops
 
-    def watching(loops, n):
+    def watching(loops, n, shares=None):
         refs.extend(weakref.ref(loop) for loop in loops)
-        return merge(loops, n)
+        return merge(loops, n, shares)
 
     monkeypatch.setattr(cluster, "merge_loops", watching)
     overrides = dict(**SMALL, workload__rate=2.0, cluster__replicas=4, engine__max_batch_size=4,

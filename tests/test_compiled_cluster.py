@@ -28,7 +28,8 @@ SMALL = dict(workload__num_requests=120, workload__prompt_tokens="uniform:16:256
 
 def both(run_config, monkeypatch, **overrides):
     """(compiled, SimPy) results of one config, routed even for one replica; fails unless the first really
-    ran compiled."""
+    ran compiled (round-robin's replicas routed, not run apart: :func:`apart_and_routed` compares those)."""
+    monkeypatch.setattr(cluster, "RUN_APART", False)
     config = run_config(**{**SMALL, **overrides})
     ran = []
     run = compiled_cluster.CompiledCluster.run
@@ -87,6 +88,84 @@ def test_round_robin_stopping_every_replica_at_every_arrival_is_the_same(run_con
     fast, slow = both(run_config, monkeypatch, cluster__replicas=3, workload__rate=40.0,
                       cluster__router="round-robin", engine__scheduler=scheduler)
     assert_identical(slow, fast)
+
+
+def apart_and_routed(run_config, monkeypatch, **overrides):
+    """(run apart, routed) results of one round-robin config; fails unless the first ran apart."""
+    config = run_config(**{**SMALL, "cluster__router": "round-robin", **overrides})
+    ran = []
+    apart = cluster.run_apart
+    monkeypatch.setattr(cluster, "run_apart", lambda *args: (ran.append(1), apart(*args))[1])
+    split = execute(prepare(config))
+    assert ran, "the replicas did not run apart"
+    with monkeypatch.context() as m:
+        m.setattr(cluster, "RUN_APART", False)
+        routed = execute(prepare(config))
+    return split, routed
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("scheduler", ["vllm-v1", "v0"])
+@pytest.mark.parametrize("replicas,rate,seed", [(2, 12.0, 0), (3, 30.0, 1), (4, 60.0, 2)])
+def test_round_robin_replicas_run_apart_are_the_routed_cluster(run_config, monkeypatch, scheduler, replicas, rate, seed,
+                                                                 threads):
+    """Each replica alone on its share, on one thread or side by side: the routed cluster's every record."""
+    monkeypatch.setenv(cluster.THREADS_VARIABLE, threads)
+    split, routed = apart_and_routed(run_config, monkeypatch, engine__scheduler=scheduler, cluster__replicas=replicas,
+                                     workload__rate=rate, seed=seed)
+    assert_identical(routed, split)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"policy__name": "goodput", "policy__k": None},
+    {"engine__scheduler": "vllm-v1", "engine__kv_cache_tokens": 1500},  # preemptions
+    {"workload__rate": float("inf")},  # every request at 0
+    {"workload__output_tokens": "8", "workload__prompt_tokens": "16", "policy__name": "none"},  # steps end together
+    {"engine__scheduler": "v0", "engine__batching": "static"},
+    {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
+    {"policy__name": "adaptive"},  # stepped in Python, apart as routed
+    {"engine__jit": "off"},
+    {"cluster__replicas": 7, "workload__num_requests": 5},  # replicas that get no request
+])
+def test_round_robin_run_apart_where_events_tie_or_state_is_learnt(run_config, monkeypatch, overrides):
+    split, routed = apart_and_routed(run_config, monkeypatch, **{"cluster__replicas": 3, "workload__rate": 40.0,
+                                                                  **overrides})
+    assert_identical(routed, split)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.integers(1, 40), replicas=st.integers(2, 4), scheduler=st.sampled_from(["vllm-v1", "v0"]),
+       rate=st.sampled_from([1.0, 20.0, 200.0, float("inf")]), output=st.sampled_from(["1", "4", "uniform:1:30"]),
+       batch=st.integers(1, 6), seed=st.integers(0, 5))
+def test_small_random_round_robin_clusters_run_apart_are_the_routed_ones(run_config, monkeypatch, requests, replicas,
+                                                                         scheduler, rate, output, batch, seed):
+    split, routed = apart_and_routed(run_config, monkeypatch, workload__num_requests=requests,
+                                     cluster__replicas=replicas, engine__scheduler=scheduler, workload__rate=rate,
+                                     workload__output_tokens=output, engine__max_batch_size=batch, seed=seed)
+    assert_identical(routed, split)
+
+
+def test_what_runs_routed_rather_than_apart():
+    arrivals = np.array([0.0, 0.1, 0.2])
+    assert cluster.runs_apart("round-robin", arrivals, None, 2)
+    assert not cluster.runs_apart("least-requests", arrivals, None, 2)  # reads the replicas' load
+    assert not cluster.runs_apart("round-robin", arrivals, 4, 2)  # a finish frees a send to any replica
+    assert not cluster.runs_apart("round-robin", arrivals, None, 1)  # one replica routed: tests compare the two
+    # a wake-up that cannot land on an arrival (0.907... + (5.803... - 0.907...) falls short of it): the routed
+    # cluster routes that request later than a lone replica would see it arrive
+    assert not cluster.runs_apart("round-robin", np.array([0.907530456191219, 5.803323859868507]), None, 2)
+
+
+def test_replica_threads_follow_the_variable(monkeypatch):
+    monkeypatch.setenv(cluster.THREADS_VARIABLE, "3")
+    assert cluster.replica_threads(8) == 3 and cluster.replica_threads(2) == 2
+    monkeypatch.setenv(cluster.THREADS_VARIABLE, "0")
+    assert cluster.replica_threads(4) == 1
+    monkeypatch.setenv(cluster.THREADS_VARIABLE, "many")
+    with pytest.raises(ValueError, match="SPECBATCH_THREADS='many'"):
+        cluster.replica_threads(4)
+    monkeypatch.delenv(cluster.THREADS_VARIABLE)
+    assert 1 <= cluster.replica_threads(4) <= 4
 
 
 def test_the_router_lands_on_arrivals_it_can_reach_by_one_timeout():
@@ -172,6 +251,7 @@ def test_the_compiled_cluster_is_the_step_by_step_cluster(run_config):
 def test_what_the_compiled_cluster_leaves_to_simpy(run_config, monkeypatch, tmp_path, overrides):
     if "output__timeline" in overrides:
         overrides = {"output__timeline": str(tmp_path / "timeline.html")}
+    monkeypatch.setattr(cluster, "RUN_APART", False)  # round-robin's replicas would run apart, each in SimPy
     simpy_runs = []
     simulate = cluster.simulate_cluster
     monkeypatch.setattr(cluster, "simulate_cluster", lambda d, loops: (simpy_runs.append(1), simulate(d, loops)))

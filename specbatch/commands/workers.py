@@ -11,7 +11,8 @@ hidden (swapped for an empty module, under a lock) and nothing of it is run agai
 same holds for a Dask LocalCluster's worker processes, started inside :func:`hidden_main`.
 
 Every worker also exits as soon as the process that started it is gone (``die_with``), so
-``kill -9`` of a sweep or a search leaves no pool behind.
+``kill -9`` of a sweep or a search leaves no pool behind, and runs a cluster's replicas one at a
+time (``SPECBATCH_THREADS=1``, sim/cluster.py): the pool already keeps every core busy.
 """
 
 from __future__ import annotations
@@ -64,8 +65,15 @@ class WorkerContext(_BASE_CONTEXT):
 
 def worker_pool(workers: int) -> ProcessPoolExecutor:
     """A process pool of ``workers`` for functions of ``sim`` (their arguments pickled)."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=WorkerContext(), initializer=die_with,
+    return ProcessPoolExecutor(max_workers=workers, mp_context=WorkerContext(), initializer=start_worker,
                                initargs=(os.getpid(),))
+
+
+def start_worker(parent_pid: int) -> None:
+    """A pool worker's initializer: one thread of runs per worker (the pool is the parallelism), and gone
+    with its parent (:func:`die_with`)."""
+    os.environ.setdefault("SPECBATCH_THREADS", "1")
+    die_with(parent_pid)
 
 
 def warmed_pool(workers: int, config=None) -> ProcessPoolExecutor:
