@@ -476,11 +476,15 @@ def _table_reach(config: RunConfig, policy: Policy, r: Requests, speculation: Sp
     return reach
 
 
-def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunResult:
+def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_sink=None) -> RunResult:
     """Run the engine. ``routed``: drive even one replica through the cluster's router
     (the default is to do so only for more than one replica; tests compare the two).
     ``backend``: one replica's step backend instead of the priced one (the validation's
-    playback of a real replay, :mod:`sim.serving.recorded`)."""
+    playback of a real replay, :mod:`sim.serving.recorded`). ``steps_sink``
+    (:class:`~sim.serving.records.StepSink`): handed the step records as a single replica's compiled
+    run writes them (a run folder's steps file, written while the engine runs); its ``streamed`` is set
+    to the steps' columns once it has had them all, and left None where the run could not stream
+    (anything but a single replica in compiled runs)."""
     started = time.perf_counter()
     config, requests = run.config, run.requests
     count = config.cluster.replicas
@@ -499,7 +503,7 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None) -> RunRe
     elif not routed:
         samplers = [make_sampler(config, run.alphas, k_max=run.table.k_max, speculation=run.speculation)]
         policies = [wrap(run.policy)]
-        records, sent_s, engine_wall = _run_replica(run, scale, samplers[0], policies[0], backend)
+        records, sent_s, engine_wall = _run_replica(run, scale, samplers[0], policies[0], backend, steps_sink)
         cluster = None
         if sent_s is not None:  # latencies run from when the client sent each request, as vLLM measures them
             requests = replace(requests, arrival_s=sent_s)
@@ -595,10 +599,10 @@ def run_link(config: RunConfig) -> Link:
     return link_for(c.kv_link, c.kv_link_bandwidth_gb_s, c.kv_link_latency_us)
 
 
-def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, backend):
+def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, backend, steps_sink=None):
     """One replica's engine run: its records, the client's send times (None without a concurrency
     limit) and the engine's wall time. The queue and the loop end here, before the metrics and
-    the writing need their memory (about 100 bytes a request)."""
+    the writing need their memory (about 100 bytes a request). ``steps_sink``: see :func:`execute`."""
     config, requests = run.config, run.requests
     limit = config.workload.max_concurrency
     queue = arrival_queue(requests.arrival_s, run.replica.inputs(requests.prompt_tokens, requests.output_tokens,
@@ -607,11 +611,20 @@ def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, b
     if backend is not None:  # e.g. a playback, which releases the queue at the instants it recorded
         backend.watch(queue)
     loop = run.replica.loop(queue, policy, sampler, backend)
+    buffers = loop.state.buffers
+    streaming = steps_sink is not None and loop.compiled_runs is not None  # else no run would outpace the writing
+    if streaming:
+        steps_sink.start(list(buffers.step_columns(loop.scheduler.paged)))
+        buffers.stream_to(steps_sink)
     started = time.perf_counter()
     simulate_replica(loop)
     engine_wall = time.perf_counter() - started
     loop.close()  # cycles back to the loop would keep its arrays and the queue until the GC ran
-    return loop.records(), (queue.sent_s if limit is not None else None), engine_wall
+    records = loop.records()
+    if streaming:
+        buffers.flush()
+        steps_sink.streamed = list(records.steps)
+    return records, (queue.sent_s if limit is not None else None), engine_wall
 
 
 def _fresh_policy(run: PreparedRun) -> Policy:

@@ -11,13 +11,14 @@ step (or a compiled run) could run out of room, so memory per step is the record
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from sim.scheduler.layout import C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, DECODE, MIXED, PREFILL
 
 __all__ = ["PREFILL", "DECODE", "MIXED", "STEP_DTYPE", "STEP_FIELDS", "V1_FIELDS", "Buffers", "ReplicaRecords",
-           "grown"]
+           "StepSink", "grown"]
 
 # One step's record. Integer widths are what a run can reach (k <= 127; batch sizes and per-step
 # token counts < 2**31); sums over these columns are taken in int64 (numpy widens int32 sums).
@@ -44,19 +45,43 @@ RECORD_ROOM = 4096  # step records a compiled run may write before it returns fo
 ITL_ROOM = 8192  # ... and inter-token gaps beyond one per row
 
 
+class StepSink(Protocol):
+    """Where a run's finished step records go while it runs (specbatch/commands/outputs.py's steps file)."""
+
+    every: int  # records between hand-overs: a compiled run returns to hand them over
+    streamed: list[str] | None  # set by the run once the sink has had every record: the steps' columns
+
+    def start(self, columns: list[str]) -> None:
+        """The records' fields to take, in order, before the first :meth:`rows`."""
+
+    def rows(self, steps: np.ndarray, lo: int, hi: int) -> None:
+        """Records ``lo`` to ``hi`` of ``steps`` are final; the array is never written there again."""
+
+
 class Buffers:
-    """The step records and the inter-token gaps (value, count), growing by doubling."""
+    """The step records and the inter-token gaps (value, count), growing by doubling; finished
+    records handed to a :class:`StepSink` as the run goes, where one is attached (:meth:`stream_to`)."""
 
     def __init__(self, ctr: np.ndarray, capacity: int = 4096) -> None:
         self.steps = np.empty(capacity, STEP_DTYPE)
         self.itl_values = np.empty(capacity)
         self.itl_weights = np.empty(capacity, dtype=np.int64)
         self.ctr = ctr
+        self.sink: StepSink | None = None
+        self.sent = 0  # records handed to the sink
         ctr[C_REC_POS] = ctr[C_ITL_POS] = 0
         ctr[C_REC_END] = ctr[C_ITL_END] = capacity
 
+    def stream_to(self, sink: StepSink) -> None:
+        """Hand ``sink`` every record once it is written, ``sink.every`` at a time (and the rest at :meth:`flush`)."""
+        self.sink, self.sent = sink, int(self.ctr[C_REC_POS])
+        if self.sent:
+            sink.rows(self.steps, 0, self.sent)
+        self.ctr[C_REC_END] = min(self.ctr[C_REC_END], self.sent + sink.every)
+
     def room(self, records: int, gaps: int) -> None:
-        """Make room for ``records`` more step records and ``gaps`` more inter-token gaps."""
+        """Make room for ``records`` more step records and ``gaps`` more inter-token gaps (and hand a
+        sink what it is owed: the records' end is then set where the next hand-over falls due)."""
         ctr = self.ctr
         if ctr[C_REC_POS] + records > self.steps.shape[0]:
             self.steps = _doubled(self.steps, ctr[C_REC_POS] + records, ctr[C_REC_POS])
@@ -64,7 +89,24 @@ class Buffers:
             need, used = ctr[C_ITL_POS] + gaps, ctr[C_ITL_POS]
             self.itl_values = _doubled(self.itl_values, need, used)
             self.itl_weights = _doubled(self.itl_weights, need, used)
-        ctr[C_REC_END], ctr[C_ITL_END] = self.steps.shape[0], self.itl_values.shape[0]
+        end = self.steps.shape[0]
+        sink = self.sink
+        if sink is not None:
+            written = int(ctr[C_REC_POS])
+            if written - self.sent >= sink.every:
+                sink.rows(self.steps, self.sent, written)
+                self.sent = written
+            end = min(end, max(self.sent + sink.every, written + records))
+        ctr[C_REC_END], ctr[C_ITL_END] = end, self.itl_values.shape[0]
+
+    def flush(self) -> None:
+        """Hand the sink the records it has not had (the run's last), and detach it."""
+        sink, self.sink = self.sink, None
+        written = int(self.ctr[C_REC_POS])
+        if sink is not None and written > self.sent:
+            sink.rows(self.steps, self.sent, written)
+        self.sent = written
+        self.ctr[C_REC_END] = self.steps.shape[0]
 
     def __len__(self) -> int:
         return int(self.ctr[C_REC_POS])

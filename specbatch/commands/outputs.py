@@ -37,6 +37,7 @@ SLICE_ROWS = 1 << 16  # rows converted and written at a time (larger slices were
 # ... by sim.csv_rows: a slice's texts, offsets and rows take about 700 bytes a row (a 65,536-row slice
 # raised a 200k-request run's peak by 55 MB, this one by 12 MB, and is no slower)
 COMPILED_SLICE_ROWS = 1 << 14
+STREAM_MIN_REQUESTS = 50_000  # runs this long write steps.csv while the engine runs (StepsFile)
 
 MARKER = "summary.json"
 SPEC_DECODE_FILE = "spec_decode.jsonl"  # per request, vLLM's speculative_decoding objects (when asked)
@@ -74,13 +75,20 @@ def run_to_folder(config: RunConfig, *, default_folder: bool,
         warn(warning)
     locked = output_lock(out, error=lambda message: config.error("output.dir", message)) if out is not None \
         else contextlib.nullcontext()
+    staged = None
     with locked:
-        result = execute(run)
-        staged = None
         try:
-            staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
-            if out is not None:
-                out = write_run(result, out)
+            with staged_dir(out) if out is not None else contextlib.nullcontext() as staging:
+                steps_file = StepsFile.for_run(run, staging)
+                try:
+                    result = execute(run, steps_sink=steps_file)
+                    staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
+                    if staging is not None:
+                        fill_run_folder(result, staging, steps_file)
+                        check_run_dir(out)  # again: the folder is replaced as this block ends
+                finally:
+                    if steps_file is not None:
+                        steps_file.close()
         except BaseException:
             if staged is not None:
                 staged.unlink(missing_ok=True)
@@ -162,18 +170,105 @@ def check_run_dir(out_dir: str | os.PathLike[str]) -> Path:
 def write_run(result: RunResult, out_dir: str | os.PathLike[str]) -> Path:
     out_dir = check_run_dir(out_dir)
     with staged_dir(out_dir) as staging:
-        records = result.config.output.records
-        (staging / "config.toml").write_text(result.config.to_toml())
-        if records != "none":
-            compiled = result.config.engine.jit != "off"
-            write_table(result.request_columns, staging / f"requests.{records}", records, compiled=compiled)
+        fill_run_folder(result, staging)
+    return out_dir
+
+
+def fill_run_folder(result: RunResult, staging: Path, steps_file: "StepsFile | None" = None) -> None:
+    """A run folder's files, into its staging folder; ``steps_file``: the steps, if it holds them already
+    (written while the engine ran; it is waited for here)."""
+    records = result.config.output.records
+    (staging / "config.toml").write_text(result.config.to_toml())
+    if records != "none":
+        compiled = result.config.engine.jit != "off"
+        write_table(result.request_columns, staging / f"requests.{records}", records, compiled=compiled)
+        if steps_file is None or not steps_file.holds(result.step_columns):
             write_table(result.step_columns, staging / f"steps.{records}", records, compiled=compiled,
                         follows=STEP_FOLLOWS)
-        if result.spec_decode_requests is not None:
-            (staging / SPEC_DECODE_FILE).write_text("".join(
-                json.dumps(r, separators=(",", ":")) + "\n" for r in result.spec_decode_requests))
-        (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
-    return out_dir
+    if result.spec_decode_requests is not None:
+        (staging / SPEC_DECODE_FILE).write_text("".join(
+            json.dumps(r, separators=(",", ":")) + "\n" for r in result.spec_decode_requests))
+    (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
+
+
+class StepsFile:
+    """``steps.csv``, written while the engine runs (a :class:`~sim.serving.records.StepSink`).
+
+    A long single-replica run's compiled engine holds no interpreter lock: each :attr:`every` records it
+    hands over are formatted (sim/csv_rows.py, the same bytes :func:`write_table` writes) and written on
+    a thread of their own meanwhile, in order, so that most of the file is on disk when the engine
+    ends. Where the run could not stream (:func:`sim.simulate.execute` says which), the file is
+    written after the run as before (:meth:`holds`).
+    """
+
+    every = 1 << 16  # records a hand-over: a compiled run returns once for each
+
+    def __init__(self, path: Path, format_rows) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.path, self._format_rows = path, format_rows
+        self.streamed: list[str] | None = None  # the columns written, once the run has streamed them all
+        self._columns: list[str] | None = None
+        self._sink = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steps-file")
+        self._pending: list = []
+
+    @classmethod
+    def for_run(cls, run, staging: Path | None) -> "StepsFile | None":
+        """The run's steps file, where writing it while the engine runs applies: a run folder of CSV records,
+        one replica in compiled runs, at least :data:`STREAM_MIN_REQUESTS` requests (a shorter run's steps
+        take less to write than loading the compiled formatter does), the formatter already compiled."""
+        c = run.config
+        if (staging is None or c.output.records != "csv" or c.engine.jit == "off" or c.cluster.replicas != 1
+                or c.cluster.prefill_replicas or len(run.requests) < STREAM_MIN_REQUESTS):
+            return None
+        from sim import csv_rows, jit
+
+        if not jit.numba_available() or not jit.is_warm():
+            return None
+        return cls(staging / "steps.csv", jit.compiled(csv_rows.format_rows))
+
+    def start(self, columns: list[str]) -> None:
+        """The run streams its records' ``columns`` (in the file's order)."""
+        self._columns = list(columns)
+        self._sink = open(self.path, "wb")
+        self._sink.write((",".join(self._columns) + "\n").encode())
+
+    def rows(self, steps: np.ndarray, lo: int, hi: int) -> None:
+        """Queue records ``lo`` to ``hi`` of ``steps`` for writing (they are final: see StepSink)."""
+        # A copy of the slice (as bytes: numpy copies a packed record field by field), not a view: a view
+        # would keep the whole buffer alive after the run has doubled it, until the slice was written.
+        rows = np.empty(hi - lo, steps.dtype)
+        rows.view(np.uint8)[:] = steps[lo:hi].view(np.uint8)
+        arrays = {name: rows[name] for name in self._columns}
+        for done in [f for f in self._pending if f.done()]:
+            done.result()  # a write that failed (a full disk) stops the run here
+            self._pending.remove(done)
+        self._pending.append(self._writer.submit(self._write, arrays, hi - lo))
+
+    def _write(self, arrays: dict[str, np.ndarray], count: int) -> None:
+        from sim.csv_rows import csv_rows
+
+        for at in range(0, count, COMPILED_SLICE_ROWS):
+            self._sink.write(csv_rows(arrays, at, min(count, at + COMPILED_SLICE_ROWS), STEP_FOLLOWS,
+                                      self._format_rows))
+
+    def holds(self, columns: Columns) -> bool:
+        """Whether the file holds the run's steps, ``columns`` (waits for the last writes)."""
+        if self.streamed is None or self.streamed != list(columns):
+            return False
+        for pending in self._pending:
+            pending.result()
+        self._pending = []
+        self._sink.close()
+        return True
+
+    def close(self) -> None:
+        """Stop writing (what is queued and not yet begun is dropped: after a failure or Ctrl-C, the staging
+        folder this file is in is removed) and close the file."""
+        self._writer.shutdown(wait=True, cancel_futures=True)
+        if self._sink is not None:
+            self._sink.close()
 
 
 def write_table(columns: Columns, path: Path, fmt: str, *, compiled: bool = False,

@@ -1,0 +1,159 @@
+"""steps.csv written while the engine runs (specbatch/commands/outputs.py ``StepsFile``): the same bytes as
+written after the run, every record handed over once and in order, nothing left behind when a run fails."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim import jit
+from sim.scheduler.layout import C_REC_END, C_REC_POS, N_COUNTERS
+from sim.serving import compiled
+from sim.serving.records import RECORD_ROOM, STEP_DTYPE, Buffers
+from specbatch.commands import outputs
+
+pytestmark = pytest.mark.skipif(not jit.numba_available(), reason="the steps file streams from compiled runs only")
+
+SMALL = dict(workload__num_requests=300, workload__rate=12.0, workload__prompt_tokens="uniform:16:256",
+             workload__output_tokens="uniform:1:64", engine__max_batch_size=8, engine__jit="on")
+
+
+class Spy:
+    """Records what the run's steps files did."""
+
+    def __init__(self, monkeypatch, every: int) -> None:
+        self.files = []
+        make = outputs.StepsFile.for_run.__func__
+        monkeypatch.setattr(outputs, "STREAM_MIN_REQUESTS", 0)
+        monkeypatch.setattr(jit, "is_warm", lambda: True)  # the formatter compiles here if it must
+        monkeypatch.setattr(outputs.StepsFile, "every", every)
+        monkeypatch.setattr(compiled, "RECORD_ROOM", min(RECORD_ROOM, every))  # hand-overs every `every` records
+        monkeypatch.setattr(outputs.StepsFile, "for_run",
+                            classmethod(lambda cls, run, staging: self.files.append(make(cls, run, staging))
+                                        or self.files[-1]))
+
+
+def folder_bytes(folder) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.name != "config.toml"}
+
+
+@pytest.mark.parametrize("every", [1, 7, 4096, 1 << 16])
+@pytest.mark.parametrize("scheduler", ["vllm-v1", "v0"])
+def test_a_streamed_steps_file_is_the_file_written_after_the_run(run_config, monkeypatch, tmp_path, every, scheduler):
+    config = dict(SMALL, engine__scheduler=scheduler)
+    after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
+    spy = Spy(monkeypatch, every)
+    streamed, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")),
+                                        default_folder=False)
+    assert len(spy.files) == 1 and spy.files[0].streamed == list(streamed.step_columns)
+    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
+    assert all(np.array_equal(streamed.step_columns[name], after.step_columns[name])
+               for name in after.step_columns)
+    assert not [t for t in threading.enumerate() if t.name.startswith("steps-file")]
+
+
+@pytest.mark.parametrize("overrides", [
+    {"engine__jit": "off"},  # stepped in Python: nothing to overlap
+    {"cluster__replicas": 2},  # the cluster's steps are merged after the run
+    {"output__records": "parquet"},
+    {"policy__name": "adaptive"},  # a policy stepped in Python
+])
+def test_runs_that_cannot_stream_write_their_steps_after(run_config, monkeypatch, tmp_path, overrides):
+    spy = Spy(monkeypatch, 16)
+    result, folder = outputs.run_to_folder(run_config(**{**SMALL, **overrides}, output__dir=str(tmp_path / "run")),
+                                           default_folder=False)
+    assert all(f is None or f.streamed is None for f in spy.files)
+    name = "steps.parquet" if overrides.get("output__records") == "parquet" else "steps.csv"
+    assert (folder / name).is_file()
+
+
+def test_a_write_that_fails_fails_the_run_and_leaves_no_folder(run_config, monkeypatch, tmp_path):
+    Spy(monkeypatch, 8)
+
+    def full_disk(self, arrays, count):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(outputs.StepsFile, "_write", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        outputs.run_to_folder(run_config(**SMALL, output__dir=str(tmp_path / "run")), default_folder=False)
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its staging
+
+
+def test_an_interrupted_run_leaves_no_folder_and_stops_writing(run_config, monkeypatch, tmp_path):
+    Spy(monkeypatch, 8)
+    handed = []
+    rows = outputs.StepsFile.rows
+
+    def interrupted(self, steps, lo, hi):
+        rows(self, steps, lo, hi)
+        handed.append(hi)
+        if len(handed) == 3:  # the third of about 190
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(outputs.StepsFile, "rows", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.run_to_folder(run_config(**SMALL, output__dir=str(tmp_path / "run")), default_folder=False)
+    assert list(tmp_path.iterdir()) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("steps-file")]
+
+
+class Collect:
+    """A sink that keeps what it is handed."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.streamed, self.got = every, None, []
+
+    def start(self, columns):
+        pass
+
+    def rows(self, steps, lo, hi):
+        self.got.append(steps[lo:hi].copy())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(every=st.integers(1, 50), writes=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 60)), max_size=30),
+       before=st.integers(0, 20))
+def test_buffers_hand_every_record_over_once_in_order(every, writes, before):
+    """Whatever the run writes between returns (never past the records' end it was given), the sink gets
+    every record once, in order, in hand-overs of at least ``every`` (but the last); the buffers keep them all."""
+    ctr = np.zeros(N_COUNTERS, dtype=np.int64)
+    buffers = Buffers(ctr, capacity=4)
+    written = 0
+
+    def write(count: int) -> None:
+        nonlocal written
+        for _ in range(count):
+            assert ctr[C_REC_POS] < ctr[C_REC_END]  # the end the run was given is room it has
+            buffers.steps[ctr[C_REC_POS]]["start_s"] = written
+            ctr[C_REC_POS] += 1
+            written += 1
+
+    buffers.room(before, 0)
+    write(before)
+    sink = Collect(every)
+    buffers.stream_to(sink)
+    for wanted, count in writes:
+        buffers.room(wanted, 0)
+        write(min(count, int(ctr[C_REC_END] - ctr[C_REC_POS])))  # a compiled run stops at the end it was given
+    buffers.flush()
+    got = np.concatenate(sink.got) if sink.got else np.zeros(0, STEP_DTYPE)
+    assert np.array_equal(got["start_s"], np.arange(written, dtype=np.float64))
+    assert all(len(part) >= every for part in sink.got[1:-1])
+    assert np.array_equal(buffers.steps[:written]["start_s"], np.arange(written, dtype=np.float64))
+    assert buffers.sink is None and ctr[C_REC_END] == buffers.steps.shape[0]
+
+
+def test_a_compiled_run_returns_to_hand_records_over():
+    """The records' end is set at the next hand-over, never below the room asked for."""
+    ctr = np.zeros(N_COUNTERS, dtype=np.int64)
+    buffers = Buffers(ctr)
+    buffers.stream_to(Collect(100))
+    buffers.room(RECORD_ROOM, 0)
+    assert ctr[C_REC_END] == RECORD_ROOM  # room asked for beats a hand-over due sooner
+    buffers.stream_to(Collect(1 << 20))
+    buffers.room(RECORD_ROOM, 0)
+    assert ctr[C_REC_END] == buffers.steps.shape[0]  # a hand-over due later than the buffer's end: the end
