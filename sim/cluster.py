@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.errors import InputError
 from sim.replica import ReplicaPlan
 from sim.router import compiled_rule, make_router
 from sim.scheduler.kvcache import usage
@@ -174,7 +175,8 @@ def replica_threads(replicas: int) -> int:
         try:
             threads = int(value)
         except ValueError:
-            raise ValueError(f"{THREADS_VARIABLE}={value!r}: expected a whole number of threads") from None
+            raise InputError(f"{value!r} is not a whole number of threads", field=THREADS_VARIABLE,
+                             source="the environment") from None
     else:
         try:
             threads = len(os.sched_getaffinity(0))
@@ -190,17 +192,20 @@ def run_apart(arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.nd
     nothing, and no replica stops at requests routed elsewhere (a million requests over four replicas: a
     quarter of a million stops fewer a replica, where the routed cluster stops at each of its own)."""
     count = len(parts)
+    threads = replica_threads(count)
     shares = [np.arange(index, arrival_s.shape[0], count) for index in range(count)]
     loops = [replica.loop(ArrivalQueue(arrival_s[share], inputs[:, share], acceptance_scale[share]), p.policy, p.sampler)
              for share, p in zip(shares, parts)]
-    threads = replica_threads(count)
     if threads == 1:
         for loop in loops:
             simulate_replica(loop)
     else:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="replica") as pool:
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="replica")
+        try:
             for done in [pool.submit(simulate_replica, loop) for loop in loops]:
                 done.result()
+        finally:  # after a failure or Ctrl-C: the replicas not yet started never start
+            pool.shutdown(wait=True, cancel_futures=True)
     for loop in loops:
         loop.close()
     return merge_loops(loops, arrival_s.shape[0], shares)

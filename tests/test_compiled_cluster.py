@@ -162,7 +162,7 @@ def test_replica_threads_follow_the_variable(monkeypatch):
     monkeypatch.setenv(cluster.THREADS_VARIABLE, "0")
     assert cluster.replica_threads(4) == 1
     monkeypatch.setenv(cluster.THREADS_VARIABLE, "many")
-    with pytest.raises(ValueError, match="SPECBATCH_THREADS='many'"):
+    with pytest.raises(ValueError, match="the environment: SPECBATCH_THREADS: 'many' is not a whole number"):
         cluster.replica_threads(4)
     monkeypatch.delenv(cluster.THREADS_VARIABLE)
     assert 1 <= cluster.replica_threads(4) <= 4
