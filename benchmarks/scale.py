@@ -14,8 +14,9 @@ runs (the default scenario: the H100 profile, the chat workload, fixed k = 3, ma
 * engine: the serving loop;
 * metrics: the summary and the request table from the records;
 * writing: the run folder (requests.csv, steps.csv, summary.json, config.toml), after the engine
-  and metrics (a long single replica writes most of steps.csv while its engine runs, as
-  ``specbatch run`` does: its engine and metrics time then includes what that costs them);
+  and metrics (a long single replica writes most of steps.csv while its engine runs and keeps no
+  steps in memory, as ``specbatch run`` does: its engine and metrics time then includes what that
+  costs them);
 
 plus steps per second of the engine and the process's peak RSS. The cases: ``fixed``
 (the default), ``goodput`` (the policy that prices every step), ``replicas`` (4 replicas
@@ -94,7 +95,8 @@ def child(case: str, size: int, trace: str | None) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "run"
         folder.mkdir()
-        steps_file = StepsFile.for_run(run, folder) if StepsFile is not None else None
+        # as specbatch run: its steps kept only in their file, the summary from their totals
+        steps_file = StepsFile.for_run(run, folder, False) if StepsFile is not None else None
         result = execute(run, steps_sink=steps_file) if steps_file is not None else execute(run)
         executed = time.perf_counter()
         peaks["engine_and_metrics"] = peak_mb()

@@ -24,6 +24,8 @@ objects are built by :func:`spec_decode_section` and :func:`per_request_spec_dec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 PERCENTILES = (90, 99)
@@ -184,7 +186,7 @@ def _ranked_between(values: np.ndarray, weights: np.ndarray, ranks: list[int], a
 
 def summarize(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
               first_token_s: np.ndarray, finish_s: np.ndarray, itl_values: np.ndarray, itl_weights: np.ndarray,
-              steps: dict[str, np.ndarray], slos_ms: dict[str, float] | None = None) -> dict[str, float | int]:
+              steps: "dict[str, np.ndarray] | StepTotals", slos_ms: dict[str, float] | None = None) -> dict[str, float | int]:
     done = ~np.isnan(finish_s)
     completed = int(done.sum())
     duration = float(finish_s[done].max()) if completed else 0.0
@@ -216,27 +218,79 @@ def summarize(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     return summary
 
 
-def speculation_stats(steps: dict[str, np.ndarray]) -> dict[str, float | int]:
-    decode = steps["phase"] != 0  # decode steps, and vllm-v1's mixed steps (which decode too)
-    k, running = steps["k"][decode], steps["running"][decode]
-    drafted = int(steps["drafted_tokens"].sum())
-    accepted = int(steps["accepted_tokens"].sum())
-    drafts = int(steps["drafts"].sum())  # rows that proposed (a host matcher's misses and rows a budget cut to 0 did not)
-    busy = float(np.sum(steps["end_s"] - steps["start_s"]))
+STEP_BLOCK = 1 << 16  # steps summed at a time (StepTotals): the same float sums whether a run's steps are whole
+
+
+@dataclass
+class StepTotals:
+    """What the summary takes from the step records, summed over blocks of :data:`STEP_BLOCK` steps in order.
+
+    A run whose steps stay in memory sums them here block by block (:func:`step_totals`); one whose steps
+    go to its file as it runs, kept nowhere (``specbatch run``: sim/serving/records.py ``StepSink``), adds
+    each block as it is handed over: the same blocks, so the same floats. Integer totals are exact; a
+    mean of k or of the batch is its exact integer sum over the count, as numpy's mean of the column is.
+    """
+
+    steps: int = 0
+    decode_steps: int = 0  # decode steps, and vllm-v1's mixed steps (which decode too)
+    drafts: int = 0  # rows that proposed (a host matcher's misses and rows a budget cut to 0 did not)
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    decode_k: int = 0  # k summed over the decode steps
+    decode_running: int = 0  # the batch (rows running) summed over the decode steps
+    busy_s: float = 0.0
+    mixed_steps: int = 0  # vllm-v1
+    prefill_tokens: int = 0  # vllm-v1
+    peak_kv_blocks: int = 0  # vllm-v1
+
+    def add(self, steps: dict[str, np.ndarray]) -> None:
+        """One block's steps (at most :data:`STEP_BLOCK`, starting at a multiple of it)."""
+        phase = steps["phase"]
+        decode = phase != 0
+        self.steps += int(phase.shape[0])
+        self.decode_steps += int(np.count_nonzero(decode))
+        self.drafts += int(steps["drafts"].sum())
+        self.drafted += int(steps["drafted_tokens"].sum())
+        self.accepted += int(steps["accepted_tokens"].sum())
+        self.emitted += int(steps["emitted_tokens"].sum())
+        self.decode_k += int(steps["k"][decode].sum(dtype=np.int64))
+        self.decode_running += int(steps["running"][decode].sum(dtype=np.int64))
+        self.busy_s += float(np.sum(steps["end_s"] - steps["start_s"]))
+        if "kv_blocks" in steps:
+            self.mixed_steps += int(np.count_nonzero(phase == 2))
+            self.prefill_tokens += int(steps["prefill_tokens"].sum(dtype=np.int64))
+            if phase.shape[0]:
+                self.peak_kv_blocks = max(self.peak_kv_blocks, int(steps["kv_blocks"].max()))
+
+
+def step_totals(steps: "dict[str, np.ndarray] | StepTotals") -> StepTotals:
+    """The totals of a run's step columns (or the totals themselves)."""
+    if isinstance(steps, StepTotals):
+        return steps
+    totals = StepTotals()
+    count = len(steps["phase"])
+    for lo in range(0, max(count, 1), STEP_BLOCK):
+        totals.add({name: values[lo:lo + STEP_BLOCK] for name, values in steps.items()})
+    return totals
+
+
+def speculation_stats(steps: "dict[str, np.ndarray] | StepTotals") -> dict[str, float | int]:
+    t = step_totals(steps)
     nan = float("nan")
     return {
-        "num_steps": int(steps["phase"].shape[0]),
-        "num_decode_steps": int(decode.sum()),
-        "num_prefill_steps": int((~decode).sum()),
-        "num_drafts": drafts,
-        "num_draft_tokens": drafted,
-        "num_accepted_tokens": accepted,
-        "acceptance_rate": accepted / drafted if drafted else nan,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else nan,
-        "mean_k": float(k.mean()) if k.size else nan,
-        "mean_batch_size": float(running.mean()) if running.size else nan,
-        "busy_time_s": busy,
-        "token_goodput": float(steps["emitted_tokens"].sum()) / busy if busy > 0 else nan,
+        "num_steps": t.steps,
+        "num_decode_steps": t.decode_steps,
+        "num_prefill_steps": t.steps - t.decode_steps,
+        "num_drafts": t.drafts,
+        "num_draft_tokens": t.drafted,
+        "num_accepted_tokens": t.accepted,
+        "acceptance_rate": t.accepted / t.drafted if t.drafted else nan,
+        "mean_acceptance_length": 1 + t.accepted / t.drafts if t.drafts else nan,
+        "mean_k": t.decode_k / t.decode_steps if t.decode_steps else nan,
+        "mean_batch_size": t.decode_running / t.decode_steps if t.decode_steps else nan,
+        "busy_time_s": t.busy_s,
+        "token_goodput": t.emitted / t.busy_s if t.busy_s > 0 else nan,
     }
 
 
@@ -247,19 +301,18 @@ PREFIX_CACHE_STATS = ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache
                       "resumed_prefix_cache_queries", "resumed_prefix_cache_hits")
 
 
-def scheduler_stats(records, prefix_caching: bool = False) -> dict[str, float | int]:
+def scheduler_stats(records, prefix_caching: bool = False, steps: StepTotals | None = None) -> dict[str, float | int]:
     """The vllm-v1 scheduler's own figures: preemptions, mixed steps, prefill chunks, peak KV blocks;
     and the prefix cache's, as vLLM counts them: prompt tokens looked up and found when requests
     are first scheduled (the hit rate is their ratio), and apart from those, the look-ups of
-    preempted requests resumed."""
-    steps = records.steps
-    mixed = steps["phase"] == 2
+    preempted requests resumed. ``steps``: the step totals, where the records keep no steps."""
+    t = step_totals(records.steps if steps is None else steps)
     out = dict(zip(SCHEDULER_STATS, (
         int(records.preemptions.sum()),
         int(np.count_nonzero(records.preemptions)),
-        int(mixed.sum()),
-        int(steps["prefill_tokens"].sum(dtype=np.int64)),
-        int(steps["kv_blocks"].max()) if steps["kv_blocks"].size else 0,
+        t.mixed_steps,
+        t.prefill_tokens,
+        t.peak_kv_blocks,
     )))
     if prefix_caching:
         counters = records.scheduler or {}

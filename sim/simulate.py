@@ -31,7 +31,7 @@ from sim.disaggregated import disaggregated_section, run_disaggregated, transfer
 from sim.errors import InputError
 from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
-                         spec_decode_section, summarize)
+                         spec_decode_section, summarize, StepTotals)
 from sim.costmodel.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
 from sim.replica import ReplicaPlan
 from sim.scheduler import kv_reserve
@@ -130,7 +130,7 @@ class RunResult:
     config: RunConfig
     profile: Profile
     request_columns: Columns  # one entry per requests.csv column
-    step_columns: Columns     # one entry per steps.csv column
+    step_columns: Columns | None  # one entry per steps.csv column (None: written to the run folder only)
     summary: dict
     warnings: list[str]
     wall_s: float
@@ -153,6 +153,8 @@ class RunResult:
 
     @cached_property
     def steps(self) -> "pd.DataFrame":
+        if self.step_columns is None:
+            raise ValueError("this run kept no steps in memory: they are in its run folder's steps.csv")
         return as_frame(self.step_columns)
 
 
@@ -484,7 +486,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_si
     (:class:`~sim.serving.records.StepSink`): handed the step records as a single replica's compiled
     run writes them (a run folder's steps file, written while the engine runs); its ``streamed`` is set
     to the steps' columns once it has had them all, and left None where the run could not stream
-    (anything but a single replica in compiled runs)."""
+    (anything but a single replica in compiled runs). A sink that keeps no steps leaves the result none
+    (``step_columns`` None; the summary is taken from their totals, the same figures)."""
     started = time.perf_counter()
     config, requests = run.config, run.requests
     count = config.cluster.replicas
@@ -537,10 +540,11 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_si
         per_request_steps(samplers, len(requests)), run.policy.max_k, detail == "detailed")
     if records.preemptions is not None:  # vllm-v1 (a v0 summary stays as it was)
         summary.update(scheduler_stats(records, prefix_caching=config.engine.enable_prefix_caching))
+    kept = not isinstance(records.steps, StepTotals)  # else only their totals: the steps went to a file
     table = request_columns(requests, run.alphas, records)
     queue = run_check(config.workload, requests.arrival_s, records.scheduled_s, records.finish_s)  # a growing queue says so
     warnings = list(run.warnings) + ([queue.warning()] if queue is not None and queue.grows else [])
-    steps = dict(records.steps)
+    steps = dict(records.steps) if kept else None
     breakdown = None
     extra = {"queue": queue.document()} if queue is not None else {}
     if disaggregated is not None:
@@ -620,10 +624,13 @@ def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, b
     simulate_replica(loop)
     engine_wall = time.perf_counter() - started
     loop.close()  # cycles back to the loop would keep its arrays and the queue until the GC ran
-    records = loop.records()
     if streaming:
+        columns = list(loop.records().steps)
         buffers.flush()
-        steps_sink.streamed = list(records.steps)
+        steps_sink.streamed = columns
+    records = loop.records()
+    if streaming and not steps_sink.keeps:  # the steps are in the sink's file: the summary takes their totals
+        records.steps = buffers.totals
     return records, (queue.sent_s if limit is not None else None), engine_wall
 
 

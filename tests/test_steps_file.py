@@ -1,5 +1,6 @@
 """steps.csv written while the engine runs (specbatch/commands/outputs.py ``StepsFile``): the same bytes as
-written after the run, every record handed over once and in order, nothing left behind when a run fails."""
+written after the run, and the same summary whether the run keeps its steps or only their totals; every
+record handed over once and in order; nothing left behind when a run fails."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim import jit
+from sim import jit, metrics
 from sim.scheduler.layout import C_REC_END, C_REC_POS, N_COUNTERS
 from sim.serving import compiled
 from sim.serving.records import RECORD_ROOM, STEP_DTYPE, Buffers
@@ -31,29 +32,54 @@ class Spy:
         monkeypatch.setattr(outputs, "STREAM_MIN_REQUESTS", 0)
         monkeypatch.setattr(jit, "is_warm", lambda: True)  # the formatter compiles here if it must
         monkeypatch.setattr(outputs.StepsFile, "every", every)
+        monkeypatch.setattr(metrics, "STEP_BLOCK", every)  # a sink that keeps no steps takes blocks of it
         monkeypatch.setattr(compiled, "RECORD_ROOM", min(RECORD_ROOM, every))  # hand-overs every `every` records
         monkeypatch.setattr(outputs.StepsFile, "for_run",
-                            classmethod(lambda cls, run, staging: self.files.append(make(cls, run, staging))
-                                        or self.files[-1]))
+                            classmethod(lambda cls, run, staging, keep=True: self.files.append(
+                                make(cls, run, staging, keep)) or self.files[-1]))
 
 
 def folder_bytes(folder) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.name != "config.toml"}
 
 
+@pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("every", [1, 7, 4096, 1 << 16])
 @pytest.mark.parametrize("scheduler", ["vllm-v1", "v0"])
-def test_a_streamed_steps_file_is_the_file_written_after_the_run(run_config, monkeypatch, tmp_path, every, scheduler):
+def test_a_streamed_steps_file_is_the_file_written_after_the_run(run_config, monkeypatch, tmp_path, every, scheduler,
+                                                                  keep):
+    """The same files, summary.json included, whether the run keeps its steps or only their totals (summed in
+    the same blocks either way: the blocks are ``every`` here)."""
     config = dict(SMALL, engine__scheduler=scheduler)
+    monkeypatch.setattr(metrics, "STEP_BLOCK", every)
     after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
     spy = Spy(monkeypatch, every)
     streamed, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")),
-                                        default_folder=False)
-    assert len(spy.files) == 1 and spy.files[0].streamed == list(streamed.step_columns)
+                                        default_folder=False, keep_steps=keep)
+    assert len(spy.files) == 1 and spy.files[0].streamed == list(after.step_columns)
     assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
-    assert all(np.array_equal(streamed.step_columns[name], after.step_columns[name])
-               for name in after.step_columns)
+    assert streamed.summary == after.summary
+    if keep:
+        assert all(np.array_equal(streamed.step_columns[name], after.step_columns[name])
+                   for name in after.step_columns)
+    else:
+        assert streamed.step_columns is None
+        with pytest.raises(ValueError, match="kept no steps in memory"):
+            streamed.steps
     assert not [t for t in threading.enumerate() if t.name.startswith("steps-file")]
+
+
+def test_specbatch_run_keeps_no_steps_unless_a_result_file_reads_them(monkeypatch, tmp_path, synthetic_profile):
+    from specbatch.commands.cli import main
+
+    kept = []
+    run = outputs.run_to_folder
+    monkeypatch.setattr(outputs, "run_to_folder", lambda *a, **k: (kept.append(k["keep_steps"]), run(*a, **k))[1])
+    common = ["run", "--profile", str(synthetic_profile), "--num-requests", "20", "--quiet"]
+    assert main(common + ["--out", str(tmp_path / "a")]) == 0
+    assert main(common + ["--out", str(tmp_path / "b"), "--save-result",
+                          "--result-filename", str(tmp_path / "bench.json")]) == 0
+    assert kept == [False, True]
 
 
 @pytest.mark.parametrize("overrides", [
@@ -104,8 +130,8 @@ def test_an_interrupted_run_leaves_no_folder_and_stops_writing(run_config, monke
 class Collect:
     """A sink that keeps what it is handed."""
 
-    def __init__(self, every: int) -> None:
-        self.every, self.streamed, self.got = every, None, []
+    def __init__(self, every: int, keeps: bool = True) -> None:
+        self.every, self.keeps, self.streamed, self.got = every, keeps, None, []
 
     def start(self, columns):
         pass
@@ -114,37 +140,56 @@ class Collect:
         self.got.append(steps[lo:hi].copy())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(every=st.integers(1, 50), writes=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 60)), max_size=30),
-       before=st.integers(0, 20))
-def test_buffers_hand_every_record_over_once_in_order(every, writes, before):
+       before=st.integers(0, 20), keeps=st.booleans())
+def test_buffers_hand_every_record_over_once_in_order(every, writes, before, keeps):
     """Whatever the run writes between returns (never past the records' end it was given), the sink gets
-    every record once, in order, in hand-overs of at least ``every`` (but the last); the buffers keep them all."""
+    every record once, in order, in blocks of ``every`` from the first (but the last); the buffers keep them
+    all, or (a sink that keeps none) their totals, summed block by block as the whole run's would be."""
     ctr = np.zeros(N_COUNTERS, dtype=np.int64)
     buffers = Buffers(ctr, capacity=4)
     written = 0
+    rng = np.random.default_rng(every + 100 * len(writes))
+    largest = 0
 
     def write(count: int) -> None:
-        nonlocal written
+        nonlocal written, largest
         for _ in range(count):
             assert ctr[C_REC_POS] < ctr[C_REC_END]  # the end the run was given is room it has
-            buffers.steps[ctr[C_REC_POS]]["start_s"] = written
+            rec = buffers.steps[ctr[C_REC_POS]]
+            for name in STEP_DTYPE.names:
+                rec[name] = rng.integers(0, 3) if name == "phase" else rng.integers(0, 9)
+            rec["start_s"] = written
+            rec["end_s"] = written + rng.random()
             ctr[C_REC_POS] += 1
             written += 1
+        largest = max(largest, buffers.steps.shape[0])
 
     buffers.room(before, 0)
     write(before)
-    sink = Collect(every)
-    buffers.stream_to(sink)
-    for wanted, count in writes:
-        buffers.room(wanted, 0)
-        write(min(count, int(ctr[C_REC_END] - ctr[C_REC_POS])))  # a compiled run stops at the end it was given
-    buffers.flush()
-    got = np.concatenate(sink.got) if sink.got else np.zeros(0, STEP_DTYPE)
-    assert np.array_equal(got["start_s"], np.arange(written, dtype=np.float64))
-    assert all(len(part) >= every for part in sink.got[1:-1])
-    assert np.array_equal(buffers.steps[:written]["start_s"], np.arange(written, dtype=np.float64))
-    assert buffers.sink is None and ctr[C_REC_END] == buffers.steps.shape[0]
+    sink = Collect(every, keeps)
+    metrics_block = metrics.STEP_BLOCK
+    metrics.STEP_BLOCK = every
+    try:
+        buffers.stream_to(sink)
+        for wanted, count in writes:
+            buffers.room(wanted, 0)
+            write(min(count, int(ctr[C_REC_END] - ctr[C_REC_POS])))  # a compiled run stops at the end it was given
+        buffers.flush()
+        got = np.concatenate(sink.got) if sink.got else np.zeros(0, STEP_DTYPE)
+        assert np.array_equal(got["start_s"], np.arange(written, dtype=np.float64))
+        assert all(len(part) == every for part in sink.got[:-1])
+        assert len(buffers) == written and buffers.sink is None and ctr[C_REC_END] == buffers.steps.shape[0]
+        if keeps:
+            assert buffers.steps[:written].tobytes() == got.tobytes()
+        else:
+            whole = {name: got[name] for name in STEP_DTYPE.names}
+            assert buffers.totals == metrics.step_totals(whole)
+            assert ctr[C_REC_POS] == 0
+            assert largest <= 4 * (every + 60 + 20)  # a block and a run's room, doubled: not the whole run
+    finally:
+        metrics.STEP_BLOCK = metrics_block
 
 
 def test_a_compiled_run_returns_to_hand_records_over():
@@ -154,6 +199,7 @@ def test_a_compiled_run_returns_to_hand_records_over():
     buffers.stream_to(Collect(100))
     buffers.room(RECORD_ROOM, 0)
     assert ctr[C_REC_END] == RECORD_ROOM  # room asked for beats a hand-over due sooner
+    buffers.flush()
     buffers.stream_to(Collect(1 << 20))
     buffers.room(RECORD_ROOM, 0)
     assert ctr[C_REC_END] == buffers.steps.shape[0]  # a hand-over due later than the buffer's end: the end

@@ -48,19 +48,26 @@ ITL_ROOM = 8192  # ... and inter-token gaps beyond one per row
 class StepSink(Protocol):
     """Where a run's finished step records go while it runs (specbatch/commands/outputs.py's steps file)."""
 
-    every: int  # records between hand-overs: a compiled run returns to hand them over
+    every: int  # records a hand-over: a compiled run returns to hand them over
+    keeps: bool  # whether the run keeps its records too (else only their totals: sim.metrics.StepTotals)
     streamed: list[str] | None  # set by the run once the sink has had every record: the steps' columns
 
     def start(self, columns: list[str]) -> None:
         """The records' fields to take, in order, before the first :meth:`rows`."""
 
     def rows(self, steps: np.ndarray, lo: int, hi: int) -> None:
-        """Records ``lo`` to ``hi`` of ``steps`` are final; the array is never written there again."""
+        """Records ``lo`` to ``hi`` of ``steps`` are final (``every`` of them, the run's last excepted); the
+        array is not written there again while the sink has it (the call's duration, where it keeps none)."""
 
 
 class Buffers:
     """The step records and the inter-token gaps (value, count), growing by doubling; finished
-    records handed to a :class:`StepSink` as the run goes, where one is attached (:meth:`stream_to`)."""
+    records handed to a :class:`StepSink` as the run goes, where one is attached (:meth:`stream_to`).
+
+    A sink that does not keep the records has them handed over ``every`` at a time from the first,
+    and each block is added to :attr:`totals` (what the summary needs of them, in sim.metrics'
+    blocks) and its room reused: the buffer then holds at most a block and a compiled run's room.
+    """
 
     def __init__(self, ctr: np.ndarray, capacity: int = 4096) -> None:
         self.steps = np.empty(capacity, STEP_DTYPE)
@@ -68,21 +75,30 @@ class Buffers:
         self.itl_weights = np.empty(capacity, dtype=np.int64)
         self.ctr = ctr
         self.sink: StepSink | None = None
-        self.sent = 0  # records handed to the sink
+        self.sent = 0  # records handed to the sink (of those in the buffer)
+        self.dropped = 0  # records handed over and dropped from the buffer (a sink that keeps none)
+        self.totals = None  # sim.metrics.StepTotals of the dropped records
         ctr[C_REC_POS] = ctr[C_ITL_POS] = 0
         ctr[C_REC_END] = ctr[C_ITL_END] = capacity
 
     def stream_to(self, sink: StepSink) -> None:
         """Hand ``sink`` every record once it is written, ``sink.every`` at a time (and the rest at :meth:`flush`)."""
-        self.sink, self.sent = sink, int(self.ctr[C_REC_POS])
-        if self.sent:
-            sink.rows(self.steps, 0, self.sent)
-        self.ctr[C_REC_END] = min(self.ctr[C_REC_END], self.sent + sink.every)
+        if not sink.keeps:
+            from sim.metrics import STEP_BLOCK, StepTotals
+
+            if sink.every != STEP_BLOCK:
+                raise ValueError(f"a sink that keeps no records takes them {STEP_BLOCK} at a time (sim.metrics)")
+            self.totals = StepTotals()
+        self.sink, self.sent = sink, 0
+        self.room(0, 0)
 
     def room(self, records: int, gaps: int) -> None:
         """Make room for ``records`` more step records and ``gaps`` more inter-token gaps (and hand a
         sink what it is owed: the records' end is then set where the next hand-over falls due)."""
         ctr = self.ctr
+        sink = self.sink
+        if sink is not None:
+            self._hand_over(sink)
         if ctr[C_REC_POS] + records > self.steps.shape[0]:
             self.steps = _doubled(self.steps, ctr[C_REC_POS] + records, ctr[C_REC_POS])
         if ctr[C_ITL_POS] + gaps > self.itl_values.shape[0]:
@@ -90,26 +106,48 @@ class Buffers:
             self.itl_values = _doubled(self.itl_values, need, used)
             self.itl_weights = _doubled(self.itl_weights, need, used)
         end = self.steps.shape[0]
-        sink = self.sink
         if sink is not None:
-            written = int(ctr[C_REC_POS])
-            if written - self.sent >= sink.every:
-                sink.rows(self.steps, self.sent, written)
-                self.sent = written
-            end = min(end, max(self.sent + sink.every, written + records))
+            end = min(end, max(self.sent + sink.every, int(ctr[C_REC_POS]) + records))
         ctr[C_REC_END], ctr[C_ITL_END] = end, self.itl_values.shape[0]
+
+    def _hand_over(self, sink: StepSink) -> None:
+        """Hand over every whole block written; a sink that keeps none: total them and reuse their room."""
+        written = int(self.ctr[C_REC_POS])
+        while written - self.sent >= sink.every:
+            self._give(sink, self.sent, self.sent + sink.every)
+        if not sink.keeps and self.sent:
+            self._drop(written)
+
+    def _give(self, sink: StepSink, lo: int, hi: int) -> None:
+        sink.rows(self.steps, lo, hi)
+        if self.totals is not None:
+            block = self.steps[lo:hi]
+            self.totals.add({name: block[name] for name in STEP_DTYPE.names})
+        self.sent = hi
+
+    def _drop(self, written: int) -> None:
+        """Move the records not yet handed over to the front (as bytes: see :func:`_doubled`)."""
+        tail = written - self.sent
+        self.steps[:tail].view(np.uint8)[:] = self.steps[self.sent:written].view(np.uint8)
+        self.dropped += self.sent
+        self.ctr[C_REC_POS] = tail
+        self.sent = 0
 
     def flush(self) -> None:
         """Hand the sink the records it has not had (the run's last), and detach it."""
         sink, self.sink = self.sink, None
-        written = int(self.ctr[C_REC_POS])
-        if sink is not None and written > self.sent:
-            sink.rows(self.steps, self.sent, written)
-        self.sent = written
+        if sink is not None:
+            self._hand_over(sink)  # whole blocks first: the last is the only short one
+            written = int(self.ctr[C_REC_POS])
+            if written > self.sent:
+                self._give(sink, self.sent, written)
+            if not sink.keeps:
+                self._drop(written)
+        self.sent = int(self.ctr[C_REC_POS])
         self.ctr[C_REC_END] = self.steps.shape[0]
 
     def __len__(self) -> int:
-        return int(self.ctr[C_REC_POS])
+        return self.dropped + int(self.ctr[C_REC_POS])
 
     def step_columns(self, v1: bool) -> dict[str, np.ndarray]:
         """The steps so far, one view per field (a v0 run's without the vllm-v1 fields)."""

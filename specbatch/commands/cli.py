@@ -253,8 +253,9 @@ def _simulate(args: argparse.Namespace) -> int:
     saved = vllm_bench.result_path(args, config)
     if saved is not None:
         check_output(saved, folder=False, field="result", source="--result-filename")
-    result, out = run_to_folder(config, default_folder=True,
-                                warn=lambda warning: print(f"warning: {warning}", file=sys.stderr))
+    result, out = run_to_folder(config, default_folder=True,  # a vLLM result file reads the steps: keep them
+                                warn=lambda warning: print(f"warning: {warning}", file=sys.stderr),
+                                keep_steps=saved is not None)
     if saved is not None:
         vllm_bench.write_result(saved, result, *(chosen or vllm_bench.default_selection()), args.save_detailed)
     global _NOTHING_LEFT_TO_DO

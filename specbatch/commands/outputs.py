@@ -29,7 +29,7 @@ from sim.atomic_write import staged_dir
 from specbatch.commands.described import describe, policy_k_max
 from sim.config import RunConfig
 from sim.errors import InputError
-from sim.metrics import percentile_word
+from sim.metrics import STEP_BLOCK, percentile_word
 from sim.simulate import Columns, RunResult
 
 STEP_FOLLOWS = {"start_s": "end_s"}  # a step starts when the one before it ended: its text is reused
@@ -47,8 +47,8 @@ def default_output_dir(result_digest: str) -> Path:
     return Path("runs") / result_digest
 
 
-def run_to_folder(config: RunConfig, *, default_folder: bool,
-                  warn: Callable[[str], None] = lambda warning: None) -> tuple[RunResult, Path | None]:
+def run_to_folder(config: RunConfig, *, default_folder: bool, warn: Callable[[str], None] = lambda warning: None,
+                  keep_steps: bool = True) -> tuple[RunResult, Path | None]:
     """One run from a resolved config to its folder: what ``specbatch run`` and ``specbatch.run`` both do.
 
     Everything that can fail fails first (docs/errors.md): the inputs (``prepare``), then every
@@ -56,7 +56,9 @@ def run_to_folder(config: RunConfig, *, default_folder: bool,
     run into it is refused, and the folder and the timeline appear whole or not at all.
     ``default_folder``: without ``output.dir``, write to runs/<digest> (the command line) rather
     than nowhere (the API). ``warn`` hears each warning once: the preparation's before the run,
-    the run's own (a queue that grows without bound) after it.
+    the run's own (a queue that grows without bound) after it. ``keep_steps=False``: a run whose steps
+    go to its folder's file as it runs (:class:`StepsFile`) keeps none in memory (the result's
+    ``step_columns`` is None; ``specbatch run`` needs only the summary).
     """
     from sim.atomic_write import output_lock, output_problem
     from specbatch.commands.timeline import check_writable, commit, remove_folders, stage_timeline
@@ -79,7 +81,7 @@ def run_to_folder(config: RunConfig, *, default_folder: bool,
     with locked:
         try:
             with staged_dir(out) if out is not None else contextlib.nullcontext() as staging:
-                steps_file = StepsFile.for_run(run, staging)
+                steps_file = StepsFile.for_run(run, staging, keep_steps)
                 try:
                     result = execute(run, steps_sink=steps_file)
                     staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
@@ -201,12 +203,12 @@ class StepsFile:
     written after the run as before (:meth:`holds`).
     """
 
-    every = 1 << 16  # records a hand-over: a compiled run returns once for each
+    every = STEP_BLOCK  # records a hand-over: a compiled run returns once for each
 
-    def __init__(self, path: Path, format_rows) -> None:
+    def __init__(self, path: Path, format_rows, keeps: bool = True) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        self.path, self._format_rows = path, format_rows
+        self.path, self._format_rows, self.keeps = path, format_rows, keeps
         self.streamed: list[str] | None = None  # the columns written, once the run has streamed them all
         self._columns: list[str] | None = None
         self._sink = None
@@ -214,19 +216,19 @@ class StepsFile:
         self._pending: list = []
 
     @classmethod
-    def for_run(cls, run, staging: Path | None) -> "StepsFile | None":
+    def for_run(cls, run, staging: Path | None, keep_steps: bool = True) -> "StepsFile | None":
         """The run's steps file, where writing it while the engine runs applies: a run folder of CSV records,
         one replica in compiled runs, at least :data:`STREAM_MIN_REQUESTS` requests (a shorter run's steps
         take less to write than loading the compiled formatter does), the formatter already compiled."""
         c = run.config
         if (staging is None or c.output.records != "csv" or c.engine.jit == "off" or c.cluster.replicas != 1
-                or c.cluster.prefill_replicas or len(run.requests) < STREAM_MIN_REQUESTS):
+                or c.cluster.prefill_replicas or c.output.timeline or len(run.requests) < STREAM_MIN_REQUESTS):
             return None
         from sim import csv_rows, jit
 
         if not jit.numba_available() or not jit.is_warm():
             return None
-        return cls(staging / "steps.csv", jit.compiled(csv_rows.format_rows))
+        return cls(staging / "steps.csv", jit.compiled(csv_rows.format_rows), keep_steps)
 
     def start(self, columns: list[str]) -> None:
         """The run streams its records' ``columns`` (in the file's order)."""
@@ -253,9 +255,9 @@ class StepsFile:
             self._sink.write(csv_rows(arrays, at, min(count, at + COMPILED_SLICE_ROWS), STEP_FOLLOWS,
                                       self._format_rows))
 
-    def holds(self, columns: Columns) -> bool:
-        """Whether the file holds the run's steps, ``columns`` (waits for the last writes)."""
-        if self.streamed is None or self.streamed != list(columns):
+    def holds(self, columns: Columns | None) -> bool:
+        """Whether the file holds the run's steps, ``columns`` (None: kept nowhere else); waits for the last writes."""
+        if self.streamed is None or (columns is not None and self.streamed != list(columns)):
             return False
         for pending in self._pending:
             pending.result()
