@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim import metrics
 from sim.errors import InputError
+from sim.metrics import StepTotals
 from sim.replica import ReplicaPlan
 from sim.router import compiled_rule, make_router
 from sim.scheduler.kvcache import usage
@@ -52,19 +54,31 @@ class ClusterRecords:
     sent_s: np.ndarray | None = None  # with a concurrency limit: when the client sent each request
     replica_counters: list[dict | None] | None = None  # vllm-v1: each replica's scheduler totals (prefix cache...)
 
-    def per_replica(self):
+    def per_replica(self, step_totals: bool = False):
         """Each replica's own records, indexed like ``request_ids``: built one at a time from the
-        merged ones (a replica's steps are the merged steps it ran, in their order)."""
+        merged ones (a replica's steps are the merged steps it ran, in their order). ``step_totals``:
+        each replica's steps as their totals (what its summary takes), gathered a block at a time
+        rather than copied whole."""
         m = self.merged
         for index, ids in enumerate(self.request_ids):
             mine = np.flatnonzero(self.step_replica == index)  # once: a mask would be searched again per column
             lo, hi = self.itl_bounds[index], self.itl_bounds[index + 1]
+            steps = _step_totals_of(m.steps, mine) if step_totals else {f: v[mine] for f, v in m.steps.items()}
             yield ReplicaRecords(m.scheduled_s[ids], m.first_token_s[ids], m.finish_s[ids], m.decode_steps[ids],
                                  m.drafted_tokens[ids], m.accepted_tokens[ids],
-                                 {f: v[mine] for f, v in m.steps.items()}, m.itl_values[lo:hi], m.itl_weights[lo:hi],
+                                 steps, m.itl_values[lo:hi], m.itl_weights[lo:hi],
                                  None if m.preemptions is None else m.preemptions[ids],
                                  None if m.cached_tokens is None else m.cached_tokens[ids],
                                  None if self.replica_counters is None else self.replica_counters[index])
+
+
+def _step_totals_of(steps: dict[str, np.ndarray], rows: np.ndarray) -> StepTotals:
+    """The totals of ``steps[rows]``, in sim.metrics' blocks of those rows (what step_totals of the copy gives)."""
+    totals = StepTotals()
+    for lo in range(0, max(rows.shape[0], 1), metrics.STEP_BLOCK):
+        block = rows[lo:lo + metrics.STEP_BLOCK]
+        totals.add({f: v[block] for f, v in steps.items()})
+    return totals
 
 
 class ReplicaSignals:

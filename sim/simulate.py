@@ -558,7 +558,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_si
         table["replica"] = cluster.replica_of
         steps["replica"] = cluster.step_replica
         breakdown = replica_breakdown(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
-                                      cluster.request_ids, cluster.per_replica(), summary["duration_s"],
+                                      cluster.request_ids, cluster.per_replica(step_totals=True),
+                                      summary["duration_s"],
                                       prefix_caching=config.engine.enable_prefix_caching)
     return RunResult(config, run.profile, table, steps, summary, warnings,
                      time.perf_counter() - started, engine_wall, by_label(table), breakdown,

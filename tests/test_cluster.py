@@ -285,6 +285,24 @@ def test_each_replicas_records_are_rebuilt_from_the_merged_ones(run_config, monk
                 assert np.array_equal(values, getattr(back, name), equal_nan=True), name
 
 
+@pytest.mark.parametrize("block", [7, 1 << 16])
+def test_each_replicas_step_totals_are_those_of_its_steps(run_config, monkeypatch, block):
+    """The breakdown takes each replica's steps as totals gathered a block at a time: the totals of the copy."""
+    import sim.cluster as cluster
+    from sim import metrics
+
+    monkeypatch.setattr(metrics, "STEP_BLOCK", block)
+    records = []
+    merge = cluster.merge_loops
+    monkeypatch.setattr(cluster, "merge_loops", lambda *args: records.append(merge(*args)) or records[-1])
+    execute(prepare(run_config(**SMALL, workload__rate=30.0, cluster__replicas=3, engine__max_batch_size=4,
+                               engine__scheduler="vllm-v1")))
+    whole = [metrics.step_totals(rec.steps) for rec in records[0].per_replica()]
+    assert [rec.steps for rec in records[0].per_replica(step_totals=True)] == whole
+    assert sum(t.steps for t in whole) == len(records[0].step_replica)
+    assert block > 7 or min(t.steps for t in whole) > 3 * block  # several blocks a replica
+
+
 @pytest.mark.parametrize("limit", [None, 2, 3, 5])
 @pytest.mark.parametrize("output", ["8", "uniform:1:6"])
 @pytest.mark.parametrize("router", ["least-requests", "least-tokens"])
