@@ -16,7 +16,8 @@ prefix-aware router its waiting queue and KV cache, read-only.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,11 +215,21 @@ def run_apart(arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.nd
         for loop in loops:
             simulate_replica(loop)
     else:
+        stop = threading.Event()
+        for loop in loops:
+            if loop.compiled_runs is not None:
+                loop.compiled_runs.stop = stop
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="replica")
         try:
-            for done in [pool.submit(simulate_replica, loop) for loop in loops]:
-                done.result()
-        finally:  # after a failure or Ctrl-C: the replicas not yet started never start
+            running = [pool.submit(simulate_replica, loop) for loop in loops]
+            done, _ = wait(running, return_when=FIRST_EXCEPTION)
+            for future in running:  # the first failure, in the replicas' order
+                if future in done and future.exception() is not None:
+                    raise future.exception()
+        finally:
+            # After a failure or Ctrl-C (which only the main thread hears): replicas not yet started never
+            # start, and running ones stop at their compiled run's next return to Python.
+            stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
     for loop in loops:
         loop.close()

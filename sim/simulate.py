@@ -31,7 +31,7 @@ from sim.disaggregated import disaggregated_section, run_disaggregated, transfer
 from sim.errors import InputError
 from sim.limits import memory_problem, table_bytes
 from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
-                         spec_decode_section, summarize, StepTotals)
+                         spec_decode_section, step_totals, summarize, StepTotals)
 from sim.costmodel.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
 from sim.replica import ReplicaPlan
 from sim.scheduler import kv_reserve
@@ -531,15 +531,16 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_si
     if latency:  # the frontend's share: the client sees every token that much later (TTFT, E2E; not ITL)
         records.first_token_s += latency
         records.finish_s += latency
+    totals = step_totals(records.steps)
     summary = summarize(requests.arrival_s, requests.prompt_tokens, requests.output_tokens, records.first_token_s,
-                        records.finish_s, records.itl_values, records.itl_weights, records.steps,
+                        records.finish_s, records.itl_values, records.itl_weights, totals,
                         config.output.goodput)
     spec_decode = spec_decode_section(summary, accepted_per_position(samplers, run.table.k_max))
     detail = config.output.per_request_spec_decode_metrics
     per_request = None if detail == "none" else per_request_spec_decode(
         per_request_steps(samplers, len(requests)), run.policy.max_k, detail == "detailed")
     if records.preemptions is not None:  # vllm-v1 (a v0 summary stays as it was)
-        summary.update(scheduler_stats(records, prefix_caching=config.engine.enable_prefix_caching))
+        summary.update(scheduler_stats(records, prefix_caching=config.engine.enable_prefix_caching, steps=totals))
     kept = not isinstance(records.steps, StepTotals)  # else only their totals: the steps went to a file
     table = request_columns(requests, run.alphas, records)
     queue = run_check(config.workload, requests.arrival_s, records.scheduled_s, records.finish_s)  # a growing queue says so

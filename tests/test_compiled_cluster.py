@@ -145,6 +145,56 @@ def test_small_random_round_robin_clusters_run_apart_are_the_routed_ones(run_con
     assert_identical(routed, split)
 
 
+def replicas_told_to_stop(run_config, monkeypatch, fail):
+    """Run a 3-replica round-robin cluster on 2 threads where ``fail(loops)`` raises in the main thread or a
+    replica's; returns what each replica's run came to."""
+    from sim.serving.compiled import RunStopped
+
+    monkeypatch.setenv(cluster.THREADS_VARIABLE, "2")
+    monkeypatch.setattr("sim.speculation.acceptance.DRAW_BLOCK", 64)  # a compiled run returns every few steps
+    outcome = {}
+    simulate = cluster.simulate_replica
+
+    def replica(loop):
+        index = len(outcome)
+        outcome[index] = "started"
+        fail(index)
+        try:
+            simulate(loop)
+        except RunStopped:
+            outcome[index] = "stopped"
+            raise
+        outcome[index] = "finished"
+
+    monkeypatch.setattr(cluster, "simulate_replica", replica)
+    return outcome
+
+
+def test_a_replica_that_fails_stops_the_others(run_config, monkeypatch):
+    def fail(index):
+        if index == 1:
+            raise ValueError("replica 1 broke")
+
+    outcome = replicas_told_to_stop(run_config, monkeypatch, fail)
+    with pytest.raises(ValueError, match="replica 1 broke"):
+        execute(prepare(run_config(**{**SMALL, "workload__num_requests": 6000, "workload__rate": 600.0},
+                                   cluster__router="round-robin", cluster__replicas=3)))
+    assert outcome[0] == "stopped" and outcome.get(2, "never started") in ("stopped", "never started")
+
+
+def test_an_interrupt_stops_replicas_running_on_threads(run_config, monkeypatch):
+    outcome = replicas_told_to_stop(run_config, monkeypatch, lambda index: None)
+
+    def interrupted(futures, return_when):
+        raise KeyboardInterrupt  # what Ctrl-C does to the main thread waiting on the replicas
+
+    monkeypatch.setattr(cluster, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        execute(prepare(run_config(**{**SMALL, "workload__num_requests": 6000, "workload__rate": 600.0},
+                                   cluster__router="round-robin", cluster__replicas=3)))
+    assert "finished" not in outcome.values() and "stopped" in outcome.values()
+
+
 def test_what_runs_routed_rather_than_apart():
     arrivals = np.array([0.0, 0.1, 0.2])
     assert cluster.runs_apart("round-robin", arrivals, None, 2)

@@ -161,7 +161,7 @@ def test_buffers_hand_every_record_over_once_in_order(every, writes, before, kee
             for name in STEP_DTYPE.names:
                 rec[name] = rng.integers(0, 3) if name == "phase" else rng.integers(0, 9)
             rec["start_s"] = written
-            rec["end_s"] = written + rng.random()
+            rec["end_s"] = written + (1e12 if rng.random() < 0.2 else 1e-3 * rng.random())  # another grouping rounds otherwise
             ctr[C_REC_POS] += 1
             written += 1
         largest = max(largest, buffers.steps.shape[0])
@@ -179,7 +179,7 @@ def test_buffers_hand_every_record_over_once_in_order(every, writes, before, kee
         buffers.flush()
         got = np.concatenate(sink.got) if sink.got else np.zeros(0, STEP_DTYPE)
         assert np.array_equal(got["start_s"], np.arange(written, dtype=np.float64))
-        assert all(len(part) == every for part in sink.got[:-1])
+        assert all(len(part) == every for part in sink.got[:-1]) and all(len(part) <= every for part in sink.got)
         assert len(buffers) == written and buffers.sink is None and ctr[C_REC_END] == buffers.steps.shape[0]
         if keeps:
             assert buffers.steps[:written].tobytes() == got.tobytes()
@@ -190,6 +190,24 @@ def test_buffers_hand_every_record_over_once_in_order(every, writes, before, kee
             assert largest <= 4 * (every + 60 + 20)  # a block and a run's room, doubled: not the whole run
     finally:
         metrics.STEP_BLOCK = metrics_block
+
+
+def test_a_run_that_outpaces_its_writer_waits_for_it(monkeypatch, tmp_path):
+    """At most ``queued`` blocks wait for the writer: the run's memory stays bounded however slow the disk."""
+    gate = threading.Event()
+    started = []
+    file = outputs.StepsFile(tmp_path / "steps.csv", None)
+    monkeypatch.setattr(file, "_write", lambda arrays, count: (started.append(count), gate.wait(10)))
+    file.start(["start_s"])
+    steps = np.zeros(100, STEP_DTYPE)
+    waited = threading.Thread(target=lambda: [file.rows(steps, i, i + 1) for i in range(file.queued + 3)])
+    waited.start()
+    waited.join(0.5)
+    assert waited.is_alive() and len(file._pending) == file.queued  # the run waits on the writer
+    gate.set()
+    waited.join(10)
+    assert not waited.is_alive() and file.holds(None) is False  # (no run said it streamed)
+    file.close()
 
 
 def test_a_compiled_run_returns_to_hand_records_over():

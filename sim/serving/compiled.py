@@ -67,6 +67,7 @@ class CompiledRuns:
         self._pending = False
         self._no_ints, self._no_floats = np.zeros(0, np.int64), np.zeros(0)
         self._draws = None  # the draws as the kernel reads them, rebuilt when the sampler's buffer is replaced
+        self.stop = None  # a threading.Event: set, the run stops at its next return (replicas run on threads)
         # Called at every routing decision of a cluster: straight to the compiled entry points (sim.jit).
         self._run, self._finish = direct(kernel.run_steps), direct(kernel.finish_pending)
 
@@ -87,6 +88,8 @@ class CompiledRuns:
             self.settle()
             if reason != REFILL:
                 break
+            if self.stop is not None and self.stop.is_set():
+                raise RunStopped("stopped: another replica failed, or the run was interrupted")
         if reason == IDLE and loop.has_work():
             raise RuntimeError("a waiting request can never be admitted (checked before the run)")
         self._pending = reason == ARRIVAL
@@ -117,6 +120,10 @@ class CompiledRuns:
             loop, st = self.loop, self.loop.state
             st.buffers.room(1, 2 * loop.scheduler.max_batch_size + 1)
             self._finish(st.arrays(), self.chooser, loop.proposer, st.records())
+
+
+class RunStopped(Exception):
+    """A compiled run told to stop (:attr:`CompiledRuns.stop`) while its cluster was ending."""
 
 
 def compiled_runs_for(loop, table, sampler, jit: bool) -> CompiledRuns | None:

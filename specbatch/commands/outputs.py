@@ -204,6 +204,7 @@ class StepsFile:
     """
 
     every = STEP_BLOCK  # records a hand-over: a compiled run returns once for each
+    queued = 4  # blocks waiting for the writer at most: a run that outpaces it waits, its memory bounded
 
     def __init__(self, path: Path, format_rows, keeps: bool = True) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -243,9 +244,9 @@ class StepsFile:
         rows = np.empty(hi - lo, steps.dtype)
         rows.view(np.uint8)[:] = steps[lo:hi].view(np.uint8)
         arrays = {name: rows[name] for name in self._columns}
-        for done in [f for f in self._pending if f.done()]:
-            done.result()  # a write that failed (a full disk) stops the run here
-            self._pending.remove(done)
+        while self._pending and (self._pending[0].done() or len(self._pending) >= self.queued):
+            self._pending[0].result()  # a write that failed (a full disk) stops the run here
+            self._pending.pop(0)
         self._pending.append(self._writer.submit(self._write, arrays, hi - lo))
 
     def _write(self, arrays: dict[str, np.ndarray], count: int) -> None:
@@ -256,14 +257,14 @@ class StepsFile:
                                       self._format_rows))
 
     def holds(self, columns: Columns | None) -> bool:
-        """Whether the file holds the run's steps, ``columns`` (None: kept nowhere else); waits for the last writes."""
-        if self.streamed is None or (columns is not None and self.streamed != list(columns)):
-            return False
+        """Whether the file holds the run's steps, ``columns`` (None: kept nowhere else). Waits for the last
+        writes and closes the file either way, so that a file that does not hold them can be written anew."""
         for pending in self._pending:
             pending.result()
         self._pending = []
-        self._sink.close()
-        return True
+        if self._sink is not None:
+            self._sink.close()
+        return self.streamed is not None and (columns is None or self.streamed == list(columns))
 
     def close(self) -> None:
         """Stop writing (what is queued and not yet begun is dropped: after a failure or Ctrl-C, the staging

@@ -93,7 +93,8 @@ class DaskRunner:
                 warnings.filterwarnings("ignore", message="Port .* is already in use")
                 with hidden_main():  # its worker processes must not run the caller's script again
                     self.cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1,
-                                                processes=True, dashboard_address=None, silence_logs=logging.ERROR)
+                                                processes=True, dashboard_address=None, silence_logs=logging.ERROR,
+                                                env={"SPECBATCH_THREADS": os.environ.get("SPECBATCH_THREADS", "1")})
             self.client = Client(self.cluster)
         else:
             try:
