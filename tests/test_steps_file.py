@@ -221,3 +221,21 @@ def test_a_compiled_run_returns_to_hand_records_over():
     buffers.stream_to(Collect(1 << 20))
     buffers.room(RECORD_ROOM, 0)
     assert ctr[C_REC_END] == buffers.steps.shape[0]  # a hand-over due later than the buffer's end: the end
+
+
+@pytest.mark.parametrize("block", [5, 1 << 16])
+def test_a_run_that_writes_no_steps_keeps_only_their_totals(run_config, monkeypatch, tmp_path, block):
+    """``specbatch run --records none`` (and a sweep's cell) totals the steps a block at a time and keeps none:
+    the summary is a kept run's."""
+    from sim.serving import records as step_records
+    from sim.simulate import execute, prepare
+
+    monkeypatch.setattr(metrics, "STEP_BLOCK", block)
+    config = run_config(**SMALL, output__records="none", output__dir=str(tmp_path / "none"))
+    kept, _ = outputs.run_to_folder(config, default_folder=False)
+    handed = []
+    monkeypatch.setattr(step_records.TotalsOnly, "rows", lambda self, steps, lo, hi: handed.append(hi - lo))
+    dropped, _ = outputs.run_to_folder(config, default_folder=False, keep_steps=False)
+    assert kept.step_columns is not None and dropped.step_columns is None
+    assert dropped.summary == kept.summary and len(handed) > (1 if block == 5 else 0)
+    assert execute(prepare(config), steps_sink=step_records.TotalsOnly()).summary == kept.summary

@@ -18,7 +18,7 @@ import numpy as np
 from sim.scheduler.layout import C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, DECODE, MIXED, PREFILL
 
 __all__ = ["PREFILL", "DECODE", "MIXED", "STEP_DTYPE", "STEP_FIELDS", "V1_FIELDS", "Buffers", "ReplicaRecords",
-           "StepSink", "grown"]
+           "StepSink", "TotalsOnly", "grown"]
 
 # One step's record. Integer widths are what a run can reach (k <= 127; batch sizes and per-step
 # token counts < 2**31); sums over these columns are taken in int64 (numpy widens int32 sums).
@@ -58,6 +58,26 @@ class StepSink(Protocol):
     def rows(self, steps: np.ndarray, lo: int, hi: int) -> None:
         """Records ``lo`` to ``hi`` of ``steps`` are final (``every`` of them, the run's last excepted); the
         array is not written there again while the sink has it (the call's duration, where it keeps none)."""
+
+
+class TotalsOnly:
+    """A :class:`StepSink` for a run whose steps no one reads, only its summary (a sweep's cell,
+    ``specbatch run --records none``): the records are totalled a block at a time and dropped."""
+
+    keeps = False
+    streamed = None
+
+    @property
+    def every(self) -> int:
+        from sim.metrics import STEP_BLOCK
+
+        return STEP_BLOCK
+
+    def start(self, columns: list[str]) -> None:
+        pass
+
+    def rows(self, steps: np.ndarray, lo: int, hi: int) -> None:
+        pass
 
 
 class Buffers:

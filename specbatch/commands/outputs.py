@@ -83,7 +83,7 @@ def run_to_folder(config: RunConfig, *, default_folder: bool, warn: Callable[[st
             with staged_dir(out) if out is not None else contextlib.nullcontext() as staging:
                 steps_file = StepsFile.for_run(run, staging, keep_steps)
                 try:
-                    result = execute(run, steps_sink=steps_file)
+                    result = execute(run, steps_sink=steps_file or _no_steps_file(config, keep_steps))
                     staged = stage_timeline(result, timeline, config.output.timeline_window) if timeline else None
                     if staging is not None:
                         fill_run_folder(result, staging, steps_file)
@@ -191,6 +191,15 @@ def fill_run_folder(result: RunResult, staging: Path, steps_file: "StepsFile | N
         (staging / SPEC_DECODE_FILE).write_text("".join(
             json.dumps(r, separators=(",", ":")) + "\n" for r in result.spec_decode_requests))
     (staging / MARKER).write_text(json.dumps(summary_document(result), indent=2, sort_keys=True) + "\n")
+
+
+def _no_steps_file(config: RunConfig, keep_steps: bool):
+    """Where a run that writes no steps and keeps none sends them: to its summary's totals only."""
+    if keep_steps or config.output.records != "none":
+        return None
+    from sim.serving.records import TotalsOnly
+
+    return TotalsOnly()
 
 
 class StepsFile:

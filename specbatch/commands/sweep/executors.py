@@ -25,11 +25,12 @@ Task = tuple[str, RunConfig]  # (cell key, resolved config)
 
 def run_cell(config: RunConfig) -> dict[str, Any]:
     """Simulate one cell. Bad inputs and crashes become a failed record, never an exception."""
+    from sim.serving.records import TotalsOnly
     from sim.simulate import execute, prepare
 
     started = time.perf_counter()
     try:
-        result = execute(prepare(config))
+        result = execute(prepare(config), steps_sink=TotalsOnly())  # a cell's record is its summary
     except InputError as exc:
         return _record("failed", str(exc), {}, started)
     except Exception as exc:  # noqa: BLE001 - one broken corner must not stop the sweep
