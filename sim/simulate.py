@@ -30,8 +30,8 @@ from sim.costmodel.model import CostModel, StepTable, v0_graph_batch_sizes
 from sim.disaggregated import disaggregated_section, run_disaggregated, transfer_columns
 from sim.errors import InputError
 from sim.limits import memory_problem, table_bytes
-from sim.metrics import (by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
-                         spec_decode_section, step_totals, summarize, StepTotals)
+from sim.metrics import (StepTotals, by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
+                         spec_decode_section, step_totals, summarize)
 from sim.costmodel.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
 from sim.replica import ReplicaPlan
 from sim.scheduler import kv_reserve
@@ -619,15 +619,15 @@ def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, b
     loop = run.replica.loop(queue, policy, sampler, backend)
     buffers = loop.state.buffers
     streaming = steps_sink is not None and loop.compiled_runs is not None  # else no run would outpace the writing
+    columns = list(buffers.step_columns(loop.scheduler.paged))
     if streaming:
-        steps_sink.start(list(buffers.step_columns(loop.scheduler.paged)))
+        steps_sink.start(columns)
         buffers.stream_to(steps_sink)
     started = time.perf_counter()
     simulate_replica(loop)
     engine_wall = time.perf_counter() - started
     loop.close()  # cycles back to the loop would keep its arrays and the queue until the GC ran
     if streaming:
-        columns = list(loop.records().steps)
         buffers.flush()
         steps_sink.streamed = columns
     records = loop.records()
