@@ -24,6 +24,7 @@ import numpy as np
 
 from sim import metrics
 from sim.errors import InputError
+from sim.limits import usable_cores
 from sim.metrics import StepTotals
 from sim.replica import ReplicaPlan
 from sim.router import compiled_rule, make_router
@@ -193,10 +194,7 @@ def replica_threads(replicas: int) -> int:
             raise InputError(f"{value!r} is not a whole number of threads", field=THREADS_VARIABLE,
                              source="the environment") from None
     else:
-        try:
-            threads = len(os.sched_getaffinity(0))
-        except AttributeError:
-            threads = os.cpu_count() or 1
+        threads = usable_cores()
     return max(1, min(threads, replicas))
 
 

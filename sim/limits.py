@@ -72,6 +72,14 @@ def machine_memory_bytes() -> int:
     return total
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024:

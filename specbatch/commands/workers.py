@@ -115,7 +115,6 @@ def die_with(parent_pid: int, every_s: float = 0.5) -> None:
 
 def default_workers() -> int:
     """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    from sim.limits import usable_cores
+
+    return usable_cores()
