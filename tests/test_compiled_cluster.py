@@ -7,6 +7,8 @@ refused, and compares every record. Where it does not apply, the SimPy cluster m
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -153,12 +155,16 @@ def replicas_told_to_stop(run_config, monkeypatch, fail):
     monkeypatch.setenv(cluster.THREADS_VARIABLE, "2")
     monkeypatch.setattr("sim.speculation.acceptance.DRAW_BLOCK", 64)  # a compiled run returns every few steps
     outcome = {}
+    started = itertools.count()
     simulate = cluster.simulate_replica
 
     def replica(loop):
-        index = len(outcome)
+        index = next(started)
         outcome[index] = "started"
         fail(index)
+        # Run only once the cluster has told its replicas to stop: then whatever the machine's scheduling,
+        # the run must stop at its first return to Python rather than finish.
+        loop.compiled_runs.stop.wait(5)
         try:
             simulate(loop)
         except RunStopped:
@@ -180,6 +186,7 @@ def test_a_replica_that_fails_stops_the_others(run_config, monkeypatch):
         execute(prepare(run_config(**{**SMALL, "workload__num_requests": 6000, "workload__rate": 600.0},
                                    cluster__router="round-robin", cluster__replicas=3)))
     assert outcome[0] == "stopped" and outcome.get(2, "never started") in ("stopped", "never started")
+    assert "finished" not in outcome.values()
 
 
 def test_an_interrupt_stops_replicas_running_on_threads(run_config, monkeypatch):

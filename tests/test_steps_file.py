@@ -5,6 +5,7 @@ record handed over once and in order; nothing left behind when a run fails."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -202,7 +203,11 @@ def test_a_run_that_outpaces_its_writer_waits_for_it(monkeypatch, tmp_path):
     steps = np.zeros(100, STEP_DTYPE)
     waited = threading.Thread(target=lambda: [file.rows(steps, i, i + 1) for i in range(file.queued + 3)])
     waited.start()
-    waited.join(0.5)
+    for _ in range(1000):  # until the run has queued all it may (however slow the machine)
+        if len(file._pending) == file.queued:
+            break
+        time.sleep(0.01)
+    waited.join(0.2)
     assert waited.is_alive() and len(file._pending) == file.queued  # the run waits on the writer
     gate.set()
     waited.join(10)
