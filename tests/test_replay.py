@@ -268,3 +268,14 @@ def test_graph_path_fills_the_caches_and_computes_the_logits_of_the_eager_path(t
         for row, length in enumerate((lengths + np.array([4 if cache == "t_cache" else 1] * 5)).tolist()):
             torch.testing.assert_close(ce.k[:, row, :length], cg.k[:, row, :length], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(ce.v[:, row, :length], cg.v[:, row, :length], rtol=1e-4, atol=1e-4)
+
+
+def test_validation_json_keeps_small_errors_at_full_precision():
+    # pandas' to_json keeps 10 decimal places: a relative error of 2.5e-05 came back with six digits,
+    # and test_validate_prints_and_writes_the_comparison failed on machines where the error was that small.
+    from specbatch.commands.validation import _records
+
+    frame = pd.DataFrame({"metric": ["mean_e2el_ms", "p99_e2el_ms"], "relative_error": [-2.5146269147766987e-05, math.nan]})
+    rows = json.loads(json.dumps(_records(frame)))
+    assert rows == [{"metric": "mean_e2el_ms", "relative_error": -2.5146269147766987e-05},
+                    {"metric": "p99_e2el_ms", "relative_error": None}]

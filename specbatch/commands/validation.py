@@ -442,8 +442,9 @@ def _clean(value):
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
-    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-            for row in json.loads(frame.to_json(orient="records"))]
+    """Rows as JSON-safe dicts at full precision (``to_json`` keeps 10 decimal places, which
+    left a relative error of 2.5e-05 with six digits)."""
+    return _clean(frame.to_dict(orient="records"))
 
 
 def _check_out(out: Path, config) -> None:
