@@ -31,7 +31,7 @@ preemption). ``key_block[key]`` is the block holding a key, or -1.
 
 Blocks are reference-counted: requests whose prompts share a prefix share its blocks. A block
 whose count falls to 0 goes to the tail of the *free queue* (a doubly linked list through
-``kv[KV_PREV]`` and ``kv[KV_NEXT]``, with a sentinel at index ``P_BLOCKS``) and keeps its
+``kv[block, KV_PREV]`` and ``kv[block, KV_NEXT]``, with a sentinel at index ``P_BLOCKS``) and keeps its
 contents; allocation takes blocks from the head, evicting whatever they held (least recently
 freed first; a request's blocks are freed last block first, so its tail goes before its
 shared prefix). A hit on a free block takes it back out of the queue. Blocks are registered
@@ -67,32 +67,32 @@ def blocks_for(tokens, block):
 
 
 def _unlink(kv, blk):
-    prev, nxt = kv[KV_PREV, blk], kv[KV_NEXT, blk]
-    kv[KV_NEXT, prev] = nxt
-    kv[KV_PREV, nxt] = prev
+    prev, nxt = kv[blk, KV_PREV], kv[blk, KV_NEXT]
+    kv[prev, KV_NEXT] = nxt
+    kv[nxt, KV_PREV] = prev
 
 
 def _push_free(kv, blk, ctr, par):
     """``blk`` goes to the tail of the free queue (evicted last)."""
     sentinel = par[P_BLOCKS]
-    tail = kv[KV_PREV, sentinel]
-    kv[KV_NEXT, tail] = blk
-    kv[KV_PREV, blk] = tail
-    kv[KV_NEXT, blk] = sentinel
-    kv[KV_PREV, sentinel] = blk
+    tail = kv[sentinel, KV_PREV]
+    kv[tail, KV_NEXT] = blk
+    kv[blk, KV_PREV] = tail
+    kv[blk, KV_NEXT] = sentinel
+    kv[sentinel, KV_PREV] = blk
     ctr[C_FREE_BLOCKS] += 1
 
 
 def _pop_free(kv, key_block, ctr, par):
     """The block at the head of the free queue, its contents evicted."""
-    blk = kv[KV_NEXT, par[P_BLOCKS]]
+    blk = kv[par[P_BLOCKS], KV_NEXT]
     _unlink(kv, blk)
     ctr[C_FREE_BLOCKS] -= 1
-    key = kv[KV_KEY, blk]
+    key = kv[blk, KV_KEY]
     if key >= 0 and key_block[key] == blk:
         key_block[key] = -1
-    kv[KV_KEY, blk] = NO_KEY
-    kv[KV_REF, blk] = 1
+    kv[blk, KV_KEY] = NO_KEY
+    kv[blk, KV_REF] = 1
     return blk
 
 
@@ -110,7 +110,7 @@ def lookup(reqi, r, num_tokens, resumed, kv, key_block, scratch, par):
         hi = -2 - r * max_blocks
         lo = hi - (max_blocks - 1)
         for blk in range(par[P_BLOCKS]):
-            key = kv[KV_KEY, blk]
+            key = kv[blk, KV_KEY]
             if lo <= key <= hi:
                 j = hi - key
                 if j < most:
@@ -143,7 +143,7 @@ def admission_need(hits, tokens, kv, scratch, par):
     and ``tokens`` slots filled: its new blocks, plus the hits that sit in the free queue."""
     need = blocks_for(tokens, par[P_BLOCK]) - hits
     for h in range(hits):
-        if kv[KV_REF, scratch[0, h]] == 0:
+        if kv[scratch[0, h], KV_REF] == 0:
             need += 1
     return need
 
@@ -158,10 +158,10 @@ def admit_slot(hits, tokens, kv, key_block, slot_blocks, sched, scratch, ctr, pa
     slot = sched[S_FREE_SLOT, ctr[C_FREE_SLOTS]]
     for h in range(hits):
         blk = scratch[0, h]
-        if kv[KV_REF, blk] == 0:
+        if kv[blk, KV_REF] == 0:
             _unlink(kv, blk)
             ctr[C_FREE_BLOCKS] -= 1
-        kv[KV_REF, blk] += 1
+        kv[blk, KV_REF] += 1
         slot_blocks[slot, SLOT_FIRST + h] = blk
     slot_blocks[slot, SLOT_HELD] = hits
     slot_blocks[slot, SLOT_CACHED] = hits
@@ -196,15 +196,15 @@ def cache_slot(slot, reqi, r, known_tokens, kv, key_block, slot_blocks, par):
     max_blocks = par[P_MAX_BLOCKS]
     for j in range(slot_blocks[slot, SLOT_CACHED], full):
         blk = slot_blocks[slot, SLOT_FIRST + j]
-        if kv[KV_KEY, blk] != NO_KEY:
+        if kv[blk, KV_KEY] != NO_KEY:
             continue
         key = key_of(reqi, r, j, max_blocks)
         if key >= 0:
             if key_block[key] < 0:
                 key_block[key] = blk
-                kv[KV_KEY, blk] = key
+                kv[blk, KV_KEY] = key
         else:
-            kv[KV_KEY, blk] = key
+            kv[blk, KV_KEY] = key
     if full > slot_blocks[slot, SLOT_CACHED]:
         slot_blocks[slot, SLOT_CACHED] = full
 
@@ -214,8 +214,8 @@ def free_slot(slot, kv, slot_blocks, sched, ctr, par):
     slot is free again."""
     for j in range(slot_blocks[slot, SLOT_HELD] - 1, -1, -1):
         blk = slot_blocks[slot, SLOT_FIRST + j]
-        kv[KV_REF, blk] -= 1
-        if kv[KV_REF, blk] == 0:
+        kv[blk, KV_REF] -= 1
+        if kv[blk, KV_REF] == 0:
             _push_free(kv, blk, ctr, par)
     slot_blocks[slot, SLOT_HELD] = 0
     slot_blocks[slot, SLOT_CACHED] = 0
@@ -250,8 +250,8 @@ def release_held(blocks, kv, ctr, par):
     rule of its own (compiled where the engine is: sim.serving.loop.Rules), called once a transfer ends."""
     for j in range(blocks.shape[0] - 1, -1, -1):
         blk = blocks[j]
-        kv[KV_REF, blk] -= 1
-        if kv[KV_REF, blk] == 0:
+        kv[blk, KV_REF] -= 1
+        if kv[blk, KV_REF] == 0:
             _push_free(kv, blk, ctr, par)
     ctr[C_HELD_BLOCKS] -= blocks.shape[0]
 
@@ -337,12 +337,12 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, max_blocks_per_request: int, slots: int, num_keys: int) -> None:
         self.num_blocks = num_blocks
-        self.kv = np.zeros((KV_FIELDS, num_blocks + 1), dtype=np.int64)
-        self.kv[KV_KEY] = NO_KEY
+        self.kv = np.zeros((num_blocks + 1, KV_FIELDS), dtype=np.int64)  # a block's fields on one cache line
+        self.kv[:, KV_KEY] = NO_KEY
         # the free queue: every block, in order, between the sentinel's next and prev
         order = np.arange(num_blocks + 1, dtype=np.int64)
-        self.kv[KV_NEXT] = (order + 1) % (num_blocks + 1)
-        self.kv[KV_PREV] = (order - 1) % (num_blocks + 1)
+        self.kv[:, KV_NEXT] = (order + 1) % (num_blocks + 1)
+        self.kv[:, KV_PREV] = (order - 1) % (num_blocks + 1)
         self.key_block = np.full(max(num_keys, 1), -1, dtype=np.int64)
         self.slot_blocks = np.zeros((slots, SLOT_FIRST + max_blocks_per_request), dtype=np.int64)
         self.scratch = np.zeros((2, max_blocks_per_request), dtype=np.int64)
@@ -360,21 +360,21 @@ class KVCacheManager:
     def check(self, ctr) -> None:
         """The cache's invariants (tests): counts match the free queue and the tables."""
         kv, n = self.kv, self.num_blocks
-        walked, blk = 0, kv[KV_NEXT, n]
+        walked, blk = 0, kv[n, KV_NEXT]
         while blk != n:
-            assert kv[KV_REF, blk] == 0, "a block in the free queue is referenced"
+            assert kv[blk, KV_REF] == 0, "a block in the free queue is referenced"
             walked += 1
-            blk = kv[KV_NEXT, blk]
+            blk = kv[blk, KV_NEXT]
         assert walked == ctr[C_FREE_BLOCKS], "free-block count and free queue disagree"
-        assert (kv[KV_REF, :n] >= 0).all(), "a negative reference count"
+        assert (kv[:n, KV_REF] >= 0).all(), "a negative reference count"
         held = self.slot_blocks[:, SLOT_HELD]
         refs = np.zeros(n, dtype=np.int64)
         for slot in np.flatnonzero(held):
             np.add.at(refs, self.slot_blocks[slot, SLOT_FIRST:SLOT_FIRST + held[slot]], 1)
         for blocks in self.held.values():
             np.add.at(refs, blocks, 1)
-        assert (refs == kv[KV_REF, :n]).all(), "reference counts and block tables disagree"
+        assert (refs == kv[:n, KV_REF]).all(), "reference counts and block tables disagree"
         assert sum(b.shape[0] for b in self.held.values()) == ctr[C_HELD_BLOCKS], "held blocks miscounted"
         assert ctr[C_RESERVED] >= 0, "a negative reservation"
         mapped = np.flatnonzero(self.key_block >= 0)
-        assert (kv[KV_KEY, self.key_block[mapped]] == mapped).all(), "a key maps to a block that holds another"
+        assert (kv[self.key_block[mapped], KV_KEY] == mapped).all(), "a key maps to a block that holds another"

@@ -103,7 +103,7 @@ N_PARAMS = 13
 # P_MAX_BLOCKS: the longest block table a request can need; P_BLOCKS: the KV cache's blocks. P_HOLD: a
 # disaggregated prefill replica: a finished request keeps its blocks (S_HELD_*) until its KV has been read.
 
-# -------------------------------------------------------------- KV blocks ``kv[field, block]`` (vllm-v1)
+# -------------------------------------------------------------- KV blocks ``kv[block, field]`` (vllm-v1)
 KV_KEY, KV_REF, KV_PREV, KV_NEXT = range(4)
 KV_FIELDS = 4
 NO_KEY = -1  # a block holding nothing reusable; keys >= 0 are shared; <= -2 a request's own (kvcache.py)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.scheduler.kvcache import (SLOT_CACHED, SLOT_HELD, admission_need, admit_slot, available, blocks_for,
+from sim.scheduler.kvcache import (SLOT_CACHED, SLOT_HELD, admission_need, admit_slot, available,
                                     cache_slot, free_slot, grow_slot, lookup, remote_blocks, shortfall)
 from sim.scheduler.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
                                   C_HEAD, C_PEAK_BLOCKS, C_PHASE, C_PREEMPTED_NOW, C_PREFILLING,
@@ -102,7 +102,7 @@ def _schedule_rows(s, budget):
             t = budget
         slot = rows[ROW_SLOT, i]
         need = rows[ROW_CONTEXT, i] + t + lookahead
-        if blocks_for(need, block) > slot_blocks[slot, SLOT_HELD]:  # a new block (every block_size tokens)
+        if need > slot_blocks[slot, SLOT_HELD] * block:  # a new block (every block_size tokens; blocks_for, undivided)
             while shortfall(slot, need, slot_blocks, ctr, par) > 0:
                 if ctr[C_PREFILLING] > 0:
                     _preempt_prefilling(sched, reci, ctr, kv, slot_blocks, par)
@@ -117,7 +117,7 @@ def _schedule_rows(s, budget):
             grow_slot(slot, need, kv, key_block, slot_blocks, ctr, par)
         r = rows[ROW_REQ, i]
         known = reqi[REQ_PROMPT, r] + reci[REC_EMITTED, r]
-        if caching and known // block > slot_blocks[slot, SLOT_CACHED]:  # a block newly full of known tokens
+        if caching and known >= (slot_blocks[slot, SLOT_CACHED] + 1) * block:  # a block newly full of known tokens
             cache_slot(slot, reqi, r, known, kv, key_block, slot_blocks, par)
         sched[S_ROW_K, i] = t - 1
         if t - 1 > top:
