@@ -134,7 +134,9 @@ def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: 
     most that many requests outstanding over the cluster, and sees each finish ``reply_delay_s``
     after the engine."""
     if runs_apart(router, arrival_s, max_concurrency, len(parts)):
-        return run_apart(arrival_s, inputs, acceptance_scale, replica, parts)
+        apart = run_apart(arrival_s, inputs, acceptance_scale, replica, parts)
+        if apart is not None:
+            return apart
     dispatcher = Dispatcher(arrival_s, inputs, acceptance_scale, make_router(router), limit=max_concurrency,
                             reply_delay_s=reply_delay_s)
     queue_type = RoutedQueue if max_concurrency is None else LimitedRoutedQueue
@@ -199,16 +201,25 @@ def replica_threads(replicas: int) -> int:
 
 
 def run_apart(arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.ndarray, replica: ReplicaPlan,
-              parts: list[ReplicaParts]) -> ClusterRecords:
+              parts: list[ReplicaParts]) -> ClusterRecords | None:
     """Round-robin's replicas, each a single replica on its share (:func:`runs_apart`), side by side on
     :func:`replica_threads` threads: no replica reads another's state, so the order they run in changes
     nothing, and no replica stops at requests routed elsewhere (a million requests over four replicas: a
-    quarter of a million stops fewer a replica, where the routed cluster stops at each of its own)."""
+    quarter of a million stops fewer a replica, where the routed cluster stops at each of its own).
+
+    Only replicas in compiled runs run apart (None otherwise, and the cluster is routed): idle, a compiled
+    replica wakes for its next arrival where the routed replica would (``wakes_as_routed``), which a replica
+    stepped in Python, whose SimPy clock only adds delays to its own time, cannot always reach to the bit;
+    and a replica stepped in Python holds the interpreter's lock, so it gains nothing on a thread."""
     count = len(parts)
     threads = replica_threads(count)
     shares = [np.arange(index, arrival_s.shape[0], count) for index in range(count)]
-    loops = [replica.loop(ArrivalQueue(arrival_s[share], inputs[:, share], acceptance_scale[share]), p.policy, p.sampler)
-             for share, p in zip(shares, parts)]
+    loops = []
+    for share, p in zip(shares, parts):
+        queue = ArrivalQueue(arrival_s[share], inputs[:, share], acceptance_scale[share], wakes_as_routed=True)
+        loops.append(replica.loop(queue, p.policy, p.sampler))
+        if loops[0].compiled_runs is None:  # every replica runs as the first does (one plan, one config)
+            return None
     if threads == 1:
         for loop in loops:
             simulate_replica(loop)

@@ -125,14 +125,44 @@ def test_round_robin_replicas_run_apart_are_the_routed_cluster(run_config, monke
     {"workload__output_tokens": "8", "workload__prompt_tokens": "16", "policy__name": "none"},  # steps end together
     {"engine__scheduler": "v0", "engine__batching": "static"},
     {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
-    {"policy__name": "adaptive"},  # stepped in Python, apart as routed
-    {"engine__jit": "off"},
+    {"policy__name": "adaptive"},  # stepped in Python: routed (test_replicas_stepped_in_python_run_routed)
+    {"engine__jit": "off"},  # stepped in Python: routed
     {"cluster__replicas": 7, "workload__num_requests": 5},  # replicas that get no request
 ])
 def test_round_robin_run_apart_where_events_tie_or_state_is_learnt(run_config, monkeypatch, overrides):
     split, routed = apart_and_routed(run_config, monkeypatch, **{"cluster__replicas": 3, "workload__rate": 40.0,
                                                                   **overrides})
     assert_identical(routed, split)
+
+
+@pytest.mark.parametrize("requests,replicas,output,seed,idle_since,arrival", [
+    # found by hypothesis: no delay from the replica's idle clock lands on the arrival, and the routed
+    # replica wakes on it (t + (arrival - t) falls short, then lands) ...
+    (7, 4, "1", 3, 1.4123967214068867, 3.8563598316645202),
+    # ... or just past it (t + (arrival - t) overshoots by an ulp), where a single replica's clock would land on it
+    (4, 2, "uniform:1:30", 2, None, 2.9907737404686974),
+])
+def test_an_idle_replica_run_apart_wakes_where_the_routed_one_does(run_config, monkeypatch, requests, replicas, output,
+                                                                   seed, idle_since, arrival):
+    from sim.serving.rules import exact_delay
+
+    if idle_since is not None:
+        assert idle_since + exact_delay(idle_since, arrival) != arrival
+    split, routed = apart_and_routed(run_config, monkeypatch, workload__num_requests=requests, cluster__replicas=replicas,
+                                     engine__scheduler="vllm-v1", workload__rate=1.0, workload__output_tokens=output,
+                                     engine__max_batch_size=1, seed=seed)
+    assert arrival in routed.request_columns["arrival_s"]
+    assert_identical(routed, split)
+
+
+def test_replicas_stepped_in_python_run_routed(run_config, monkeypatch):
+    # SimPy's clock can only add a delay to its own time: a replica stepped in Python cannot be at an arrival
+    # exactly as a routed one is, and gains nothing on a thread (the interpreter's lock), so it runs routed.
+    ran = []
+    apart = cluster.run_apart
+    monkeypatch.setattr(cluster, "run_apart", lambda *args: ran.append(apart(*args)) or ran[-1])
+    execute(prepare(run_config(cluster__replicas=3, workload__rate=40.0, policy__name="adaptive")))
+    assert ran == [None]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -302,7 +332,7 @@ def test_the_compiled_cluster_is_the_step_by_step_cluster(run_config):
 @pytest.mark.parametrize("overrides", [
     {"workload__max_concurrency": 4},  # sends wait on finishes
     {"policy__name": "adaptive"},  # a policy stepped in Python
-    {"engine__jit": "off"},
+    {"engine__jit": "off"},  # stepped in Python: routed
     {"output__timeline": "timeline.html"},  # the timeline explains each k, stepped in Python
 ])
 def test_what_the_compiled_cluster_leaves_to_simpy(run_config, monkeypatch, tmp_path, overrides):

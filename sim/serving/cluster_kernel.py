@@ -127,7 +127,7 @@ def run_cluster(b, f, r, p, itl_room):
             s.clocks[NOW] = t
         b.status[i] = READY
         stop_at = next_stop(b, r, i)
-        reason = run_steps(s, p, f.choosers[i], f.proposers[i], f.draws[i], f.records[i], r.arrivals, False,
+        reason = run_steps(s, p, f.choosers[i], f.proposers[i], f.draws[i], f.records[i], r.arrivals, 0,
                            stop_at, MANY, itl_room)
         if reason == ARRIVAL:
             b.status[i] = BUSY

@@ -64,6 +64,7 @@ class CompiledRuns:
         sampler.add_tally(self.counts)
         queue = loop.queue
         self.arrivals = queue.arrival_times if queue.timed else np.zeros(0)
+        self.timing = (kernel.AS_ROUTED if queue.wakes_as_routed else kernel.TIMED) if queue.timed else 0
         self._pending = False
         self._no_ints, self._no_floats = np.zeros(0, np.int64), np.zeros(0)
         self._draws = None  # the draws as the kernel reads them, rebuilt when the sampler's buffer is replaced
@@ -84,7 +85,7 @@ class CompiledRuns:
             draws = self.draws()
             st.buffers.room(RECORD_ROOM, ITL_ROOM + itl_room)
             reason = self._run(st.arrays(), self.prices, self.chooser, loop.proposer, draws, st.records(),
-                               self.arrivals, loop.queue.timed, stop_at, MANY, itl_room)
+                               self.arrivals, self.timing, stop_at, MANY, itl_room)
             self.settle()
             if reason != REFILL:
                 break

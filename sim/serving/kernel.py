@@ -19,7 +19,11 @@ It returns to the clock:
 * ``LIMIT``: ``max_steps`` steps were taken.
 
 A replica whose arrivals are all known (``timed``) releases them itself, so a single replica
-runs from its first arrival to its last finish in a handful of calls.
+runs from its first arrival to its last finish in a handful of calls; idle, its clock waits for
+the next arrival as a single replica's SimPy clock does (``exact_delay``), or, run apart from a
+round-robin cluster (``AS_ROUTED``), wakes where the routed cluster's replica would: from the time it
+went idle, ``t + (arrival - t)`` repeated while short of the arrival (an ulp either side of it,
+where no delay lands on it).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ from sim.serving.step import begin, decode_rows, draw, plan, price, update
 
 # How a run picks k, as the policy's compiled_form says: a table by batch size, or goodput's argmax.
 STATIC_K, GOODPUT_K = BY_BATCH_SIZE, GOODPUT_RULE
+# ``timed``: the arrivals are not the run's to release (0), are (TIMED), and an idle replica wakes for the
+# next as a routed replica does (AS_ROUTED: a round-robin replica run apart, sim/cluster.py).
+TIMED, AS_ROUTED = 1, 2
 
 
 class Chooser(NamedTuple):
@@ -112,7 +119,14 @@ def run_steps(s, p, c, proposer, d, out, arrivals, timed, stop_at, max_steps, it
             ctr[C_ARRIVED] = arrived
         if not has_work(ctr):
             if timed and ctr[C_ARRIVED] < arrivals.shape[0]:
-                clk[NOW] = now + exact_delay(now, arrivals[ctr[C_ARRIVED]])  # the clock's idle wait, to the bit
+                at = arrivals[ctr[C_ARRIVED]]
+                if timed == AS_ROUTED:  # where a routed replica wakes (sim/serving/clock.py ``_until_routed``)
+                    t = now
+                    while t < at:
+                        t = t + (at - t)
+                    clk[NOW] = t
+                else:
+                    clk[NOW] = now + exact_delay(now, at)  # the clock's idle wait, to the bit
                 continue
             return IDLE
         if ctr[C_STEPS] >= max_steps:

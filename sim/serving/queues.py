@@ -62,7 +62,12 @@ class ArrivalQueue:
     compilable = True  # compiled runs may take many steps in one call (sim/serving/compiled.py)
     on_grow = None  # never grows
 
-    def __init__(self, arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray) -> None:
+    def __init__(self, arrival_s: np.ndarray, reqi: np.ndarray, scale: np.ndarray,
+                 wakes_as_routed: bool = False) -> None:
+        # wakes_as_routed: a round-robin replica run apart (sim/cluster.py): idle, it wakes for its next arrival
+        # where the routed cluster's replica would (sim/serving/kernel.py AS_ROUTED), which is not always where
+        # a single replica's clock lands (an ulp either side, where no delay from the clock lands on the arrival)
+        self.wakes_as_routed = wakes_as_routed
         self.arrival_times = np.ascontiguousarray(arrival_s, dtype=np.float64)
         self.arrival_s = array("d", self.arrival_times.tobytes())  # bisect on it is the cheapest clock check
         self.reqi = reqi
