@@ -21,7 +21,7 @@ from typing import Callable
 import simpy
 
 from sim.serving.loop import ServingLoop
-from sim.serving.rules import exact_delay
+from sim.serving.rules import exact_delay, routed_wake
 from sim.serving.queues import ArrivalQueue, Dispatcher
 
 
@@ -80,11 +80,7 @@ def _until_routed(env: simpy.Environment, loop: ServingLoop):
     idle_since, wake, routed_at = env.now, env.event(), []
     loop.queue.waiter = lambda arrival_s: (routed_at.append(arrival_s), wake.succeed())
     yield wake  # resumed at the instant the request was routed here
-    # Wake where a single replica idle since idle_since lands when it times out to this
-    # arrival: now + (arrival - now), repeated while that falls short.
-    t, arrival = idle_since, routed_at[0]
-    while t < arrival:
-        t = t + (arrival - t)
+    t = routed_wake(idle_since, routed_at[0])
     if t > env.now:
         yield env.timeout(exact_delay(env.now, t))
     return True

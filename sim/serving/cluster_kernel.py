@@ -41,7 +41,7 @@ from sim.scheduler.kvcache import usage
 from sim.serving.routing import (LEAST_REQUESTS, PREFIX_AWARE, ROUND_ROBIN, first_least, in_turn, outstanding_requests,
                                  outstanding_tokens, prefix_score, prompt_blocks, queue_score, waiting_requests,
                                  weighted_score)
-from sim.serving.rules import exact_delay
+from sim.serving.rules import exact_delay, routed_wake
 
 # What :func:`run_cluster` returns besides layout.py's DONE and REFILL (then ``Board.ctl[WHO]`` names the replica)
 GROW, STUCK = DONE + 1, DONE + 2
@@ -235,10 +235,7 @@ def push(b, f, r, j, q, now):
     process would (sim/serving/clock.py ``_until_routed``)."""
     enqueue(b, f, r, j, q)
     if b.status[j] == IDLE_WAIT:
-        arrival = r.arrivals[q]
-        t = b.idle_since[j]
-        while t < arrival:  # where a single replica idle since then lands on this arrival
-            t = t + (arrival - t)
+        t = routed_wake(b.idle_since[j], r.arrivals[q])
         b.at[j] = now + exact_delay(now, t) if t > now else now
         b.status[j] = WAKING
 

@@ -39,7 +39,7 @@ from sim.scheduler.layout import (ARRIVAL, C_ARRIVED, C_DRAW_POS, C_ITL_END, C_I
                                   C_REC_POS, C_STEP_K, C_STEPS, IDLE, LIMIT, NOW, PENDING_END, REFILL,
                                   ROW_REMAINING, S_ROW_K)
 from sim.scheduler.work import has_work
-from sim.serving.rules import exact_delay, step_rows_stats
+from sim.serving.rules import exact_delay, routed_wake, step_rows_stats
 from sim.serving.step import begin, decode_rows, draw, plan, price, update
 
 # How a run picks k, as the policy's compiled_form says: a table by batch size, or goodput's argmax.
@@ -120,13 +120,8 @@ def run_steps(s, p, c, proposer, d, out, arrivals, timed, stop_at, max_steps, it
         if not has_work(ctr):
             if timed and ctr[C_ARRIVED] < arrivals.shape[0]:
                 at = arrivals[ctr[C_ARRIVED]]
-                if timed == AS_ROUTED:  # where a routed replica wakes (sim/serving/clock.py ``_until_routed``)
-                    t = now
-                    while t < at:
-                        t = t + (at - t)
-                    clk[NOW] = t
-                else:
-                    clk[NOW] = now + exact_delay(now, at)  # the clock's idle wait, to the bit
+                # where a routed replica wakes, or the single replica's clock lands (its idle wait, to the bit)
+                clk[NOW] = routed_wake(now, at) if timed == AS_ROUTED else now + exact_delay(now, at)
                 continue
             return IDLE
         if ctr[C_STEPS] >= max_steps:

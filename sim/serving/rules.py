@@ -59,6 +59,17 @@ def exact_delay(now, at):
     return d
 
 
+def routed_wake(idle_since, arrival):
+    """Where a replica idle since ``idle_since`` wakes for a request routed to it that arrived at ``arrival``:
+    where a single replica idle since then lands when it times out to the arrival, ``t + (arrival - t)``
+    repeated while that falls short (the routed cluster, in SimPy and compiled, and a replica run apart
+    from one). An ulp either side of ``arrival`` where no delay lands on it, so not always :func:`exact_delay`'s."""
+    t = idle_since
+    while t < arrival:
+        t = t + (arrival - t)
+    return t
+
+
 def step_rows_stats(rows, m, track_lag):
     """The sum of rows [0, m)'s contexts and their largest lag (1 without a draft)."""
     total = 0
@@ -290,6 +301,6 @@ def write_step(steps, ctr, step):
     ctr[C_REC_POS] += 1
 
 
-RULES = (exact_delay, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill, apply_chunks,
+RULES = (exact_delay, routed_wake, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill, apply_chunks,
          write_step)
 INLINED = (step_rows_stats, write_itl, apply_decode)  # compiled into their callers (sim/jit.py)
