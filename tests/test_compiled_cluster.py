@@ -139,7 +139,7 @@ def test_round_robin_run_apart_where_events_tie_or_state_is_learnt(run_config, m
     # found by hypothesis: no delay from the replica's idle clock lands on the arrival, and the routed
     # replica wakes on it (t + (arrival - t) falls short, then lands) ...
     (7, 4, "1", 3, 1.4123967214068867, 3.8563598316645202),
-    # ... or just past it (t + (arrival - t) overshoots by an ulp), where a single replica's clock would land on it
+    # ... or an ulp past it (t + (arrival - t) overshoots): a replica run apart woken on the arrival fails here
     (4, 2, "uniform:1:30", 2, None, 2.9907737404686974),
 ])
 def test_an_idle_replica_run_apart_wakes_where_the_routed_one_does(run_config, monkeypatch, requests, replicas, output,
@@ -148,9 +148,9 @@ def test_an_idle_replica_run_apart_wakes_where_the_routed_one_does(run_config, m
 
     if idle_since is not None:
         assert idle_since + exact_delay(idle_since, arrival) != arrival
-    split, routed = apart_and_routed(run_config, monkeypatch, workload__num_requests=requests, cluster__replicas=replicas,
-                                     engine__scheduler="vllm-v1", workload__rate=1.0, workload__output_tokens=output,
-                                     engine__max_batch_size=1, seed=seed)
+    split, routed = apart_and_routed(run_config, monkeypatch, workload__num_requests=requests,
+                                     cluster__replicas=replicas, engine__scheduler="vllm-v1", workload__rate=1.0,
+                                     workload__output_tokens=output, engine__max_batch_size=1, seed=seed)
     assert arrival in routed.request_columns["arrival_s"]
     assert_identical(routed, split)
 

@@ -301,6 +301,6 @@ def write_step(steps, ctr, step):
     ctr[C_REC_POS] += 1
 
 
-RULES = (exact_delay, routed_wake, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill, apply_chunks,
-         write_step)
+RULES = (exact_delay, routed_wake, step_rows_stats, write_itl, apply_decode, join_row, retire, apply_prefill,
+         apply_chunks, write_step)
 INLINED = (step_rows_stats, write_itl, apply_decode)  # compiled into their callers (sim/jit.py)
