@@ -34,7 +34,8 @@ from sim.serving.clock import simulate_cluster, simulate_replica
 from sim.serving.compiled_cluster import compiled_cluster_for, router_lands_on_arrivals
 from sim.serving.loop import ServingLoop
 from sim.serving.queues import ArrivalQueue, Dispatcher, LimitedRoutedQueue, RoutedQueue
-from sim.serving.records import ReplicaRecords
+from sim.serving.records import ReplicaRecords, StepSink
+from sim.serving.step_merge import StepMerge
 from sim.serving.routing import waiting_requests
 
 
@@ -55,17 +56,24 @@ class ClusterRecords:
     itl_bounds: np.ndarray      # replica i's inter-token gaps are merged.itl_*[itl_bounds[i]:itl_bounds[i + 1]]
     sent_s: np.ndarray | None = None  # with a concurrency limit: when the client sent each request
     replica_counters: list[dict | None] | None = None  # vllm-v1: each replica's scheduler totals (prefix cache...)
+    replica_totals: list[StepTotals] | None = None  # steps merged as they ran (kept nowhere): each replica's totals
 
     def per_replica(self, step_totals: bool = False):
         """Each replica's own records, indexed like ``request_ids``: built one at a time from the
         merged ones (a replica's steps are the merged steps it ran, in their order). ``step_totals``:
         each replica's steps as their totals (what its summary takes), gathered a block at a time
-        rather than copied whole."""
+        rather than copied whole (or, where the steps were merged as they ran and kept nowhere, the totals
+        each replica took of its own)."""
         m = self.merged
+        if self.replica_totals is not None and not step_totals:
+            raise ValueError("the cluster's steps were merged as they ran and kept nowhere: only their totals are")
         for index, ids in enumerate(self.request_ids):
-            mine = np.flatnonzero(self.step_replica == index)  # once: a mask would be searched again per column
             lo, hi = self.itl_bounds[index], self.itl_bounds[index + 1]
-            steps = _step_totals_of(m.steps, mine) if step_totals else {f: v[mine] for f, v in m.steps.items()}
+            if self.replica_totals is not None:
+                steps = self.replica_totals[index]
+            else:
+                mine = np.flatnonzero(self.step_replica == index)  # once: a mask would be searched again per column
+                steps = _step_totals_of(m.steps, mine) if step_totals else {f: v[mine] for f, v in m.steps.items()}
             yield ReplicaRecords(m.scheduled_s[ids], m.first_token_s[ids], m.finish_s[ids], m.decode_steps[ids],
                                  m.drafted_tokens[ids], m.accepted_tokens[ids],
                                  steps, m.itl_values[lo:hi], m.itl_weights[lo:hi],
@@ -126,17 +134,21 @@ class InboundSignals(ReplicaSignals):
         return super().waiting_requests() + self.incoming
 
 
-def run_cluster(*, arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.ndarray, replica: ReplicaPlan,
+def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                prefix_keys: np.ndarray | None, acceptance_scale: np.ndarray, replica: ReplicaPlan,
                 parts: list[ReplicaParts], router: str, max_concurrency: int | None = None,
-                reply_delay_s: float = 0.0) -> ClusterRecords:
-    """Simulate the replicas and their router until every request has finished. ``inputs``: the
-    requests' int block (:meth:`ReplicaPlan.inputs`); ``max_concurrency``: the client keeps at
+                reply_delay_s: float = 0.0, steps_sink: StepSink | None = None) -> ClusterRecords:
+    """Simulate the replicas and their router until every request has finished (the requests' lengths and
+    prefix-cache keys go into the int block their queues hold: :meth:`ReplicaPlan.inputs`); ``max_concurrency``: the client keeps at
     most that many requests outstanding over the cluster, and sees each finish ``reply_delay_s``
-    after the engine."""
+    after the engine. ``steps_sink``: a sink that keeps no steps, handed the cluster's merged steps as
+    replicas run apart (:func:`run_apart`); its ``streamed`` stays None where the cluster could not."""
     if runs_apart(router, arrival_s, max_concurrency, len(parts)):
-        apart = run_apart(arrival_s, inputs, acceptance_scale, replica, parts)
+        apart = run_apart(arrival_s, prompt_tokens, output_tokens, prefix_keys, acceptance_scale, replica, parts,
+                          steps_sink)
         if apart is not None:
             return apart
+    inputs = replica.inputs(prompt_tokens, output_tokens, prefix_keys)
     dispatcher = Dispatcher(arrival_s, inputs, acceptance_scale, make_router(router), limit=max_concurrency,
                             reply_delay_s=reply_delay_s)
     queue_type = RoutedQueue if max_concurrency is None else LimitedRoutedQueue
@@ -188,20 +200,25 @@ def replica_threads(replicas: int) -> int:
     """How many replicas run at once: ``SPECBATCH_THREADS`` (a pool's workers set 1: their pool already
     uses every core), else the cores this process may use. A compiled run holds no lock, so
     replicas run side by side; a replica stepped in Python holds the interpreter's lock and gains nothing."""
+    threads = _threads_asked()
+    return max(1, min(usable_cores() if threads is None else threads, replicas))
+
+
+def _threads_asked() -> int | None:
+    """``SPECBATCH_THREADS``, where it is set."""
     value = os.environ.get(THREADS_VARIABLE, "").strip()
-    if value:
-        try:
-            threads = int(value)
-        except ValueError:
-            raise InputError(f"{value!r} is not a whole number of threads", field=THREADS_VARIABLE,
-                             source="the environment") from None
-    else:
-        threads = usable_cores()
-    return max(1, min(threads, replicas))
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"{value!r} is not a whole number of threads", field=THREADS_VARIABLE,
+                         source="the environment") from None
 
 
-def run_apart(arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.ndarray, replica: ReplicaPlan,
-              parts: list[ReplicaParts]) -> ClusterRecords | None:
+def run_apart(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+              prefix_keys: np.ndarray | None, acceptance_scale: np.ndarray, replica: ReplicaPlan,
+              parts: list[ReplicaParts], steps_sink: StepSink | None = None) -> ClusterRecords | None:
     """Round-robin's replicas, each a single replica on its share (:func:`runs_apart`), side by side on
     :func:`replica_threads` threads: no replica reads another's state, so the order they run in changes
     nothing, and no replica stops at requests routed elsewhere (a million requests over four replicas: a
@@ -210,45 +227,72 @@ def run_apart(arrival_s: np.ndarray, inputs: np.ndarray, acceptance_scale: np.nd
     Only replicas in compiled runs run apart (None otherwise, and the cluster is routed): idle, a compiled
     replica wakes for its next arrival where the routed replica would (``wakes_as_routed``), which a replica
     stepped in Python, whose SimPy clock only adds delays to its own time, cannot always reach to the bit;
-    and a replica stepped in Python holds the interpreter's lock, so it gains nothing on a thread."""
+    and a replica stepped in Python holds the interpreter's lock, so it gains nothing on a thread.
+
+    With ``steps_sink`` (one that keeps no steps) and no ``SPECBATCH_THREADS`` below the replicas, every
+    replica runs at once on a thread of its own and their steps are merged as they run
+    (sim/serving/step_merge.py), kept nowhere: the merge needs every replica's progress."""
     count = len(parts)
-    threads = replica_threads(count)
     shares = [np.arange(index, arrival_s.shape[0], count) for index in range(count)]
     loops = []
     for share, p in zip(shares, parts):
-        queue = ArrivalQueue(arrival_s[share], inputs[:, share], acceptance_scale[share], wakes_as_routed=True)
+        queue = ArrivalQueue(arrival_s[share], replica.inputs(prompt_tokens[share], output_tokens[share],
+                                                             None if prefix_keys is None else prefix_keys[:, share]),
+                             acceptance_scale[share], wakes_as_routed=True)
         loops.append(replica.loop(queue, p.policy, p.sampler))
         if loops[0].compiled_runs is None:  # every replica runs as the first does (one plan, one config)
             return None
+    asked = _threads_asked()
+    stop = threading.Event()
+    merge = None
+    if steps_sink is not None and not steps_sink.keeps and (asked is None or asked >= count):
+        columns = list(loops[0].state.buffers.step_columns(loops[0].scheduler.paged))
+        merge = StepMerge(steps_sink, count, columns, stop)
+        for index, loop in enumerate(loops):
+            loop.state.buffers.stream_to(merge.feed(index))
+    threads = count if merge is not None else replica_threads(count)
     if threads == 1:
-        for loop in loops:
-            simulate_replica(loop)
+        for index, loop in enumerate(loops):
+            _run_one(loop, merge, index)
     else:
-        stop = threading.Event()
         for loop in loops:
-            if loop.compiled_runs is not None:
-                loop.compiled_runs.stop = stop
+            loop.compiled_runs.stop = stop
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="replica")
         try:
-            running = [pool.submit(simulate_replica, loop) for loop in loops]
+            running = [pool.submit(_run_one, loop, merge, index) for index, loop in enumerate(loops)]
             done, _ = wait(running, return_when=FIRST_EXCEPTION)
             for future in running:  # the first failure, in the replicas' order
                 if future in done and future.exception() is not None:
                     raise future.exception()
         finally:
             # After a failure or Ctrl-C (which only the main thread hears): replicas not yet started never
-            # start, and running ones stop at their compiled run's next return to Python.
+            # start, running ones stop at their compiled run's next return to Python, and waiting ones
+            # (sim/serving/step_merge.py) stop waiting.
             stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
     for loop in loops:
         loop.close()
-    return merge_loops(loops, arrival_s.shape[0], shares)
+        loop.drop_inputs()
+    if merge is None:
+        return merge_loops(loops, arrival_s.shape[0], shares)
+    return merge_loops(loops, arrival_s.shape[0], shares, merged_steps=merge)
 
 
-def merge_loops(loops: list[ServingLoop], n: int, shares: list[np.ndarray] | None = None) -> ClusterRecords:
+def _run_one(loop: ServingLoop, merge: StepMerge | None, index: int) -> None:
+    """One replica run apart, its last steps handed to the merge."""
+    simulate_replica(loop)
+    if merge is not None:
+        loop.state.buffers.flush()
+        merge.finished(index)
+
+
+def merge_loops(loops: list[ServingLoop], n: int, shares: list[np.ndarray] | None = None,
+                merged_steps: StepMerge | None = None) -> ClusterRecords:
     """The replicas' records as the cluster's (or one pool's: sim/disaggregated.py); each loop's records are moved out and the loop
     dropped from ``loops`` in turn, so that memory holds about one copy of the steps, not two. ``shares``: each
-    loop's request ids, where its queue does not hold them (a replica run apart on an arrival array)."""
+    loop's request ids, where its queue does not hold them (a replica run apart on an arrival array).
+    ``merged_steps``: the steps were merged as the replicas ran and kept nowhere; the records then hold
+    their totals (the cluster's, and each replica's)."""
     ids = shares if shares is not None else [loop.queue.request_ids[:loop.queue.count] for loop in loops]
     replica_of = np.zeros(n, dtype=np.int64)
     per_request = {name: np.full(n, np.nan) for name in ("scheduled_s", "first_token_s", "finish_s")}
@@ -259,9 +303,11 @@ def merge_loops(loops: list[ServingLoop], n: int, shares: list[np.ndarray] | Non
     cached = np.zeros(n, dtype=np.int64) if v1 else None
     counters: dict = {}
     replica_counters: list[dict | None] = []
+    kept = merged_steps is None
     counts = [len(loop.state.buffers) for loop in loops]
     itl_counts = [loop.state.buffers.itl()[0].shape[0] for loop in loops]
-    step_replica = np.repeat(np.arange(len(loops), dtype=np.int64), counts)
+    step_replica = np.repeat(np.arange(len(loops), dtype=np.int64), counts) if kept else None
+    replica_totals = None if kept else [loop.state.buffers.totals for loop in loops]
     itl_bounds = np.concatenate(([0], np.cumsum(itl_counts)))
     steps = itl_values = itl_weights = None
     row = 0
@@ -278,24 +324,30 @@ def merge_loops(loops: list[ServingLoop], n: int, shares: list[np.ndarray] | Non
             for name, value in rec.scheduler.items():  # totals over the replicas (a peak: the largest)
                 counters[name] = max(counters.get(name, 0), value) if name.startswith("peak") else \
                     counters.get(name, 0) + value
-        if steps is None:
-            steps = {f: np.empty(step_replica.shape[0], v.dtype) for f, v in rec.steps.items()}
+        if itl_values is None:
             itl_values = np.empty(itl_bounds[-1], rec.itl_values.dtype)
             itl_weights = np.empty(itl_bounds[-1], rec.itl_weights.dtype)
-        for f, v in rec.steps.items():
-            steps[f][row:row + v.shape[0]] = v
-        row += counts[index]
+        if kept:
+            if steps is None:
+                steps = {f: np.empty(step_replica.shape[0], v.dtype) for f, v in rec.steps.items()}
+            for f, v in rec.steps.items():
+                steps[f][row:row + v.shape[0]] = v
+            row += counts[index]
         itl_values[itl_bounds[index]:itl_bounds[index + 1]] = rec.itl_values
         itl_weights[itl_bounds[index]:itl_bounds[index + 1]] = rec.itl_weights
         del rec, loop
         loops[index] = None  # its buffers go now
-    order = np.lexsort((step_replica, steps["start_s"]))  # by start time, then replica
-    for f in steps:
-        steps[f] = steps[f][order]
+    if kept:
+        order = np.lexsort((step_replica, steps["start_s"]))  # by start time, then replica
+        for f in steps:
+            steps[f] = steps[f][order]
+        step_replica = step_replica[order]
+    else:
+        steps = merged_steps.close()
     merged = ReplicaRecords(**per_request, steps=steps, itl_values=itl_values, itl_weights=itl_weights,
                             preemptions=preemptions, cached_tokens=cached, scheduler=counters if v1 else None)
-    return ClusterRecords(merged, replica_of, step_replica[order], ids, itl_bounds,
-                          replica_counters=replica_counters if v1 else None)
+    return ClusterRecords(merged, replica_of, step_replica, ids, itl_bounds,
+                          replica_counters=replica_counters if v1 else None, replica_totals=replica_totals)
 
 
 def _trimmed(rec: ReplicaRecords, count: int) -> ReplicaRecords:

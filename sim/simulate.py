@@ -486,7 +486,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_si
     (:class:`~sim.serving.records.StepSink`): handed the step records as a single replica's compiled
     run writes them (a run folder's steps file, written while the engine runs); its ``streamed`` is set
     to the steps' columns once it has had them all, and left None where the run could not stream
-    (anything but a single replica in compiled runs). A sink that keeps no steps leaves the result none
+    (anything but a single replica in compiled runs, or, for a sink that keeps none, a round-robin
+    cluster whose replicas run apart: sim.cluster.run_apart). A sink that keeps no steps leaves the result none
     (``step_columns`` None; the summary is taken from their totals, the same figures)."""
     started = time.perf_counter()
     config, requests = run.config, run.requests
@@ -517,12 +518,12 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_si
         policies = [part.policy for part in parts]
         samplers = [p.sampler for p in parts]
         engine_started = time.perf_counter()
-        cluster = run_cluster(arrival_s=requests.arrival_s,
-                              inputs=run.replica.inputs(requests.prompt_tokens, requests.output_tokens,
-                                                        run.prefix_keys),
+        cluster = run_cluster(arrival_s=requests.arrival_s, prompt_tokens=requests.prompt_tokens,
+                              output_tokens=requests.output_tokens, prefix_keys=run.prefix_keys,
                               acceptance_scale=scale, replica=run.replica, parts=parts,
                               router=config.cluster.router, max_concurrency=config.workload.max_concurrency,
-                              reply_delay_s=run.profile.request_latency_s)
+                              reply_delay_s=run.profile.request_latency_s,
+                              steps_sink=steps_sink if steps_sink is not None and not steps_sink.keeps else None)
         engine_wall = time.perf_counter() - engine_started
         records = cluster.merged
         if cluster.sent_s is not None:
@@ -557,7 +558,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_si
                                                        config.cluster.pd_threshold, config.cluster.kv_transfers)
     if count > 1:  # a one-replica run's files stay exactly the single replica's
         table["replica"] = cluster.replica_of
-        steps["replica"] = cluster.step_replica
+        if kept:
+            steps["replica"] = cluster.step_replica
         breakdown = replica_breakdown(requests.arrival_s, requests.prompt_tokens, requests.output_tokens,
                                       cluster.request_ids, cluster.per_replica(step_totals=True),
                                       summary["duration_s"],

@@ -120,6 +120,13 @@ class ServingLoop:
         self.compiled_runs = None
         self.queue.on_grow = None
 
+    def drop_inputs(self) -> None:
+        """The run is over and only its records are read from here on: let its requests' inputs go (the
+        queue keeps its count). A cluster whose replicas ran apart, each on a copy of its share, merges
+        their records in the room."""
+        self.state.bind(None, self.state.track_lag)
+        self.queue.drop_inputs()
+
     # ------------------------------------------------------------ schedule + execute
     def has_work(self) -> bool:
         """Whether a step can start now (else the replica waits for an arrival): sim.scheduler.work."""

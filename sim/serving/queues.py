@@ -89,6 +89,12 @@ class ArrivalQueue:
         """Use the replica's counters (the loop's state) for ``C_ARRIVED`` and ``C_HEAD``."""
         self.ctr = ctr
 
+    def drop_inputs(self) -> None:
+        """Let the requests' arrays go once the run is over (sim.serving.loop ``drop_inputs``)."""
+        self.reqi = np.zeros((self.reqi.shape[0], 0), dtype=self.reqi.dtype)  # not a view: it would keep the block
+        self.arrival_times = self.scale = self.cum_tokens = np.zeros(0)
+        self.arrival_s = array("d")
+
     @property
     def head(self) -> int:
         return int(self.ctr[C_HEAD])
