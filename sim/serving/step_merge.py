@@ -31,7 +31,7 @@ class StepMerge:
     memory holds a few blocks a replica whatever the run's length; the replica furthest behind never
     waits, so every replica must be running at once (``run_apart`` then gives each a thread)."""
 
-    ahead = 4  # blocks a replica's records may wait for the others, at most, before it waits itself
+    ahead = 2  # blocks a replica's records may wait for the others, at most, before it waits itself
 
     def __init__(self, sink: StepSink, replicas: int, columns: list[str], stop: threading.Event) -> None:
         if sink.keeps:
@@ -83,32 +83,33 @@ class StepMerge:
         """Move every record that no replica can still precede into the merged order."""
         parts, owners = [], []
         for index, waiting in enumerate(self._waiting):
-            if not waiting:
-                continue
-            rows = waiting[0] if len(waiting) == 1 else np.concatenate(waiting)
             # Before every other replica's frontier in (start, replica) order: a later record of replica j
             # starts at its frontier or later, and a tie goes to the lower replica.
-            cut = rows.shape[0]
-            for other, frontier in enumerate(self._frontier):
-                if other != index and frontier != math.inf:
-                    side = "right" if index < other else "left"
-                    cut = min(cut, int(np.searchsorted(rows["start_s"], frontier, side=side)))
-            if cut:
-                parts.append(rows[:cut])
-                owners.append(np.full(cut, index, np.int64))
-            self._waiting[index] = [rows[cut:]] if cut < rows.shape[0] else []
+            bounds = [(frontier, "right" if index < other else "left")
+                      for other, frontier in enumerate(self._frontier) if other != index and frontier != math.inf]
+            while waiting:
+                rows = waiting[0]
+                cut = min((int(np.searchsorted(rows["start_s"], frontier, side=side)) for frontier, side in bounds),
+                          default=rows.shape[0])
+                if cut:
+                    parts.append(rows[:cut])
+                    owners.append(np.full(cut, index, np.int64))
+                if cut < rows.shape[0]:
+                    waiting[0] = rows[cut:]
+                    break
+                waiting.pop(0)
         if not parts:
             return
         rows, owner = np.concatenate(parts), np.concatenate(owners)
+        del parts, owners
         order = np.lexsort((owner, rows["start_s"]))  # stable: a replica's own ties keep its order
-        merged = np.empty(order.shape[0], MERGED_DTYPE)
-        for name in STEP_DTYPE.names:
-            merged[name] = rows[name][order]
-        merged[REPLICA_FIELD] = owner[order]
         at = 0
-        while at < merged.shape[0]:
-            count = min(self.block - self._filled, merged.shape[0] - at)
-            self._out[self._filled:self._filled + count] = merged[at:at + count]
+        while at < order.shape[0]:
+            count = min(self.block - self._filled, order.shape[0] - at)
+            taken, out = order[at:at + count], self._out[self._filled:self._filled + count]
+            for name in STEP_DTYPE.names:
+                out[name] = rows[name][taken]
+            out[REPLICA_FIELD] = owner[taken]
             self._filled += count
             at += count
             if self._filled == self.block:
