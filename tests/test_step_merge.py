@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -174,10 +175,13 @@ def test_a_replica_ahead_of_the_others_waits_for_them_and_a_stop_frees_it(monkey
 
     ahead = threading.Thread(target=run_ahead)
     ahead.start()
-    ahead.join(0.5)
+    waiting = lambda: sum(rows.shape[0] for rows in merge._waiting[0])  # noqa: E731
+    deadline = time.monotonic() + 10
+    while waiting() <= 2 * 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ahead.join(0.2)
     assert ahead.is_alive()  # replica 1 has handed nothing over: replica 0's records wait, and so does it
-    waiting = sum(rows.shape[0] for rows in merge._waiting[0])
-    assert 2 * 4 < waiting <= 3 * 4
+    assert 2 * 4 < waiting() <= 3 * 4
     merge.take(1, replica_steps([100.0], 1))  # replica 1 is past all of them: they merge, and 0 goes on
     ahead.join(5)
     assert not ahead.is_alive()
