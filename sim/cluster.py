@@ -142,7 +142,8 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
     prefix-cache keys go into the int block their queues hold: :meth:`ReplicaPlan.inputs`); ``max_concurrency``: the client keeps at
     most that many requests outstanding over the cluster, and sees each finish ``reply_delay_s``
     after the engine. ``steps_sink``: a sink that keeps no steps, handed the cluster's merged steps as
-    replicas run apart (:func:`run_apart`); its ``streamed`` stays None where the cluster could not."""
+    the replicas run (apart: :func:`run_apart`; or in one compiled cluster, whose replicas run in one
+    simulated time, in step); its ``streamed`` stays None where the cluster could not (SimPy's cluster)."""
     if runs_apart(router, arrival_s, max_concurrency, len(parts)):
         apart = run_apart(arrival_s, prompt_tokens, output_tokens, prefix_keys, acceptance_scale, replica, parts,
                           steps_sink)
@@ -159,6 +160,11 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
         dispatcher.add(queue, ReplicaSignals(loop))
         loops.append(loop)
     compiled = compiled_cluster_for(dispatcher, loops, compiled_rule(dispatcher.router))
+    merge = None
+    if compiled is not None and steps_sink is not None and not steps_sink.keeps:
+        merge = StepMerge(steps_sink, len(loops), list(loops[0].state.buffers.step_columns(loops[0].scheduler.paged)))
+        for index, loop in enumerate(loops):
+            loop.state.buffers.stream_to(merge.feed(index))
     if compiled is not None:  # every replica and the router in compiled code
         compiled.run()
         del compiled
@@ -171,10 +177,14 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
     dispatcher.queues.clear()
     dispatcher.loads.clear()
     dispatcher.on_unblock = None
-    for loop in loops:
+    for index, loop in enumerate(loops):
         loop.close()
         loop.queue.waiter = None
-    merged = merge_loops(loops, arrival_s.shape[0])
+        if merge is not None:
+            loop.state.buffers.flush()
+            merge.finished(index)
+    merged = merge_loops(loops, arrival_s.shape[0]) if merge is None else \
+        merge_loops(loops, arrival_s.shape[0], merged_steps=merge)
     merged.sent_s = sent_s
     return merged
 

@@ -51,6 +51,36 @@ def test_a_clusters_streamed_steps_are_the_files_and_summary_of_the_merge_after(
     assert not [t for t in threading.enumerate() if t.name.startswith(("steps-file", "replica"))]
 
 
+@pytest.mark.parametrize("every", [1, 7, 1 << 16])
+@pytest.mark.parametrize("router", ["least-requests", "least-tokens", "prefix-aware"])
+@pytest.mark.parametrize("overrides", [{}, TIES])
+def test_a_compiled_clusters_streamed_steps_are_the_files_and_summary_of_the_merge_after(
+        run_config, monkeypatch, tmp_path, every, router, overrides):
+    """A router that reads the replicas runs them in one compiled cluster, in one simulated time: the steps
+    merge as they run there too, none waiting (one thread runs them all)."""
+    config = dict(SMALL, **overrides, cluster__replicas=3, cluster__router=router, engine__scheduler="vllm-v1",
+                  engine__enable_prefix_caching=True)
+    monkeypatch.setattr(metrics, "STEP_BLOCK", every)
+    after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
+    spy = Spy(monkeypatch, every)
+    streamed, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")),
+                                        default_folder=False, keep_steps=False)
+    assert len(spy.files) == 1 and spy.files[0].streamed == list(after.step_columns)
+    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
+    assert same(streamed.summary, after.summary) and same(streamed.replicas, after.replicas)
+
+
+def test_a_routed_cluster_in_simpy_keeps_its_steps(run_config, monkeypatch, tmp_path):
+    """Behind a client's concurrency limit the replicas step in SimPy: the steps are merged after the run."""
+    config = dict(SMALL, cluster__replicas=2, cluster__router="least-requests", workload__max_concurrency=4)
+    after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
+    spy = Spy(monkeypatch, 16)
+    outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "later")), default_folder=False,
+                          keep_steps=False)
+    assert len(spy.files) == 1 and spy.files[0].streamed is None
+    assert folder_bytes(tmp_path / "later")["steps.csv"] == folder_bytes(tmp_path / "after")["steps.csv"]
+
+
 def test_a_cluster_that_writes_no_steps_totals_them_as_they_merge(run_config, monkeypatch, tmp_path):
     monkeypatch.delenv("SPECBATCH_THREADS", raising=False)
     monkeypatch.setattr(metrics, "STEP_BLOCK", 5)

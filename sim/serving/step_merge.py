@@ -1,7 +1,7 @@
 """A cluster's step records merged by start time while its replicas run, so that none keeps them.
 
-Replicas run apart (sim/cluster.py ``run_apart``) each hand their finished records over a block at a
-time (sim/serving/records.py ``Buffers.stream_to``). A replica's records come in start-time order, so
+A cluster's replicas (run apart, sim/cluster.py ``run_apart``, or in one compiled cluster) each hand
+their finished records over a block at a time (sim/serving/records.py ``Buffers.stream_to``). A replica's records come in start-time order, so
 once every replica still running has handed over a record starting at ``t`` or later, every record
 before ``t`` is final in the cluster's order too: (start time, replica), the order of
 :func:`sim.cluster.merge_loops`. Those are merged and handed on to one sink (the run folder's steps
@@ -26,14 +26,17 @@ MERGED_DTYPE = np.dtype(STEP_DTYPE.descr + [(REPLICA_FIELD, np.int64)])
 class StepMerge:
     """The replicas' step records, merged as they come and handed to ``sink`` (which keeps none).
 
-    Replicas hand over from their own threads. A replica that gets more than :attr:`ahead` blocks
-    ahead of the others waits for them (its records wait in memory until the slowest catches up), so
-    memory holds a few blocks a replica whatever the run's length; the replica furthest behind never
-    waits, so every replica must be running at once (``run_apart`` then gives each a thread)."""
+    Replicas run apart hand over from their own threads (``stop``: set when the run stops). A replica
+    that gets more than :attr:`ahead` blocks ahead of the others waits for them (its records wait in
+    memory until the slowest catches up), so memory holds a few blocks a replica whatever the run's
+    length; the replica furthest behind never waits, so every replica must be running at once
+    (``run_apart`` then gives each a thread). Without ``stop``, one thread runs every replica in one
+    simulated time (the compiled cluster), and none waits: they keep in step by themselves."""
 
     ahead = 2  # blocks a replica's records may wait for the others, at most, before it waits itself
 
-    def __init__(self, sink: StepSink, replicas: int, columns: list[str], stop: threading.Event) -> None:
+    def __init__(self, sink: StepSink, replicas: int, columns: list[str],
+                 stop: threading.Event | None = None) -> None:
         if sink.keeps:
             raise ValueError("a merged cluster's sink keeps no steps: the merge after the run keeps them")
         self.sink, self.stop = sink, stop
@@ -58,8 +61,8 @@ class StepMerge:
                 self._waiting[replica].append(rows)
                 self._frontier[replica] = float(rows["start_s"][-1])
             self._merge()
-            while (sum(r.shape[0] for r in self._waiting[replica]) > self.ahead * self.block
-                   and not self.stop.is_set()):
+            while (self.stop is not None and not self.stop.is_set()
+                   and sum(r.shape[0] for r in self._waiting[replica]) > self.ahead * self.block):
                 self._changed.wait(0.05)
 
     def finished(self, replica: int) -> None:
