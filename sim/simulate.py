@@ -625,6 +625,9 @@ def _run_replica(run: PreparedRun, scale: np.ndarray, sampler, policy: Policy, b
     if streaming:
         steps_sink.start(columns)
         buffers.stream_to(steps_sink)
+        follow = getattr(steps_sink, "follow_requests", None)  # requests.csv too, as requests finish
+        if follow is not None and limit is None and requests.label is None:
+            follow(FinishedRequests(requests, run.alphas, loop.records(), run.profile.request_latency_s))
     started = time.perf_counter()
     simulate_replica(loop)
     engine_wall = time.perf_counter() - started
@@ -654,23 +657,25 @@ def request_table(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -
     return as_frame(request_columns(requests, alphas, rec))
 
 
-def request_columns(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords) -> dict[str, np.ndarray]:
-    """requests.csv's columns, in its order."""
-    ttft = rec.first_token_s - requests.arrival_s
-    e2el = rec.finish_s - requests.arrival_s
-    out = requests.output_tokens
+def request_columns(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords,
+                    rows: slice = slice(None)) -> dict[str, np.ndarray]:
+    """requests.csv's columns, in its order; ``rows``: those rows only (``rec`` holds just them)."""
+    arrival = requests.arrival_s[rows]
+    ttft = rec.first_token_s - arrival
+    e2el = rec.finish_s - arrival
+    out = requests.output_tokens[rows]
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2el - ttft) / (out - 1), np.nan)
     return {
-        "request_id": np.arange(len(requests)),
-        "arrival_s": requests.arrival_s,
-        "prompt_tokens": requests.prompt_tokens,
+        "request_id": np.arange(len(requests))[rows],
+        "arrival_s": arrival,
+        "prompt_tokens": requests.prompt_tokens[rows],
         "output_tokens": out,
-        "alpha": alphas,
+        "alpha": alphas[rows],
         "scheduled_s": rec.scheduled_s,
         "first_token_s": rec.first_token_s,
         "finish_s": rec.finish_s,
-        "queue_s": rec.scheduled_s - requests.arrival_s,
+        "queue_s": rec.scheduled_s - arrival,
         "ttft_s": ttft,
         "tpot_s": tpot,
         "e2el_s": e2el,
@@ -679,6 +684,35 @@ def request_columns(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords)
         "accepted_tokens": rec.accepted_tokens,
         **({"num_preemptions": rec.preemptions} if rec.preemptions is not None else {}),
         **({"num_cached_tokens": rec.cached_tokens} if rec.cached_tokens is not None else {}),
-        **({"label": requests.label} if requests.label is not None else {}),
+        **({"label": requests.label[rows]} if requests.label is not None else {}),
     }
+
+
+class FinishedRequests:
+    """requests.csv's rows of a single replica's run as they become final: a request's row is final once it
+    has finished, and a run of them from the first can be written while the engine goes on
+    (specbatch/commands/outputs.py ``StepsFile``). ``live``: the loop's per-request records (views of its
+    arrays, which an arrival queue never replaces); ``latency_s``: the frontend's share, added to every
+    first token and finish after the run (:func:`execute`), here to each row taken."""
+
+    def __init__(self, requests: Requests, alphas: np.ndarray, live: ReplicaRecords, latency_s: float) -> None:
+        self.requests, self.alphas, self.live, self.latency_s = requests, alphas, live, latency_s
+        self.final = 0  # requests from the first that have finished
+
+    def count(self) -> int:
+        """How many requests from the first have finished by now."""
+        waiting = np.isnan(self.live.finish_s[self.final:])
+        self.final += int(waiting.argmax()) if waiting.any() else waiting.shape[0]
+        return self.final
+
+    def columns(self, lo: int, hi: int) -> dict[str, np.ndarray]:
+        """Rows ``lo`` to ``hi`` (finished) of requests.csv, as they will read after the run."""
+        cut, live, shift = slice(lo, hi), self.live, self.latency_s
+        late = (lambda values: values[cut] + shift) if shift else (lambda values: values[cut].copy())
+        rec = ReplicaRecords(live.scheduled_s[cut].copy(), late(live.first_token_s), late(live.finish_s),
+                             live.decode_steps[cut].copy(), live.drafted_tokens[cut].copy(),
+                             live.accepted_tokens[cut].copy(), {}, live.itl_values, live.itl_weights,
+                             None if live.preemptions is None else live.preemptions[cut].copy(),
+                             None if live.cached_tokens is None else live.cached_tokens[cut].copy())
+        return request_columns(self.requests, self.alphas, rec, cut)
 

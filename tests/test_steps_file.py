@@ -33,6 +33,7 @@ class Spy:
         monkeypatch.setattr(outputs, "STREAM_MIN_REQUESTS", 0)
         monkeypatch.setattr(jit, "is_warm", lambda: True)  # the formatter compiles here if it must
         monkeypatch.setattr(outputs.StepsFile, "every", every)
+        monkeypatch.setattr(outputs.StepsFile, "requests_every", every)  # requests.csv in as small slices
         monkeypatch.setattr(metrics, "STEP_BLOCK", every)  # a sink that keeps no steps takes blocks of it
         monkeypatch.setattr(compiled, "RECORD_ROOM", min(RECORD_ROOM, every))  # hand-overs every `every` records
         monkeypatch.setattr(outputs.StepsFile, "for_run",
@@ -58,6 +59,7 @@ def test_a_streamed_steps_file_is_the_file_written_after_the_run(run_config, mon
     streamed, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")),
                                         default_folder=False, keep_steps=keep)
     assert len(spy.files) == 1 and spy.files[0].streamed == list(after.step_columns)
+    assert spy.files[0].requests_streamed > 0 or every > 7  # 300 requests: in slices of `every` as they finish
     assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
     assert streamed.summary == after.summary
     if keep:
@@ -68,6 +70,31 @@ def test_a_streamed_steps_file_is_the_file_written_after_the_run(run_config, mon
         with pytest.raises(ValueError, match="kept no steps in memory"):
             streamed.steps
     assert not [t for t in threading.enumerate() if t.name.startswith("steps-file")]
+
+
+def test_requests_written_as_they_finish_carry_the_frontends_latency(run_config, monkeypatch, tmp_path,
+                                                                     synthetic_profile):
+    """A profile's request latency moves every first token and finish after the run; the rows of requests.csv
+    written while the engine ran carry it too."""
+    import json
+    import shutil
+
+    profile = tmp_path / "late"
+    shutil.copytree(synthetic_profile, profile)
+    meta = json.loads((profile / "profile.json").read_text())
+    meta.setdefault("engine_overhead", {})["request_latency_s"] = 0.0123
+    (profile / "profile.json").write_text(json.dumps(meta))
+    config = dict(SMALL, profile=str(profile))
+    outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
+    spy = Spy(monkeypatch, 7)
+    monkeypatch.setattr(metrics, "STEP_BLOCK", 1 << 16)  # the totals' blocks as after the run: only the files'
+    monkeypatch.setattr(outputs.StepsFile, "every", 1 << 16)
+    outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")), default_folder=False,
+                          keep_steps=False)
+    assert spy.files[0].requests_streamed > 0
+    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
+    late = (tmp_path / "after" / "requests.csv").read_text().splitlines()
+    assert float(late[1].split(",")[6]) > 0.0123  # first_token_s, frontend latency included
 
 
 def test_specbatch_run_keeps_no_steps_unless_a_result_file_reads_them(monkeypatch, tmp_path, synthetic_profile):

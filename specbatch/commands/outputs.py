@@ -183,8 +183,10 @@ def fill_run_folder(result: RunResult, staging: Path, steps_file: "StepsFile | N
     (staging / "config.toml").write_text(result.config.to_toml())
     if records != "none":
         compiled = result.config.engine.jit != "off"
-        write_table(result.request_columns, staging / f"requests.{records}", records, compiled=compiled)
-        if steps_file is None or not steps_file.holds(result.step_columns):
+        steps_held = steps_file is not None and steps_file.holds(result.step_columns)  # waits for its writes
+        if steps_file is None or not steps_file.finish_requests(result.request_columns):
+            write_table(result.request_columns, staging / f"requests.{records}", records, compiled=compiled)
+        if not steps_held:
             write_table(result.step_columns, staging / f"steps.{records}", records, compiled=compiled,
                         follows=STEP_FOLLOWS)
     if result.spec_decode_requests is not None:
@@ -209,11 +211,14 @@ class StepsFile:
     hands over are formatted (sim/csv_rows.py, the same bytes :func:`write_table` writes) and written on
     a thread of their own meanwhile, in order, so that most of the file is on disk when the engine
     ends. Where the run could not stream (:func:`sim.simulate.execute` says which), the file is
-    written after the run as before (:meth:`holds`).
+    written after the run as before (:meth:`holds`). A single replica's run also has it write the
+    rows of requests.csv whose requests have finished, from the first, on the same thread
+    (:meth:`follow_requests`).
     """
 
     every = STEP_BLOCK  # records a hand-over: a compiled run returns once for each
     queued = 4  # blocks waiting for the writer at most: a run that outpaces it waits, its memory bounded
+    requests_every = COMPILED_SLICE_ROWS  # finished requests written at a time while the engine runs
 
     def __init__(self, path: Path, format_rows, keeps: bool = True) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -224,6 +229,11 @@ class StepsFile:
         self._sink = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steps-file")
         self._pending: list = []
+        self.requests_path = path.with_name("requests.csv")
+        self._finished = None  # sim.simulate.FinishedRequests, where requests.csv is written as requests finish
+        self._requests: list | None = None  # its columns' names and dtypes, once its first rows are queued
+        self._requests_sink = None
+        self._requests_queued = 0  # rows of requests.csv queued for the writer
 
     @classmethod
     def for_run(cls, run, staging: Path | None, keep_steps: bool = True) -> "StepsFile | None":
@@ -247,17 +257,62 @@ class StepsFile:
         self._sink = open(self.path, "wb")
         self._sink.write((",".join(self._columns) + "\n").encode())
 
+    @property
+    def requests_streamed(self) -> int:
+        """Rows of requests.csv written (or queued) while the engine ran."""
+        return self._requests_queued
+
+    def follow_requests(self, finished) -> None:
+        """Write requests.csv too while the engine runs: the rows of the requests that ``finished``
+        (:class:`sim.simulate.FinishedRequests`) says are final, from the first, :attr:`requests_every` or
+        more at a time; :meth:`finish_requests` writes the rest after the run."""
+        self._finished = finished
+
     def rows(self, steps: np.ndarray, lo: int, hi: int) -> None:
-        """Queue records ``lo`` to ``hi`` of ``steps`` for writing (they are final: see StepSink)."""
+        """Queue records ``lo`` to ``hi`` of ``steps`` for writing (they are final: see StepSink), and the
+        requests that have finished since, where this file follows them."""
         # A copy of the slice (as bytes: numpy copies a packed record field by field), not a view: a view
         # would keep the whole buffer alive after the run has doubled it, until the slice was written.
         rows = np.empty(hi - lo, steps.dtype)
         rows.view(np.uint8)[:] = steps[lo:hi].view(np.uint8)
-        arrays = {name: rows[name] for name in self._columns}
+        self._queue(self._write, {name: rows[name] for name in self._columns}, hi - lo)
+        if self._finished is not None:
+            final = self._finished.count()
+            if final - self._requests_queued >= self.requests_every:
+                columns = self._finished.columns(self._requests_queued, final)
+                self._requests = self._requests or [(name, values.dtype) for name, values in columns.items()]
+                self._queue(self._write_requests, columns, final - self._requests_queued)
+                self._requests_queued = final
+
+    def _queue(self, write, arrays: dict[str, np.ndarray], count: int) -> None:
         while self._pending and (self._pending[0].done() or len(self._pending) >= self.queued):
             self._pending[0].result()  # a write that failed (a full disk) stops the run here
             self._pending.pop(0)
-        self._pending.append(self._writer.submit(self._write, arrays, hi - lo))
+        self._pending.append(self._writer.submit(write, arrays, count))
+
+    def _write_requests(self, arrays: dict[str, np.ndarray], count: int) -> None:
+        from sim.csv_rows import csv_rows
+
+        if self._requests_sink is None:
+            self._requests_sink = open(self.requests_path, "wb")
+            self._requests_sink.write((",".join(arrays) + "\n").encode())
+        for at in range(0, count, COMPILED_SLICE_ROWS):
+            self._requests_sink.write(csv_rows(arrays, at, min(count, at + COMPILED_SLICE_ROWS), {}, self._format_rows))
+
+    def finish_requests(self, columns: Columns) -> bool:
+        """Write the rest of requests.csv, ``columns`` (the run's whole table), after the rows written while
+        the engine ran; False where none were, or the table is not the one they were taken from (the caller
+        then writes the file whole). Call after :meth:`holds`, which waits for the writes."""
+        if self._requests != [(name, np.asarray(values).dtype) for name, values in columns.items()]:
+            return False
+        from sim.csv_rows import csv_rows
+
+        arrays = {name: np.asarray(values) for name, values in columns.items()}
+        rows = len(arrays["request_id"])
+        with open(self.requests_path, "ab") as sink:
+            for lo in range(self._requests_queued, rows, COMPILED_SLICE_ROWS):
+                sink.write(csv_rows(arrays, lo, min(rows, lo + COMPILED_SLICE_ROWS), {}, self._format_rows))
+        return True
 
     def _write(self, arrays: dict[str, np.ndarray], count: int) -> None:
         from sim.csv_rows import csv_rows
@@ -272,16 +327,18 @@ class StepsFile:
         for pending in self._pending:
             pending.result()
         self._pending = []
-        if self._sink is not None:
-            self._sink.close()
+        for sink in (self._sink, self._requests_sink):
+            if sink is not None:
+                sink.close()
         return self.streamed is not None and (columns is None or self.streamed == list(columns))
 
     def close(self) -> None:
         """Stop writing (what is queued and not yet begun is dropped: after a failure or Ctrl-C, the staging
         folder this file is in is removed) and close the file."""
         self._writer.shutdown(wait=True, cancel_futures=True)
-        if self._sink is not None:
-            self._sink.close()
+        for sink in (self._sink, self._requests_sink):
+            if sink is not None:
+                sink.close()
 
 
 def write_table(columns: Columns, path: Path, fmt: str, *, compiled: bool = False,
