@@ -139,11 +139,12 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
                 parts: list[ReplicaParts], router: str, max_concurrency: int | None = None,
                 reply_delay_s: float = 0.0, steps_sink: StepSink | None = None) -> ClusterRecords:
     """Simulate the replicas and their router until every request has finished (the requests' lengths and
-    prefix-cache keys go into the int block their queues hold: :meth:`ReplicaPlan.inputs`); ``max_concurrency``: the client keeps at
-    most that many requests outstanding over the cluster, and sees each finish ``reply_delay_s``
-    after the engine. ``steps_sink``: a sink that keeps no steps, handed the cluster's merged steps as
-    the replicas run (apart: :func:`run_apart`; or in one compiled cluster, whose replicas run in one
-    simulated time, in step); its ``streamed`` stays None where the cluster could not (SimPy's cluster)."""
+    prefix-cache keys go into the int block their queues hold: :meth:`ReplicaPlan.inputs`).
+    ``max_concurrency``: the client keeps at most that many requests outstanding over the cluster, and
+    sees each finish ``reply_delay_s`` after the engine. ``steps_sink``: a sink that keeps no steps, handed
+    the cluster's merged steps as the replicas run (apart: :func:`run_apart`; or in one compiled cluster,
+    whose replicas run in one simulated time, in step); its ``streamed`` stays None where the cluster
+    could not (SimPy's cluster)."""
     if runs_apart(router, arrival_s, max_concurrency, len(parts)):
         apart = run_apart(arrival_s, prompt_tokens, output_tokens, prefix_keys, acceptance_scale, replica, parts,
                           steps_sink)

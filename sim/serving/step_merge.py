@@ -1,12 +1,13 @@
 """A cluster's step records merged by start time while its replicas run, so that none keeps them.
 
 A cluster's replicas (run apart, sim/cluster.py ``run_apart``, or in one compiled cluster) each hand
-their finished records over a block at a time (sim/serving/records.py ``Buffers.stream_to``). A replica's records come in start-time order, so
-once every replica still running has handed over a record starting at ``t`` or later, every record
-before ``t`` is final in the cluster's order too: (start time, replica), the order of
-:func:`sim.cluster.merge_loops`. Those are merged and handed on to one sink (the run folder's steps
-file, or totals only) in blocks of :data:`sim.metrics.STEP_BLOCK`, each added to the cluster's step
-totals as it goes: the same blocks, so the same summary, as the merge after the run.
+their finished records over a block at a time (sim/serving/records.py ``Buffers.stream_to``). A
+replica's records come in start-time order, so once every replica still running has handed over a
+record starting at ``t`` or later, every record before ``t`` is final in the cluster's order too:
+(start time, replica), the order of :func:`sim.cluster.merge_loops`. Those are merged and handed on
+to one sink (the run folder's steps file, or totals only) in blocks of :data:`sim.metrics.STEP_BLOCK`,
+each added to the cluster's step totals as it goes: the same blocks, so the same summary, as the
+merge after the run.
 """
 
 from __future__ import annotations

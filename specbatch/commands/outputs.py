@@ -238,12 +238,13 @@ class StepsFile:
     @classmethod
     def for_run(cls, run, staging: Path | None, keep_steps: bool = True) -> "StepsFile | None":
         """The run's steps file, where writing it while the engine runs applies: a run folder of CSV records,
-        one replica in compiled runs (or, for a run that keeps no steps, a cluster whose replicas run apart:
-        sim.cluster.run_apart), at least :data:`STREAM_MIN_REQUESTS` requests (a shorter run's steps
+        one replica in compiled runs (or, for a run that keeps no steps, a cluster in compiled code:
+        sim.cluster.run_cluster), at least :data:`STREAM_MIN_REQUESTS` requests (a shorter run's steps
         take less to write than loading the compiled formatter does), the formatter already compiled."""
         c = run.config
         if (staging is None or c.output.records != "csv" or c.engine.jit == "off"
-                or (c.cluster.replicas != 1 and keep_steps) or c.cluster.prefill_replicas or c.output.timeline or len(run.requests) < STREAM_MIN_REQUESTS):
+                or (c.cluster.replicas != 1 and keep_steps) or c.cluster.prefill_replicas or c.output.timeline
+                or len(run.requests) < STREAM_MIN_REQUESTS):
             return None
         from sim import csv_rows, jit
 
