@@ -31,13 +31,9 @@ TIES = dict(workload__rate=float("inf"), workload__prompt_tokens="16", workload_
             policy__name="none")  # every replica's steps start at the same instants
 
 
-@pytest.mark.parametrize("every", [1, 7, 1 << 16])
-@pytest.mark.parametrize("replicas", [2, 3])
-@pytest.mark.parametrize("overrides", [{"engine__scheduler": "vllm-v1"}, {"engine__scheduler": "v0"}, TIES])
-def test_a_clusters_streamed_steps_are_the_files_and_summary_of_the_merge_after(run_config, monkeypatch, tmp_path,
-                                                                                  every, replicas, overrides):
-    monkeypatch.delenv("SPECBATCH_THREADS", raising=False)
-    config = dict(SMALL, **overrides, cluster__replicas=replicas)
+def streams_as_merged_after(run_config, monkeypatch, tmp_path, config: dict, every: int) -> None:
+    """The cluster's run streamed (keeping no steps, hand-overs of ``every``) writes the folder, summary and
+    per-replica breakdown of the run that merges its steps after, and leaves no thread behind."""
     monkeypatch.setattr(metrics, "STEP_BLOCK", every)
     after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
     spy = Spy(monkeypatch, every)
@@ -52,22 +48,25 @@ def test_a_clusters_streamed_steps_are_the_files_and_summary_of_the_merge_after(
 
 
 @pytest.mark.parametrize("every", [1, 7, 1 << 16])
+@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("overrides", [{"engine__scheduler": "vllm-v1"}, {"engine__scheduler": "v0"}, TIES])
+def test_a_clusters_streamed_steps_are_the_files_and_summary_of_the_merge_after(run_config, monkeypatch, tmp_path,
+                                                                                  every, replicas, overrides):
+    monkeypatch.delenv("SPECBATCH_THREADS", raising=False)
+    streams_as_merged_after(run_config, monkeypatch, tmp_path, dict(SMALL, **overrides, cluster__replicas=replicas),
+                            every)
+
+
+@pytest.mark.parametrize("every", [1, 7, 1 << 16])
 @pytest.mark.parametrize("router", ["least-requests", "least-tokens", "prefix-aware"])
 @pytest.mark.parametrize("overrides", [{}, TIES])
 def test_a_compiled_clusters_streamed_steps_are_the_files_and_summary_of_the_merge_after(
         run_config, monkeypatch, tmp_path, every, router, overrides):
     """A router that reads the replicas runs them in one compiled cluster, in one simulated time: the steps
     merge as they run there too, none waiting (one thread runs them all)."""
-    config = dict(SMALL, **overrides, cluster__replicas=3, cluster__router=router, engine__scheduler="vllm-v1",
-                  engine__enable_prefix_caching=True)
-    monkeypatch.setattr(metrics, "STEP_BLOCK", every)
-    after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
-    spy = Spy(monkeypatch, every)
-    streamed, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")),
-                                        default_folder=False, keep_steps=False)
-    assert len(spy.files) == 1 and spy.files[0].streamed == list(after.step_columns)
-    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
-    assert same(streamed.summary, after.summary) and same(streamed.replicas, after.replicas)
+    streams_as_merged_after(run_config, monkeypatch, tmp_path,
+                            dict(SMALL, **overrides, cluster__replicas=3, cluster__router=router,
+                                 engine__scheduler="vllm-v1", engine__enable_prefix_caching=True), every)
 
 
 def test_a_routed_cluster_in_simpy_keeps_its_steps(run_config, monkeypatch, tmp_path):
