@@ -122,6 +122,28 @@ def test_a_write_that_fails_fails_the_clusters_run_and_leaves_no_folder(run_conf
     assert not [t for t in threading.enumerate() if t.name.startswith(("steps-file", "replica"))]
 
 
+def test_an_interrupted_cluster_leaves_no_folder_and_no_thread(run_config, monkeypatch, tmp_path):
+    """Ctrl-C while the replicas run apart and merge (here raised in a hand-over): replicas waiting on the
+    merge stop waiting, the others stop at their next return, and the staged folder goes."""
+    monkeypatch.delenv("SPECBATCH_THREADS", raising=False)
+    Spy(monkeypatch, 8)
+    handed = []
+    rows = outputs.StepsFile.rows
+
+    def interrupted(self, steps, lo, hi):
+        rows(self, steps, lo, hi)
+        handed.append(hi)
+        if len(handed) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(outputs.StepsFile, "rows", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.run_to_folder(run_config(**SMALL, cluster__replicas=3, output__dir=str(tmp_path / "run")),
+                              default_folder=False, keep_steps=False)
+    assert list(tmp_path.iterdir()) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith(("steps-file", "replica"))]
+
+
 class Keep:
     """A sink that keeps no steps (as the merge requires) but copies what it is handed, for the test to read."""
 
