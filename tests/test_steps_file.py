@@ -97,6 +97,25 @@ def test_requests_written_as_they_finish_carry_the_frontends_latency(run_config,
     assert float(late[1].split(",")[6]) > 0.0123  # first_token_s, frontend latency included
 
 
+def test_labelled_requests_are_written_after_the_run(run_config, monkeypatch, tmp_path):
+    """A trace's labels are text, which the compiled rows do not print: requests.csv waits for the run's end."""
+    rng = np.random.default_rng(3)
+    rows = ["arrival_s,prompt_tokens,output_tokens,label"] + [
+        f"{t:.4f},{p},{o},{'chat' if i % 3 else 'code'}" for i, (t, p, o) in
+        enumerate(zip(np.cumsum(rng.exponential(0.08, 300)), rng.integers(16, 256, 300), rng.integers(1, 64, 300)))]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    config = dict(SMALL, workload__trace=str(trace))
+    monkeypatch.setattr(metrics, "STEP_BLOCK", 7)
+    outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
+    spy = Spy(monkeypatch, 7)
+    outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")), default_folder=False,
+                          keep_steps=False)
+    assert spy.files[0].streamed is not None and spy.files[0].requests_streamed == 0
+    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
+    assert b",code" in folder_bytes(tmp_path / "after")["requests.csv"]
+
+
 def test_specbatch_run_keeps_no_steps_unless_a_result_file_reads_them(monkeypatch, tmp_path, synthetic_profile):
     from specbatch.commands.cli import main
 
