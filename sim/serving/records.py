@@ -18,7 +18,7 @@ import numpy as np
 from sim.scheduler.layout import C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, DECODE, MIXED, PREFILL
 
 __all__ = ["PREFILL", "DECODE", "MIXED", "STEP_DTYPE", "STEP_FIELDS", "V1_FIELDS", "Buffers", "ReplicaRecords",
-           "StepSink", "TotalsOnly", "grown"]
+           "StepSink", "TotalsOnly", "copied", "grown"]
 
 # One step's record. Integer widths are what a run can reach (k <= 127; batch sizes and per-step
 # token counts < 2**31); sums over these columns are taken in int64 (numpy widens int32 sums).
@@ -177,6 +177,14 @@ class Buffers:
     def itl(self) -> tuple[np.ndarray, np.ndarray]:
         n = int(self.ctr[C_ITL_POS])
         return self.itl_values[:n], self.itl_weights[:n]
+
+
+def copied(steps: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Records ``lo`` to ``hi`` as an array of their own (copied as bytes: see :func:`_doubled`), for a sink
+    that holds them after the buffer reuses their room: a view would also keep the whole buffer alive."""
+    rows = np.empty(hi - lo, steps.dtype)
+    rows.view(np.uint8)[:] = steps[lo:hi].view(np.uint8)
+    return rows
 
 
 def _doubled(array: np.ndarray, need: int, used: int) -> np.ndarray:

@@ -18,7 +18,7 @@ import threading
 import numpy as np
 
 from sim import metrics
-from sim.serving.records import STEP_DTYPE, StepSink
+from sim.serving.records import STEP_DTYPE, StepSink, copied
 
 REPLICA_FIELD = "replica"  # steps.csv's column naming the replica that ran the step
 MERGED_DTYPE = np.dtype(STEP_DTYPE.descr + [(REPLICA_FIELD, np.int64)])
@@ -143,6 +143,4 @@ class ReplicaFeed:
         pass
 
     def rows(self, steps: np.ndarray, lo: int, hi: int) -> None:
-        rows = np.empty(hi - lo, steps.dtype)
-        rows.view(np.uint8)[:] = steps[lo:hi].view(np.uint8)  # as bytes: numpy copies a packed record field by field
-        self.merge.take(self.replica, rows)
+        self.merge.take(self.replica, copied(steps, lo, hi))

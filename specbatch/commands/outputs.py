@@ -272,10 +272,9 @@ class StepsFile:
     def rows(self, steps: np.ndarray, lo: int, hi: int) -> None:
         """Queue records ``lo`` to ``hi`` of ``steps`` for writing (they are final: see StepSink), and the
         requests that have finished since, where this file follows them."""
-        # A copy of the slice (as bytes: numpy copies a packed record field by field), not a view: a view
-        # would keep the whole buffer alive after the run has doubled it, until the slice was written.
-        rows = np.empty(hi - lo, steps.dtype)
-        rows.view(np.uint8)[:] = steps[lo:hi].view(np.uint8)
+        from sim.serving.records import copied
+
+        rows = copied(steps, lo, hi)  # not a view: the run reuses or replaces the buffer meanwhile
         self._queue(self._write, {name: rows[name] for name in self._columns}, hi - lo)
         if self._finished is not None:
             final = self._finished.count()
@@ -292,13 +291,10 @@ class StepsFile:
         self._pending.append(self._writer.submit(write, arrays, count))
 
     def _write_requests(self, arrays: dict[str, np.ndarray], count: int) -> None:
-        from sim.csv_rows import csv_rows
-
         if self._requests_sink is None:
             self._requests_sink = open(self.requests_path, "wb")
             self._requests_sink.write((",".join(arrays) + "\n").encode())
-        for at in range(0, count, COMPILED_SLICE_ROWS):
-            self._requests_sink.write(csv_rows(arrays, at, min(count, at + COMPILED_SLICE_ROWS), {}, self._format_rows))
+        write_rows(self._requests_sink, arrays, 0, count, {}, self._format_rows)
 
     def finish_requests(self, columns: Columns) -> bool:
         """Write the rest of requests.csv, ``columns`` (the run's whole table), after the rows written while
@@ -306,21 +302,13 @@ class StepsFile:
         then writes the file whole). Call after :meth:`holds`, which waits for the writes."""
         if self._requests != [(name, np.asarray(values).dtype) for name, values in columns.items()]:
             return False
-        from sim.csv_rows import csv_rows
-
         arrays = {name: np.asarray(values) for name, values in columns.items()}
-        rows = len(arrays["request_id"])
         with open(self.requests_path, "ab") as sink:
-            for lo in range(self._requests_queued, rows, COMPILED_SLICE_ROWS):
-                sink.write(csv_rows(arrays, lo, min(rows, lo + COMPILED_SLICE_ROWS), {}, self._format_rows))
+            write_rows(sink, arrays, self._requests_queued, len(arrays["request_id"]), {}, self._format_rows)
         return True
 
     def _write(self, arrays: dict[str, np.ndarray], count: int) -> None:
-        from sim.csv_rows import csv_rows
-
-        for at in range(0, count, COMPILED_SLICE_ROWS):
-            self._sink.write(csv_rows(arrays, at, min(count, at + COMPILED_SLICE_ROWS), STEP_FOLLOWS,
-                                      self._format_rows))
+        write_rows(self._sink, arrays, 0, count, STEP_FOLLOWS, self._format_rows)
 
     def holds(self, columns: Columns | None) -> bool:
         """Whether the file holds the run's steps, ``columns`` (None: kept nowhere else). Waits for the last
@@ -328,15 +316,16 @@ class StepsFile:
         for pending in self._pending:
             pending.result()
         self._pending = []
-        for sink in (self._sink, self._requests_sink):
-            if sink is not None:
-                sink.close()
+        self._close_files()
         return self.streamed is not None and (columns is None or self.streamed == list(columns))
 
     def close(self) -> None:
         """Stop writing (what is queued and not yet begun is dropped: after a failure or Ctrl-C, the staging
         folder this file is in is removed) and close the file."""
         self._writer.shutdown(wait=True, cancel_futures=True)
+        self._close_files()
+
+    def _close_files(self) -> None:
         for sink in (self._sink, self._requests_sink):
             if sink is not None:
                 sink.close()
@@ -358,12 +347,9 @@ def write_table(columns: Columns, path: Path, fmt: str, *, compiled: bool = Fals
     rows = len(next(iter(arrays.values()))) if arrays else 0
     format_rows = _compiled_rows(arrays, rows) if compiled and fmt == "csv" else None
     if format_rows is not None:
-        from sim.csv_rows import csv_rows
-
         with open(path, "wb") as sink:
             sink.write((",".join(names) + "\n").encode())
-            for lo in range(0, rows, COMPILED_SLICE_ROWS):
-                sink.write(csv_rows(arrays, lo, min(rows, lo + COMPILED_SLICE_ROWS), follows or {}, format_rows))
+            write_rows(sink, arrays, 0, rows, follows or {}, format_rows)
         return
 
     def table(lo: int, hi: int):
@@ -384,6 +370,15 @@ def write_table(columns: Columns, path: Path, fmt: str, *, compiled: bool = Fals
             writer.write_table(first)
             for lo in range(SLICE_ROWS, rows, SLICE_ROWS):
                 writer.write_table(table(lo, min(rows, lo + SLICE_ROWS)))
+
+
+def write_rows(sink, arrays: dict[str, np.ndarray], lo: int, hi: int, follows: dict[str, str], format_rows) -> None:
+    """Rows ``lo`` to ``hi`` of the columns to an open file by sim.csv_rows' compiled ``format_rows``, in
+    slices of :data:`COMPILED_SLICE_ROWS` (the formatted text is a slice's, however many rows)."""
+    from sim.csv_rows import csv_rows
+
+    for at in range(lo, hi, COMPILED_SLICE_ROWS):
+        sink.write(csv_rows(arrays, at, min(hi, at + COMPILED_SLICE_ROWS), follows, format_rows))
 
 
 def _compiled_rows(arrays: dict[str, np.ndarray], rows: int):
