@@ -184,8 +184,7 @@ def run_cluster(*, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
         if merge is not None:
             loop.state.buffers.flush()
             merge.finished(index)
-    merged = merge_loops(loops, arrival_s.shape[0]) if merge is None else \
-        merge_loops(loops, arrival_s.shape[0], merged_steps=merge)
+    merged = merge_loops(loops, arrival_s.shape[0], merged_steps=merge)
     merged.sent_s = sent_s
     return merged
 
@@ -284,8 +283,6 @@ def run_apart(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     for loop in loops:
         loop.close()
         loop.drop_inputs()
-    if merge is None:
-        return merge_loops(loops, arrival_s.shape[0], shares)
     return merge_loops(loops, arrival_s.shape[0], shares, merged_steps=merge)
 
 

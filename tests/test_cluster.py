@@ -263,14 +263,14 @@ def test_each_replicas_records_are_rebuilt_from_the_merged_ones(run_config, monk
     own, rebuilt = [], []
     merge = cluster.merge_loops
 
-    def keep(loops, n, shares=None):
+    def keep(loops, n, shares=None, **merging):
         for loop in loops:
             rec = cluster._trimmed(loop.records(), loop.queue.count)
             own.append({name: np.array(getattr(rec, name), copy=True) if name != "steps" else
                         {f: v.copy() for f, v in rec.steps.items()}
                         for name in ("first_token_s", "finish_s", "decode_steps", "steps", "itl_values",
                                      "itl_weights")})
-        records = merge(loops, n, shares)
+        records = merge(loops, n, shares, **merging)
         rebuilt.extend(records.per_replica())
         return records
 
@@ -294,7 +294,8 @@ def test_each_replicas_step_totals_are_those_of_its_steps(run_config, monkeypatc
     monkeypatch.setattr(metrics, "STEP_BLOCK", block)
     records = []
     merge = cluster.merge_loops
-    monkeypatch.setattr(cluster, "merge_loops", lambda *args: records.append(merge(*args)) or records[-1])
+    monkeypatch.setattr(cluster, "merge_loops", lambda *args, **merging: records.append(merge(*args, **merging))
+                        or records[-1])
     execute(prepare(run_config(**SMALL, workload__rate=30.0, cluster__replicas=3, engine__max_batch_size=4,
                                engine__scheduler="vllm-v1")))
     whole = [metrics.step_totals(rec.steps) for rec in records[0].per_replica()]
@@ -341,9 +342,9 @@ def test_each_replica_is_freed_as_it_merges_without_the_garbage_collector(run_co
     refs = []
     merge = cluster.merge_loops
 
-    def watching(loops, n, shares=None):
+    def watching(loops, n, shares=None, **merging):
         refs.extend(weakref.ref(loop) for loop in loops)
-        return merge(loops, n, shares)
+        return merge(loops, n, shares, **merging)
 
     monkeypatch.setattr(cluster, "merge_loops", watching)
     overrides = dict(**SMALL, workload__rate=2.0, cluster__replicas=4, engine__max_batch_size=4,
