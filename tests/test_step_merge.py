@@ -18,7 +18,7 @@ from sim.serving.records import STEP_DTYPE
 from sim.serving.step_merge import REPLICA_FIELD, StepMerge
 from specbatch.commands import outputs
 
-from tests.test_steps_file import SMALL, Spy, folder_bytes
+from tests.test_steps_file import SMALL, Spy, fill_the_disk, folder_bytes, interrupt_the_third_hand_over
 
 pytestmark = pytest.mark.skipif(not jit.numba_available(), reason="replicas run apart in compiled runs only")
 
@@ -110,11 +110,7 @@ def test_replicas_run_fewer_at_once_than_there_are_keep_their_steps(run_config, 
 def test_a_write_that_fails_fails_the_clusters_run_and_leaves_no_folder(run_config, monkeypatch, tmp_path):
     monkeypatch.delenv("SPECBATCH_THREADS", raising=False)
     Spy(monkeypatch, 8)
-
-    def full_disk(self, arrays, count):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(outputs.StepsFile, "_write", full_disk)
+    fill_the_disk(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         outputs.run_to_folder(run_config(**SMALL, cluster__replicas=3, output__dir=str(tmp_path / "run")),
                               default_folder=False, keep_steps=False)
@@ -127,16 +123,7 @@ def test_an_interrupted_cluster_leaves_no_folder_and_no_thread(run_config, monke
     merge stop waiting, the others stop at their next return, and the staged folder goes."""
     monkeypatch.delenv("SPECBATCH_THREADS", raising=False)
     Spy(monkeypatch, 8)
-    handed = []
-    rows = outputs.StepsFile.rows
-
-    def interrupted(self, steps, lo, hi):
-        rows(self, steps, lo, hi)
-        handed.append(hi)
-        if len(handed) == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(outputs.StepsFile, "rows", interrupted)
+    interrupt_the_third_hand_over(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         outputs.run_to_folder(run_config(**SMALL, cluster__replicas=3, output__dir=str(tmp_path / "run")),
                               default_folder=False, keep_steps=False)

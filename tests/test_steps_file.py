@@ -144,13 +144,31 @@ def test_runs_that_cannot_stream_write_their_steps_after(run_config, monkeypatch
     assert (folder / name).is_file()
 
 
-def test_a_write_that_fails_fails_the_run_and_leaves_no_folder(run_config, monkeypatch, tmp_path):
-    Spy(monkeypatch, 8)
-
+def fill_the_disk(monkeypatch) -> None:
+    """Every write of the steps file fails as a full disk does."""
     def full_disk(self, arrays, count):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(outputs.StepsFile, "_write", full_disk)
+
+
+def interrupt_the_third_hand_over(monkeypatch) -> None:
+    """Ctrl-C arrives as the steps file is handed its third block (of about 190 at blocks of 8)."""
+    handed = []
+    rows = outputs.StepsFile.rows
+
+    def interrupted(self, steps, lo, hi):
+        rows(self, steps, lo, hi)
+        handed.append(hi)
+        if len(handed) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(outputs.StepsFile, "rows", interrupted)
+
+
+def test_a_write_that_fails_fails_the_run_and_leaves_no_folder(run_config, monkeypatch, tmp_path):
+    Spy(monkeypatch, 8)
+    fill_the_disk(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         outputs.run_to_folder(run_config(**SMALL, output__dir=str(tmp_path / "run")), default_folder=False)
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its staging
@@ -158,16 +176,7 @@ def test_a_write_that_fails_fails_the_run_and_leaves_no_folder(run_config, monke
 
 def test_an_interrupted_run_leaves_no_folder_and_stops_writing(run_config, monkeypatch, tmp_path):
     Spy(monkeypatch, 8)
-    handed = []
-    rows = outputs.StepsFile.rows
-
-    def interrupted(self, steps, lo, hi):
-        rows(self, steps, lo, hi)
-        handed.append(hi)
-        if len(handed) == 3:  # the third of about 190
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(outputs.StepsFile, "rows", interrupted)
+    interrupt_the_third_hand_over(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         outputs.run_to_folder(run_config(**SMALL, output__dir=str(tmp_path / "run")), default_folder=False)
     assert list(tmp_path.iterdir()) == []
