@@ -486,8 +486,8 @@ def execute(run: PreparedRun, routed: bool | None = None, backend=None, steps_si
     (:class:`~sim.serving.records.StepSink`): handed the step records as a single replica's compiled
     run writes them (a run folder's steps file, written while the engine runs); its ``streamed`` is set
     to the steps' columns once it has had them all, and left None where the run could not stream
-    (anything but a single replica in compiled runs, or, for a sink that keeps none, a round-robin
-    cluster whose replicas run apart: sim.cluster.run_apart). A sink that keeps no steps leaves the result none
+    (anything but a single replica in compiled runs, or, for a sink that keeps none, a cluster in
+    compiled code: sim.cluster.run_cluster). A sink that keeps no steps leaves the result none
     (``step_columns`` None; the summary is taken from their totals, the same figures)."""
     started = time.perf_counter()
     config, requests = run.config, run.requests
