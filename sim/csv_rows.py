@@ -22,7 +22,6 @@ RULES = ()  # nothing registered for the engine's rules: this module is compiled
 # Shorter tables go to pyarrow's writer: loading the compiled code and pyarrow.compute costs about
 # what 120k rows save (the 16,800-request real run's 115k steps: 0.10 s either way).
 MIN_ROWS = 200_000
-INT_WIDTH = 20  # the longest int64 in decimal, its sign included
 _PAIRS = np.frombuffer("".join(f"{i:02d}" for i in range(100)).encode(), np.uint8).copy()  # "00" .. "99"
 
 
@@ -46,8 +45,11 @@ def csv_rows(arrays: dict[str, np.ndarray], lo: int, hi: int, follows: dict[str,
     follows = {name: source for name, source in follows.items() if name in floats and source in floats}
     kinds = np.array([ints.index(name) if name in ints else -1 - floats.index(name) for name in names], np.int64)
     int_block = np.empty((len(ints), n), np.int64)
+    int_width = 0  # the widest row of integers, as text: the rows' room (a few digits each, not an int64's 20)
     for row, name in enumerate(ints):
         int_block[row] = arrays[name][lo:hi]
+        if n:
+            int_width += max(len(str(int_block[row].min())), len(str(int_block[row].max())))
     starts, ends = np.empty((len(floats), n), np.int64), np.empty((len(floats), n), np.int64)
     texts, base = [], 0
     # A column another follows is formatted first: the follower's reused texts are its.
@@ -61,8 +63,8 @@ def csv_rows(arrays: dict[str, np.ndarray], lo: int, hi: int, follows: dict[str,
         same[1:] = bits[1:] == above  # bit for bit: -0.0 prints otherwise than 0.0, NaN is the same NaN
         fresh = np.flatnonzero(~same)
         formatted = values[fresh]
-        text = pa.Array.from_buffers(pa.float64(), fresh.shape[0],
-                                     [_validity(formatted), pa.py_buffer(formatted)]).cast(pa.string())
+        text = _as_strings(pa.Array.from_buffers(pa.float64(), fresh.shape[0],
+                                                 [_validity(formatted), pa.py_buffer(formatted)]))
         buffers = text.buffers()
         offsets = np.frombuffer(buffers[1], np.int32, fresh.shape[0] + 1, text.offset * 4).astype(np.int64)
         data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
@@ -79,9 +81,23 @@ def csv_rows(arrays: dict[str, np.ndarray], lo: int, hi: int, follows: dict[str,
                 last = np.maximum.accumulate(np.where(same, 0, np.arange(n)))[repeat]
                 starts[column, repeat], ends[column, repeat] = starts[column, last], ends[column, last]
     text = np.concatenate(texts) if texts else np.zeros(0, np.uint8)
-    out = np.empty(base + n * (len(ints) * INT_WIDTH + len(names)), np.uint8)
+    # Room for every row: its floats' texts (a reused one is written again), its integers and separators.
+    out = np.empty(int((ends - starts).sum()) + n * (int_width + len(names)), np.uint8)
     written = format_rows(kinds, int_block, text, starts, ends, n, out, _PAIRS)
     return out[:written]
+
+
+def _as_strings(values):
+    """pyarrow's cast of ``values`` to strings, called in its compute kernels' own module: ``Array.cast``
+    imports ``pyarrow.compute``, whose wrappers of every compute function took 30 ms to build, more
+    than a short run's whole table of floats takes to format (the same call, the same bytes)."""
+    import pyarrow as pa
+
+    try:
+        from pyarrow._compute import CastOptions, call_function
+    except ImportError:  # a pyarrow that keeps them elsewhere: the public way
+        return values.cast(pa.string())
+    return call_function("cast", [values], CastOptions.safe(pa.string()))
 
 
 def _validity(values: np.ndarray):

@@ -63,6 +63,22 @@ def test_rows_are_pyarrows_bytes(tmp_path, compiled):
     assert got == expected
 
 
+@pytest.mark.parametrize("digits", [1, 5, 19])
+def test_the_rows_room_holds_repeated_texts_and_the_widest_integers(tmp_path, digits):
+    """The rows are written into room sized from their texts and their integers' widest values: long float
+    texts written twice (a start that is the end above it, a repeat) beside integers of a digit, or of
+    nineteen (the plain function, checked by numpy, fails on a row that would overrun it)."""
+    n = 500
+    rng = np.random.default_rng(digits)
+    end = np.cumsum(rng.random(n)) + 0.123456789012345
+    widest = 10 ** (digits - 1)
+    columns = {"start_s": np.concatenate(([0.0], end[:-1])), "end_s": end, "same": np.full(n, 1 / 3),
+               "i": rng.integers(-widest, widest, n) if digits > 1 else rng.integers(0, 10, n)}
+    expected = pyarrow_bytes(columns, tmp_path).split(b"\n", 1)[1]
+    got = csv_rows.csv_rows(columns, 0, n, {"start_s": "end_s"}, csv_rows.format_rows).tobytes()
+    assert got == expected
+
+
 def test_a_long_table_is_written_by_the_compiled_rows_with_the_same_bytes(tmp_path, monkeypatch):
     """write_table takes the compiled path for a long numeric CSV where the code is compiled (here: made
     so), in slices, and writes pyarrow's bytes; a table with a label, or Parquet, stays with pyarrow."""
