@@ -31,6 +31,7 @@ class Spy:
         self.files = []
         make = outputs.StepsFile.for_run.__func__
         monkeypatch.setattr(outputs, "STREAM_MIN_REQUESTS", 0)
+        monkeypatch.setattr(outputs, "MERGE_MIN_REQUESTS", 0)
         monkeypatch.setattr(jit, "is_warm", lambda: True)  # the formatter compiles here if it must
         monkeypatch.setattr(outputs.StepsFile, "every", every)
         monkeypatch.setattr(outputs.StepsFile, "requests_every", every)  # requests.csv in as small slices
@@ -86,11 +87,9 @@ def test_requests_written_as_they_finish_carry_the_frontends_latency(run_config,
     (profile / "profile.json").write_text(json.dumps(meta))
     config = dict(SMALL, profile=str(profile))
     outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
-    spy = Spy(monkeypatch, 7)
-    monkeypatch.setattr(metrics, "STEP_BLOCK", 1 << 16)  # the totals' blocks as after the run: only the files'
-    monkeypatch.setattr(outputs.StepsFile, "every", 1 << 16)
-    outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")), default_folder=False,
-                          keep_steps=False)
+    spy = Spy(monkeypatch, 7)  # hand-overs every 7 steps, requests.csv's rows 7 or more at a time
+    monkeypatch.setattr(metrics, "STEP_BLOCK", 1 << 16)  # the totals' blocks as after the run (the steps are kept)
+    outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")), default_folder=False)
     assert spy.files[0].requests_streamed > 0
     assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
     late = (tmp_path / "after" / "requests.csv").read_text().splitlines()
@@ -114,6 +113,76 @@ def test_labelled_requests_are_written_after_the_run(run_config, monkeypatch, tm
     assert spy.files[0].streamed is not None and spy.files[0].requests_streamed == 0
     assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
     assert b",code" in folder_bytes(tmp_path / "after")["requests.csv"]
+
+
+def test_requests_csv_is_finished_while_the_steps_file_still_writes(run_config, monkeypatch, tmp_path):
+    """After the run, the rest of requests.csv is written beside the steps file's last writes, not after them:
+    those writes are held here until requests.csv is whole (were it waiting for them, they would run first)."""
+    from sim.serving.records import Buffers
+
+    outputs.run_to_folder(run_config(**SMALL, output__dir=str(tmp_path / "after")), default_folder=False)
+    spy = Spy(monkeypatch, 7)
+    ended, whole, order, last = threading.Event(), threading.Event(), [], set()
+    flush, queue = Buffers.flush, outputs.StepsFile._queue
+    write, finish = outputs.StepsFile._write, outputs.StepsFile.finish_requests
+    monkeypatch.setattr(Buffers, "flush", lambda self: (ended.set(), flush(self))[1])
+
+    def queued(self, write, arrays, count):
+        if ended.is_set():  # the run's last rows, handed over as it ends
+            last.add(id(arrays))
+        return queue(self, write, arrays, count)
+
+    def held_write(self, arrays, count):
+        if id(arrays) in last:
+            whole.wait(10)
+            order.append("steps")
+        write(self, arrays, count)
+
+    def finished(self, columns):
+        done = finish(self, columns)
+        order.append("requests")
+        whole.set()
+        return done
+
+    monkeypatch.setattr(outputs.StepsFile, "_queue", queued)
+    monkeypatch.setattr(outputs.StepsFile, "_write", held_write)
+    monkeypatch.setattr(outputs.StepsFile, "finish_requests", finished)
+    outputs.run_to_folder(run_config(**SMALL, output__dir=str(tmp_path / "streamed")), default_folder=False,
+                          keep_steps=False)
+    assert spy.files[0].requests_streamed > 0 and order[0] == "requests" and "steps" in order
+    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
+
+
+def test_the_two_tables_are_written_at_once(run_config, monkeypatch, tmp_path):
+    """A run that did not stream writes requests.csv on a thread of its own while steps.csv is written."""
+    threads = {}
+    write_table = outputs.write_table
+
+    def noted(columns, path, *args, **kwargs):
+        threads[path.name] = threading.current_thread().name
+        write_table(columns, path, *args, **kwargs)
+
+    monkeypatch.setattr(outputs, "write_table", noted)
+    outputs.run_to_folder(run_config(**{**SMALL, "engine__jit": "off"}, output__dir=str(tmp_path / "run")),
+                          default_folder=False)
+    assert threads["steps.csv"] == threading.current_thread().name
+    assert threads["requests.csv"].startswith("requests-file")
+    assert not [t for t in threading.enumerate() if t.name.startswith("requests-file")]
+
+
+def test_a_requests_table_that_fails_fails_the_run_and_leaves_no_folder(run_config, monkeypatch, tmp_path):
+    write_table = outputs.write_table
+
+    def full_disk(columns, path, *args, **kwargs):
+        if path.name.startswith("requests"):
+            raise OSError(28, "No space left on device")
+        write_table(columns, path, *args, **kwargs)
+
+    monkeypatch.setattr(outputs, "write_table", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        outputs.run_to_folder(run_config(**{**SMALL, "engine__jit": "off"}, output__dir=str(tmp_path / "run")),
+                              default_folder=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_specbatch_run_keeps_no_steps_unless_a_result_file_reads_them(monkeypatch, tmp_path, synthetic_profile):
@@ -142,6 +211,24 @@ def test_runs_that_cannot_stream_write_their_steps_after(run_config, monkeypatch
     assert all(f is None or f.streamed is None for f in spy.files)
     name = "steps.parquet" if overrides.get("output__records") == "parquet" else "steps.csv"
     assert (folder / name).is_file()
+
+
+def test_a_cluster_merges_as_it_runs_from_longer_runs_than_one_replica_streams(run_config, monkeypatch, tmp_path):
+    """One replica streams from STREAM_MIN_REQUESTS requests; a cluster's merge, which keeps a thread for
+    each replica, from MERGE_MIN_REQUESTS."""
+    from sim.simulate import prepare
+
+    monkeypatch.setattr(jit, "is_warm", lambda: True)
+    monkeypatch.setattr(outputs, "STREAM_MIN_REQUESTS", 300)
+    monkeypatch.setattr(outputs, "MERGE_MIN_REQUESTS", 301)
+    made = {}
+    for replicas in (1, 2):
+        file = outputs.StepsFile.for_run(prepare(run_config(**SMALL, cluster__replicas=replicas)), tmp_path,
+                                         keep_steps=False)
+        made[replicas] = file is not None
+        if file is not None:
+            file.close()
+    assert made == {1: True, 2: False}
 
 
 def fill_the_disk(monkeypatch) -> None:
