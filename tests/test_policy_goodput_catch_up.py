@@ -56,20 +56,17 @@ def gpu_like(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpu_like_free_draft_prefill(tmp_path_factory, monkeypatch_module) -> Path:
+def gpu_like_free_draft_prefill(tmp_path_factory) -> Path:
     """The same profile with a free draft prefill: a run with a draft then pays nothing that
-    `none` does not, so goodput can be held to min(none, best fixed k) itself."""
+    `none` does not, so goodput can be held to min(none, best fixed k) itself. The free prefill is the
+    making of this profile's only: a profile made after it (``gpu_like``, in whatever order the tests
+    run) has the draft's prefill priced."""
     import tests.gpu_like as module
 
-    monkeypatch_module.setattr(module, "latency", lambda phase, model, b, q, c=0: (
-        1e-9 if phase == "prefill" and model == "draft" else latency(phase, model, b, q)))
-    return make_gpu_like_profile(tmp_path_factory.mktemp("profiles") / "gpu-like-free-draft-prefill")
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
+    with pytest.MonkeyPatch.context() as free:
+        free.setattr(module, "latency", lambda phase, model, b, q, c=0: (
+            1e-9 if phase == "prefill" and model == "draft" else latency(phase, model, b, q)))
+        return make_gpu_like_profile(tmp_path_factory.mktemp("profiles") / "gpu-like-free-draft-prefill")
 
 
 def _rates():
