@@ -41,7 +41,10 @@ def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
     """Build a policy; unknown names or parameters raise :class:`PolicyError`."""
     cls = policy_class(name)
     params = dict(params or {})
-    accepted = inspect.signature(cls).parameters  # not cls.__init__: object's takes *args, **kwargs
+    # not cls.__init__: object's takes *args, **kwargs; and a class with neither its own __init__ nor __new__
+    # takes nothing (inspect would parse object's text signature for it, a few milliseconds of a short run)
+    plain = cls.__init__ is object.__init__ and cls.__new__ is object.__new__
+    accepted = {} if plain else inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     unknown = [key for key in params if key not in accepted and not takes_any]
     if unknown:

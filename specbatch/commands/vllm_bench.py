@@ -132,11 +132,11 @@ def dataset_overrides(given: dict[str, Any], given_lengths: bool) -> dict[str, t
 def sampling_overrides(given: dict[str, Any], sampling_given: bool) -> dict[str, tuple[Any, str]]:
     """vllm bench serve's sampling flags (``given``: SAMPLING_KEYWORDS -> value or None) as the sampling
     vLLM's sampler runs (sim.compose.sampler.sampling_of); none given, none returned."""
-    from sim.compose.sampler import sampling_of
-
     named = {k: v for k, v in given.items() if v is not None}
     if not named:
         return {}
+    from sim.compose.sampler import sampling_of  # (with the shapes of every model: only where sampling is given)
+
     source = f"--{next(iter(named)).replace('_', '-')}"
     if sampling_given:
         raise InputError("give --sampling or vllm bench serve's --temperature/--top-p/--top-k/--min-p, not both",
