@@ -47,6 +47,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -71,6 +72,7 @@ RULE_MODULES = ("sim.serving.rules", "sim.scheduler.kvcache", "sim.scheduler.v0"
 CONSTANT_MODULES = ("sim.scheduler.layout", "policies.base")
 
 _TWINS: dict[Callable, Callable] = {}
+_MAKING = threading.Lock()  # one twin per function, whichever threads ask at once (a run's writer, its replicas)
 _READY = False
 
 
@@ -228,11 +230,15 @@ def compiled(fn: Callable) -> Callable:
     """``fn``'s compiled twin (numba, cached on disk), made on first use."""
     twin = _TWINS.get(fn)
     if twin is None:
-        prepare()
-        import numba
+        with _MAKING:
+            twin = _TWINS.get(fn)
+            if twin is None:
+                prepare()
+                import numba
 
-        twin = _TWINS[fn] = numba.njit(cache=True, nogil=True, _nrt=False)(fn)
-        _load_without_refresh(twin)
+                twin = numba.njit(cache=True, nogil=True, _nrt=False)(fn)
+                _load_without_refresh(twin)
+                _TWINS[fn] = twin
     return twin
 
 

@@ -339,7 +339,7 @@ def test_a_run_that_outpaces_its_writer_waits_for_it(monkeypatch, tmp_path):
     """At most ``queued`` blocks wait for the writer: the run's memory stays bounded however slow the disk."""
     gate = threading.Event()
     started = []
-    file = outputs.StepsFile(tmp_path / "steps.csv", None)
+    file = outputs.StepsFile(tmp_path / "steps.csv")
     monkeypatch.setattr(file, "_write", lambda arrays, count: (started.append(count), gate.wait(10)))
     file.start(["start_s"])
     steps = np.zeros(100, STEP_DTYPE)

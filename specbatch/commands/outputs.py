@@ -241,10 +241,11 @@ class StepsFile:
     queued = 4  # blocks waiting for the writer at most: a run that outpaces it waits, its memory bounded
     requests_every = COMPILED_SLICE_ROWS  # finished requests written at a time while the engine runs
 
-    def __init__(self, path: Path, format_rows, keeps: bool = True) -> None:
+    def __init__(self, path: Path, keeps: bool = True) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        self.path, self._format_rows, self.keeps = path, format_rows, keeps
+        self.path, self.keeps = path, keeps
+        self._format_rows = None  # sim.csv_rows' compiled formatter, loaded by the first write (_formatter)
         self.streamed: list[str] | None = None  # the columns written, once the run has streamed them all
         self._columns: list[str] | None = None
         self._sink = None
@@ -263,18 +264,18 @@ class StepsFile:
         one replica in compiled runs of at least :data:`STREAM_MIN_REQUESTS` requests (a shorter run's steps
         take less to write than loading the compiled formatter does) or, for a run that keeps no steps, a
         cluster in compiled code (sim.cluster.run_cluster) of at least :data:`MERGE_MIN_REQUESTS`; the
-        formatter already compiled."""
+        formatter compiled on this machine (:meth:`_formatter` loads it)."""
         c = run.config
         shortest = STREAM_MIN_REQUESTS if c.cluster.replicas == 1 else MERGE_MIN_REQUESTS
         if (staging is None or c.output.records != "csv" or c.engine.jit == "off"
                 or (c.cluster.replicas != 1 and keep_steps) or c.cluster.prefill_replicas or c.output.timeline
                 or len(run.requests) < shortest):
             return None
-        from sim import csv_rows, jit
+        from sim import jit
 
         if not jit.numba_available() or not jit.is_warm():
             return None
-        return cls(staging / "steps.csv", jit.compiled(csv_rows.format_rows), keep_steps)
+        return cls(staging / "steps.csv", keep_steps)
 
     def start(self, columns: list[str]) -> None:
         """The run streams its records' ``columns`` (in the file's order)."""
@@ -321,7 +322,7 @@ class StepsFile:
         if self._requests_sink is None:
             self._requests_sink = open(self.requests_path, "wb")
             self._requests_sink.write((",".join(arrays) + "\n").encode())
-        write_rows(self._requests_sink, arrays, 0, count, {}, self._format_rows)
+        write_rows(self._requests_sink, arrays, 0, count, {}, self._formatter())
 
     def finish_requests(self, columns: Columns) -> bool:
         """Write the rest of requests.csv, ``columns`` (the run's whole table), after the rows written while
@@ -334,11 +335,20 @@ class StepsFile:
         self._requests_sink.close()  # its thread has written its last request row: the rest is written here
         arrays = {name: np.asarray(values) for name, values in columns.items()}
         with open(self.requests_path, "ab") as sink:
-            write_rows(sink, arrays, self._requests_queued, len(arrays["request_id"]), {}, self._format_rows)
+            write_rows(sink, arrays, self._requests_queued, len(arrays["request_id"]), {}, self._formatter())
         return True
 
     def _write(self, arrays: dict[str, np.ndarray], count: int) -> None:
-        write_rows(self._sink, arrays, 0, count, STEP_FOLLOWS, self._format_rows)
+        write_rows(self._sink, arrays, 0, count, STEP_FOLLOWS, self._formatter())
+
+    def _formatter(self):
+        """The compiled formatter, loaded by the file's thread at its first write: where the run hands rows
+        over as it goes, while the engine (which has loaded its own code and holds no lock) runs on."""
+        if self._format_rows is None:
+            from sim import csv_rows, jit
+
+            self._format_rows = jit.compiled(csv_rows.format_rows)
+        return self._format_rows
 
     def holds(self, columns: Columns | None) -> bool:
         """Whether the file holds the run's steps, ``columns`` (None: kept nowhere else). Waits for the last
