@@ -37,10 +37,11 @@ SLICE_ROWS = 1 << 16  # rows converted and written at a time (larger slices were
 # ... by sim.csv_rows: a slice's texts, offsets and rows take about 700 bytes a row (a 65,536-row slice
 # raised a 200k-request run's peak by 55 MB, this one by 12 MB, and is no slower)
 COMPILED_SLICE_ROWS = 1 << 14
-# Runs this long write steps.csv while the engine runs (StepsFile). One replica: from where the engine's
-# time hides the writing (the 16,800-request real run: its writing after the engine went from 0.09 s to 0.04 s,
-# the whole process 9% sooner; at 10,000 requests 2%); a cluster's merge as its replicas run pays in memory
-# only for long runs (it keeps every replica on a thread of its own: 10,000 requests over 4 peaked 30 MB higher).
+# Runs this long write steps.csv while the engine runs (StepsFile). One replica: from where that is no slower
+# than writing after the run (10,000 requests of the default scenario: even; the 16,800-request real run, its
+# steps handed over once before the end: the writing after the engine went from 0.09 s to 0.03 s); a cluster's
+# merge as its replicas run pays, in memory, only for long runs (it keeps every replica on a thread of its own:
+# 10,000 requests over 4 peaked 30 MB higher, no sooner).
 STREAM_MIN_REQUESTS = 10_000
 MERGE_MIN_REQUESTS = 50_000
 
@@ -200,16 +201,13 @@ def fill_run_folder(result: RunResult, staging: Path, steps_file: "StepsFile | N
                 write_table(result.step_columns, staging / f"steps.{records}", records, compiled=compiled,
                             follows=STEP_FOLLOWS)
 
-        # The two tables are written at once: both writers format without the interpreter's lock (pyarrow's,
-        # and sim.csv_rows' compiled one), and the steps file may still be writing its last rows.
-        if steps_file is not None:
-            write_requests()  # here, while the steps file's own thread ends its writes
+        # The two tables are written at once, requests.csv on a thread of its own: both writers format without
+        # the interpreter's lock (pyarrow's, and sim.csv_rows' compiled one), and where the steps file's thread
+        # still writes the run's last steps, the rest of requests.csv is written meanwhile.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="requests-file") as other:
+            requests_written = other.submit(write_requests)  # (left whole before the folder is removed)
             write_steps()
-        else:
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="requests-file") as other:
-                requests_written = other.submit(write_requests)  # (left whole before the folder is removed)
-                write_steps()
-                requests_written.result()
+            requests_written.result()
     if result.spec_decode_requests is not None:
         (staging / SPEC_DECODE_FILE).write_text("".join(
             json.dumps(r, separators=(",", ":")) + "\n" for r in result.spec_decode_requests))
