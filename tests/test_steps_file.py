@@ -185,6 +185,30 @@ def test_a_requests_table_that_fails_fails_the_run_and_leaves_no_folder(run_conf
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_while_the_tables_are_written_leaves_no_folder_and_no_thread(run_config, monkeypatch, tmp_path):
+    """Ctrl-C as steps.csv is written, requests.csv half written on its thread: the thread ends its table
+    before the staging folder goes, so nothing is left (and no file is written into a removed folder)."""
+    write_table = outputs.write_table
+    writing, interrupted = threading.Event(), threading.Event()
+
+    def tables(columns, path, *args, **kwargs):
+        if path.name.startswith("requests"):
+            writing.set()
+            interrupted.wait(10)  # still writing as the interrupt arrives
+            write_table(columns, path, *args, **kwargs)
+            return
+        writing.wait(10)
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(outputs, "write_table", tables)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.run_to_folder(run_config(**{**SMALL, "engine__jit": "off"}, output__dir=str(tmp_path / "run")),
+                              default_folder=False)
+    assert list(tmp_path.iterdir()) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("requests-file")]
+
+
 def test_specbatch_run_keeps_no_steps_unless_a_result_file_reads_them(monkeypatch, tmp_path, synthetic_profile):
     from specbatch.commands.cli import main
 
