@@ -122,6 +122,9 @@ def test_requests_csv_is_finished_while_the_steps_file_still_writes(run_config, 
 
     outputs.run_to_folder(run_config(**SMALL, output__dir=str(tmp_path / "after")), default_folder=False)
     spy = Spy(monkeypatch, 7)
+    # requests.csv's rows a request at a time: the run's last requests finish after its last hand-over, and
+    # were their rows queued as it ends (behind its last steps), requests.csv would wait for those steps
+    monkeypatch.setattr(outputs.StepsFile, "requests_every", 1)
     ended, whole, order, last = threading.Event(), threading.Event(), [], set()
     flush, queue = Buffers.flush, outputs.StepsFile._queue
     write, finish = outputs.StepsFile._write, outputs.StepsFile.finish_requests
