@@ -18,7 +18,8 @@ from sim.serving.records import STEP_DTYPE
 from sim.serving.step_merge import REPLICA_FIELD, StepMerge
 from specbatch.commands import outputs
 
-from tests.test_steps_file import SMALL, Spy, fill_the_disk, folder_bytes, interrupt_the_third_hand_over
+from tests.test_steps_file import (SMALL, Spy, after_and_streamed, fill_the_disk, folder_bytes,
+                                   interrupt_the_third_hand_over)
 
 pytestmark = pytest.mark.skipif(not jit.numba_available(), reason="replicas run apart in compiled runs only")
 
@@ -34,14 +35,8 @@ TIES = dict(workload__rate=float("inf"), workload__prompt_tokens="16", workload_
 def streams_as_merged_after(run_config, monkeypatch, tmp_path, config: dict, every: int) -> None:
     """The cluster's run streamed (keeping no steps, hand-overs of ``every``) writes the folder, summary and
     per-replica breakdown of the run that merges its steps after, and leaves no thread behind."""
-    monkeypatch.setattr(metrics, "STEP_BLOCK", every)
-    after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
-    spy = Spy(monkeypatch, every)
-    streamed, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")),
-                                        default_folder=False, keep_steps=False)
-    assert len(spy.files) == 1 and spy.files[0].streamed == list(after.step_columns)
+    after, streamed, _ = after_and_streamed(run_config, monkeypatch, tmp_path, config, every, keep=False)
     assert list(after.step_columns)[-1] == REPLICA_FIELD
-    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
     assert same(streamed.summary, after.summary) and same(streamed.replicas, after.replicas)
     assert streamed.step_columns is None
     assert not [t for t in threading.enumerate() if t.name.startswith(("steps-file", "replica"))]

@@ -46,6 +46,19 @@ def folder_bytes(folder) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.name != "config.toml"}
 
 
+def after_and_streamed(run_config, monkeypatch, tmp_path, config: dict, every: int, keep: bool):
+    """The run with its steps written after it, then streamed (hand-overs of ``every``, the totals' blocks
+    too): both results and the steps file, checked to have streamed every column into the same files."""
+    monkeypatch.setattr(metrics, "STEP_BLOCK", every)
+    after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
+    spy = Spy(monkeypatch, every)
+    streamed, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")),
+                                        default_folder=False, keep_steps=keep)
+    assert len(spy.files) == 1 and spy.files[0].streamed == list(after.step_columns)
+    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
+    return after, streamed, spy.files[0]
+
+
 @pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("every", [1, 7, 4096, 1 << 16])
 @pytest.mark.parametrize("scheduler", ["vllm-v1", "v0"])
@@ -54,14 +67,8 @@ def test_a_streamed_steps_file_is_the_file_written_after_the_run(run_config, mon
     """The same files, summary.json included, whether the run keeps its steps or only their totals (summed in
     the same blocks either way: the blocks are ``every`` here)."""
     config = dict(SMALL, engine__scheduler=scheduler)
-    monkeypatch.setattr(metrics, "STEP_BLOCK", every)
-    after, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "after")), default_folder=False)
-    spy = Spy(monkeypatch, every)
-    streamed, _ = outputs.run_to_folder(run_config(**config, output__dir=str(tmp_path / "streamed")),
-                                        default_folder=False, keep_steps=keep)
-    assert len(spy.files) == 1 and spy.files[0].streamed == list(after.step_columns)
-    assert spy.files[0].requests_streamed > 0 or every > 7  # 300 requests: in slices of `every` as they finish
-    assert folder_bytes(tmp_path / "streamed") == folder_bytes(tmp_path / "after")
+    after, streamed, file = after_and_streamed(run_config, monkeypatch, tmp_path, config, every, keep)
+    assert file.requests_streamed > 0 or every > 7  # 300 requests: in slices of `every` as they finish
     assert streamed.summary == after.summary
     if keep:
         assert all(np.array_equal(streamed.step_columns[name], after.step_columns[name])
