@@ -22,12 +22,19 @@ code runs on the CPU at tiny sizes in a few seconds. Three sections, in this ord
   row's own length); plus ragged rows, where the masked SDPA reads the longest row for every row;
 * ``decode_step``: a whole Llama-3.1-8B and Llama-2-7B decode step (the pass calibration
   times, :func:`calibrate.passes.build_pass`, plus the greedy sampler) at batch 1-128 and
-  contexts 512-4096.
+  contexts 512-4096;
+* ``kernels``: the same decode pass taken apart, under torch's profiler: every kernel's GPU
+  time, summed by what it is (matrix products, attention, the small ops between them), the
+  kernels counted, and the pass's graph time beside them (what no kernel runs in is the gaps
+  between kernels);
+* ``floor``: the time one small kernel takes inside a CUDA graph however little it does: a graph
+  of many back-to-back adds, RMSNorms and SiLU-and-multiplies at 1-1024 tokens of hidden 4096.
 
 It writes ``DIR/gpu_step_terms.json`` after every point, so a run stopped by its machine keeps
 what finished; a point or a section that fails is recorded with its error and the rest goes
 on; ``--budget`` seconds are shared between the sections (1 : 1 : 3, what one leaves goes to
-the next) and the points past a section's share are recorded as skipped.
+the next) and the points past a section's share are recorded as skipped; ``--sections`` runs
+some of them only.
 
 ``compare`` runs here, with the whole project: for every measured point it prints the price
 of the same thing from the composition ``specbatch compose --gpu GPU`` uses
@@ -55,8 +62,10 @@ if str(ROOT) not in sys.path:  # run as a script on a machine where the project 
 
 RESULT = "gpu_step_terms.json"
 DEFAULT_MEASURED = ROOT / "benchmarks" / "results" / RESULT
-SECTIONS = ("sampler", "attention", "decode_step")
-SHARES = {"sampler": 1.0, "attention": 1.0, "decode_step": 3.0}  # of --budget (module docstring)
+SECTIONS = ("sampler", "attention", "decode_step", "kernels", "floor")
+SHARES = {"sampler": 1.0, "attention": 1.0, "decode_step": 3.0, "kernels": 1.0, "floor": 0.5}  # of --budget
+KERNEL_CLASSES = ("gemm", "attention", "small")
+FLOOR_OPS = ("add", "rms_norm", "silu_mul")
 SAMPLER_TERMS = ("lm_head", "cast", "greedy", "random", "top_p", "rejection_k4")
 ATTENTION_VARIANTS = ("masked_sdpa", "sdpa", "varlen")
 TEMPERATURE, TOP_P, K = 0.6, 0.9, 4  # Llama 2 and 3's generation_config.json; four drafts verified
@@ -83,6 +92,9 @@ class Plan:
     decode_batches: tuple[int, ...]
     decode_contexts: tuple[int, ...]
     decode_kv_limit: float
+    kernel_points: tuple[tuple[str, int, int], ...]  # (model, batch, context) of the decode passes taken apart
+    floor_tokens: tuple[int, ...]
+    floor_chain: int  # kernels a floor graph runs back to back
 
     @property
     def dry_run(self) -> bool:
@@ -95,7 +107,10 @@ GPU_PLAN = Plan(device="cuda", dtype="bfloat16", warmup=2, repeats=10, point_bud
                 attention_batches=(1, 4, 16, 64, 128), contexts=(1024, 4096, 16384),
                 ragged_batches=(16, 64), ragged_context=4096, attention_kv_limit=20e9,
                 decode_models=("llama-3.1-8b", "llama-2-7b"), decode_batches=(1, 8, 32, 64, 128),
-                decode_contexts=(512, 1024, 2048, 4096), decode_kv_limit=70e9)
+                decode_contexts=(512, 1024, 2048, 4096), decode_kv_limit=70e9,
+                kernel_points=tuple((m, b, 1024) for m in ("llama-3.1-8b", "llama-2-7b", "llama-3.2-1b")
+                                    for b in (1, 8, 32, 128)),
+                floor_tokens=(1, 16, 128, 1024), floor_chain=200)
 # tiny-llama: 4 query heads over 2 KV heads, vocabulary 512; "tiny-llama-mha": the same with 4 KV heads
 DRY_PLAN = Plan(device="cpu", dtype="bfloat16", warmup=1, repeats=2, point_budget_s=0.02,
                 sampler_models=("tiny-llama", "llama-68m"), sampler_batches=(1, 2),
@@ -103,7 +118,8 @@ DRY_PLAN = Plan(device="cpu", dtype="bfloat16", warmup=1, repeats=2, point_budge
                 attention_batches=(1, 2), contexts=(32, 64),
                 ragged_batches=(2,), ragged_context=64, attention_kv_limit=1e8,
                 decode_models=("tiny-llama", "llama-68m"), decode_batches=(1, 2),
-                decode_contexts=(16, 32), decode_kv_limit=1e8)
+                decode_contexts=(16, 32), decode_kv_limit=1e8,
+                kernel_points=(("tiny-llama", 1, 32), ("tiny-llama", 2, 32)), floor_tokens=(1, 4), floor_chain=10)
 
 
 # --------------------------------------------------------------------------- measure: bookkeeping
@@ -471,13 +487,156 @@ def measure_decode(rec: Recorder, plan: Plan, gen) -> None:
         free(plan, collect=True)
 
 
+# --------------------------------------------------------------------------- section (d): kernels
+
+def kernel_class(name: str) -> str:
+    """What a kernel (CUDA) or an operator (a CPU dry run) is, by its name: matrix products (cuBLAS's
+    and CUTLASS's kernels, and their split-K reductions), attention (flash and fused attention), or a small op
+    (elementwise, norms, rotary, copies, the cache write, reductions: everything else)."""
+    low = name.lower()
+    if any(t in low for t in ("flash", "fmha", "attention", "attn")):
+        return "attention"
+    if any(t in low for t in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "splitk", "aten::linear", "aten::mm",
+                              "aten::addmm", "aten::bmm", "matmul")):
+        return "gemm"
+    return "small"
+
+
+def profiled_kernels(fn: Callable[[], object], plan: Plan, runs: int) -> list[tuple[str, float]]:
+    """(name, seconds) of every kernel one call of ``fn`` ran, from torch's profiler over ``runs`` eager calls
+    (kernels' own GPU spans; on a CPU, the spans of the operators Python called)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = plan.device == "cuda"
+    for _ in range(2):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.events()
+    if cuda:
+        picked = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        picked = [e for e in events if e.name.startswith("aten::")  # the operators Python called
+                  and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
+    return [(e.name, e.time_range.elapsed_us() / 1e6 / runs) for e in picked]
+
+
+def kernel_row(kernels: list[tuple[str, float]], runs: int) -> dict[str, Any]:
+    """Seconds and counts by class, per pass, and the small ops' heaviest kernels (name cut to 90)."""
+    row: dict[str, Any] = {}
+    for cls in KERNEL_CLASSES:
+        mine = [t for n, t in kernels if kernel_class(n) == cls]
+        row[f"{cls}_s"], row[f"{cls}_kernels"] = sum(mine), len(mine) / runs
+    row["kernels_s"] = sum(t for _, t in kernels)
+    row["kernels"] = len(kernels) / runs
+    small: dict[str, list[float]] = {}
+    for n, t in kernels:
+        if kernel_class(n) == "small":
+            small.setdefault(n[:90], []).append(t)
+    row["small_top"] = [{"name": n, "per_pass": len(ts) / runs, "s": sum(ts)}
+                        for n, ts in sorted(small.items(), key=lambda kv: -sum(kv[1]))[:10]]
+    return row
+
+
+def measure_kernels(rec: Recorder, plan: Plan, gen) -> None:
+    """The decode pass of :func:`measure_decode` (without the sampler), profiled eagerly, and its graph time."""
+    from calibrate.grid import Point
+    from calibrate.model import Transformer
+    from calibrate.passes import build_pass
+
+    runs = 3
+    rec.section["settings"] = {"dtype": plan.dtype, "runs": runs, "classes": list(KERNEL_CLASSES),
+                               "timed": "calibrate.passes.build_pass decode/target, q = 1: kernels from torch's "
+                                        "profiler over eager calls; graph_s from CUDA-graph replays"}
+    for name in dict.fromkeys(m for m, _, _ in plan.kernel_points):
+        keys = [{"model": m, "batch": b, "context": c} for m, b, c in plan.kernel_points if m == name]
+        if rec.out_of_time():
+            for key in keys:
+                rec.point(key, dict)
+            continue
+        try:
+            model = Transformer(model_config(name), device=plan.device, dtype=torch_dtype(plan))
+        except Exception as exc:  # noqa: BLE001 - recorded on each of the model's points
+            for key in keys:
+                rec.point(key, _raiser(exc))
+            free(plan, collect=True)
+            continue
+        for key in keys:
+            def point(key=key) -> dict[str, Any]:
+                timed_pass = build_pass(Point("decode", "target", key["batch"], 1, key["context"]), {"target": model}, gen)
+                row = kernel_row(profiled_kernels(timed_pass.fn, plan, runs), runs)
+                graph = timed(timed_pass.fn, plan)
+                return {**row, "graph_s": graph["median_s"], "gaps_s": graph["median_s"] - row["kernels_s"],
+                        "graph": graph["graph"]}
+            rec.point(key, point)
+            free(plan)
+        del model
+        free(plan, collect=True)
+
+
+# --------------------------------------------------------------------------- section (e): a small kernel's floor
+
+def floor_fns(tokens: int, hidden: int, plan: Plan, gen) -> dict[str, Callable[[], object]]:
+    """One closure per :data:`FLOOR_OPS`, each running its op ``plan.floor_chain`` times back to back on
+    ``tokens`` x ``hidden`` activations (an engine's small ops: a residual add, an RMSNorm, SiLU and multiply,
+    the last two kernels in torch)."""
+    import torch
+    import torch.nn.functional as F
+
+    dev, dt = plan.device, torch_dtype(plan)
+    x = torch.randn(tokens, hidden, generator=gen, device=dev).to(dt)
+    y = torch.randn(tokens, hidden, generator=gen, device=dev).to(dt)
+    w = torch.ones(hidden, device=dev, dtype=dt)
+    gate_up = torch.randn(tokens, 2 * hidden, generator=gen, device=dev).to(dt)
+    n = plan.floor_chain
+
+    def add():
+        for _ in range(n):
+            x.add_(y)
+
+    def norm():
+        for _ in range(n):
+            F.rms_norm(x, (hidden,), w, 1e-5)
+
+    def silu_mul():
+        for _ in range(n):
+            g, u = gate_up.chunk(2, dim=-1)
+            F.silu(g) * u
+    return {"add": add, "rms_norm": norm, "silu_mul": silu_mul}
+
+
+def measure_floor(rec: Recorder, plan: Plan, gen) -> None:
+    hidden = 4096 if plan.device == "cuda" else 64
+    kernels = {"add": 1, "rms_norm": 1, "silu_mul": 2}
+    rec.section["settings"] = {"dtype": plan.dtype, "hidden": hidden, "chain": plan.floor_chain,
+                               "kernels_per_op": kernels, "per_kernel_s": "the graph's time / (chain x kernels)"}
+    for tokens in plan.floor_tokens:
+        fns = floor_fns(tokens, hidden, plan, gen) if not rec.out_of_time() else {}
+        for op in FLOOR_OPS:
+            def point(op=op) -> dict[str, Any]:
+                row = timed(fns[op], plan)
+                bytes_per_kernel = {"add": 3, "rms_norm": 2, "silu_mul": 3}[op] * tokens * hidden * 2 / kernels[op]
+                return {**row, "per_kernel_s": row["median_s"] / plan.floor_chain / kernels[op],
+                        "bytes_per_kernel": bytes_per_kernel}
+            rec.point({"op": op, "tokens": tokens, "hidden": hidden}, point)
+        del fns
+        free(plan)
+
+
 # --------------------------------------------------------------------------- measure: the run
 
-MEASURES = {"sampler": measure_sampler, "attention": measure_attention, "decode_step": measure_decode}
+MEASURES = {"sampler": measure_sampler, "attention": measure_attention, "decode_step": measure_decode,
+            "kernels": measure_kernels, "floor": measure_floor}
 
 
-def measure(out: Path, budget: float, dry_run: bool) -> dict[str, Any]:
-    """Every section in order, each under its share of ``budget``; the document as written."""
+def measure(out: Path, budget: float, dry_run: bool, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
+    """The ``sections`` in order, each under its share of ``budget``; the document as written."""
     start = now()
     import torch
 
@@ -495,9 +654,9 @@ def measure(out: Path, budget: float, dry_run: bool) -> dict[str, Any]:
         "sections": {}}
     rec = Recorder(out / RESULT, doc, start + budget)
     gen = torch.Generator(device=plan.device).manual_seed(0)
-    for i, name in enumerate(SECTIONS):
+    for i, name in enumerate(sections):
         left = rec.deadline - now()
-        share = SHARES[name] / sum(SHARES[s] for s in SECTIONS[i:])
+        share = SHARES[name] / sum(SHARES[s] for s in sections[i:])
         rec.section_deadline = now() + max(left, 0.0) * share
         rec.section = doc["sections"][name] = {"status": "running", "points": []}
         t0 = now()
@@ -528,15 +687,23 @@ def summary(doc: dict[str, Any]) -> str:
     for name, sec in doc["sections"].items():
         pts = sec["points"]
         counts = {k: sum(k in p for p in pts) for k in ("median_s", "skipped", "error", "unavailable")}
+        counts["median_s"] += sum("graph_s" in p for p in pts)
         lines.append(f"{name}: {sec['status']}, {counts['median_s']} timed, {counts['skipped']} skipped, "
                      f"{counts['error']} failed, {counts['unavailable']} unavailable, {sec.get('elapsed_s', 0):.1f} s"
                      + (f" ({sec['error']})" if "error" in sec else ""))
-        column = "term" if name == "sampler" else "variant" if name == "attention" else None
+        column = {"sampler": "term", "attention": "variant", "floor": "op"}.get(name)
         rows: dict[tuple, dict[str, str]] = {}
         for p in pts:
-            row = tuple(p.get(k) for k in ("model", "layout", "batch", "context") if k in p)
-            cell = "-" if "median_s" not in p else f"{1e3 * p['median_s']:.3f}" + (
-                f" ({p['kv_read_tb_s']:.2f} TB/s)" if "kv_read_tb_s" in p else "")
+            row = tuple(p.get(k) for k in ("model", "layout", "batch", "context", "tokens") if k in p)
+            if name == "kernels":
+                cell = "-" if "graph_s" not in p else " ".join(
+                    f"{c} {1e3 * p[c + '_s']:.3f} ({p[c + '_kernels']:g})" for c in KERNEL_CLASSES) + (
+                    f", graph {1e3 * p['graph_s']:.3f}, gaps {1e3 * p['gaps_s']:.3f}")
+            elif name == "floor":
+                cell = "-" if "per_kernel_s" not in p else f"{1e6 * p['per_kernel_s']:.2f} us/kernel"
+            else:
+                cell = "-" if "median_s" not in p else f"{1e3 * p['median_s']:.3f}" + (
+                    f" ({p['kv_read_tb_s']:.2f} TB/s)" if "kv_read_tb_s" in p else "")
             rows.setdefault(row, {})[p.get(column, "ms") if column else "ms"] = cell
         for row, cells in rows.items():
             lines.append("  " + " ".join(str(v) for v in row) + ": " + ", ".join(f"{k} {v}" for k, v in cells.items()))
@@ -689,6 +856,81 @@ def attention_table(doc: dict[str, Any], composer: Composer) -> list[str]:
     return lines
 
 
+def clean_pass_s(doc: dict[str, Any], model: str, batch: int, context: int) -> float:
+    """The decode pass alone from the ``decode_step`` section (timed with no profiler attached): the step less
+    the measured cast and greedy argmax at that batch; NaN where either was not measured."""
+    step = next((p for p in doc["sections"].get("decode_step", {}).get("points", [])
+                 if (p["model"], p["batch"], p["context"]) == (model, batch, context) and "median_s" in p), None)
+    terms = {p["term"]: p["median_s"] for p in doc["sections"].get("sampler", {}).get("points", [])
+             if (p["model"], p["batch"]) == (model, batch) and "median_s" in p}
+    if step is None or not {"cast", "greedy"} <= terms.keys():
+        return math.nan
+    return step["median_s"] - terms["cast"] - terms["greedy"]
+
+
+def kernels_table(doc: dict[str, Any], composer: Composer) -> list[str]:
+    """The decode pass by kind of kernel against the composition's parts (its GEMMs with the LM head, attention,
+    small ops), and what runs in no kernel: the pass's clean graph time less its kernels' time."""
+    points = doc["sections"].get("kernels", {}).get("points", [])
+    lines = []
+    for model in dict.fromkeys(p["model"] for p in points):
+        pricer = composer.pricer(model)
+        lines += ["", f"decode pass taken apart, {model}: measured ms (kernels a pass) / composed ms",
+                  f"{'batch':>6}{'context':>9}" + "".join(f"{label:>22}" for label in KERNEL_LABELS.values())
+                  + f"{'no kernel':>11}{'whole pass':>18}"]
+        for p in (p for p in points if p["model"] == model):
+            head = f"{p['batch']:>6}{p['context']:>9}"
+            if "kernels_s" not in p:
+                lines.append(f"{head}  {why_missing(p)}")
+                continue
+            parts = composed_parts(pricer, p["batch"], p["context"])
+            cells = ""
+            for cls in KERNEL_CLASSES:
+                priced = f"{1e3 * parts[cls]:.3f}" if math.isfinite(parts[cls]) else "-"
+                cell = f"{1e3 * p[f'{cls}_s']:.3f} ({p[f'{cls}_kernels']:g}) / {priced}"
+                cells += f"{cell:>22}"
+            clean = clean_pass_s(doc, model, p["batch"], p["context"])
+            gaps = f"{1e3 * (clean - p['kernels_s']):11.3f}" if math.isfinite(clean) else f"{'':>11}"
+            composed = sum(parts.values())
+            whole = "" if not math.isfinite(clean) else f"{1e3 * clean:.3f} / " + (
+                f"{1e3 * composed:.3f}" if math.isfinite(composed) else "-")
+            lines.append(f"{head}{cells}{gaps}{whole:>18}".rstrip())
+    return lines
+
+
+KERNEL_LABELS = {"gemm": "matrix products", "attention": "attention", "small": "small ops"}
+
+
+def composed_parts(pricer, batch: int, context: int) -> dict[str, float]:
+    """The composition's decode pass in :data:`KERNEL_CLASSES` (its LM head is a matrix product); NaN unpriced."""
+    if pricer is None:
+        return dict.fromkeys(KERNEL_CLASSES, math.nan)
+    parts = {k: float(v) for k, v in pricer.decode_parts(batch, 1, context).items()}
+    return {"gemm": parts["gemm"] + parts["lm_head"], "attention": parts["attention"], "small": parts["small_ops"]}
+
+
+def floor_table(doc: dict[str, Any]) -> list[str]:
+    """A small kernel's time inside a graph: per op and token count, with the rate its bytes alone would give."""
+    sec = doc["sections"].get("floor", {})
+    points = sec.get("points", [])
+    if not points:
+        return []
+    settings = sec.get("settings", {})
+    lines = ["", f"a small kernel's time in a CUDA graph ({settings.get('chain')} back to back, hidden "
+                 f"{settings.get('hidden')}): us per kernel (its bytes / that time, TB/s)",
+             f"{'tokens':>7}" + "".join(f"{op:>20}" for op in FLOOR_OPS)]
+    for tokens in dict.fromkeys(p["tokens"] for p in points):
+        cells = ""
+        for op in FLOOR_OPS:
+            p = next((q for q in points if q["tokens"] == tokens and q["op"] == op), {})
+            cell = "-"
+            if "per_kernel_s" in p:
+                cell = f"{1e6 * p['per_kernel_s']:.2f} ({p['bytes_per_kernel'] / p['per_kernel_s'] / 1e12:.2f})"
+            cells += f"{cell:>20}"
+        lines.append(f"{tokens:>7}{cells}")
+    return lines
+
+
 def compare(measured: Path, gpu: str) -> str:
     """The three tables (module docstring): the same JSON and GPU give the same text."""
     doc = json.loads(measured.read_text())
@@ -697,7 +939,8 @@ def compare(measured: Path, gpu: str) -> str:
     lines = [f"measured on {doc['device'].get('name')} ({'a CPU dry run' if doc.get('dry_run') else 'GPU'}; torch "
              f"{versions.get('torch')}, CUDA {versions.get('cuda')}; {doc['timer']['method']}; {doc['started']}), "
              f"composed for {gpu} as specbatch compose --gpu {gpu} prices it; ratio = measured / composed time"]
-    lines += decode_table(doc, composer) + sampler_table(doc, composer) + attention_table(doc, composer)
+    lines += (decode_table(doc, composer) + kernels_table(doc, composer) + floor_table(doc)
+              + sampler_table(doc, composer) + attention_table(doc, composer))
     return "\n".join(lines)
 
 
@@ -714,13 +957,15 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", type=Path, required=True, help=f"folder for {RESULT}")
     m.add_argument("--budget", type=float, default=150.0, help="seconds for the whole run (default %(default)s)")
     m.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, a few seconds")
+    m.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                   help="which sections, in this order (default: all)")
     c = sub.add_parser("compare", help="the measured points against the composition's price for them")
     c.add_argument("--measured", type=Path, default=DEFAULT_MEASURED, help="the measure's JSON (default %(default)s)")
     c.add_argument("--gpu", default="h200_sxm", help="the kernel data's GPU (default %(default)s)")
     args = parser.parse_args(argv)
     if args.command == "measure":
         signal.signal(signal.SIGTERM, _interrupt)  # a machine's timeout: stop as Ctrl-C does, JSON written
-        doc = measure(args.out, args.budget, args.dry_run)
+        doc = measure(args.out, args.budget, args.dry_run, tuple(args.sections))
         return 130 if doc.get("interrupted") else 0
     if not args.measured.is_file():
         print(f"gpu_step_terms compare: no measured file {args.measured}: run 'gpu_step_terms.py measure --out DIR' "

@@ -30,7 +30,8 @@ def small(terms, monkeypatch) -> None:
     """One model, one batch, one context: the bookkeeping tests need points, not sizes."""
     monkeypatch.setattr(terms, "DRY_PLAN", replace(
         terms.DRY_PLAN, sampler_models=("tiny-llama",), sampler_batches=(1,), attention_batches=(1,),
-        contexts=(32,), decode_models=("tiny-llama",), decode_batches=(1,), decode_contexts=(16,)))
+        contexts=(32,), decode_models=("tiny-llama",), decode_batches=(1,), decode_contexts=(16,),
+        kernel_points=(("tiny-llama", 1, 32),), floor_tokens=(1,)))
 
 
 def timed_points(section):
@@ -44,6 +45,8 @@ def test_the_dry_run_writes_every_section_with_positive_finite_times(dry_run, te
     assert written["device"]["type"] == "cpu" and written["versions"]["torch"] == torch.__version__
     for name, section in written["sections"].items():
         assert section["status"] == "done", (name, section)
+        if name == "kernels":
+            continue  # its points hold the kernels' spans, checked below
         points = timed_points(section)
         assert points, name
         for p in points:
@@ -62,6 +65,17 @@ def test_the_dry_run_writes_every_section_with_positive_finite_times(dry_run, te
     assert ragged and all(p["useful_bytes"] < p["kv_bytes"] for p in ragged)
     decode = written["sections"]["decode_step"]["points"]
     assert {p["model"] for p in decode} == {"tiny-llama", "llama-68m"} and len(timed_points({"points": decode})) == 8
+    kernels = written["sections"]["kernels"]["points"]
+    assert [(p["model"], p["batch"]) for p in kernels] == [("tiny-llama", 1), ("tiny-llama", 2)]
+    for p in kernels:  # every operator the pass ran is in one class, and the classes add up
+        assert p["kernels"] == sum(p[f"{c}_kernels"] for c in terms.KERNEL_CLASSES) > 0
+        assert p["kernels_s"] == pytest.approx(sum(p[f"{c}_s"] for c in terms.KERNEL_CLASSES))
+        assert p["gemm_kernels"] > 0 and p["attention_kernels"] > 0 and p["graph_s"] > 0
+        tops = [t["s"] for t in p["small_top"]]
+        assert tops == sorted(tops, reverse=True) and sum(tops) <= p["small_s"] * (1 + 1e-9)
+    floor = written["sections"]["floor"]["points"]
+    assert {(p["op"], p["tokens"]) for p in floor} == {(op, n) for op in terms.FLOOR_OPS for n in (1, 4)}
+    assert all(p["per_kernel_s"] < p["median_s"] for p in floor)
 
 
 def test_varlen_reads_each_rows_own_keys(terms, monkeypatch):
@@ -104,7 +118,7 @@ def test_a_failed_point_or_section_is_recorded_and_the_rest_goes_on(terms, tmp_p
     monkeypatch.setitem(terms.MEASURES, "attention", broken)
     doc = terms.measure(tmp_path, 150.0, dry_run=True)
     assert doc == json.loads((tmp_path / terms.RESULT).read_text())
-    sampler, attention, decode = (doc["sections"][s] for s in terms.SECTIONS)
+    sampler, attention, decode = (doc["sections"][s] for s in terms.SECTIONS[:3])
     failed = [p for p in sampler["points"] if "error" in p]
     assert [(p["term"], p["error"]) for p in failed] == [(terms.SAMPLER_TERMS[2], "RuntimeError: injected failure")]
     assert sampler["status"] == "partial" and len(timed_points(sampler)) == len(terms.SAMPLER_TERMS) - 1
@@ -113,8 +127,9 @@ def test_a_failed_point_or_section_is_recorded_and_the_rest_goes_on(terms, tmp_p
 
 
 def test_the_budget_is_shared_between_sections_and_skips_what_is_over(terms, tmp_path, monkeypatch):
-    """A fake clock: every timed point takes 1 s. Of 10 s, the sampler gets 1/5, attention 1/4 of the rest,
-    the decode step the rest; a point is skipped once its section's share is spent."""
+    """A fake clock: every timed point takes 1 s. Of 10 s (shares 1 : 1 : 3 : 1 : 0.5), the sampler gets
+    1/6.5, attention 1/5.5 of the rest, the decode step 3/4.5 of what is left, and so on; a point is skipped
+    once its section's share is spent, and what a section leaves goes to the next."""
     small(terms, monkeypatch)
     clock = [0.0]
     monkeypatch.setattr(terms, "now", lambda: clock[0])
@@ -125,11 +140,13 @@ def test_the_budget_is_shared_between_sections_and_skips_what_is_over(terms, tmp
 
     monkeypatch.setattr(terms, "timed", one_second)
     doc = terms.measure(tmp_path, 10.0, dry_run=True)
-    sampler, attention, decode = (doc["sections"][s]["points"] for s in terms.SECTIONS)
+    sampler, attention, decode = (doc["sections"][s]["points"] for s in terms.SECTIONS[:3])
     assert len(timed_points({"points": sampler})) == 2
     assert all(p["skipped"].startswith("out of time") for p in sampler[2:])
     assert [p["variant"] for p in attention if "median_s" in p] == ["masked_sdpa", "sdpa"]
     assert len(timed_points({"points": decode})) == 1
+    assert [p["batch"] for p in doc["sections"]["kernels"]["points"] if "graph_s" in p] == [1]
+    assert len(timed_points(doc["sections"]["floor"])) == len(terms.FLOOR_OPS)
     assert doc["sections"]["sampler"]["status"] == "partial"
 
     nothing = terms.measure(tmp_path, 0.0, dry_run=True)
@@ -204,3 +221,30 @@ def test_an_interrupted_run_keeps_what_finished(terms, tmp_path, monkeypatch):
     assert doc["interrupted"] is True and list(doc["sections"]) == ["sampler", "attention"]
     assert doc["sections"]["sampler"]["status"] == "done" and doc["sections"]["attention"]["status"] == "interrupted"
     assert len(timed_points(doc["sections"]["attention"])) == 1
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_execute_segment_k_off", "gemm"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", "gemm"),
+    ("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>", "attention"),
+    ("void pytorch_flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>", "attention"),
+    ("aten::_flash_attention_forward", "attention"), ("aten::linear", "gemm"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>", "small"),
+    ("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel>", "small"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::OpaqueType<2u>>", "small"),
+])
+def test_a_kernel_is_classed_by_its_name(terms, name, kind):
+    assert terms.kernel_class(name) == kind
+
+
+def test_the_shipped_gpu_terms_are_a_gpu_run_with_every_section(terms):
+    """benchmarks/results/gpu_step_terms.json (docs/gpu-profiles.md's tables): measured on a GPU, every section
+    done, and its decode pass taken apart adds up."""
+    doc = json.loads(terms.DEFAULT_MEASURED.read_text())
+    assert doc["dry_run"] is False and doc["device"]["type"] == "cuda"
+    assert doc["sections"].keys() == set(terms.SECTIONS)
+    assert all(s["status"] == "done" for s in doc["sections"].values())
+    for p in doc["sections"]["kernels"]["points"]:
+        assert p["kernels_s"] == pytest.approx(sum(p[f"{c}_s"] for c in terms.KERNEL_CLASSES))
+        assert p["gemm_kernels"] > 0 and p["attention_kernels"] > 0 and p["small_kernels"] > p["gemm_kernels"]
