@@ -39,6 +39,11 @@
 #   validate  as above, on the profile just calibrated
 #   pack      everything under WORK into OUT (one tarball, plus the small result files apart)
 #
+# After it (2026-11-28), on the profile it calibrated (copied into WORK):
+#
+#   overhead  benchmarks/overhead_by_batch.py: calibration's overhead replay at 1, 2, 4, 8 and 16 rows
+#             (k = 3), whether the engine's time outside the passes grows with the batch
+#
 # Earlier sessions' phases (issues 15 and 16) stay runnable: eager (the eager profile),
 # opt (opt-6.7b / opt-125m), gc-check, smoke, replay-tests.
 #
@@ -115,9 +120,12 @@ d = torch.device('$DEVICE'); t = getattr(torch, '$DTYPE')
     terms)
       if [ "$DEVICE" = cuda ]; then run terms 130 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --budget 110;
       else run terms 60 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --dry-run; fi ;;
+    overhead)  # the engine's time outside the passes by batch size: calibration's overhead replay at 1-16 rows
+      run overhead 120 python3 benchmarks/overhead_by_batch.py measure --profile "$PROFILE" --out "$WORK/overhead_by_batch.json" ;;
     pack)  # OUT (the device tool's folder, if set) gets it all: what comes back is 8 files at most
       if [ -n "${OUT:-}" ]; then
         cp "$WORK/logs/phases.txt" "$OUT/" 2>/dev/null
+        cp "$WORK/overhead_by_batch.json" "$OUT/" 2>/dev/null
         cp "$WORK/terms/gpu_step_terms.json" "$OUT/" 2>/dev/null
         cp "$WORK/validation-gpu/results.json" "$OUT/validation-results.json" 2>/dev/null
         tar czf "$OUT/session.tgz" -C "$(dirname "$WORK")" "$(basename "$WORK")"

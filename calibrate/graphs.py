@@ -43,18 +43,28 @@ PROMPT_BUCKET = 32  # tokens: a prefill batch's padded length is rounded up to a
 @dataclass
 class Graph:
     """One pass on static buffers: write its inputs into ``inputs``, call :meth:`replay`, read ``output``.
-    ``captured`` None: the pass is called instead of replayed (a CPU)."""
+    ``captured`` None: the pass is called instead of replayed (a CPU). ``timings``: where a captured
+    replay's CUDA events go, as (``kind``, begin, end), when the owner wants the graph's own time apart
+    from the staging of its inputs around it."""
 
     inputs: dict[str, torch.Tensor]
     fn: Callable[[], object]
     captured: object = None
     output: object = None
+    kind: str = ""
+    timings: list | None = None
 
     def replay(self) -> None:
         if self.captured is None:
             self.output = self.fn()
-        else:
+        elif self.timings is None:
             self.captured.replay()
+        else:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            self.captured.replay()
+            end.record()
+            self.timings.append((self.kind, begin, end))
 
 
 @dataclass
@@ -70,6 +80,7 @@ class PassGraphs:
     capture_s: float = 0.0  # wall time spent capturing (and warming up for it)
     fallbacks: dict[tuple, str] = field(default_factory=dict)  # key -> why it runs eagerly
     pool: object = None
+    timings: list | None = None  # a list: every captured replay's CUDA events, by its key's first item
 
     def __post_init__(self) -> None:
         self.enabled = bool(self.enabled) and bool(self.batch_sizes)
@@ -123,7 +134,7 @@ class PassGraphs:
             with torch.cuda.graph(captured, pool=self.pool):
                 output = fn()
             torch.cuda.synchronize(self.device)
-            graph = self.graphs[key] = Graph(inputs, fn, captured, output)
+            graph = self.graphs[key] = Graph(inputs, fn, captured, output, str(key[0]), self.timings)
         except Exception as exc:  # noqa: BLE001 - any capture problem means "run this pass eagerly"
             torch.cuda.synchronize(self.device)
             self.fallbacks[key] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]

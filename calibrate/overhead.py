@@ -26,9 +26,11 @@ from sim.costmodel.profile import load_profile
 OUTPUT_TOKENS = 48
 
 
-def measure_overhead(profile_dir: str | Path) -> dict[str, Any]:
+def measure_overhead(profile_dir: str | Path, batch: int | None = None, k: int | None = None) -> dict[str, Any]:
     """Replay a small workload on the profile's device and models; return the overhead record.
 
+    ``batch`` and ``k`` (default: 4, or the grid's largest batch if smaller, and 2, or the profile's
+    k_max) set the replay's batch limit and fixed k; the workload is 3 x batch requests sent at once.
     The replay drives the simulator's scheduler and policies, so it needs the simulator's
     dependencies (simpy, scipy, tomli-w) besides torch: an ImportError says which is missing.
     """
@@ -37,15 +39,16 @@ def measure_overhead(profile_dir: str | Path) -> dict[str, Any]:
 
     profile = load_profile(profile_dir)
     grid = profile.meta.get("grid", {})
-    batch = min(4, max(grid.get("batch_sizes", [1])))
-    k = min(2, profile.k_max)
+    batch = min(4, max(grid.get("batch_sizes", [1]))) if batch is None else batch
+    k = min(2, profile.k_max) if k is None else k
     prompt = min(grid.get("prompts", [32]))
     values = {"profile": str(profile.path), "policy.name": "fixed", "policy.k": k, "engine.max_batch_size": batch,
               "workload.num_requests": 3 * batch, "workload.rate": 1e6, "workload.prompt_tokens": str(prompt),
               "workload.output_tokens": str(OUTPUT_TOKENS)}
     config = load_config(None, {key: (value, "calibration") for key, value in values.items()})
     result, measured = replay_config(config)
-    overhead = {key: value for key, value in result.extra["replay"].items() if key.endswith("_overhead_s")}
+    overhead = {key: value for key, value in result.extra["replay"].items()
+                if key.endswith(("_overhead_s", "_between_steps_s"))}
     return {**overhead, "steps": len(measured.steps), "batch_size": batch, "k": k, "prompt_tokens": prompt,
             "output_tokens": OUTPUT_TOKENS, "method": "median per-step time outside the timed passes plus the mean "
                                                    "time between steps, in a real replay (calibrate.overhead)"}

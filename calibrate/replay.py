@@ -160,7 +160,10 @@ class TorchBackend:
         self.passes_s: list[float] = []  # per step: time inside the passes calibration times
         self.predicted_s: list[float] = []  # ... and what the profile says they take
         self.accepted_rows: list[np.ndarray | None] = []  # per step: accepted per running row
-        self._events: list = []  # this step's (begin, end) CUDA events around each pass
+        self._events: list = []  # this step's (kind, begin, end) CUDA events around each pass
+        if self.device.type == "cuda":  # and around each graph's replay alone, inside those spans
+            self.graphs.timings = []
+        self.by_kind: dict[str, dict[str, float]] = {}  # per kind of pass: passes, span_s, graph_s
         self.overheads = (run.profile.engine_overhead_s("prefill"), run.profile.engine_overhead_s("decode"))
 
     def _sync(self) -> None:
@@ -452,20 +455,39 @@ class TorchBackend:
             self._passes += time.perf_counter() - started
             return out
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        replays = len(self.graphs.timings)
         begin.record()
         out = fn(*args)
         end.record()
         if self.graphs.capture_s != captured:
             self._sync()
             self._passes += time.perf_counter() - started - (self.graphs.capture_s - captured)
+            del self.graphs.timings[replays:]  # a pass timed on the host: its graph's replay is not counted either
         else:
-            self._events.append((begin, end))
+            self._events.append((self._kind(fn, args), begin, end))
         return out
 
+    def _kind(self, fn, args) -> str:
+        """A pass's kind, named as its graph's key names it: target, draft, verify, prefill-target/-draft."""
+        if fn == self._prefill:
+            return "prefill-target" if args[0] is self.target else "prefill-draft"
+        return {self._target_pass: "target", self._draft_step: "draft", self._verify: "verify"}.get(fn, "other")
+
     def _passes_done(self) -> None:
-        """After the step's synchronisation: the passes' event times into this step's model-pass time."""
-        self._passes += sum(begin.elapsed_time(end) for begin, end in self._events) / 1e3
+        """After the step's synchronisation: the passes' event times into this step's model-pass time, and
+        into :attr:`by_kind` with the time of their graphs' replays alone (what calibration times)."""
+        for kind, begin, end in self._events:
+            span = begin.elapsed_time(end) / 1e3
+            self._passes += span
+            entry = self.by_kind.setdefault(kind, {"passes": 0, "span_s": 0.0, "graph_s": 0.0})
+            entry["passes"] += 1
+            entry["span_s"] += span
+        for kind, begin, end in self.graphs.timings or ():
+            self.by_kind.setdefault(kind, {"passes": 0, "span_s": 0.0, "graph_s": 0.0})["graph_s"] += \
+                begin.elapsed_time(end) / 1e3
         self._events.clear()
+        if self.graphs.timings is not None:
+            self.graphs.timings.clear()
 
     def watch(self, queue) -> None:
         """The real clock releases the queue."""
@@ -611,7 +633,15 @@ def replay(run: PreparedRun, target: Transformer, draft: Transformer | None, *, 
     return ReplayResult(table, pd.DataFrame(rec.steps), summary, acceptance, partial, wall_s,
                         np.asarray(backend.passes_s[:steps]), np.asarray(backend.predicted_s[:steps]),
                         by_label(table), np.asarray(readings, dtype=np.float64),
-                        tuple(backend.accepted_rows[:steps]), graphs.summary() | {"attention": split_attention_notes()})
+                        tuple(backend.accepted_rows[:steps]),
+                        graphs.summary() | {"attention": split_attention_notes(), "passes_by_kind": pass_kinds(backend)})
+
+
+def pass_kinds(backend: TorchBackend) -> dict[str, dict[str, float]]:
+    """Per kind of pass, on a GPU: how many ran, the time between their events (staging of inputs
+    included) and that of their graphs' replays alone, in seconds, rounded to the microsecond."""
+    return {kind: {"passes": int(v["passes"]), "span_s": round(v["span_s"], 6), "graph_s": round(v["graph_s"], 6)}
+            for kind, v in sorted(backend.by_kind.items())}
 
 
 def replay_config(config: RunConfig, *, acceptance: str = "synthetic",

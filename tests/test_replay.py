@@ -279,3 +279,47 @@ def test_validation_json_keeps_small_errors_at_full_precision():
     rows = json.loads(json.dumps(_records(frame)))
     assert rows == [{"metric": "mean_e2el_ms", "relative_error": -2.5146269147766987e-05},
                     {"metric": "p99_e2el_ms", "relative_error": None}]
+
+
+class FakeEvent:
+    """A CUDA event's stand-in at a fixed time (ms), for the per-kind bookkeeping on a CPU."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return end.ms - self.ms
+
+
+def test_each_pass_is_timed_by_kind_in_its_span_and_in_its_graph_alone(tiny_profile):
+    # On a GPU each pass's span (inputs staged, then its graph) and its graph's replay alone are read after the
+    # step's synchronisation; the kinds are the graphs' key names, so the two sums line up kind by kind.
+    from calibrate.replay import TorchBackend, pass_kinds
+
+    run = prepare(scenario(tiny_profile, **{"policy.name": "fixed", "policy.k": 3}))
+    target, draft = identical_pair(run)
+    backend = TorchBackend(run, target, draft, cuda_graphs=True)
+    kinds = [backend._kind(backend._prefill, (target,)), backend._kind(backend._prefill, (draft,)),
+             backend._kind(backend._draft_step, ()), backend._kind(backend._target_pass, ()),
+             backend._kind(backend._verify, ())]
+    assert kinds == ["prefill-target", "prefill-draft", "draft", "target", "verify"]
+    backend._passes = 0.0
+    backend._events = [("draft", FakeEvent(0.0), FakeEvent(2.0)), ("draft", FakeEvent(2.0), FakeEvent(3.5)),
+                       ("target", FakeEvent(3.5), FakeEvent(9.5))]
+    backend.graphs.timings = [("draft", FakeEvent(0.5), FakeEvent(1.9)), ("draft", FakeEvent(2.1), FakeEvent(3.4)),
+                              ("target", FakeEvent(4.0), FakeEvent(9.4))]
+    backend._passes_done()
+    assert backend._passes == pytest.approx(9.5e-3) and not backend._events and not backend.graphs.timings
+    got = pass_kinds(backend)
+    assert got == {"draft": {"passes": 2, "span_s": 0.0035, "graph_s": 0.0027},
+                   "target": {"passes": 1, "span_s": 0.006, "graph_s": 0.0054}}
+
+
+def test_the_overhead_replay_runs_at_a_given_batch_and_k_and_says_so(tiny_profile):
+    from calibrate.overhead import measure_overhead
+
+    record = measure_overhead(tiny_profile, batch=2, k=1)
+    assert (record["batch_size"], record["k"]) == (2, 1)
+    for key in ("decode_overhead_s", "prefill_overhead_s", "decode_between_steps_s", "prefill_between_steps_s"):
+        assert record[key] >= 0.0, key
+    assert record["decode_between_steps_s"] <= record["decode_overhead_s"]

@@ -406,7 +406,8 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
              f"(within the replay{'s' if len(replays) > 1 else ''}: {_drift_span(drifts)}); engine overhead per step "
              f"{1e3 * replayed['decode_overhead_s']:.2f} ms decode, {1e3 * replayed['prefill_overhead_s']:.2f} ms "
              f"prefill (profile: {1e3 * profile.engine_overhead_s('decode'):.2f} / "
-             f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms)",
+             f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms)"
+             + _by_kind(replayed.get("cuda_graphs", {}).get("passes_by_kind")),
              format_table(table, tests, corrected_tests),
              "TOST equivalence test, mean E2EL within ±5% (paired by request):",
              format_tost(tost["raw"], "raw            "), format_tost(tost["speed_corrected"], "speed-corrected"),
@@ -414,6 +415,16 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
     if logic:
         lines += ["", format_logic(document["logic"])]
     return _clean(document), "\n".join(lines)
+
+
+def _by_kind(kinds: dict | None) -> str:
+    """On a GPU, the first replay's passes by kind: the time between their events (inputs staged, then the
+    graph) and their graphs' replays alone, which is what calibration times; '' where not recorded."""
+    if not kinds:
+        return ""
+    parts = [f"{kind} {v['passes']} passes {1e3 * v['span_s'] / max(v['passes'], 1):.3f} / "
+             f"{1e3 * v['graph_s'] / max(v['passes'], 1):.3f} ms" for kind, v in kinds.items()]
+    return "\n  passes by kind, each on average in its span / in its graph alone: " + "; ".join(parts)
 
 
 def _ratios(speeds: list[float]) -> str:
