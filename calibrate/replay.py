@@ -165,6 +165,7 @@ class TorchBackend:
             self.graphs.timings = []
         self.by_kind: dict[str, dict[str, float]] = {}  # per kind of pass: passes, span_s, graph_s
         self.overheads = (run.profile.engine_overhead_s("prefill"), run.profile.engine_overhead_s("decode"))
+        self.overhead_per_row = run.profile.engine_overhead_per_row_s("decode")
 
     def _sync(self) -> None:
         if self.device.type == "cuda":  # a step ends when its kernels have, not when they are queued
@@ -272,7 +273,7 @@ class TorchBackend:
         self._passes = 0.0
         worst = int(np.maximum.reduce(lag)) if k and lag is not None else 1
         self.predicted_s.append(self.table.decode_time_at_lag(view.batch_size, k, view.mean_context_tokens, worst)
-                                - self.overheads[1])
+                                - self.overheads[1] - self.overhead_per_row * view.batch_size)
         if k:
             accepted, final = self._speculate(b, k, live, ragged_rows, lag_rows, scale, ragged)
         else:

@@ -172,6 +172,7 @@ def test_bad_profile_points_name_the_row_and_column(capsys, here, column, value)
     ("engine_overhead.decode_overhead_s", "-0.001"), ("engine_overhead.prefill_overhead_s", '"fast"'),
     ("engine_overhead.decode_overhead_s", "Infinity"), ("name", "12"),
     ("engine_overhead.exposed_overhead_s", "-1"), ("engine_overhead.overlap", '"sometimes"'),
+    ("engine_overhead.decode_overhead_per_row_s", "-1e-4"), ("engine_overhead.decode_overhead_per_row_s", '"x"'),
 ])
 def test_bad_profile_sidecar_values_name_the_key_and_line(capsys, here, key, raw):
     _edit_meta(here / "p", key, raw)

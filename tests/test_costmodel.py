@@ -153,6 +153,24 @@ def _with_overhead(tmp_path, name, **overhead):
     return CostModel(load_profile(path))
 
 
+def test_a_per_row_engine_overhead_grows_a_decode_step_with_its_running_rows(tmp_path):
+    plain = CostModel(load_profile(make_profile(tmp_path / "plain")))
+    rows = _with_overhead(tmp_path, "rows", decode_overhead_s=0.001, decode_overhead_per_row_s=0.0002,
+                          prefill_overhead_s=0.003)
+    for b, k, c in ((1, 0, 128), (4, 3, 500), (16, 5, 900)):
+        assert rows.step_time(b, k, c) == pytest.approx(plain.step_time(b, k, c) + 0.001 + 0.0002 * b, rel=1e-12)
+    # the step table, which compiled runs read, charges the same; a prefill step has no per-row part
+    table = rows.tabulate(16, 5, 1000, 1000, with_draft=True)
+    assert table.decode_time(16, 5, 900) == pytest.approx(float(rows.step_time(16, 5, 900)), rel=2e-3)
+    assert float(rows.prefill_times(4, 100, True)) == pytest.approx(float(plain.prefill_times(4, 100, True)) + 0.003)
+    # the fitted model keeps it (the fit cache's state)
+    assert CostModel.from_state(rows.profile, rows.state()).decode_overhead_per_row == 0.0002
+    # a profile without it prices as before, to the bit
+    none = _with_overhead(tmp_path, "none", decode_overhead_s=0.001, decode_overhead_per_row_s=0.0)
+    same = _with_overhead(tmp_path, "same", decode_overhead_s=0.001)
+    assert none.step_times(np.arange(1, 9), 3, 500).tobytes() == same.step_times(np.arange(1, 9), 3, 500).tobytes()
+
+
 def test_overlapped_engine_work_costs_the_longer_of_it_and_the_passes(tmp_path):
     plain = CostModel(load_profile(make_profile(tmp_path / "plain")))
     passes = plain.step_time(4, 3, 500)

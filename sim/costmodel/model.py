@@ -13,7 +13,9 @@ and k = 0 is one target pass over one token plus sampling (t_verify(b, 0)). A
 prefill of b prompts of mean length p costs t_prefill_target(b, p) + t_overhead,
 plus t_prefill_draft(b, p) when the run speculates. t_overhead (per phase) is the
 engine's own time per step outside the timed passes, measured by calibration with a
-short real replay (0 for profiles that predate it). Every number comes from the
+short real replay (0 for profiles that predate it); a decode step's may grow with its
+running rows, t_overhead + b * t_overhead_row, where calibration replayed at two batch
+sizes (calibrate.overhead; 0 otherwise). Every number comes from the
 profile's curves; nothing here is a constant of its own.
 
 How the engine's own work combines with the passes is the profile's too
@@ -157,6 +159,7 @@ class CostModel:
                                                ("batch_size", "query_tokens", "context_tokens"), decode_features)
         self.verify = Curve.from_points("verify", profile.phase("verify", "target"), VERIFY_AXES, verify_features)
         self.decode_overhead = profile.engine_overhead_s("decode")  # t_overhead, per step
+        self.decode_overhead_per_row = profile.engine_overhead_per_row_s("decode")  # and per running row
         self.prefill_overhead = profile.engine_overhead_s("prefill")
         self.exposed_overhead = profile.exposed_overhead_s  # t_exposed, per step, never hidden
         self.overlapped = profile.overhead_overlapped
@@ -179,6 +182,7 @@ class CostModel:
         it without fitting, equal to the last bit."""
         out = {"k_max": np.int64(self.k_max), "draft_measures_q": np.bool_(self.draft_measures_q),
                "decode_overhead": np.float64(self.decode_overhead),
+               "decode_overhead_per_row": np.float64(self.decode_overhead_per_row),
                "prefill_overhead": np.float64(self.prefill_overhead),
                "exposed_overhead": np.float64(self.exposed_overhead), "overlapped": np.bool_(self.overlapped),
                "cuda_graphs": np.bool_(self.cuda_graphs)}
@@ -207,6 +211,7 @@ class CostModel:
         model.k_max = int(state["k_max"])
         model.draft_measures_q = bool(state["draft_measures_q"])
         model.decode_overhead = float(state["decode_overhead"])
+        model.decode_overhead_per_row = float(state["decode_overhead_per_row"])
         model.prefill_overhead = float(state["prefill_overhead"])
         model.exposed_overhead = float(state["exposed_overhead"])
         model.overlapped = bool(state["overlapped"])
@@ -317,7 +322,14 @@ class CostModel:
         passes = self.decode_pass_times(batch_size, k, context_tokens)
         if padded_batch is not None:
             passes = passes + self.padding_times(batch_size, k, padded_batch, with_draft)
-        return self.with_overhead(passes, self.decode_overhead)
+        return self.with_overhead(passes, self.decode_overhead_at(batch_size))
+
+    def decode_overhead_at(self, batch_size):
+        """The engine's own work in a decode step of ``batch_size`` running rows: t_overhead, plus its
+        per-row part where the profile measured one (the padded rows of a graph are not the engine's)."""
+        if not self.decode_overhead_per_row:
+            return self.decode_overhead
+        return self.decode_overhead + self.decode_overhead_per_row * np.asarray(batch_size, dtype=float)
 
     def padding_times(self, batch_size, k, padded_batch, with_draft: bool) -> np.ndarray:
         """What running a decode step on ``padded_batch`` rows instead of ``batch_size`` adds: the padded

@@ -168,6 +168,13 @@ class Profile:
         value = self.meta.get("engine_overhead", {}).get(f"{phase}_overhead_s")
         return float(value) if value is not None else 0.0
 
+    def engine_overhead_per_row_s(self, phase: str) -> float:
+        """Seconds per step per running sequence that the engine spends beyond :meth:`engine_overhead_s`
+        (0 where not measured): its bookkeeping per row, which calibration measures by replaying at two
+        batch sizes (``calibrate.overhead``). A step of b rows costs the engine the two together."""
+        value = self.meta.get("engine_overhead", {}).get(f"{phase}_overhead_per_row_s")
+        return float(value) if value is not None else 0.0
+
     @property
     def overhead_overlapped(self) -> bool:
         """True when the engine's own work overlaps the previous step's passes (``"overlap":
@@ -283,7 +290,7 @@ def _check_meta_values(meta: dict[str, Any], path: Path, text: str) -> None:
     if not isinstance(overhead, dict):
         raise fail("engine_overhead", f"expected an object, got {overhead!r}")
     for key, value in overhead.items():
-        if (key.endswith("_overhead_s") or key == "request_latency_s") and value is not None and (
+        if (key.endswith(("_overhead_s", "_per_row_s")) or key == "request_latency_s") and value is not None and (
                 isinstance(value, bool) or not isinstance(value, (int, float))
                 or not 0 <= value <= MAX_LATENCY_S):
             raise fail(f"engine_overhead.{key}", f"expected seconds from 0 to {MAX_LATENCY_S:g}, got {value!r}")
