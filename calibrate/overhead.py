@@ -7,7 +7,10 @@ here the only honest way, with the engine itself: a short real replay
 (:mod:`calibrate.replay`) of a small workload inside the grid, timing every step and
 every calibrated pass in it; per phase, the median remainder inside a step plus the
 mean time between steps (:func:`calibrate.replay.step_overheads`) is stored in the
-profile's sidecar as ``engine_overhead``. The workload is fixed by the grid, not
+profile's sidecar as ``engine_overhead``. The replay runs at one row, at four and at the
+grid's largest batch up to 16 (:func:`sweep_batches`), and a decode step's overhead is the
+line through them, per step and per running row (an engine's bookkeeping is per row). The
+workload is fixed by the grid, not
 by any scenario a validation later runs, so the validation stays out of sample. On a
 machine with only torch, numpy and pandas the grid is still measured; the overhead is
 then skipped with a warning (and charged as 0).
@@ -52,3 +55,51 @@ def measure_overhead(profile_dir: str | Path, batch: int | None = None, k: int |
     return {**overhead, "steps": len(measured.steps), "batch_size": batch, "k": k, "prompt_tokens": prompt,
             "output_tokens": OUTPUT_TOKENS, "method": "median per-step time outside the timed passes plus the mean "
                                                    "time between steps, in a real replay (calibrate.overhead)"}
+
+
+# The rows a served step usually holds stop well short of a large grid's top (a replay of 3 x 256
+# requests would take minutes): the per-row line is measured up to here.
+SWEEP_MAX_BATCH = 16
+
+
+def sweep_batches(grid_batches) -> list[int]:
+    """The batch sizes calibration replays at: one row, the usual point (4, or the grid's top if smaller)
+    and the grid's largest size up to :data:`SWEEP_MAX_BATCH`; one size where the grid has no other."""
+    top = max(grid_batches, default=1)
+    usual = min(4, top)
+    largest = max((b for b in grid_batches if b <= SWEEP_MAX_BATCH), default=usual)
+    return sorted({1, usual, max(largest, usual)})
+
+
+def fit_per_row(records: list[dict[str, Any]]) -> tuple[float, float]:
+    """(seconds per step, seconds per row per step) of the decode overhead: the least-squares line through
+    the records' (batch size, decode overhead), neither part negative; one record: its overhead, 0 per row."""
+    import numpy as np
+
+    rows = np.array([r["batch_size"] for r in records], dtype=float)
+    decode = np.array([r["decode_overhead_s"] for r in records], dtype=float)
+    if len(set(rows.tolist())) < 2:
+        return float(decode.mean()), 0.0
+    slope = max(float(np.polyfit(rows, decode, 1)[0]), 0.0)
+    return max(float(decode.mean() - slope * rows.mean()), 0.0), slope
+
+
+def overhead_record(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sidecar's ``engine_overhead`` from replays at several batch sizes: the usual point's record
+    (its prefill overhead), with the decode overhead as the fitted line and every replay kept."""
+    usual = next((r for r in records if r["batch_size"] == min(4, max(r["batch_size"] for r in records))), records[0])
+    base, per_row = fit_per_row(records)
+    return {**usual, "decode_overhead_s": base, "decode_overhead_per_row_s": per_row,
+            "by_batch": [{k: r[k] for k in ("batch_size", "k", "steps", "decode_overhead_s", "prefill_overhead_s") if k in r}
+                         for r in records],
+            "method": "per batch size, the median per-step time outside the timed passes plus the mean time "
+                      "between steps, in a real replay (calibrate.overhead); decode: the least-squares line "
+                      "through the batch sizes, per step and per row"}
+
+
+def measure_overheads(profile_dir: str | Path) -> dict[str, Any]:
+    """Calibration's engine overhead: replays at :func:`sweep_batches` of the grid, fitted by
+    :func:`overhead_record` (an engine's bookkeeping is per row: the replay's grew 0.8 to 2.4 ms a decode
+    step from 1 to 16 rows on an H200, docs/validation.md)."""
+    grid = load_profile(profile_dir).meta.get("grid", {})
+    return overhead_record([measure_overhead(profile_dir, batch=b) for b in sweep_batches(grid.get("batch_sizes", [1]))])

@@ -27,7 +27,7 @@ from calibrate.heads import Head, head_shape, head_weight_bytes, layer_config
 from calibrate.host import host_info, time_proposer
 from calibrate.attention import split_attention_notes
 from calibrate.model import TORCH_DTYPES, Transformer
-from calibrate.overhead import measure_overhead
+from calibrate.overhead import measure_overheads
 from calibrate.partial import PartialRun
 from calibrate.passes import GRAPHABLE, build_pass
 from calibrate.timing import Measurement, TimerConfig, time_cpu, time_cuda
@@ -132,9 +132,9 @@ def _calibrate(settings: Settings, out: str | Path, *, fresh: bool, progress: bo
     write_profile(out, meta, table[list(COLUMNS)])
     if settings.measure_overhead:  # needs the profile written: the replay is priced and bound by it
         if progress:
-            print("measuring the engine's per-step overhead with a short real replay ...", file=sys.stderr)
+            print("measuring the engine's per-step overhead with short real replays ...", file=sys.stderr)
         try:
-            meta["engine_overhead"] = measure_overhead(out)
+            meta["engine_overhead"] = measure_overheads(out)
         except ImportError as exc:  # torch, numpy and pandas alone still calibrate the grid
             print(f"warning: engine overhead not measured: the replay needs {exc.name or exc} "
                   "(pip install simpy scipy tomli-w)", file=sys.stderr)

@@ -323,3 +323,33 @@ def test_the_overhead_replay_runs_at_a_given_batch_and_k_and_says_so(tiny_profil
     for key in ("decode_overhead_s", "prefill_overhead_s", "decode_between_steps_s", "prefill_between_steps_s"):
         assert record[key] >= 0.0, key
     assert record["decode_between_steps_s"] <= record["decode_overhead_s"]
+
+
+def test_calibration_replays_at_one_row_four_and_the_grids_largest_up_to_16():
+    from calibrate.overhead import sweep_batches
+
+    assert sweep_batches([1, 2, 4, 8, 16, 32]) == [1, 4, 16]
+    assert sweep_batches([1, 2, 4]) == [1, 4] and sweep_batches([1, 2]) == [1, 2] and sweep_batches([1]) == [1]
+    assert sweep_batches([8, 64]) == [1, 4, 8]
+
+
+def test_the_overhead_line_through_the_replays_is_fitted_and_never_negative():
+    from calibrate.overhead import fit_per_row, overhead_record
+
+    recs = [{"batch_size": b, "decode_overhead_s": 1e-3 + 1e-4 * b, "prefill_overhead_s": 5e-4} for b in (1, 4, 16)]
+    assert fit_per_row(recs) == pytest.approx((1e-3, 1e-4))
+    falling = [{**r, "decode_overhead_s": 2e-3 - 1e-4 * r["batch_size"]} for r in recs]
+    base, per_row = fit_per_row(falling)  # a noisy sweep that falls: no negative per-row price
+    assert per_row == 0.0 and base == pytest.approx(np.mean([r["decode_overhead_s"] for r in falling]))
+    assert fit_per_row(recs[:1]) == (recs[0]["decode_overhead_s"], 0.0)
+    record = overhead_record(recs)
+    assert record["decode_overhead_s"] == pytest.approx(1e-3) and record["decode_overhead_per_row_s"] == pytest.approx(1e-4)
+    assert record["prefill_overhead_s"] == 5e-4 and [r["batch_size"] for r in record["by_batch"]] == [1, 4, 16]
+
+
+def test_a_calibrated_profile_carries_the_overhead_of_each_replayed_batch(tiny_profile):
+    from sim.costmodel.profile import load_profile
+
+    overhead = load_profile(tiny_profile).meta["engine_overhead"]
+    assert [r["batch_size"] for r in overhead["by_batch"]] == [1, 4]
+    assert overhead["decode_overhead_s"] >= 0 and overhead["decode_overhead_per_row_s"] >= 0
