@@ -34,15 +34,13 @@
 #   tests     as above (the replay's CUDA-event timing and split attention run in them)
 #   calibrate as above, on the GPU it finds (the profile is named after it: h100-/h200-graphs-...)
 #   terms     benchmarks/gpu_step_terms.py measure: LM head and sampler, decode attention
-#             (grouped-query and multi-head at the same KV bytes), and whole decode steps of
-#             Llama-3.1-8B and Llama-2-7b from CUDA graphs
+#             (grouped-query and multi-head at the same KV bytes), whole decode steps of
+#             Llama-3.1-8B and Llama-2-7b from CUDA graphs, those passes taken apart by kernel,
+#             and a small kernel's floor
 #   validate  as above, on the profile just calibrated
-#   pack      everything under WORK into OUT (one tarball, plus the small result files apart)
-#
-# After it (2026-11-28), on the profile it calibrated (copied into WORK):
-#
 #   overhead  benchmarks/overhead_by_batch.py: calibration's overhead replay at 1, 2, 4, 8 and 16 rows
 #             (k = 3), whether the engine's time outside the passes grows with the batch
+#   pack      everything under WORK into OUT (one tarball, plus the small result files apart)
 #
 # Earlier sessions' phases (issues 15 and 16) stay runnable: eager (the eager profile),
 # opt (opt-6.7b / opt-125m), gc-check, smoke, replay-tests.
@@ -91,7 +89,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 PROFILE="$WORK/$GPU_TAG-graphs-$TARGET-$DRAFT"
 [ "${1:-}" = issue-33 ] && set -- env tests calibrate probe validate measure
-[ "${1:-}" = issue-38 ] && set -- env tests calibrate terms validate pack
+[ "${1:-}" = issue-38 ] && set -- env tests calibrate terms validate overhead pack
 for phase in "$@"; do
   case $phase in
     env)

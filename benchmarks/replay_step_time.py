@@ -9,12 +9,15 @@ step and passes); PROFILE is the profile the cases were priced by. The first tab
 the decode steps' passes measured against their price (the replay's speed), and the time a step
 spends outside its passes (from its start to the loop's next clock reading, less its passes),
 median and mean, beside what the profile charges for it. The second splits that time by the
-steps' batch size, where an overhead that grows with the batch shows.
+steps' batch size, where an overhead that grows with the batch shows. Where a case's
+``validation.json`` records its first replay's passes by kind (replays since 2026-11-28), a third
+gives each kind's mean time between its events and in its graph's replay alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -63,7 +66,31 @@ def tables(records: Path, overhead_s: float, profile_name: str) -> str:
             cell = f"{np.median(chosen):.3f} ({len(chosen)})" if len(chosen) else "-"
             cells += f"{cell:>16}"
         lines.append(f"{case.name:<{width}}{cells}")
+    kinds = {case.name: passes_by_kind(case) for case in cases}
+    if any(kinds.values()):
+        lines += ["", "the first replay's passes by kind: ms a pass between its events / in its graph alone "
+                      "(the rest: staging its inputs and reading its outputs)",
+                  f"{'case':<{width}}" + "".join(f"{kind:>18}" for kind in KINDS)]
+        for name, by_kind in kinds.items():
+            cells = ""
+            for kind in KINDS:
+                v = by_kind.get(kind)
+                cell = f"{1e3 * v['span_s'] / v['passes']:.3f} / {1e3 * v['graph_s'] / v['passes']:.3f}" if v else "-"
+                cells += f"{cell:>18}"
+            lines.append(f"{name:<{width}}{cells}")
     return "\n".join(lines)
+
+
+KINDS = ("draft", "target", "verify", "prefill-draft", "prefill-target")
+
+
+def passes_by_kind(case: Path) -> dict:
+    """The first replay's passes by kind from the case's validation.json ({} where not recorded)."""
+    path = case / "validation.json"
+    if not path.is_file():
+        return {}
+    kinds = json.loads(path.read_text()).get("replay", {}).get("cuda_graphs", {}).get("passes_by_kind") or {}
+    return {k: v for k, v in kinds.items() if v.get("passes")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,3 +56,17 @@ def test_a_missing_records_folder_or_profile_is_one_line(script, tmp_path, capsy
     assert script.main(["--from", str(SHIPPED), "--profile", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("replay_step_time: ") for line in err)
+
+
+def test_passes_by_kind_are_read_from_each_cases_validation_json(script, tmp_path):
+    import json
+
+    case(tmp_path / "a", [("decode k=3", 2, 0.011, 0.0115, 0.0105)])
+    kinds = {"draft": {"passes": 4, "span_s": 0.008, "graph_s": 0.0076}, "target": {"passes": 0, "span_s": 0.0,
+                                                                                     "graph_s": 0.0}}
+    (tmp_path / "a" / "validation.json").write_text(json.dumps({"replay": {"cuda_graphs": {"passes_by_kind": kinds}}}))
+    text = script.tables(tmp_path, 1e-3, "p")
+    last = text.splitlines()[-1].split()
+    assert last[:4] == ["a", "2.000", "/", "1.900"] and last[4:] == ["-"] * 4  # a kind with no passes shows none
+    case(tmp_path / "b", [("decode k=3", 2, 0.011, 0.0115, 0.0105)])  # an older case: no such record
+    assert script.passes_by_kind(tmp_path / "b") == {}
