@@ -446,12 +446,30 @@ def _unavailable_on_error(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- section (c): decode step
 
+def model_for(rec: Recorder, plan: Plan, cfg, keys: list[dict[str, Any]]):
+    """``cfg``'s model on the device for the points ``keys``, or None with every point recorded: skipped
+    when the section's time is spent, failed (with why) when the model cannot be built."""
+    from calibrate.model import Transformer
+
+    if rec.out_of_time():
+        for key in keys:
+            rec.point(key, dict)
+        return None
+    print(f"  {cfg.name}", flush=True)
+    try:
+        return Transformer(cfg, device=plan.device, dtype=torch_dtype(plan))
+    except Exception as exc:  # noqa: BLE001 - recorded on each of the model's points
+        for key in keys:
+            rec.point(key, _raiser(exc))
+        free(plan, collect=True)
+        return None
+
+
 def measure_decode(rec: Recorder, plan: Plan, gen) -> None:
     """Each model's decode step: calibration's timed target pass (one token a sequence over ``context``
     cached ones, rolled back after) plus vLLM's greedy sampler on the last logits (cast to fp32, argmax)."""
     from calibrate.configs import kv_bytes_per_token
     from calibrate.grid import Point
-    from calibrate.model import Transformer
     from calibrate.passes import build_pass
 
     rec.section["settings"] = {"dtype": plan.dtype, "timed": "calibrate.passes.build_pass decode/target, q = 1, "
@@ -460,18 +478,8 @@ def measure_decode(rec: Recorder, plan: Plan, gen) -> None:
         cfg = model_config(name)
         keys = [{"model": name, "batch": b, "context": c, "kv_bytes": kv_bytes_per_token(cfg, plan.dtype) * b * (c + 1)}
                 for b in plan.decode_batches for c in plan.decode_contexts]
-        if rec.out_of_time():
-            for key in keys:
-                rec.point(key, dict)
-            continue
-        model = None
-        print(f"  {name}", flush=True)
-        try:
-            model = Transformer(cfg, device=plan.device, dtype=torch_dtype(plan))
-        except Exception as exc:  # noqa: BLE001 - recorded on each of the model's points
-            for key in keys:
-                rec.point(key, _raiser(exc))
-            free(plan, collect=True)
+        model = model_for(rec, plan, cfg, keys)
+        if model is None:
             continue
         for key in keys:
             if key["kv_bytes"] > plan.decode_kv_limit:
@@ -547,7 +555,6 @@ def kernel_row(kernels: list[tuple[str, float]], runs: int) -> dict[str, Any]:
 def measure_kernels(rec: Recorder, plan: Plan, gen) -> None:
     """The decode pass of :func:`measure_decode` (without the sampler), profiled eagerly, and its graph time."""
     from calibrate.grid import Point
-    from calibrate.model import Transformer
     from calibrate.passes import build_pass
 
     runs = 3
@@ -556,16 +563,8 @@ def measure_kernels(rec: Recorder, plan: Plan, gen) -> None:
                                         "profiler over eager calls; graph_s from CUDA-graph replays"}
     for name in dict.fromkeys(m for m, _, _ in plan.kernel_points):
         keys = [{"model": m, "batch": b, "context": c} for m, b, c in plan.kernel_points if m == name]
-        if rec.out_of_time():
-            for key in keys:
-                rec.point(key, dict)
-            continue
-        try:
-            model = Transformer(model_config(name), device=plan.device, dtype=torch_dtype(plan))
-        except Exception as exc:  # noqa: BLE001 - recorded on each of the model's points
-            for key in keys:
-                rec.point(key, _raiser(exc))
-            free(plan, collect=True)
+        model = model_for(rec, plan, model_config(name), keys)
+        if model is None:
             continue
         for key in keys:
             def point(key=key) -> dict[str, Any]:

@@ -54,6 +54,11 @@ def test_a_profile_refitted_from_a_sweep_prices_the_rows_as_calibration_now_meas
     assert profile.engine_overhead_per_row_s("decode") == pytest.approx(0.05e-3)
     assert [r["batch_size"] for r in profile.meta["engine_overhead"]["by_batch"]] == [1, 4, 8]
     assert "0.800 ms + 0.0500 ms x rows" in capsys.readouterr().out
+    from specbatch.commands.cli import main as specbatch
+
+    assert specbatch(["profiles", str(out)]) == 0
+    assert ("overhead     0.80 ms per decode step + 0.050 ms per running row, 0.50 ms per prefill step "
+            "(measured by short replays at several batch sizes)") in capsys.readouterr().out
     doc["records"] = doc["records"][:2]  # no replay at 4 or 8 rows: refused in one line
     path.write_text(json.dumps(doc))
     with pytest.raises(SystemExit, match="no replay at batch 4, 8"):

@@ -319,8 +319,12 @@ def _profiles(name: str | None) -> int:
     overhead = meta.get("engine_overhead", {})
     if "decode_overhead_s" in overhead:
         origin = ("fitted (specbatch fit)" if "fitted" in overhead else
-                  "from a published figure" if profile_source(meta) == "composed" else "measured by a short replay")
-        print(f"overhead     {1e3 * profile.engine_overhead_s('decode'):.2f} ms per decode step, "
+                  "from a published figure" if profile_source(meta) == "composed" else
+                  "measured by short replays at several batch sizes" if "by_batch" in overhead else
+                  "measured by a short replay")
+        per_row = profile.engine_overhead_per_row_s("decode")
+        print(f"overhead     {1e3 * profile.engine_overhead_s('decode'):.2f} ms per decode step"
+              + (f" + {1e3 * per_row:.3f} ms per running row" if per_row else "") + ", "
               f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms per prefill step ({origin})"
               + (f"; overlapped with the passes (async scheduling), {1e3 * profile.exposed_overhead_s:.2f} ms "
                  f"exposed" if profile.overhead_overlapped else ""))

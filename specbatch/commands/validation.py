@@ -405,8 +405,10 @@ def validation_report(replays: list, staging: Path, acceptance: str, *, logic: b
              f"  the device ran the timed passes at {_ratios(speeds)} their calibrated time "
              f"(within the replay{'s' if len(replays) > 1 else ''}: {_drift_span(drifts)}); engine overhead per step "
              f"{1e3 * replayed['decode_overhead_s']:.2f} ms decode, {1e3 * replayed['prefill_overhead_s']:.2f} ms "
-             f"prefill (profile: {1e3 * profile.engine_overhead_s('decode'):.2f} / "
-             f"{1e3 * profile.engine_overhead_s('prefill'):.2f} ms)"
+             f"prefill (profile: {1e3 * profile.engine_overhead_s('decode'):.2f}"
+             + (f" + {1e3 * profile.engine_overhead_per_row_s('decode'):.3f} a row"
+                if profile.engine_overhead_per_row_s("decode") else "")
+             + f" / {1e3 * profile.engine_overhead_s('prefill'):.2f} ms)"
              + _by_kind(replayed.get("cuda_graphs", {}).get("passes_by_kind")),
              format_table(table, tests, corrected_tests),
              "TOST equivalence test, mean E2EL within ±5% (paired by request):",
