@@ -353,3 +353,13 @@ def test_a_calibrated_profile_carries_the_overhead_of_each_replayed_batch(tiny_p
     overhead = load_profile(tiny_profile).meta["engine_overhead"]
     assert [r["batch_size"] for r in overhead["by_batch"]] == [1, 4]
     assert overhead["decode_overhead_s"] >= 0 and overhead["decode_overhead_per_row_s"] >= 0
+
+
+def test_validate_says_each_kind_of_pass_in_its_span_and_in_its_graph():
+    from specbatch.commands.validation import _by_kind
+
+    assert _by_kind(None) == "" and _by_kind({}) == ""
+    line = _by_kind({"draft": {"passes": 4, "span_s": 0.008, "graph_s": 0.0076},
+                     "target": {"passes": 2, "span_s": 0.014, "graph_s": 0.0139}})
+    assert line == ("\n  passes by kind, each on average in its span / in its graph alone: "
+                    "draft 4 passes 2.000 / 1.900 ms; target 2 passes 7.000 / 6.950 ms")

@@ -14,7 +14,7 @@ prefill of b prompts of mean length p costs t_prefill_target(b, p) + t_overhead,
 plus t_prefill_draft(b, p) when the run speculates. t_overhead (per phase) is the
 engine's own time per step outside the timed passes, measured by calibration with a
 short real replay (0 for profiles that predate it); a decode step's may grow with its
-running rows, t_overhead + b * t_overhead_row, where calibration replayed at two batch
+running rows, t_overhead + b * t_overhead_row, where calibration replayed at several batch
 sizes (calibrate.overhead; 0 otherwise). Every number comes from the
 profile's curves; nothing here is a constant of its own.
 

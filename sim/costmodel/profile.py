@@ -170,7 +170,7 @@ class Profile:
 
     def engine_overhead_per_row_s(self, phase: str) -> float:
         """Seconds per step per running sequence that the engine spends beyond :meth:`engine_overhead_s`
-        (0 where not measured): its bookkeeping per row, which calibration measures by replaying at two
+        (0 where not measured): its bookkeeping per row, which calibration measures by replaying at several
         batch sizes (``calibrate.overhead``). A step of b rows costs the engine the two together."""
         value = self.meta.get("engine_overhead", {}).get(f"{phase}_overhead_per_row_s")
         return float(value) if value is not None else 0.0
