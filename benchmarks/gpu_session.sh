@@ -36,7 +36,7 @@
 #   terms     benchmarks/gpu_step_terms.py measure: LM head and sampler, decode attention
 #             (grouped-query and multi-head at the same KV bytes), whole decode steps of
 #             Llama-3.1-8B and Llama-2-7b from CUDA graphs, those passes taken apart by kernel,
-#             and a small kernel's floor
+#             a small kernel's floor, and passes over rows of different contexts against their mean
 #   validate  as above, on the profile just calibrated
 #   overhead  benchmarks/overhead_by_batch.py: calibration's overhead replay at 1, 2, 4, 8 and 16 rows
 #             (k = 3), whether the engine's time outside the passes grows with the batch

@@ -28,7 +28,10 @@ code runs on the CPU at tiny sizes in a few seconds. Three sections, in this ord
   kernels counted, and the pass's graph time beside them (what no kernel runs in is the gaps
   between kernels);
 * ``floor``: the time one small kernel takes inside a CUDA graph however little it does: a graph
-  of many back-to-back adds, RMSNorms and SiLU-and-multiplies at 1-1024 tokens of hidden 4096.
+  of many back-to-back adds, RMSNorms and SiLU-and-multiplies at 1-1024 tokens of hidden 4096;
+* ``ragged``: a target and a draft pass (the 8B and 1B pair the GPU validation replays) over 16 rows
+  whose contexts differ, as a served batch's do, against the same pass with every row at their mean,
+  as calibration times it: what rows of different lengths cost the split attention kernel.
 
 It writes ``DIR/gpu_step_terms.json`` after every point, so a run stopped by its machine keeps
 what finished; a point or a section that fails is recorded with its error and the rest goes
@@ -62,8 +65,9 @@ if str(ROOT) not in sys.path:  # run as a script on a machine where the project 
 
 RESULT = "gpu_step_terms.json"
 DEFAULT_MEASURED = ROOT / "benchmarks" / "results" / RESULT
-SECTIONS = ("sampler", "attention", "decode_step", "kernels", "floor")
-SHARES = {"sampler": 1.0, "attention": 1.0, "decode_step": 3.0, "kernels": 1.0, "floor": 0.5}  # of --budget
+SECTIONS = ("sampler", "attention", "decode_step", "kernels", "floor", "ragged")
+SHARES = {"sampler": 1.0, "attention": 1.0, "decode_step": 3.0, "kernels": 1.0, "floor": 0.5,  # of --budget
+          "ragged": 1.0}
 KERNEL_CLASSES = ("gemm", "attention", "small")
 FLOOR_OPS = ("add", "rms_norm", "silu_mul")
 SAMPLER_TERMS = ("lm_head", "cast", "greedy", "random", "top_p", "rejection_k4")
@@ -95,6 +99,7 @@ class Plan:
     kernel_points: tuple[tuple[str, int, int], ...]  # (model, batch, context) of the decode passes taken apart
     floor_tokens: tuple[int, ...]
     floor_chain: int  # kernels a floor graph runs back to back
+    ragged_points: tuple[tuple[str, int, int, int], ...]  # (model, rows, query tokens, mean context)
 
     @property
     def dry_run(self) -> bool:
@@ -110,7 +115,9 @@ GPU_PLAN = Plan(device="cuda", dtype="bfloat16", warmup=2, repeats=10, point_bud
                 decode_contexts=(512, 1024, 2048, 4096), decode_kv_limit=70e9,
                 kernel_points=tuple((m, b, 1024) for m in ("llama-3.1-8b", "llama-2-7b", "llama-3.2-1b")
                                     for b in (1, 8, 32, 128)),
-                floor_tokens=(1, 16, 128, 1024), floor_chain=200)
+                floor_tokens=(1, 16, 128, 1024), floor_chain=200,
+                ragged_points=tuple((m, 16, q, c) for m in ("llama-3.1-8b", "llama-3.2-1b") for q in (1, 4)
+                                    for c in (256, 1024)))
 # tiny-llama: 4 query heads over 2 KV heads, vocabulary 512; "tiny-llama-mha": the same with 4 KV heads
 DRY_PLAN = Plan(device="cpu", dtype="bfloat16", warmup=1, repeats=2, point_budget_s=0.02,
                 sampler_models=("tiny-llama", "llama-68m"), sampler_batches=(1, 2),
@@ -119,7 +126,8 @@ DRY_PLAN = Plan(device="cpu", dtype="bfloat16", warmup=1, repeats=2, point_budge
                 ragged_batches=(2,), ragged_context=64, attention_kv_limit=1e8,
                 decode_models=("tiny-llama", "llama-68m"), decode_batches=(1, 2),
                 decode_contexts=(16, 32), decode_kv_limit=1e8,
-                kernel_points=(("tiny-llama", 1, 32), ("tiny-llama", 2, 32)), floor_tokens=(1, 4), floor_chain=10)
+                kernel_points=(("tiny-llama", 1, 32), ("tiny-llama", 2, 32)), floor_tokens=(1, 4), floor_chain=10,
+                ragged_points=(("tiny-llama", 4, 1, 32), ("tiny-llama", 4, 3, 32)))
 
 
 # --------------------------------------------------------------------------- measure: bookkeeping
@@ -628,10 +636,57 @@ def measure_floor(rec: Recorder, plan: Plan, gen) -> None:
         free(plan)
 
 
+# --------------------------------------------------------------------------- section (f): ragged rows
+
+def ragged_lengths(rows: int, mean: int) -> list[int]:
+    """``rows`` contexts whose mean is ``mean``, spread evenly from about a quarter of it to 1.75 times it
+    (pairs around the mean, so the mean is exact), as a served batch's rows differ."""
+    half = [round(mean * 0.75 * (i + 1) / (rows // 2)) for i in range(rows // 2)]
+    lengths = [mean + d for d in half] + [mean - d for d in half] + ([mean] if rows % 2 else [])
+    return sorted(max(length, 1) for length in lengths)
+
+
+def ragged_pass(model, rows: int, q: int, lengths: list[int], gen) -> Callable[[], object]:
+    """One pass of ``q`` tokens a row over a cache whose rows hold ``lengths`` tokens, rolled back after."""
+    import torch
+
+    tokens = torch.randint(0, model.cfg.vocab_size, (rows, q), generator=gen, device=model.device)
+    cache = model.new_cache(rows, max(lengths) + q)
+    cache.lengths.copy_(torch.as_tensor(lengths, device=model.device))
+    cache.span = max(lengths)
+
+    def one_pass():
+        out = model(tokens, cache)
+        cache.rollback(q)
+        return out
+    return one_pass
+
+
+def measure_ragged(rec: Recorder, plan: Plan, gen) -> None:
+    rec.section["settings"] = {"dtype": plan.dtype, "lengths": "ragged_lengths: pairs around the mean, from about "
+                               "a quarter of it to 1.75 times it; uniform: every row at the mean",
+                               "timed": "the model's pass over q tokens a row, rolled back after (calibration's)"}
+    for name in dict.fromkeys(m for m, _, _, _ in plan.ragged_points):
+        mine = [(b, q, c) for m, b, q, c in plan.ragged_points if m == name]
+        keys = [{"model": name, "batch": b, "query_tokens": q, "context": c, "lengths": lengths}
+                for b, q, c in mine for lengths in ("uniform", "ragged")]
+        model = model_for(rec, plan, model_config(name), keys)
+        if model is None:
+            continue
+        for key in keys:
+            b, q, c = key["batch"], key["query_tokens"], key["context"]
+            lengths = [c] * b if key["lengths"] == "uniform" else ragged_lengths(b, c)
+            rec.point({**key, "longest": max(lengths)},
+                      lambda lengths=lengths, b=b, q=q: timed(ragged_pass(model, b, q, lengths, gen), plan))
+            free(plan)
+        del model
+        free(plan, collect=True)
+
+
 # --------------------------------------------------------------------------- measure: the run
 
 MEASURES = {"sampler": measure_sampler, "attention": measure_attention, "decode_step": measure_decode,
-            "kernels": measure_kernels, "floor": measure_floor}
+            "kernels": measure_kernels, "floor": measure_floor, "ragged": measure_ragged}
 
 
 def measure(out: Path, budget: float, dry_run: bool, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
@@ -690,10 +745,10 @@ def summary(doc: dict[str, Any]) -> str:
         lines.append(f"{name}: {sec['status']}, {counts['median_s']} timed, {counts['skipped']} skipped, "
                      f"{counts['error']} failed, {counts['unavailable']} unavailable, {sec.get('elapsed_s', 0):.1f} s"
                      + (f" ({sec['error']})" if "error" in sec else ""))
-        column = {"sampler": "term", "attention": "variant", "floor": "op"}.get(name)
+        column = {"sampler": "term", "attention": "variant", "floor": "op", "ragged": "lengths"}.get(name)
         rows: dict[tuple, dict[str, str]] = {}
         for p in pts:
-            row = tuple(p.get(k) for k in ("model", "layout", "batch", "context", "tokens") if k in p)
+            row = tuple(p.get(k) for k in ("model", "layout", "batch", "query_tokens", "context", "tokens") if k in p)
             if name == "kernels":
                 cell = "-" if "graph_s" not in p else " ".join(
                     f"{c} {1e3 * p[c + '_s']:.3f} ({p[c + '_kernels']:g})" for c in KERNEL_CLASSES) + (
@@ -930,6 +985,27 @@ def floor_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def ragged_table(doc: dict[str, Any]) -> list[str]:
+    """Each pass over rows of different contexts against the same pass with every row at their mean."""
+    points = doc["sections"].get("ragged", {}).get("points", [])
+    lines = []
+    for model in dict.fromkeys(p["model"] for p in points):
+        mine = [p for p in points if p["model"] == model]
+        lines += ["", f"a {model} pass over rows of different contexts (ragged) against every row at their mean "
+                      f"(uniform), ms",
+                  f"{'rows':>5}{'q':>4}{'mean ctx':>10}{'longest':>9}{'uniform':>10}{'ragged':>10}{'ratio':>8}"]
+        for b, q, c in dict.fromkeys((p["batch"], p["query_tokens"], p["context"]) for p in mine):
+            got = {p["lengths"]: p for p in mine if (p["batch"], p["query_tokens"], p["context"]) == (b, q, c)}
+            head = f"{b:>5}{q:>4}{c:>10}{got.get('ragged', {}).get('longest', ''):>9}"
+            missing = [got.get(v, {}) for v in ("uniform", "ragged") if "median_s" not in got.get(v, {})]
+            if missing:
+                lines.append(f"{head}  {why_missing(missing[0])}")
+                continue
+            u, r = got["uniform"]["median_s"], got["ragged"]["median_s"]
+            lines.append(f"{head}{1e3 * u:10.3f}{1e3 * r:10.3f}{r / u:8.3f}")
+    return lines
+
+
 def compare(measured: Path, gpu: str) -> str:
     """The three tables (module docstring): the same JSON and GPU give the same text."""
     doc = json.loads(measured.read_text())
@@ -938,7 +1014,7 @@ def compare(measured: Path, gpu: str) -> str:
     lines = [f"measured on {doc['device'].get('name')} ({'a CPU dry run' if doc.get('dry_run') else 'GPU'}; torch "
              f"{versions.get('torch')}, CUDA {versions.get('cuda')}; {doc['timer']['method']}; {doc['started']}), "
              f"composed for {gpu} as specbatch compose --gpu {gpu} prices it; ratio = measured / composed time"]
-    lines += (decode_table(doc, composer) + kernels_table(doc, composer) + floor_table(doc)
+    lines += (decode_table(doc, composer) + kernels_table(doc, composer) + floor_table(doc) + ragged_table(doc)
               + sampler_table(doc, composer) + attention_table(doc, composer))
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ def small(terms, monkeypatch) -> None:
     monkeypatch.setattr(terms, "DRY_PLAN", replace(
         terms.DRY_PLAN, sampler_models=("tiny-llama",), sampler_batches=(1,), attention_batches=(1,),
         contexts=(32,), decode_models=("tiny-llama",), decode_batches=(1,), decode_contexts=(16,),
-        kernel_points=(("tiny-llama", 1, 32),), floor_tokens=(1,)))
+        kernel_points=(("tiny-llama", 1, 32),), floor_tokens=(1,), ragged_points=(("tiny-llama", 2, 1, 16),)))
 
 
 def timed_points(section):
@@ -73,6 +73,10 @@ def test_the_dry_run_writes_every_section_with_positive_finite_times(dry_run, te
         assert p["gemm_kernels"] > 0 and p["attention_kernels"] > 0 and p["graph_s"] > 0
         tops = [t["s"] for t in p["small_top"]]
         assert tops == sorted(tops, reverse=True) and sum(tops) <= p["small_s"] * (1 + 1e-9)
+    ragged = written["sections"]["ragged"]["points"]
+    assert [(p["query_tokens"], p["lengths"]) for p in ragged] == [(1, "uniform"), (1, "ragged"), (3, "uniform"),
+                                                                   (3, "ragged")]
+    assert all(p["longest"] > p["context"] for p in ragged if p["lengths"] == "ragged")
     floor = written["sections"]["floor"]["points"]
     assert {(p["op"], p["tokens"]) for p in floor} == {(op, n) for op in terms.FLOOR_OPS for n in (1, 4)}
     assert all(p["per_kernel_s"] < p["median_s"] for p in floor)
@@ -127,8 +131,8 @@ def test_a_failed_point_or_section_is_recorded_and_the_rest_goes_on(terms, tmp_p
 
 
 def test_the_budget_is_shared_between_sections_and_skips_what_is_over(terms, tmp_path, monkeypatch):
-    """A fake clock: every timed point takes 1 s. Of 10 s (shares 1 : 1 : 3 : 1 : 0.5), the sampler gets
-    1/6.5, attention 1/5.5 of the rest, the decode step 3/4.5 of what is left, and so on; a point is skipped
+    """A fake clock: every timed point takes 1 s. Of 10 s (shares 1 : 1 : 3 : 1 : 0.5 : 1), the sampler gets
+    1/7.5, attention 1/6.5 of the rest, the decode step 3/5.5 of what is left, and so on; a point is skipped
     once its section's share is spent, and what a section leaves goes to the next."""
     small(terms, monkeypatch)
     clock = [0.0]
@@ -146,7 +150,8 @@ def test_the_budget_is_shared_between_sections_and_skips_what_is_over(terms, tmp
     assert [p["variant"] for p in attention if "median_s" in p] == ["masked_sdpa", "sdpa"]
     assert len(timed_points({"points": decode})) == 1
     assert [p["batch"] for p in doc["sections"]["kernels"]["points"] if "graph_s" in p] == [1]
-    assert len(timed_points(doc["sections"]["floor"])) == len(terms.FLOOR_OPS)
+    assert len(timed_points(doc["sections"]["floor"])) == 2  # of 3: its share (4 s x 0.5 / 1.5) ends after two
+    assert [p["lengths"] for p in timed_points(doc["sections"]["ragged"])] == ["uniform", "ragged"]
     assert doc["sections"]["sampler"]["status"] == "partial"
 
     nothing = terms.measure(tmp_path, 0.0, dry_run=True)
@@ -243,8 +248,17 @@ def test_the_shipped_gpu_terms_are_a_gpu_run_with_every_section(terms):
     done, and its decode pass taken apart adds up."""
     doc = json.loads(terms.DEFAULT_MEASURED.read_text())
     assert doc["dry_run"] is False and doc["device"]["type"] == "cuda"
-    assert doc["sections"].keys() == set(terms.SECTIONS)
+    # every section measured by 2026-11-28's calls (the ragged rows came after them: the next GPU measures them)
+    assert set(terms.SECTIONS) - {"ragged"} <= doc["sections"].keys() <= set(terms.SECTIONS)
     assert all(s["status"] == "done" for s in doc["sections"].values())
     for p in doc["sections"]["kernels"]["points"]:
         assert p["kernels_s"] == pytest.approx(sum(p[f"{c}_s"] for c in terms.KERNEL_CLASSES))
         assert p["gemm_kernels"] > 0 and p["attention_kernels"] > 0 and p["small_kernels"] > p["gemm_kernels"]
+
+
+@pytest.mark.parametrize("rows, mean", [(16, 256), (16, 1024), (4, 32), (3, 10), (1, 7)])
+def test_ragged_rows_hold_the_mean_and_spread_around_it(terms, rows, mean):
+    lengths = terms.ragged_lengths(rows, mean)
+    assert len(lengths) == rows and sum(lengths) == rows * mean and min(lengths) >= 1
+    if rows >= 2:
+        assert min(lengths) <= 0.3 * mean and max(lengths) >= 1.7 * mean
