@@ -27,7 +27,9 @@ def dry_run(terms, tmp_path_factory):
 
 
 def small(terms, monkeypatch) -> None:
-    """One model, one batch, one context: the bookkeeping tests need points, not sizes."""
+    """One model, one batch, one context: the bookkeeping tests need points, not sizes (nor torch's profiler,
+    which the dry run's own test exercises)."""
+    monkeypatch.setattr(terms, "profiled_kernels", lambda fn, plan, runs: [("aten::linear", 1e-4), ("aten::add", 1e-5)])
     monkeypatch.setattr(terms, "DRY_PLAN", replace(
         terms.DRY_PLAN, sampler_models=("tiny-llama",), sampler_batches=(1,), attention_batches=(1,),
         contexts=(32,), decode_models=("tiny-llama",), decode_batches=(1,), decode_contexts=(16,),
