@@ -41,6 +41,8 @@ def measure(profile: str, batches: list[int], k: int, out: Path) -> dict:
 
 
 def table(doc: dict) -> str:
+    from calibrate.overhead import fit_per_row, sweep_batches
+
     records = doc["records"]
     lines = [f"engine overhead per step by batch size (overhead replays of 3 x batch requests, k = {doc['k']}; "
              f"{Path(doc['profile']).name})",
@@ -48,8 +50,6 @@ def table(doc: dict) -> str:
     for r in records:
         lines.append(f"{r['batch_size']:>6}{r['steps']:>7}{1e3 * r['decode_overhead_s']:>11.3f}"
                      f"{1e3 * r.get('decode_between_steps_s', float('nan')):>24.3f}{1e3 * r['prefill_overhead_s']:>12.3f}")
-    from calibrate.overhead import fit_per_row, sweep_batches
-
     sizes = [r["batch_size"] for r in records]
     for label, chosen in (("all", records), (f"calibration's {', '.join(map(str, sweep_batches(sizes)))}",
                                              [r for r in records if r["batch_size"] in sweep_batches(sizes)])):

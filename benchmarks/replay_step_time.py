@@ -40,18 +40,21 @@ def outside_ms(steps: pd.DataFrame) -> pd.Series:
     return (steps.measured_s - steps.measured_passes_s) * 1e3
 
 
-def tables(records: Path, overhead_s: float, profile_name: str) -> str:
+def tables(records: Path, overhead_at, profile_name: str) -> str:
+    """``overhead_at(rows)``: the engine overhead the profile charges a decode step of that many rows."""
     cases = sorted(p for p in records.iterdir() if (p / "step_costs.csv").is_file())
     if not cases:
         raise SystemExit(f"replay_step_time: no case folder with step_costs.csv under {records}")
     width = max(len(c.name) for c in cases) + 2
+    one, sixteen = (1e3 * float(overhead_at(rows)) for rows in (1, 16))
+    charged = f"{one:.2f} ms" if one == sixteen else f"{one:.2f} (1 row) to {sixteen:.2f} ms (16 rows)"
     lines = [f"decode steps: passes measured / priced, and the time outside the passes (ms) against the "
-             f"{overhead_s * 1e3:.2f} ms the profile charges ({profile_name})",
+             f"{charged} the profile charges ({profile_name})",
              f"{'case':<{width}}{'steps':>7}{'passes meas/priced':>20}{'outside median':>16}{'mean':>8}"
              f"{'13-16 rows':>12}"]
     for case in cases:
         steps = decode_steps(case)
-        priced = steps.predicted_s.sum() - overhead_s * len(steps)
+        priced = steps.predicted_s.sum() - overhead_at(steps.batch_size.to_numpy()).sum()
         out = outside_ms(steps)
         lines.append(f"{case.name:<{width}}{len(steps):>7}{steps.measured_passes_s.sum() / priced:>20.3f}"
                      f"{out.median():>16.3f}{out.mean():>8.3f}{(steps.batch_size >= 13).mean():>12.0%}")
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.records.is_dir():
         print(f"replay_step_time: no records folder {args.records}", file=sys.stderr)
         return 2
-    print(tables(args.records, profile.engine_overhead_s("decode"), Path(args.profile).name))
+    print(tables(args.records, profile.decode_overhead_at, Path(args.profile).name))
     return 0
 
 

@@ -42,7 +42,7 @@ def measure_overhead(profile_dir: str | Path, batch: int | None = None, k: int |
 
     profile = load_profile(profile_dir)
     grid = profile.meta.get("grid", {})
-    batch = min(4, max(grid.get("batch_sizes", [1]))) if batch is None else batch
+    batch = usual_batch(grid.get("batch_sizes", [1])) if batch is None else batch
     k = min(2, profile.k_max) if k is None else k
     prompt = min(grid.get("prompts", [32]))
     values = {"profile": str(profile.path), "policy.name": "fixed", "policy.k": k, "engine.max_batch_size": batch,
@@ -62,11 +62,15 @@ def measure_overhead(profile_dir: str | Path, batch: int | None = None, k: int |
 SWEEP_MAX_BATCH = 16
 
 
+def usual_batch(batches) -> int:
+    """The batch an overhead replay runs at by default: 4, or the largest of ``batches`` if smaller."""
+    return min(4, max(batches, default=1))
+
+
 def sweep_batches(grid_batches) -> list[int]:
     """The batch sizes calibration replays at: one row, the usual point (4, or the grid's top if smaller)
     and the grid's largest size up to :data:`SWEEP_MAX_BATCH`; one size where the grid has no other."""
-    top = max(grid_batches, default=1)
-    usual = min(4, top)
+    usual = usual_batch(grid_batches)
     largest = max((b for b in grid_batches if b <= SWEEP_MAX_BATCH), default=usual)
     return sorted({1, usual, max(largest, usual)})
 
@@ -87,7 +91,7 @@ def fit_per_row(records: list[dict[str, Any]]) -> tuple[float, float]:
 def overhead_record(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The sidecar's ``engine_overhead`` from replays at several batch sizes: the usual point's record
     (its prefill overhead), with the decode overhead as the fitted line and every replay kept."""
-    usual = next((r for r in records if r["batch_size"] == min(4, max(r["batch_size"] for r in records))), records[0])
+    usual = next((r for r in records if r["batch_size"] == usual_batch([r["batch_size"] for r in records])), records[0])
     base, per_row = fit_per_row(records)
     return {**usual, "decode_overhead_s": base, "decode_overhead_per_row_s": per_row,
             "by_batch": [{k: r[k] for k in ("batch_size", "k", "steps", "decode_overhead_s", "prefill_overhead_s") if k in r}

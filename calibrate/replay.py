@@ -164,8 +164,8 @@ class TorchBackend:
         if self.device.type == "cuda":  # and around each graph's replay alone, inside those spans
             self.graphs.timings = []
         self.by_kind: dict[str, dict[str, float]] = {}  # per kind of pass: passes, span_s, graph_s
-        self.overheads = (run.profile.engine_overhead_s("prefill"), run.profile.engine_overhead_s("decode"))
-        self.overhead_per_row = run.profile.engine_overhead_per_row_s("decode")
+        self.prefill_overhead = run.profile.engine_overhead_s("prefill")
+        self.decode_overhead_at = run.profile.decode_overhead_at
 
     def _sync(self) -> None:
         if self.device.type == "cuda":  # a step ends when its kernels have, not when they are queued
@@ -204,7 +204,7 @@ class TorchBackend:
         tokens_t = self._upload(tokens)
         last = self._upload(lengths - 1)
         self._passes = 0.0
-        self.predicted_s.append(self.table.prefill_time(n, float(longest)) - self.overheads[0])
+        self.predicted_s.append(self.table.prefill_time(n, float(longest)) - self.prefill_overhead)
         self.accepted_rows.append(None)
         logits = self._timed(self._prefill, self.target, self.t_cache, tokens_t, last, lo, hi, lengths)
         if self.draft is not None:
@@ -273,7 +273,7 @@ class TorchBackend:
         self._passes = 0.0
         worst = int(np.maximum.reduce(lag)) if k and lag is not None else 1
         self.predicted_s.append(self.table.decode_time_at_lag(view.batch_size, k, view.mean_context_tokens, worst)
-                                - self.overheads[1] - self.overhead_per_row * view.batch_size)
+                                - float(self.decode_overhead_at(view.batch_size)))
         if k:
             accepted, final = self._speculate(b, k, live, ragged_rows, lag_rows, scale, ragged)
         else:

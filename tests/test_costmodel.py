@@ -163,6 +163,9 @@ def test_a_per_row_engine_overhead_grows_a_decode_step_with_its_running_rows(tmp
     table = rows.tabulate(16, 5, 1000, 1000, with_draft=True)
     assert table.decode_time(16, 5, 900) == pytest.approx(float(rows.step_time(16, 5, 900)), rel=2e-3)
     assert float(rows.prefill_times(4, 100, True)) == pytest.approx(float(plain.prefill_times(4, 100, True)) + 0.003)
+    # the profile's own reading (the replay's and validate's step prices) is the cost model's
+    rows_arr = np.array([1, 4, 16])
+    assert rows.profile.decode_overhead_at(rows_arr).tolist() == rows.decode_overhead_at(rows_arr).tolist()
     # the fitted model keeps it (the fit cache's state)
     assert CostModel.from_state(rows.profile, rows.state()).decode_overhead_per_row == 0.0002
     # a profile without it prices as before, to the bit

@@ -33,9 +33,13 @@ def test_known_steps_give_known_speed_and_time_outside(script, tmp_path):
     # decode steps; outside the passes 1 ms (2 rows) and 2 ms (14 rows); the prefill is left out
     case(tmp_path / "a", [("prefill", 1, 0.02, 0.03, 0.025), ("decode k=3", 2, 0.011, 0.0115, 0.0105),
                           ("decode k=3", 14, 0.011, 0.013, 0.011)])
-    text = script.tables(tmp_path, overhead, "p")
+    text = script.tables(tmp_path, lambda rows: overhead + 0 * rows, "p")
     first = text.splitlines()[2].split()
     assert first == ["a", "2", "1.075", "1.500", "1.500", "50%"]
+    # a profile that charges part of its overhead per row: each step's own is taken off its price
+    per_row = script.tables(tmp_path, lambda rows: 0.0005 + 0.0005 / 8 * rows, "p").splitlines()
+    assert per_row[0].endswith("against the 0.56 (1 row) to 1.50 ms (16 rows) the profile charges (p)")
+    assert per_row[2].split()[2] == f"{0.0215 / (0.022 - 0.0005 * 2 - 0.0005 / 8 * 16):.3f}"
     by_rows = text.splitlines()[-1]
     assert by_rows.split() == ["a", "1.000", "(1)", "-", "-", "2.000", "(1)"]
 
@@ -65,7 +69,7 @@ def test_passes_by_kind_are_read_from_each_cases_validation_json(script, tmp_pat
     kinds = {"draft": {"passes": 4, "span_s": 0.008, "graph_s": 0.0076}, "target": {"passes": 0, "span_s": 0.0,
                                                                                      "graph_s": 0.0}}
     (tmp_path / "a" / "validation.json").write_text(json.dumps({"replay": {"cuda_graphs": {"passes_by_kind": kinds}}}))
-    text = script.tables(tmp_path, 1e-3, "p")
+    text = script.tables(tmp_path, lambda rows: 1e-3 + 0 * rows, "p")
     last = text.splitlines()[-1].split()
     assert last[:4] == ["a", "2.000", "/", "1.900"] and last[4:] == ["-"] * 4  # a kind with no passes shows none
     case(tmp_path / "b", [("decode k=3", 2, 0.011, 0.0115, 0.0105)])  # an older case: no such record

@@ -175,6 +175,11 @@ class Profile:
         value = self.meta.get("engine_overhead", {}).get(f"{phase}_overhead_per_row_s")
         return float(value) if value is not None else 0.0
 
+    def decode_overhead_at(self, rows):
+        """The engine's own work in a decode step of ``rows`` running rows (a number or an array): per step
+        plus per row (:class:`sim.costmodel.model.CostModel` charges the same from its fitted state)."""
+        return self.engine_overhead_s("decode") + self.engine_overhead_per_row_s("decode") * np.asarray(rows, dtype=float)
+
     @property
     def overhead_overlapped(self) -> bool:
         """True when the engine's own work overlaps the previous step's passes (``"overlap":

@@ -191,8 +191,8 @@ def step_costs(measured, profile, speed: float = 1.0) -> pd.DataFrame:
     """
     steps = measured.steps
     phase = steps.phase.to_numpy()
-    overhead = np.where(phase == PREFILL, profile.engine_overhead_s("prefill"), profile.engine_overhead_s("decode")
-                        + profile.engine_overhead_per_row_s("decode") * steps.batch_size.to_numpy())
+    overhead = np.where(phase == PREFILL, profile.engine_overhead_s("prefill"),
+                        profile.decode_overhead_at(steps.batch_size.to_numpy()))
     passes = measured.step_predicted_s[:len(steps)]
     until = measured.recorded_steps().until_s
     frame = pd.DataFrame({
