@@ -38,6 +38,9 @@
 #             Llama-3.1-8B and Llama-2-7b from CUDA graphs, those passes taken apart by kernel,
 #             a small kernel's floor, and passes over rows of different contexts against their mean
 #   validate  as above, on the profile just calibrated
+#   calibrate-ragged  the same grid with --ragged-contexts (each decode point's rows spread around
+#             its context, as served rows are): the profile validation.py --reprice prices the
+#             validate phase's replays with, against the uniform one (docs/validation.md)
 #   overhead  benchmarks/overhead_by_batch.py: calibration's overhead replay at 1, 2, 4, 8 and 16 rows
 #             (k = 3), whether the engine's time outside the passes grows with the batch
 #   pack      everything under WORK into OUT (one tarball, plus the small result files apart)
@@ -88,8 +91,10 @@ if [ "$DEVICE" = cuda ]; then
   esac
 fi
 PROFILE="$WORK/$GPU_TAG-graphs-$TARGET-$DRAFT"
+RAGGED_PROFILE="$WORK/$GPU_TAG-graphs-ragged-$TARGET-$DRAFT"
+TERMS_SECTIONS=${TERMS_SECTIONS:-}  # e.g. "ragged": only the sections a session still needs (default: all)
 [ "${1:-}" = issue-33 ] && set -- env tests calibrate probe validate measure
-[ "${1:-}" = issue-38 ] && set -- env tests calibrate terms validate overhead pack
+[ "${1:-}" = issue-38 ] && set -- env tests calibrate terms validate calibrate-ragged pack
 for phase in "$@"; do
   case $phase in
     env)
@@ -109,6 +114,10 @@ d = torch.device('$DEVICE'); t = getattr(torch, '$DTYPE')
       # shellcheck disable=SC2086
       run calibrate 200 python3 -m calibrate --device $DEVICE --target $TARGET --draft $DRAFT --dtype $DTYPE \
         $VALID_GRID --quiet --out "$PROFILE" ;;
+    calibrate-ragged)
+      # shellcheck disable=SC2086
+      run calibrate-ragged 200 python3 -m calibrate --device $DEVICE --target $TARGET --draft $DRAFT --dtype $DTYPE \
+        $VALID_GRID --ragged-contexts --quiet --out "$RAGGED_PROFILE" ;;
     probe)
       if [ "$DEVICE" = cuda ]; then run probe 60 python3 benchmarks/replay_pass_probe.py;
       else run probe 60 python3 benchmarks/replay_pass_probe.py --target $TARGET --repeats 3; fi ;;
@@ -116,8 +125,9 @@ d = torch.device('$DEVICE'); t = getattr(torch, '$DTYPE')
       run validate 300 python3 benchmarks/validation.py --suite $SUITE --profile "$PROFILE" \
         --out "$WORK/validation-gpu" ;;
     terms)
-      if [ "$DEVICE" = cuda ]; then run terms 130 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --budget 110;
-      else run terms 60 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --dry-run; fi ;;
+      sections=(); [ -n "$TERMS_SECTIONS" ] && read -r -a sections <<<"--sections $TERMS_SECTIONS"
+      if [ "$DEVICE" = cuda ]; then run terms 130 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --budget 110 "${sections[@]}";
+      else run terms 60 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --dry-run "${sections[@]}"; fi ;;
     overhead)  # the engine's time outside the passes by batch size: calibration's overhead replay at 1-16 rows
       run overhead 120 python3 benchmarks/overhead_by_batch.py measure --profile "$PROFILE" --out "$WORK/overhead_by_batch.json" ;;
     pack)  # OUT (the device tool's folder, if set) gets it all: what comes back is 8 files at most

@@ -638,22 +638,13 @@ def measure_floor(rec: Recorder, plan: Plan, gen) -> None:
 
 # --------------------------------------------------------------------------- section (f): ragged rows
 
-def ragged_lengths(rows: int, mean: int) -> list[int]:
-    """``rows`` contexts whose mean is ``mean``, spread evenly from about a quarter of it to 1.75 times it
-    (pairs around the mean, so the mean is exact), as a served batch's rows differ."""
-    half = [round(mean * 0.75 * (i + 1) / (rows // 2)) for i in range(rows // 2)]
-    lengths = [mean + d for d in half] + [mean - d for d in half] + ([mean] if rows % 2 else [])
-    return sorted(max(length, 1) for length in lengths)
-
-
 def ragged_pass(model, rows: int, q: int, lengths: list[int], gen) -> Callable[[], object]:
     """One pass of ``q`` tokens a row over a cache whose rows hold ``lengths`` tokens, rolled back after."""
     import torch
 
     tokens = torch.randint(0, model.cfg.vocab_size, (rows, q), generator=gen, device=model.device)
     cache = model.new_cache(rows, max(lengths) + q)
-    cache.lengths.copy_(torch.as_tensor(lengths, device=model.device))
-    cache.span = max(lengths)
+    cache.fill_lengths(lengths)
 
     def one_pass():
         out = model(tokens, cache)
@@ -663,6 +654,8 @@ def ragged_pass(model, rows: int, q: int, lengths: list[int], gen) -> Callable[[
 
 
 def measure_ragged(rec: Recorder, plan: Plan, gen) -> None:
+    from calibrate.kvcache import ragged_lengths  # calibration's --ragged-contexts spreads rows the same way
+
     rec.section["settings"] = {"dtype": plan.dtype, "lengths": "ragged_lengths: pairs around the mean, from about "
                                "a quarter of it to 1.75 times it; uniform: every row at the mean",
                                "timed": "the model's pass over q tokens a row, rolled back after (calibration's)"}

@@ -93,6 +93,9 @@ def build_parser(prog: str = "python -m calibrate") -> argparse.ArgumentParser:
     r.add_argument("--memory-fraction", type=finite, default=0.9,
                    help="fraction of free memory a point may use; larger points are skipped as oom (default 0.9)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="time decode passes eagerly on CUDA")
+    r.add_argument("--ragged-contexts", action="store_true",
+                   help="time each decode point over rows whose contexts spread from a quarter to 1.75 times the "
+                        "point's, as a served batch's rows differ, instead of every row at it (docs/calibration.md)")
     r.add_argument("--no-overhead", action="store_true",
                    help="skip measuring the engine's per-step overhead (a short real replay at the end)")
     r.add_argument("--seed", type=int, default=0)
@@ -159,7 +162,7 @@ def _settings(args: argparse.Namespace) -> Any:
     return Settings(target=args.target, draft=args.draft, device=device, dtype=resolve_dtype(args.dtype, device),
                     grid=grid, seed=args.seed, threads=args.threads, memory_fraction=args.memory_fraction,
                     cuda_graphs=not args.no_cuda_graphs, measure_overhead=not args.no_overhead,
-                    drafters=tuple(args.drafters or ()))
+                    drafters=tuple(args.drafters or ()), ragged_contexts=args.ragged_contexts)
 
 
 def _run(settings: Any, args: argparse.Namespace) -> int:

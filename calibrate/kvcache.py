@@ -47,6 +47,14 @@ class KVCache:
         self.lengths.fill_(length)
         self.span = length
 
+    def fill_lengths(self, lengths: list[int]) -> None:
+        """Pretend sequence i holds ``lengths[i]`` tokens: a served batch's rows differ (ragged_lengths)."""
+        if len(lengths) != self.batch:
+            raise ValueError(f"{len(lengths)} lengths for a cache of {self.batch} sequences")
+        self.check_room(max(lengths))
+        self.lengths.copy_(torch.as_tensor(lengths, dtype=torch.long))
+        self.span = max(lengths)
+
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, positions: torch.Tensor) -> None:
         """Store ``[b, kv_heads, q, d]`` keys/values at absolute ``positions [b, q]`` of each sequence."""
         rows = torch.arange(self.batch, device=positions.device)[:, None]
@@ -110,3 +118,15 @@ class KVCache:
     def check_room(self, length: int) -> None:
         if length > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} tokens per sequence; {length} requested")
+
+
+def ragged_lengths(rows: int, mean: int, *, cap: int | None = None) -> list[int]:
+    """``rows`` contexts whose mean is ``mean``, spread evenly from about a quarter of it to 1.75 times it
+    (pairs around the mean, so the mean is exact; none above ``cap``), as a served batch's rows differ.
+
+    Why: a split-context attention kernel gives each row its own blocks, so a batch waits for its
+    longest row; rows all at the mean time a kernel no served batch runs."""
+    reach = 0.75 * mean if cap is None else min(0.75 * mean, max(cap - mean, 0))
+    half = [round(reach * (i + 1) / (rows // 2)) for i in range(rows // 2)]
+    lengths = [mean + d for d in half] + [mean - d for d in half] + ([mean] if rows % 2 else [])
+    return sorted(max(length, 1) for length in lengths)

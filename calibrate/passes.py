@@ -13,7 +13,9 @@
   argmax; prefill/<head>: its pass over a prompt; decode/medusa: k heads on the last hidden state.
 
 Each closure rolls the cache back after its forward pass, so repeats (and CUDA graph
-replays) all run at the same context length.
+replays) all run at the same context length. With ``ragged`` (``--ragged-contexts``) a decode
+point's rows hold contexts spread around ``ctx`` (calibrate.kvcache.ragged_lengths) instead of
+all holding ``ctx``: the mean is the point's, the longest row is what a split kernel waits for.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Callable
 import torch
 
 from calibrate.grid import Point
+from calibrate.kvcache import ragged_lengths
 from calibrate.model import Transformer
 from calibrate.verify import sample, verify_logits
 
@@ -38,14 +41,15 @@ class Pass:
     graphable: bool
 
 
-def build_pass(point: Point, models: dict[str, Transformer], generator: torch.Generator) -> Pass:
+def build_pass(point: Point, models: dict[str, Transformer], generator: torch.Generator, *,
+               ragged: bool = False) -> Pass:
     """The timed closure for ``point`` with its inputs already allocated on the device."""
     model = models[point.model]
     device, vocab = model.device, model.cfg.vocab_size
     b, q, ctx = point.batch_size, point.query_tokens, point.context_tokens
     graphable = (point.phase, point.model) in GRAPHABLE
     if point.model not in ("target", "draft"):
-        return _head_pass(point, model, generator, graphable)
+        return _head_pass(point, model, generator, graphable, ragged)
 
     if point.phase == "verify":
         k = q
@@ -55,8 +59,7 @@ def build_pass(point: Point, models: dict[str, Transformer], generator: torch.Ge
         return Pass(lambda: verify_logits(logits, draft_probs, draft_tokens), graphable)  # default generator: graph-safe
 
     tokens = torch.randint(0, vocab, (b, q), generator=generator, device=device)
-    cache = model.new_cache(b, ctx + q)
-    cache.fill(ctx)
+    cache = _filled_cache(model, b, q, ctx, ragged and point.phase == "decode")
 
     if point.phase == "prefill":
         def prefill() -> torch.Tensor:
@@ -79,7 +82,19 @@ def build_pass(point: Point, models: dict[str, Transformer], generator: torch.Ge
     return Pass(target_pass, graphable)
 
 
-def _head_pass(point: Point, head, generator: torch.Generator, graphable: bool) -> Pass:
+def _filled_cache(model, b: int, q: int, ctx: int, ragged: bool):
+    """A cache of ``b`` rows holding ``ctx`` tokens each, or ragged rows of mean ``ctx``, with room for ``q`` more."""
+    if not ragged:
+        cache = model.new_cache(b, ctx + q)
+        cache.fill(ctx)
+        return cache
+    lengths = ragged_lengths(b, ctx, cap=model.cfg.max_position_embeddings - q)
+    cache = model.new_cache(b, max(lengths) + q)
+    cache.fill_lengths(lengths)
+    return cache
+
+
+def _head_pass(point: Point, head, generator: torch.Generator, graphable: bool, ragged: bool = False) -> Pass:
     """A drafter head's timed pass (the module docstring), inputs allocated up front."""
     device, dtype = head.device, head.dtype
     b, q, ctx = point.batch_size, point.query_tokens, point.context_tokens
@@ -89,8 +104,7 @@ def _head_pass(point: Point, head, generator: torch.Generator, graphable: bool) 
     first = point.phase == "prefill" or q >= 2
     tokens = torch.randint(0, head.embed.shape[0], (b, q), generator=generator, device=device)
     hidden = torch.randn(b, q, head.hidden_width(first), generator=generator, device=device).to(dtype)
-    cache = head.new_cache(b, ctx + q)
-    cache.fill(ctx)
+    cache = _filled_cache(head, b, q, ctx, ragged and point.phase == "decode")
 
     def head_pass() -> torch.Tensor:
         logits = head(tokens, hidden, cache, first=first)

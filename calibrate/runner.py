@@ -49,13 +49,15 @@ class Settings:
     cuda_graphs: bool = True
     measure_overhead: bool = True  # t_overhead from a short real replay once the grid is timed
     drafters: tuple[str, ...] = ()  # drafters besides the draft model: heads timed on the device, host proposers
+    ragged_contexts: bool = False  # decode rows spread around each point's context (calibrate.passes)
 
     def fingerprint(self, device_name: str) -> dict[str, Any]:
         """What must match for a partial run to be resumed."""
         return {"target": self.target, "draft": self.draft, "device": self.device, "device_name": device_name,
                 "dtype": self.dtype, "grid": self.grid.to_dict(), "seed": self.seed, "threads": self.threads,
                 "cuda_graphs": self.cuda_graphs and self.device == "cuda",
-                **({"drafters": list(self.drafters)} if self.drafters else {})}
+                **({"drafters": list(self.drafters)} if self.drafters else {}),
+                **({"ragged_contexts": True} if self.ragged_contexts else {})}
 
 
 @dataclass
@@ -179,7 +181,7 @@ def _measure(point: Point, models: dict[str, Transformer], generator: torch.Gene
     """Time one point; an out-of-memory error becomes ``oom``, anything else ``error``."""
     timed = None
     try:
-        timed = build_pass(point, models, generator)
+        timed = build_pass(point, models, generator, ragged=settings.ragged_contexts)
         if settings.device == "cuda":
             m = time_cuda(timed.fn, timer, graph=settings.cuda_graphs and timed.graphable)
         else:
@@ -231,6 +233,7 @@ def build_meta(settings: Settings, cfgs: dict[str, ModelConfig], device: dict[st
         "timing": {"method": "cuda_events" if settings.device == "cuda" else "perf_counter",
                    "cuda_graphs": graph_phases, "graph_fallbacks": int(len(fallbacks)),
                    "attention": split_attention_notes(),
+                   "decode_contexts": "ragged" if settings.ragged_contexts else "uniform",
                    "warmup": settings.grid.warmup, "repeats": settings.grid.repeats,
                    "budget_s": settings.grid.budget_s, "threads": device["threads"]},
         "memory": {"available_bytes": available, "fraction": settings.memory_fraction, "budget_bytes": budget},

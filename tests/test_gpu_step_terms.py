@@ -256,11 +256,3 @@ def test_the_shipped_gpu_terms_are_a_gpu_run_with_every_section(terms):
     for p in doc["sections"]["kernels"]["points"]:
         assert p["kernels_s"] == pytest.approx(sum(p[f"{c}_s"] for c in terms.KERNEL_CLASSES))
         assert p["gemm_kernels"] > 0 and p["attention_kernels"] > 0 and p["small_kernels"] > p["gemm_kernels"]
-
-
-@pytest.mark.parametrize("rows, mean", [(16, 256), (16, 1024), (4, 32), (3, 10), (1, 7)])
-def test_ragged_rows_hold_the_mean_and_spread_around_it(terms, rows, mean):
-    lengths = terms.ragged_lengths(rows, mean)
-    assert len(lengths) == rows and sum(lengths) == rows * mean and min(lengths) >= 1
-    if rows >= 2:
-        assert min(lengths) <= 0.3 * mean and max(lengths) >= 1.7 * mean
