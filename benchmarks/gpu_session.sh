@@ -41,6 +41,10 @@
 #   calibrate-ragged  the same grid with --ragged-contexts (each decode point's rows spread around
 #             its context, as served rows are): the profile validation.py --reprice prices the
 #             validate phase's replays with, against the uniform one (docs/validation.md)
+#   overhead-refit  for a profile calibrated before a change to the replay's own work (carried in
+#             WORK): calibration's overhead replays again, as calibration runs them (k = 2 at the
+#             batches calibrate.overhead.sweep_batches picks), fitted into a copy that the later
+#             phases use (WORK/...-refit)
 #   overhead  benchmarks/overhead_by_batch.py: calibration's overhead replay at 1, 2, 4, 8 and 16 rows
 #             (k = 3), whether the engine's time outside the passes grows with the batch
 #   pack      everything under WORK into OUT (one tarball, plus the small result files apart)
@@ -128,12 +132,20 @@ d = torch.device('$DEVICE'); t = getattr(torch, '$DTYPE')
       sections=(); [ -n "$TERMS_SECTIONS" ] && read -r -a sections <<<"--sections $TERMS_SECTIONS"
       if [ "$DEVICE" = cuda ]; then run terms 130 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --budget 110 "${sections[@]}";
       else run terms 60 python3 benchmarks/gpu_step_terms.py measure --out "$WORK/terms" --dry-run "${sections[@]}"; fi ;;
+    overhead-refit)
+      sweep=$(python3 -c "import json, sys; from calibrate.overhead import sweep_batches
+print(','.join(map(str, sweep_batches(json.load(open(sys.argv[1]))['grid']['batch_sizes']))))" "$PROFILE/profile.json")
+      run overhead-refit 120 python3 benchmarks/overhead_by_batch.py measure --profile "$PROFILE" --batches "$sweep" \
+        --k 2 --out "$WORK/overhead_refit.json"
+      run refit 30 python3 benchmarks/overhead_by_batch.py profile "$WORK/overhead_refit.json" --profile "$PROFILE" \
+        --out "$PROFILE-refit"
+      PROFILE="$PROFILE-refit" ;;
     overhead)  # the engine's time outside the passes by batch size: calibration's overhead replay at 1-16 rows
       run overhead 120 python3 benchmarks/overhead_by_batch.py measure --profile "$PROFILE" --out "$WORK/overhead_by_batch.json" ;;
     pack)  # OUT (the device tool's folder, if set) gets it all: what comes back is 8 files at most
       if [ -n "${OUT:-}" ]; then
         cp "$WORK/logs/phases.txt" "$OUT/" 2>/dev/null
-        cp "$WORK/overhead_by_batch.json" "$OUT/" 2>/dev/null
+        cp "$WORK/overhead_by_batch.json" "$WORK/overhead_refit.json" "$OUT/" 2>/dev/null
         cp "$WORK/terms/gpu_step_terms.json" "$OUT/" 2>/dev/null
         cp "$WORK/validation-gpu/results.json" "$OUT/validation-results.json" 2>/dev/null
         tar czf "$OUT/session.tgz" -C "$(dirname "$WORK")" "$(basename "$WORK")"

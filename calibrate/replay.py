@@ -25,10 +25,13 @@ The loop is the simulator's own (:class:`sim.serving.loop.ServingLoop`: the same
 scheduling, policy calls, acceptance bookkeeping and records), driven by the wall
 clock (:func:`sim.serving.clock.serve_wall_clock`); this module supplies only its step
 backend, :class:`TorchBackend`. The loop's running rows are the backend's live cache
-rows, in order: a finished row leaves and the rows after it move up (a copy of those
-sequences' entries, as cheap as a paged engine's bookkeeping is not, but small next
-to a step). Static batching keeps finished rows in the batch as padding, as the
-simulator charges it; those rows are not the loop's any more.
+rows, each on a physical cache row of its own: a finished row leaves a hole that the last
+row fills, as vLLM's persistent batch condenses, so a step's rows stay ``0..b-1`` and one
+sequence's entries move per retirement (where shifting every later row up, in order, cost
+a copy and a few kernels per row: up to a millisecond a step with 16 rows, which no paged
+engine pays). ``order`` keeps the loop's order over the physical rows. Static batching
+keeps finished rows in the batch as padding, as the simulator charges it; those rows are
+not the loop's any more.
 
 On CUDA, with a profile calibrated from CUDA graphs, every pass (prefill, draft, target,
 verification) runs from a graph padded as vLLM V0 pads a batch (:mod:`calibrate.graphs`),
@@ -100,7 +103,8 @@ class TorchBackend:
 
     Follows the loop's rows (:class:`sim.serving.loop.StepBackend` with ``follows_rows``):
     physical rows ``0..used-1`` of the caches are in the batch; ``live`` marks the loop's
-    running rows among them, in the loop's order.
+    running rows among them and ``order`` gives each of the loop's rows, in its order, its
+    physical row.
     """
 
     follows_rows = True
@@ -156,6 +160,7 @@ class TorchBackend:
         self.prompt_tokens = np.random.default_rng(seed).integers(0, vocab, size=int(prompt.max()))
         self.row_len = np.zeros(slots, np.int64)  # prompt + emitted tokens
         self.row_live = np.zeros(slots, bool)
+        self.order = np.zeros(0, np.int64)  # the loop's running rows, in its order: their physical rows
         self.used = 0
         self.passes_s: list[float] = []  # per step: time inside the passes calibration times
         self.predicted_s: list[float] = []  # ... and what the profile says they take
@@ -194,7 +199,7 @@ class TorchBackend:
     # ---------------------------------------------------------------- prefill
     def prefill(self, queue, head: int, n: int) -> None:
         if self.static:  # a new static batch: the previous one has ended
-            self.used = 0
+            self.used, self.order = 0, self.order[:0]
         lo, hi = self.used, self.used + n
         lengths = queue.prompt_tokens[head:head + n].astype(np.int64)
         longest = int(lengths.max())
@@ -215,6 +220,7 @@ class TorchBackend:
         self._sync()
         self._passes_done()
         self.row_len[lo:hi], self.row_live[lo:hi] = lengths + 1, True
+        self.order = np.concatenate((self.order, np.arange(lo, hi)))
         self.used = hi
         self.passes_s.append(self._passes)
         return None
@@ -259,30 +265,30 @@ class TorchBackend:
         batch size and mean context)."""
         b = self.used  # rows in the batch: live ones, plus a static batch's finished padding
         lag = view.lag_tokens if self.speculates else None
-        live = self.row_live[:b].copy()
-        # The loop's per-row values, spread over the batch's rows (padding rows: k 0, lag 1, nothing left).
+        live, order = self.row_live[:b].copy(), self.order
+        # The loop's per-row values, onto the batch's rows (padding rows: k 0, lag 1, nothing left).
         ragged_rows = None
         if ragged is not None:
             ragged_rows = np.zeros(b, np.int64)
-            ragged_rows[live] = ragged
+            ragged_rows[order] = ragged
         lag_rows = np.ones(b, np.int64)
         if lag is not None:
-            lag_rows[live] = lag
+            lag_rows[order] = lag
         remaining = np.zeros(b, np.int64)
-        remaining[live] = view.remaining_tokens
+        remaining[order] = view.remaining_tokens
         self._passes = 0.0
         worst = int(np.maximum.reduce(lag)) if k and lag is not None else 1
         self.predicted_s.append(self.table.decode_time_at_lag(view.batch_size, k, view.mean_context_tokens, worst)
                                 - float(self.decode_overhead_at(view.batch_size)))
         if k:
-            accepted, final = self._speculate(b, k, live, ragged_rows, lag_rows, scale, ragged)
+            accepted, final = self._speculate(b, k, ragged_rows, lag_rows, scale, ragged)
         else:
             accepted, final = None, self._plain(b)
         self._sync()  # the step's one synchronisation: its passes are done
         self._passes_done()
         self._step = (b, k, live, accepted, final, remaining)
-        self.accepted_rows.append(accepted[live].copy() if k else None)
-        return None, (accepted[live] if k else None)
+        self.accepted_rows.append(accepted[order] if k else None)  # in the loop's order
+        return None, (accepted[order] if k else None)
 
     def _plain(self, b: int) -> torch.Tensor:
         """k = 0: one target pass over each sequence's newest token, then sampling (verify at k = 0)."""
@@ -293,7 +299,7 @@ class TorchBackend:
         result = self._timed(self._verify, logits, torch.empty(b, 0, logits.shape[-1], device=self.device), empty)
         return result.tokens[:, 0]
 
-    def _speculate(self, b: int, k: int, live: np.ndarray, ragged: np.ndarray | None, lag: np.ndarray,
+    def _speculate(self, b: int, k: int, ragged: np.ndarray | None, lag: np.ndarray,
                    scale: np.ndarray, loop_ragged: np.ndarray | None):
         dev = self.device
         row_len = self.row_len[:b]
@@ -326,7 +332,7 @@ class TorchBackend:
         result = self._timed(self._verify, logits, torch.stack(draft_probs, 1), drafts)
         if self.acceptance == "synthetic":  # drawn for the live rows, as the simulator draws
             accepted = np.zeros(b, np.int64)
-            accepted[live] = self.sampler.accepted(scale, k if loop_ragged is None else loop_ragged)
+            accepted[self.order] = self.sampler.accepted(scale, k if loop_ragged is None else loop_ragged)
         else:
             accepted = result.accepted.cpu().numpy()
             if ragged is not None:
@@ -530,29 +536,33 @@ class TorchBackend:
 
     def retire(self, done: np.ndarray) -> None:
         """The loop's rows flagged in ``done`` have finished: padding (static) or gone (continuous)."""
-        rows = np.flatnonzero(self.row_live[:self.used])[done]
+        rows = self.order[done]
         self.row_live[rows] = False
+        self.order = self.order[~done]
         if self.static:
             index = self._upload(rows)
             self.t_frozen[index] = self.t_cache.lengths[index]
             if self.d_cache is not None:
                 self.d_frozen[index] = self.d_cache.lengths[index]
-            if not self.row_live[:self.used].any():
+            if not self.order.size:
                 self.used = 0
             return
-        keep = np.flatnonzero(self.row_live[:self.used])
-        for dst, src in enumerate(keep.tolist()):  # the rows after a hole move up, keeping their order
-            if src != dst:
-                self._move(src, dst)
-        self.used = keep.shape[0]
+        n = self.order.size  # the rows that stay fill 0..n-1: the last ones move into the holes below n
+        holes = np.flatnonzero(~self.row_live[:n])
+        movers = np.flatnonzero(self.row_live[n:self.used])[::-1] + n
+        for dst, src in zip(holes.tolist(), movers.tolist()):
+            self._move(src, dst)
+        self.used = n
 
     def _move(self, src: int, dst: int) -> None:
+        """Sequence ``src`` to the free row ``dst``: its entries in both caches, its history, its place in order."""
         length = int(self.row_len[src]) + 1
         self.t_cache.move(src, dst, length)
         if self.d_cache is not None:
             self.d_cache.move(src, dst, length)
         self.history[dst, :length] = self.history[src, :length]
         self.row_len[dst], self.row_live[dst], self.row_live[src] = self.row_len[src], True, False
+        self.order[self.order == src] = dst
 
 
 def step_overheads(measured: ReplayResult) -> dict[str, float]:

@@ -13,10 +13,11 @@ import torch
 from calibrate.cli import main as calibrate_main
 from calibrate.configs import get_config
 from calibrate.model import Transformer
-from calibrate.replay import replay, replay_config
+from calibrate.replay import TorchBackend, replay, replay_config
 from policies import Policy
 from specbatch.commands.cli import main
 from sim.config import load_config
+from sim.scheduler.layout import ROW_REQ
 from sim.simulate import prepare
 from tests.test_engine import check_invariants
 from tests.conftest import CPU_DEFAULTS, TEST_DEVICE
@@ -77,6 +78,44 @@ def test_identical_models_accept_every_draft_so_caches_are_right(tiny_profile, b
     steps = result.steps[result.steps.phase == 1]
     assert steps.drafted_tokens.sum() > 100
     assert steps.accepted_tokens.sum() / steps.drafted_tokens.sum() > 0.98
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_each_of_the_loops_rows_keeps_its_own_cache_row_as_rows_leave(tiny_profile, monkeypatch, batching):
+    # A finished row's hole is filled by the last row (as vLLM's persistent batch condenses), so the
+    # loop's order and the physical rows part: every step, the loop's row i must still be served by the
+    # physical row its request was prefilled into, wherever that row has moved since.
+    prefill, decode, move = TorchBackend.prefill, TorchBackend.decode, TorchBackend._move
+    served, moves = [], []
+
+    def tracked_prefill(self, queue, head, n):
+        prefill(self, queue, head, n)
+        if not hasattr(self, "request_of"):
+            self.request_of = np.full(self.row_len.shape[0], -1)
+        self.request_of[self.used - n:self.used] = np.arange(head, head + n)
+
+    def tracked_move(self, src, dst):
+        move(self, src, dst)
+        self.request_of[dst] = self.request_of[src]
+        moves.append((src, dst))
+
+    def tracked_decode(self, view, *args):
+        served.append((self.request_of[self.order].copy(), view.state.batch.rows[ROW_REQ, :view.rows].copy()))
+        return decode(self, view, *args)
+
+    monkeypatch.setattr(TorchBackend, "prefill", tracked_prefill)
+    monkeypatch.setattr(TorchBackend, "_move", tracked_move)
+    monkeypatch.setattr(TorchBackend, "decode", tracked_decode)
+    run = prepare(scenario(tiny_profile, **{"engine.batching": batching, "policy.name": "fixed", "policy.k": 2,
+                                            "workload.output_tokens": "uniform:2:30", "workload.num_requests": 24}))
+    replay(run, *identical_pair(run), acceptance="synthetic")
+    assert len(served) > 20
+    for physical, loop in served:
+        assert physical.tolist() == loop.tolist()
+    if batching == "continuous":  # holes were filled from the end, one row each
+        assert any(dst < src - 1 for src, dst in moves)
+    else:
+        assert moves == []  # a static batch keeps its finished rows as padding
 
 
 @pytest.mark.parametrize("graphs", [False, True])
