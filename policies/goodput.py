@@ -46,7 +46,9 @@ tests (EMA(tested_j) / smoothing is the EMA's effective number of tests). A posi
 with little evidence is priced near alpha_hat: before anything is observed every
 position is exactly, so a run starts as the geometric pricing did, and a position that
 stops being reached drifts back to it. Shrinking rather than switching keeps the noise
-of a few tests out of the prices. Under geometric acceptance every r_j settles at alpha.
+of a few tests out of the prices. A decode step at k = 0 tests nothing; it moves alpha_hat's
+EMAs towards the prior and fades every position's evidence by the same weight
+(goodput_rules.fade), so early rejections cannot hold the policy at k = 0 for good. Under geometric acceptance every r_j settles at alpha.
 
 Per-request variant (``per_request = true``): the engine's acceptance is a property
 of each request that only the engine knows, so the policy has no per-sequence alpha to
@@ -79,7 +81,8 @@ import numpy as np
 
 from policies import goodput_rules as rules
 from policies.base import BatchView, CompiledForm, CostModelLike, Policy, PolicyError, StepFeedback, check_k_max
-from policies.goodput_rules import ACCEPTED_AVG, ALPHA, EXPECTED, MARGIN, MISSES, PRIOR, RATES, SMOOTHING, TESTED_AVG
+from policies.goodput_rules import (ACCEPTED_AVG, ALPHA, ALPHA_INIT, EXPECTED, MARGIN, MISSES, PRIOR, RATES, SMOOTHING,
+                                   TESTED_AVG)
 
 # Each position's estimate counts the pooled alpha_hat as this many tests on top of its own
 # evidence (EMA(tested_j) / smoothing tests' worth): a position with little evidence is priced
@@ -140,6 +143,7 @@ class Goodput(Policy):
         scalars[SMOOTHING], scalars[PRIOR] = self.smoothing, PRIOR_TESTS * self.smoothing  # PRIOR in the EMAs' units
         scalars[MARGIN] = 1.0 + self.tie_break
         scalars[MISSES] = 1.0 if getattr(self, "_misses", False) else 0.0
+        scalars[ALPHA_INIT] = self.alpha_init
         # Per position j = 1..k_max: EMAs of the sequences that tested j and that accepted it (none yet).
         self._rows = np.zeros((rules.N_ROWS, self.k_max + 1))
         rules.price_positions(self._scalars, self._rows, self.k_max)
@@ -218,7 +222,10 @@ class Goodput(Policy):
 
     def observe(self, feedback: StepFeedback) -> None:
         k, drafted = feedback.k, feedback.drafted_tokens
-        if k == 0 or (drafted == 0 and not self._scalars[MISSES]):
+        if k == 0:  # nothing tested: the estimates drift back towards the prior (goodput_rules.fade)
+            rules.fade(self._scalars, self._rows, self.k_max)
+            return
+        if drafted == 0 and not self._scalars[MISSES]:
             return
         per_sequence, ks = feedback.accepted_per_sequence, feedback.k_per_sequence
         if ks is None and (per_sequence is None or per_sequence.shape[0] != drafted // k):

@@ -15,8 +15,12 @@ matches and keeps its first guess, and E[tokens](k) prices the method's own acce
 
 from __future__ import annotations
 
-ACCEPTED_AVG, TESTED_AVG, ALPHA, SMOOTHING, PRIOR, MARGIN, MISSES = range(7)
-N_SCALARS = 7
+ACCEPTED_AVG, TESTED_AVG, ALPHA, SMOOTHING, PRIOR, MARGIN, MISSES, ALPHA_INIT = range(8)
+N_SCALARS = 8
+# A decode step at k = 0 pulls the estimates back towards the prior by this fraction of an observation's
+# weight (fade): slowly enough that where speculation truly loses, goodput tries it again only every
+# ten steps or so, and fast enough that a few unlucky rejections do not end it for the run.
+FADE = 0.25
 POS_ACCEPTED, POS_TESTED, RATES, EXPECTED = range(4)
 N_ROWS = 4
 
@@ -124,4 +128,22 @@ def observe_rows(scalars, rows, kept, ks, m, k_max, scratch):
     price_positions(scalars, rows, k_max)
 
 
-RULES = (best_k, spread_catch_up, choose_priced, price_positions, update_pooled, observe_rows)
+def fade(scalars, rows, k_max):
+    """A decode step at k = 0 tests no draft, yet it must not leave the estimates where the last
+    drafting steps put them: a few unlucky rejections (three for one row) would then price every
+    k >= 1 below k = 0 for the rest of the run, and no later step would ever test that again
+    (docs/policy-goodput.md). So such a step moves the pooled EMAs towards the prior (alpha_init
+    of one tested token) and lets each position's evidence fade, by FADE of an observation's
+    weight: the estimates drift back until speculation is priced worth a try, and the try is a
+    fresh observation. Where k = 0 wins on price with the estimates at the prior, nothing changes."""
+    s = FADE * scalars[SMOOTHING]
+    scalars[ACCEPTED_AVG] += s * (scalars[ALPHA_INIT] - scalars[ACCEPTED_AVG])
+    scalars[TESTED_AVG] += s * (1.0 - scalars[TESTED_AVG])
+    scalars[ALPHA] = scalars[ACCEPTED_AVG] / scalars[TESTED_AVG]
+    for j in range(k_max):
+        rows[POS_ACCEPTED, j] -= s * rows[POS_ACCEPTED, j]
+        rows[POS_TESTED, j] -= s * rows[POS_TESTED, j]
+    price_positions(scalars, rows, k_max)
+
+
+RULES = (best_k, spread_catch_up, choose_priced, price_positions, update_pooled, observe_rows, fade)

@@ -9,6 +9,7 @@ import pytest
 
 from policies import BatchView, PolicyError, make_policy
 from policies.goodput import PRIOR_TESTS, Goodput
+from policies.goodput_rules import FADE
 from specbatch.commands.cli import main
 from sim.simulate import execute, prepare
 from tests.conftest import CPU_DEFAULT_FLAGS
@@ -88,7 +89,7 @@ def test_each_step_prices_k_max_plus_one_candidates():
 
 
 
-def test_observe_averages_accepted_and_tested_tokens_per_sequence_and_skips_k_zero():
+def test_observe_averages_accepted_and_tested_tokens_per_sequence_and_k_zero_at_the_prior_changes_nothing():
     policy = Goodput(alpha_init=0.8, smoothing=0.25, k_max=4)
     policy.bind(7, Synthetic())
     policy.observe(step_feedback(0, [0, 0]))
@@ -337,3 +338,55 @@ def test_a_position_no_longer_tested_fades_back_to_the_pooled_rate():
         policy.observe(step_feedback(1, [1, 0, 1, 1, 0, 1, 1, 1]))
     assert policy.position_rates[3] == pytest.approx(policy.alpha_hat, abs=1e-3)  # ... until its evidence fades
     assert policy.position_rates[0] == pytest.approx(0.75, abs=0.01)  # position 1, still tested: 6 of 8
+
+
+class Linear:
+    """One row's step as the H200 validation's refitted profile prices it: 7.35 ms at k = 0, 10.07 ms at
+    k = 1 (the draft's first pass and the verification), 1.94 ms a draft token after."""
+
+    @staticmethod
+    def step_time(b, k, c):
+        return 0.00735 + (0.00078 if k else 0.0) + 0.00194 * k
+
+
+def test_a_k_zero_step_moves_the_estimates_back_towards_the_prior():
+    policy = Goodput(alpha_init=0.7, smoothing=0.1, k_max=3)
+    policy.bind(8, Linear())
+    for k in (3, 2, 1):
+        policy.observe(step_feedback(k, [0]))  # one row rejects its first draft, three steps running
+    accepted = 0.7 * 0.9 ** 3
+    assert policy.alpha_hat == pytest.approx(accepted, rel=1e-12)  # tested stays 1 a row
+    r1 = policy.position_rates[0]
+    assert r1 < 0.4 < policy.alpha_hat
+    policy.observe(step_feedback(0, [0]))  # a k = 0 step: FADE of an observation's way back
+    assert policy.alpha_hat == pytest.approx(accepted + FADE * 0.1 * (0.7 - accepted), rel=1e-12)
+    assert r1 < policy.position_rates[0] < policy.alpha_hat
+    for _ in range(800):
+        policy.observe(step_feedback(0, [0]))
+    np.testing.assert_allclose(policy.position_rates, 0.7, atol=1e-6)
+    assert policy.alpha_hat == pytest.approx(0.7, abs=1e-6)
+
+
+def test_early_rejections_do_not_hold_goodput_at_k_zero():
+    """The H200 validation's goodput case (docs/validation.md): three rejections of one row priced every
+    k >= 1 below k = 0, and a k = 0 step tested nothing again, so it stayed at k = 0 for good."""
+    policy = Goodput(alpha_init=0.7, smoothing=0.1, k_max=3)
+    policy.bind(8, Linear())
+    assert policy.choose_k(_view(1, 300)) >= 1  # at the prior, speculation pays
+    for k in (3, 2, 1):
+        policy.observe(step_feedback(k, [0]))
+    assert policy.choose_k(_view(1, 300)) == 0  # the evidence says so, for now
+    steps = 0
+    while policy.choose_k(_view(1, 300)) == 0:
+        policy.observe(step_feedback(0, [0]))
+        steps += 1
+        assert steps < 40
+    assert steps >= 1
+    # Where acceptance is truly that low, goodput tries again only now and then: over 200 steps of
+    # rows that keep no draft, about one step in ten speculates.
+    tries = 0
+    for _ in range(200):
+        k = policy.choose_k(_view(1, 300))
+        policy.observe(step_feedback(k, [0]))
+        tries += k > 0
+    assert 5 <= tries <= 30

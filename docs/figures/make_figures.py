@@ -238,11 +238,12 @@ def goodput_figure() -> None:
     run = prepare(load_config(SCENARIO, {"policy.name": ("goodput", "--policy"), "policy.alpha_init": (0.9, "figure"),
                                      "acceptance.alpha": (0.6, "--alpha"), "seed": (SEED, "--seed"),
                                      "workload.duration_s": (CPU_DURATION_S, "--duration"),
-                                     "output.records": ("none", "--records")}))
+                                     "output.records": ("none", "--records"),
+                                     "engine.jit": ("off", "--jit")}))  # interpreted: observe is called per step
     policy, history = run.policy, []
     observe = policy.observe
 
-    def recording(feedback):  # alpha_hat after every decode step (k = 0 steps leave it unchanged)
+    def recording(feedback):  # alpha_hat after every decode step (k = 0 steps pull it towards alpha_init)
         observe(feedback)
         history.append(policy.alpha_hat)
 

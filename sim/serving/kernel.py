@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.base import BY_BATCH_SIZE, GOODPUT_RULE
-from policies.goodput_rules import EXPECTED, MARGIN, choose_priced, observe_rows
+from policies.goodput_rules import EXPECTED, MARGIN, choose_priced, fade, observe_rows
 from sim.costmodel.rules import blend, catch_up_price
 from sim.scheduler.layout import (ARRIVAL, C_ARRIVED, C_DRAW_POS, C_ITL_END, C_ITL_POS, C_OFFERED_K, C_PHASE, C_REC_END,
                                   C_REC_POS, C_STEP_K, C_STEPS, IDLE, LIMIT, NOW, PENDING_END, REFILL,
@@ -100,8 +100,11 @@ def finish_step(s, c, proposer, out, start, end):
     finished = update(s, out, start, end, False)[0]
     k = s.counters[C_STEP_K] if m else 0
     offered = s.counters[C_OFFERED_K] if proposer.mode else k  # a host matcher's misses are learnt from too
-    if m and c.kind == GOODPUT_K and offered:
-        observe_rows(c.scalars, c.rows, s.batch.accepted, s.sched[S_ROW_K], m, c.k_max, c.scratch)
+    if m and c.kind == GOODPUT_K:
+        if offered:
+            observe_rows(c.scalars, c.rows, s.batch.accepted, s.sched[S_ROW_K], m, c.k_max, c.scratch)
+        else:  # a step at k = 0 tests nothing: the estimates drift back towards the prior
+            fade(c.scalars, c.rows, c.k_max)
     return finished
 
 
