@@ -158,25 +158,34 @@ class AcceptanceSampler:
         """The draw buffer and the position of the next draw, with at least ``n`` draws there
         (refilled exactly as drawing them would)."""
         if self._pos + n > self._buffer.shape[0]:
-            self._buffer = np.concatenate((self._buffer[self._pos:], self._next_block(max(self._block, n))))
-            self._pos = 0
+            rest = self._buffer[self._pos:]
+            block, room = self._next_block(max(self._block, n), n)
+            if rest.shape[0] <= room:  # the draws not yet used go in front of the block, in the room left there
+                block[room - rest.shape[0]:room] = rest
+                self._buffer, self._pos = block, room - rest.shape[0]
+            else:
+                self._buffer, self._pos = np.concatenate((rest, block[room:])), 0
         return self._buffer, self._pos
 
-    def _next_block(self, size: int) -> np.ndarray:
-        """The stream's next ``size`` draws. The first ``block`` of them were drawn on a worker thread
-        while the run went on (the generator fills arrays without the GIL, and so does the compiled
-        run): a million-request run spends most of a second drawing. The order of the stream is kept
-        (this block, then any more asked for, then the next block on the side), so the draws are
-        those :meth:`_fresh` would give in one call."""
+    def _next_block(self, size: int, room: int = 0) -> tuple[np.ndarray, int]:
+        """The stream's next ``size`` draws, after ``room`` unused slots: (array, room). The first
+        ``block`` of them were drawn on a worker thread while the run went on (the generator fills
+        arrays without the GIL, and so does the compiled run): a million-request run spends most of
+        a second drawing. That thread also leaves the room in front of the block, where
+        :meth:`reserve` puts the draws its buffer has left, so the run's own thread copies those
+        few, not the block (a million requests: about 1,500 blocks of 65,536). The order of the
+        stream is kept (this block, then any more asked for, then the next block on the side), so
+        the draws are those :meth:`_fresh` would give in one call."""
         if self._ahead is None:
-            head = self._fresh(self._block)
+            head = _with_room(self._fresh(self._block), room)
         else:
             head, self._ahead = self._ahead.result(), None
+            room = head.shape[0] - self._block
         if size > self._block:
             head = np.concatenate((head, self._fresh(size - self._block)))
         if self.draws_ahead:
-            self._ahead = _draw_thread().submit(self._fresh, self._block)
-        return head
+            self._ahead = _draw_thread().submit(lambda: _with_room(self._fresh(self._block), room))
+        return head, room
 
     def __getstate__(self) -> dict:
         """A block being drawn on the side is waited for and kept as drawn (a future cannot be pickled)."""
@@ -214,6 +223,15 @@ class _Drawn:
 
     def result(self) -> np.ndarray:
         return self.block
+
+
+def _with_room(block: np.ndarray, room: int) -> np.ndarray:
+    """``block`` after ``room`` unset slots (AcceptanceSampler.reserve fills them)."""
+    if not room:
+        return block
+    out = np.empty(room + block.shape[0], block.dtype)
+    out[room:] = block
+    return out
 
 
 @lru_cache(maxsize=1)
