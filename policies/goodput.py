@@ -48,7 +48,8 @@ position is exactly, so a run starts as the geometric pricing did, and a positio
 stops being reached drifts back to it. Shrinking rather than switching keeps the noise
 of a few tests out of the prices. A decode step at k = 0 tests nothing; it moves alpha_hat's
 EMAs towards the prior and fades every position's evidence by the same weight
-(goodput_rules.fade), so early rejections cannot hold the policy at k = 0 for good. Under geometric acceptance every r_j settles at alpha.
+(goodput_rules.fade), so early rejections cannot hold the policy at k = 0 for good.
+Under geometric acceptance every r_j settles at alpha.
 
 Per-request variant (``per_request = true``): the engine's acceptance is a property
 of each request that only the engine knows, so the policy has no per-sequence alpha to
