@@ -36,7 +36,8 @@
 #   terms     benchmarks/gpu_step_terms.py measure: LM head and sampler, decode attention
 #             (grouped-query and multi-head at the same KV bytes), whole decode steps of
 #             Llama-3.1-8B and Llama-2-7b from CUDA graphs, those passes taken apart by kernel,
-#             a small kernel's floor, and passes over rows of different contexts against their mean
+#             a small kernel's floor, passes over rows of different contexts against their mean, and
+#             the validation's target pass served for most of a minute against calibration's bursts
 #   validate  as above, on the profile just calibrated
 #   calibrate-ragged  the same grid with --ragged-contexts (each decode point's rows spread around
 #             its context, as served rows are): the profile validation.py --reprice prices the

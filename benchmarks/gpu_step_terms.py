@@ -7,7 +7,7 @@
 simulator's simpy or numba: it imports torch, numpy and the project's ``calibrate`` package
 only. On CUDA every point is timed with CUDA events over replays of a CUDA graph captured for
 it (:func:`calibrate.timing.time_cuda`); with ``--dry-run``, or where there is no CUDA, the same
-code runs on the CPU at tiny sizes in a few seconds. Three sections, in this order:
+code runs on the CPU at tiny sizes in a few seconds. The sections, in this order:
 
 * ``sampler``: the LM head and vLLM V1's sampler over a 32k and a 128k vocabulary (the
   vocabularies of Llama-2-7B and Llama-3.1-8B, hidden 4096, bf16) at batch 1-256, each term
@@ -31,7 +31,12 @@ code runs on the CPU at tiny sizes in a few seconds. Three sections, in this ord
   of many back-to-back adds, RMSNorms and SiLU-and-multiplies at 1-1024 tokens of hidden 4096;
 * ``ragged``: a target and a draft pass (the 8B and 1B pair the GPU validation replays) over 16 rows
   whose contexts differ, as a served batch's do, against the same pass with every row at their mean,
-  as calibration times it: what rows of different lengths cost the split attention kernel.
+  as calibration times it: what rows of different lengths cost the split attention kernel;
+* ``sustained``: the validation's target pass (16 rows, 4 tokens a row) timed three ways: as
+  calibration times it (the device idle before each replay), back to back (queued, one wait at the
+  end), and for most of a minute of steps as the GPU replay runs them (the draft's passes, then the
+  target's, one wait a step), in windows, with the GPU's clocks, power and temperature beside each
+  (nvidia-smi): whether a pass served for a minute runs slower than calibration's short bursts.
 
 It writes ``DIR/gpu_step_terms.json`` after every point, so a run stopped by its machine keeps
 what finished; a point or a section that fails is recorded with its error and the rest goes
@@ -65,9 +70,9 @@ if str(ROOT) not in sys.path:  # run as a script on a machine where the project 
 
 RESULT = "gpu_step_terms.json"
 DEFAULT_MEASURED = ROOT / "benchmarks" / "results" / RESULT
-SECTIONS = ("sampler", "attention", "decode_step", "kernels", "floor", "ragged")
+SECTIONS = ("sampler", "attention", "decode_step", "kernels", "floor", "ragged", "sustained")
 SHARES = {"sampler": 1.0, "attention": 1.0, "decode_step": 3.0, "kernels": 1.0, "floor": 0.5,  # of --budget
-          "ragged": 1.0}
+          "ragged": 1.0, "sustained": 3.0}
 KERNEL_CLASSES = ("gemm", "attention", "small")
 FLOOR_OPS = ("add", "rms_norm", "silu_mul")
 SAMPLER_TERMS = ("lm_head", "cast", "greedy", "random", "top_p", "rejection_k4")
@@ -100,6 +105,10 @@ class Plan:
     floor_tokens: tuple[int, ...]
     floor_chain: int  # kernels a floor graph runs back to back
     ragged_points: tuple[tuple[str, int, int, int], ...]  # (model, rows, query tokens, mean context)
+    sustained_point: tuple[str, str, int, int, int] = ("llama-3.1-8b", "llama-3.2-1b", 16, 4, 512)  # target,
+    # draft, rows, query tokens (k + 1), context: a step of the GPU validation at high load
+    sustained_s: float = 45.0  # the steps' run, at most (the section's share of the budget may cut it)
+    window_s: float = 2.0  # the steps' times are summed up per window, the clocks read at each
 
     @property
     def dry_run(self) -> bool:
@@ -127,7 +136,8 @@ DRY_PLAN = Plan(device="cpu", dtype="bfloat16", warmup=1, repeats=2, point_budge
                 decode_models=("tiny-llama", "llama-68m"), decode_batches=(1, 2),
                 decode_contexts=(16, 32), decode_kv_limit=1e8,
                 kernel_points=(("tiny-llama", 1, 32), ("tiny-llama", 2, 32)), floor_tokens=(1, 4), floor_chain=10,
-                ragged_points=(("tiny-llama", 4, 1, 32), ("tiny-llama", 4, 3, 32)))
+                ragged_points=(("tiny-llama", 4, 1, 32), ("tiny-llama", 4, 3, 32)),
+                sustained_point=("tiny-llama", "llama-68m", 4, 3, 32), sustained_s=1.0, window_s=0.25)
 
 
 # --------------------------------------------------------------------------- measure: bookkeeping
@@ -676,10 +686,157 @@ def measure_ragged(rec: Recorder, plan: Plan, gen) -> None:
         free(plan, collect=True)
 
 
+# --------------------------------------------------------------------------- section (g): sustained
+
+def replayable(fn: Callable[[], object], plan: Plan) -> Callable[[], object]:
+    """``fn``'s CUDA graph, replayed (calibration's capture, :func:`calibrate.timing._capture`); ``fn`` on a CPU."""
+    if plan.device != "cuda":
+        return fn
+    from calibrate.timing import _capture
+
+    return _capture(fn, plan.warmup)
+
+
+class Marks:
+    """Points in the device's queue: CUDA events on CUDA (read after a wait), ``perf_counter`` on a CPU."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.cuda = plan.device == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def wait(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def seconds(self, begin, end) -> float:
+        return begin.elapsed_time(end) / 1e3 if self.cuda else end - begin
+
+
+GPU_STATE = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_throttle_reasons.active")
+
+
+def gpu_state() -> dict[str, Any]:
+    """The GPU's SM and memory clocks (MHz), power (W), temperature (C) and throttle reasons, from nvidia-smi
+    ({} where there is none: a CPU dry run)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_STATE)}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if done.returncode != 0 or not done.stdout.strip():
+        return {}
+    values = [v.strip() for v in done.stdout.strip().splitlines()[0].split(",")]
+    names = ("sm_mhz", "mem_mhz", "power_w", "temp_c", "throttle")
+    state: dict[str, Any] = {}
+    for name, value in zip(names, values):
+        try:
+            state[name] = value if name == "throttle" else float(value)
+        except ValueError:
+            state[name] = value
+    return state
+
+
+def calibration_style(replay: Callable[[], object], plan: Plan) -> list[float]:
+    """Seconds of each replay with the device idle before it, as calibration times a point."""
+    marks, out = Marks(plan), []
+    for _ in range(plan.warmup + plan.repeats):
+        marks.wait()
+        begin = marks.mark()
+        replay()
+        end = marks.mark()
+        marks.wait()
+        out.append(marks.seconds(begin, end))
+    return out[plan.warmup:]
+
+
+def back_to_back(replay: Callable[[], object], plan: Plan, count: int) -> list[float]:
+    """Seconds of each of ``count`` replays queued one after another, with one wait at the end."""
+    marks = Marks(plan)
+    marks.wait()
+    points = [marks.mark()]
+    for _ in range(count):
+        replay()
+        points.append(marks.mark())
+    marks.wait()
+    return [marks.seconds(a, b) for a, b in zip(points, points[1:])]
+
+
+def served_steps(draft: Callable[[], object], target: Callable[[], object], drafts: int, plan: Plan,
+                 seconds: float) -> list[dict[str, Any]]:
+    """Steps as the GPU replay runs them (``drafts`` draft passes, then the target's, one wait a step) for
+    ``seconds``, summed up per ``plan.window_s``: the target pass's and the step's median, the GPU's state."""
+    import numpy as np
+
+    marks, windows = Marks(plan), []
+    start = now()
+    while now() - start < seconds:
+        window_start, targets, steps = now(), [], []
+        while now() - window_start < plan.window_s and now() - start < seconds:
+            begin = marks.mark()
+            for _ in range(drafts):
+                draft()
+            middle = marks.mark()
+            target()
+            end = marks.mark()
+            marks.wait()
+            targets.append(marks.seconds(middle, end))
+            steps.append(marks.seconds(begin, end))
+        windows.append({"t_s": round(now() - start, 3), "steps": len(steps),
+                        "target_median_s": float(np.median(targets)), "step_median_s": float(np.median(steps)),
+                        **gpu_state()})
+    return windows
+
+
+def measure_sustained(rec: Recorder, plan: Plan, gen) -> None:
+    import numpy as np
+
+    from calibrate.grid import Point
+    from calibrate.passes import build_pass
+
+    target_name, draft_name, rows, q, context = plan.sustained_point
+    rec.section["settings"] = {"dtype": plan.dtype, "target": target_name, "draft": draft_name, "rows": rows,
+                               "query_tokens": q, "context": context, "window_s": plan.window_s,
+                               "timed": "calibrate.passes.build_pass decode/target and decode/draft, from their "
+                                        "CUDA graphs", "gpu_state": "nvidia-smi --query-gpu=" + ",".join(GPU_STATE)}
+    keys = [{"mode": mode} for mode in ("calibration", "back_to_back", "steps")]
+    target = model_for(rec, plan, model_config(target_name), keys)
+    draft = model_for(rec, plan, model_config(draft_name), keys) if target is not None else None
+    if target is None or draft is None:
+        return
+    t_pass = build_pass(Point("decode", "target", rows, q, context), {"target": target}, gen)
+    d_pass = build_pass(Point("decode", "draft", rows, 1, context), {"draft": draft}, gen)
+    t_replay, d_replay = replayable(t_pass.fn, plan), replayable(d_pass.fn, plan)
+
+    def summed(samples: list[float]) -> dict[str, Any]:
+        return {"median_s": float(np.median(samples)), "p10_s": float(np.percentile(samples, 10)),
+                "p90_s": float(np.percentile(samples, 90)), "samples": len(samples), **gpu_state()}
+
+    rec.point(keys[0], lambda: summed(calibration_style(t_replay, plan)))
+    rec.point(keys[1], lambda: summed(back_to_back(t_replay, plan, 10 * plan.repeats)))
+    left = rec.section_deadline - now() - 2 * plan.window_s  # room for the last window and the write
+    rec.point(keys[2], lambda: {"windows": served_steps(d_replay, t_replay, q - 1, plan,
+                                                         max(min(plan.sustained_s, left), plan.window_s))})
+    del t_replay, d_replay, t_pass, d_pass, target, draft
+    free(plan, collect=True)
+
+
 # --------------------------------------------------------------------------- measure: the run
 
 MEASURES = {"sampler": measure_sampler, "attention": measure_attention, "decode_step": measure_decode,
-            "kernels": measure_kernels, "floor": measure_floor, "ragged": measure_ragged}
+            "kernels": measure_kernels, "floor": measure_floor, "ragged": measure_ragged,
+            "sustained": measure_sustained}
 
 
 def measure(out: Path, budget: float, dry_run: bool, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
@@ -738,7 +895,8 @@ def summary(doc: dict[str, Any]) -> str:
         lines.append(f"{name}: {sec['status']}, {counts['median_s']} timed, {counts['skipped']} skipped, "
                      f"{counts['error']} failed, {counts['unavailable']} unavailable, {sec.get('elapsed_s', 0):.1f} s"
                      + (f" ({sec['error']})" if "error" in sec else ""))
-        column = {"sampler": "term", "attention": "variant", "floor": "op", "ragged": "lengths"}.get(name)
+        column = {"sampler": "term", "attention": "variant", "floor": "op", "ragged": "lengths",
+                  "sustained": "mode"}.get(name)
         rows: dict[tuple, dict[str, str]] = {}
         for p in pts:
             row = tuple(p.get(k) for k in ("model", "layout", "batch", "query_tokens", "context", "tokens") if k in p)
@@ -748,6 +906,10 @@ def summary(doc: dict[str, Any]) -> str:
                     f", graph {1e3 * p['graph_s']:.3f}, gaps {1e3 * p['gaps_s']:.3f}")
             elif name == "floor":
                 cell = "-" if "per_kernel_s" not in p else f"{1e6 * p['per_kernel_s']:.2f} us/kernel"
+            elif "windows" in p:
+                w = p["windows"]
+                cell = f"{len(w)} windows, target {1e3 * w[0]['target_median_s']:.3f} -> " \
+                       f"{1e3 * w[-1]['target_median_s']:.3f} ms" if w else "no window"
             else:
                 cell = "-" if "median_s" not in p else f"{1e3 * p['median_s']:.3f}" + (
                     f" ({p['kv_read_tb_s']:.2f} TB/s)" if "kv_read_tb_s" in p else "")
@@ -999,6 +1161,44 @@ def ragged_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def sustained_table(doc: dict[str, Any]) -> list[str]:
+    """The target pass timed as calibration does, back to back, and window by window of served steps."""
+    section = doc["sections"].get("sustained")
+    if not section:
+        return []
+    got = {p["mode"]: p for p in section["points"]}
+    st = section.get("settings", {})
+    base = got.get("calibration", {}).get("median_s")
+    lines = ["", f"the {st.get('target')} pass of {st.get('rows')} rows x {st.get('query_tokens')} tokens at context "
+                 f"{st.get('context')}, ms: as calibration times it, back to back, and in steps served for a while "
+                 f"({st.get('query_tokens', 1) - 1} {st.get('draft')} passes, then it; one wait a step)"]
+    for mode in ("calibration", "back_to_back"):
+        p = got.get(mode, {})
+        if "median_s" in p:
+            ratio = f"{p['median_s'] / base:8.3f}" if base else ""
+            lines.append(f"{mode:>14}{1e3 * p['median_s']:10.3f}{ratio}  " + _state_text(p))
+        else:
+            lines.append(f"{mode:>14}  {why_missing(p)}")
+    windows = got.get("steps", {}).get("windows")
+    if not windows:
+        lines.append(f"{'steps':>14}  {why_missing(got.get('steps', {}))}")
+        return lines
+    lines.append(f"{'at s':>14}{'target':>10}{'ratio':>8}{'step':>10}  GPU state")
+    for w in windows:
+        ratio = f"{w['target_median_s'] / base:8.3f}" if base else f"{'':8}"
+        lines.append(f"{w['t_s']:>14.1f}{1e3 * w['target_median_s']:10.3f}{ratio}{1e3 * w['step_median_s']:10.3f}  "
+                     + _state_text(w))
+    return lines
+
+
+def _state_text(p: dict[str, Any]) -> str:
+    parts = [f"{p[k]:g} {unit}" for k, unit in (("sm_mhz", "MHz SM"), ("mem_mhz", "MHz mem"), ("power_w", "W"),
+                                                ("temp_c", "C")) if isinstance(p.get(k), float)]
+    if p.get("throttle") not in (None, "", "0x0000000000000000"):
+        parts.append(f"throttle {p['throttle']}")
+    return ", ".join(parts)
+
+
 def compare(measured: Path, gpu: str) -> str:
     """The three tables (module docstring): the same JSON and GPU give the same text."""
     doc = json.loads(measured.read_text())
@@ -1008,7 +1208,7 @@ def compare(measured: Path, gpu: str) -> str:
              f"{versions.get('torch')}, CUDA {versions.get('cuda')}; {doc['timer']['method']}; {doc['started']}), "
              f"composed for {gpu} as specbatch compose --gpu {gpu} prices it; ratio = measured / composed time"]
     lines += (decode_table(doc, composer) + kernels_table(doc, composer) + floor_table(doc) + ragged_table(doc)
-              + sampler_table(doc, composer) + attention_table(doc, composer))
+              + sustained_table(doc) + sampler_table(doc, composer) + attention_table(doc, composer))
     return "\n".join(lines)
 
 

@@ -38,7 +38,7 @@ def test_the_dry_run_runs_the_quick_phases_and_packs_what_comes_back(tmp_path):
     assert "split kernel is CUDA's" in (work / "logs" / "attention.log").read_text()  # which attention it picks
     terms = json.loads((out / "gpu_step_terms.json").read_text())
     assert terms["dry_run"] is True
-    assert set(terms["sections"]) == {"sampler", "attention", "decode_step", "kernels", "floor", "ragged"}
+    assert set(terms["sections"]) == {"sampler", "attention", "decode_step", "kernels", "floor", "ragged", "sustained"}
     with tarfile.open(out / "session.tgz") as tar:
         names = tar.getnames()
     assert "work/terms/gpu_step_terms.json" in names and "work/logs/phases.txt" in names

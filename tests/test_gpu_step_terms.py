@@ -82,6 +82,12 @@ def test_the_dry_run_writes_every_section_with_positive_finite_times(dry_run, te
     floor = written["sections"]["floor"]["points"]
     assert {(p["op"], p["tokens"]) for p in floor} == {(op, n) for op in terms.FLOOR_OPS for n in (1, 4)}
     assert all(p["per_kernel_s"] < p["median_s"] for p in floor)
+    sustained = {p["mode"]: p for p in written["sections"]["sustained"]["points"]}
+    assert sustained.keys() == {"calibration", "back_to_back", "steps"}
+    assert sustained["back_to_back"]["samples"] == 10 * terms.DRY_PLAN.repeats
+    windows = sustained["steps"]["windows"]
+    assert windows and all(w["steps"] > 0 and 0 < w["target_median_s"] < w["step_median_s"] for w in windows)
+    assert [w["t_s"] for w in windows] == sorted(w["t_s"] for w in windows)
 
 
 def test_varlen_reads_each_rows_own_keys(terms, monkeypatch):
@@ -145,7 +151,8 @@ def test_the_budget_is_shared_between_sections_and_skips_what_is_over(terms, tmp
         return {"median_s": 1e-3, "p10_s": 1e-3, "p90_s": 1e-3, "samples": 1, "graph": False}
 
     monkeypatch.setattr(terms, "timed", one_second)
-    doc = terms.measure(tmp_path, 10.0, dry_run=True)
+    # the sustained section times by the clock itself (a fixed run of steps), which a fake one never ends
+    doc = terms.measure(tmp_path, 10.0, dry_run=True, sections=terms.SECTIONS[:-1])
     sampler, attention, decode = (doc["sections"][s]["points"] for s in terms.SECTIONS[:3])
     assert len(timed_points({"points": sampler})) == 2
     assert all(p["skipped"].startswith("out of time") for p in sampler[2:])
@@ -250,9 +257,44 @@ def test_the_shipped_gpu_terms_are_a_gpu_run_with_every_section(terms):
     done, and its decode pass taken apart adds up."""
     doc = json.loads(terms.DEFAULT_MEASURED.read_text())
     assert doc["dry_run"] is False and doc["device"]["type"] == "cuda"
-    # every section measured by 2026-11-28's calls (the ragged rows came after them: the next GPU measures them)
-    assert set(terms.SECTIONS) - {"ragged"} <= doc["sections"].keys() <= set(terms.SECTIONS)
+    # every section measured by 2026-11-28's calls (the sustained passes came after them: the next GPU's)
+    assert set(terms.SECTIONS) - {"sustained"} <= doc["sections"].keys() <= set(terms.SECTIONS)
     assert all(s["status"] == "done" for s in doc["sections"].values())
     for p in doc["sections"]["kernels"]["points"]:
         assert p["kernels_s"] == pytest.approx(sum(p[f"{c}_s"] for c in terms.KERNEL_CLASSES))
         assert p["gemm_kernels"] > 0 and p["attention_kernels"] > 0 and p["small_kernels"] > p["gemm_kernels"]
+
+
+def test_the_sustained_table_reads_each_window_against_calibrations_time(terms):
+    state = {"sm_mhz": 1980.0, "mem_mhz": 3201.0, "power_w": 410.5, "temp_c": 61.0, "throttle": "0x0000000000000000"}
+    doc = {"sections": {"sustained": {"settings": {"target": "llama-3.1-8b", "draft": "llama-3.2-1b", "rows": 16,
+                                                   "query_tokens": 4, "context": 512},
+                                      "points": [{"mode": "calibration", "median_s": 0.010, **state},
+                                                 {"mode": "back_to_back", "median_s": 0.0102, **state},
+                                                 {"mode": "steps", "windows": [
+                                                     {"t_s": 2.0, "steps": 100, "target_median_s": 0.0101,
+                                                      "step_median_s": 0.0161, **state},
+                                                     {"t_s": 44.0, "steps": 98, "target_median_s": 0.0105,
+                                                      "step_median_s": 0.0167, **state,
+                                                      "throttle": "0x0000000000000004"}]}]}}}
+    lines = terms.sustained_table(doc)
+    assert "3 llama-3.2-1b passes, then it" in lines[1]
+    assert lines[2].split()[:3] == ["calibration", "10.000", "1.000"] and "1980 MHz SM" in lines[2]
+    assert lines[3].split()[:3] == ["back_to_back", "10.200", "1.020"]
+    assert lines[5].split()[:4] == ["2.0", "10.100", "1.010", "16.100"] and "throttle" not in lines[5]
+    assert lines[6].split()[:3] == ["44.0", "10.500", "1.050"] and "throttle 0x0000000000000004" in lines[6]
+    assert terms.sustained_table({"sections": {}}) == []
+
+
+def test_the_gpu_state_is_read_from_nvidia_smi_or_left_out(terms, monkeypatch):
+    import subprocess
+
+    line = "1980, 3201, 410.52, 61, 0x0000000000000000\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, line, ""))
+    assert terms.gpu_state() == {"sm_mhz": 1980.0, "mem_mhz": 3201.0, "power_w": 410.52, "temp_c": 61.0,
+                                 "throttle": "0x0000000000000000"}
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert terms.gpu_state() == {}
