@@ -828,8 +828,7 @@ def measure_sustained(rec: Recorder, plan: Plan, gen) -> None:
     left = rec.section_deadline - now() - 2 * plan.window_s  # room for the last window and the write
     rec.point(keys[2], lambda: {"windows": served_steps(d_replay, t_replay, q - 1, plan,
                                                          max(min(plan.sustained_s, left), plan.window_s))})
-    del t_replay, d_replay, t_pass, d_pass, target, draft
-    free(plan, collect=True)
+    # the models and graphs go with this frame; measure() then frees the device's cache
 
 
 # --------------------------------------------------------------------------- measure: the run
