@@ -9,7 +9,7 @@ every calibrated pass in it; per phase, the median remainder inside a step plus 
 mean time between steps (:func:`calibrate.replay.step_overheads`) is stored in the
 profile's sidecar as ``engine_overhead``. The replay runs at one row, at four and at the
 grid's largest batch up to 16 (:func:`sweep_batches`), and a decode step's overhead is the
-line through them, per step and per running row (an engine's bookkeeping is per row). The
+line through them, per step and per running row (where an engine's bookkeeping grows with its rows). The
 workload is fixed by the grid, not
 by any scenario a validation later runs, so the validation stays out of sample. On a
 machine with only torch, numpy and pandas the grid is still measured; the overhead is
@@ -103,7 +103,7 @@ def overhead_record(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure_overheads(profile_dir: str | Path) -> dict[str, Any]:
     """Calibration's engine overhead: replays at :func:`sweep_batches` of the grid, fitted by
-    :func:`overhead_record` (an engine's bookkeeping is per row: the replay's grew 0.8 to 2.4 ms a decode
-    step from 1 to 16 rows on an H200, docs/validation.md)."""
+    :func:`overhead_record`, in case an engine's bookkeeping grows with its rows (on an H200 the replay's
+    stayed near 1.1 ms a decode step from 1 to 16 rows once it stopped shifting rows, docs/validation.md)."""
     grid = load_profile(profile_dir).meta.get("grid", {})
     return overhead_record([measure_overhead(profile_dir, batch=b) for b in sweep_batches(grid.get("batch_sizes", [1]))])

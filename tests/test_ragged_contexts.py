@@ -71,12 +71,18 @@ def test_prefill_is_not_ragged(monkeypatch):
     assert _filled(monkeypatch, Point("prefill", "target", 2, 8, 0), ragged=True) == [[0, 0]]
 
 
-def test_calibration_records_ragged_contexts_and_will_not_resume_a_uniform_run(tmp_path: Path, capsys):
+def test_calibration_records_ragged_contexts_and_will_not_resume_a_uniform_run(tmp_path: Path, capsys, monkeypatch):
+    spread = []  # the flag reaches the timed passes, not the sidecar alone
+    real_fill_lengths = KVCache.fill_lengths
+    monkeypatch.setattr(KVCache, "fill_lengths", lambda self, ls: (spread.append(list(ls)), real_fill_lengths(self, ls))[1])
     out = tmp_path / "ragged"
     assert main([*TINY, "--ragged-contexts", "--out", str(out)]) == 0
     profile = load_profile(out)
     assert profile.meta["timing"]["decode_contexts"] == "ragged"
     assert (profile.points.latency_median_s > 0).all()
+    assert ragged_lengths(4, 32) in spread and ragged_lengths(4, 16) in spread
+    spread.clear()
     uniform = tmp_path / "uniform"
     assert main([*TINY, "--out", str(uniform)]) == 0
     assert load_profile(uniform).meta["timing"]["decode_contexts"] == "uniform"
+    assert spread == []
