@@ -24,6 +24,7 @@ import numpy as np
 
 from sim import metrics
 from sim.errors import InputError
+from sim.heap import release_freed
 from sim.limits import usable_cores
 from sim.metrics import StepTotals
 from sim.replica import ReplicaPlan
@@ -302,13 +303,14 @@ def merge_loops(loops: list[ServingLoop], n: int, shares: list[np.ndarray] | Non
     ``merged_steps``: the steps were merged as the replicas ran and kept nowhere; the records then hold
     their totals (the cluster's, and each replica's)."""
     ids = shares if shares is not None else [loop.queue.request_ids[:loop.queue.count] for loop in loops]
-    replica_of = np.zeros(n, dtype=np.int64)
+    replica_of = np.zeros(n, dtype=np.int32)
+    counts_dtype = loops[0].state.reci.dtype  # the replicas' own (and a one-replica run's) per-request counts
     per_request = {name: np.full(n, np.nan) for name in ("scheduled_s", "first_token_s", "finish_s")}
-    per_request.update({name: np.zeros(n, dtype=np.int64)
+    per_request.update({name: np.zeros(n, dtype=counts_dtype)
                         for name in ("decode_steps", "drafted_tokens", "accepted_tokens")})
     v1 = loops[0].scheduler.paged
-    preemptions = np.zeros(n, dtype=np.int64) if v1 else None
-    cached = np.zeros(n, dtype=np.int64) if v1 else None
+    preemptions = np.zeros(n, dtype=counts_dtype) if v1 else None
+    cached = np.zeros(n, dtype=counts_dtype) if v1 else None
     counters: dict = {}
     replica_counters: list[dict | None] = []
     kept = merged_steps is None
@@ -345,6 +347,7 @@ def merge_loops(loops: list[ServingLoop], n: int, shares: list[np.ndarray] | Non
         itl_weights[itl_bounds[index]:itl_bounds[index + 1]] = rec.itl_weights
         del rec, loop
         loops[index] = None  # its buffers go now
+        release_freed()  # and their pages, before the next replica's are moved
     if kept:
         order = np.lexsort((step_replica, steps["start_s"]))  # by start time, then replica
         for f in steps:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from workloads.limits import MAX_TIME_S, MAX_TOKENS
 
-__all__ = ["INT64_MAX", "MAX_BATCH", "MAX_REPLICAS", "MAX_WORKERS", "MAX_TIME_S", "MAX_TOKENS", "SEED_MAX", "format_bytes",
+__all__ = ["COUNT_MAX", "INT64_MAX", "MAX_BATCH", "MAX_REPLICAS", "MAX_WORKERS", "MAX_TIME_S", "MAX_TOKENS", "SEED_MAX", "format_bytes",
            "machine_memory_bytes", "memory_problem", "request_bytes", "table_bytes"]
 
 INT64_MAX = 2**63 - 1
+COUNT_MAX = 2**31 - 1  # a request's counts (tokens emitted, drafted, kept; steps) are int32 (sim/serving/state.py)
 SEED_MAX = INT64_MAX  # TOML integers are signed 64-bit: a larger seed could not be written to config.toml
 
 # Sequences in one batch: beyond any serving engine's (vLLM's default max_num_seqs is 256), and

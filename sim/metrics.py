@@ -85,7 +85,9 @@ def distribution_stats(prefix: str, values_s: np.ndarray, weights: np.ndarray | 
         # Millions of gaps in a long run: one full-length temporary at a time beside the values.
         # Seconds and milliseconds sort alike, so the ranks are found on the seconds and only the
         # values at them are converted (the same doubles as converting all first).
-        weights = np.asarray(weights, dtype=np.int64)
+        weights = np.asarray(weights)
+        if weights.dtype.kind not in "iu":  # the engine's are int32 (sums over them are taken in int64)
+            weights = weights.astype(np.int64)
         q = weighted_percentile(np.asarray(values_s, dtype=float), weights, [50, *percentiles], scale=1000.0)
         mean, std = weighted_mean_std(np.asarray(values_s, dtype=float) * 1000.0, weights)
     out = {f"mean_{prefix}_ms": mean, f"median_{prefix}_ms": float(q[0]), f"std_{prefix}_ms": std}
@@ -174,7 +176,7 @@ def _ranked_between(values: np.ndarray, weights: np.ndarray, ranks: list[int], a
         sub_v, sub_w = values[inside], weights[inside]
     # Equal values may sort in any order: a rank falls on one of them, and they are one value.
     order = np.argsort(sub_v)
-    cum = sub_w[order]
+    cum = sub_w[order].astype(np.int64, copy=False)  # int32 weights: their running sum could pass 2**31
     np.cumsum(cum, out=cum)
     out = {}
     for r in ranks:

@@ -29,7 +29,7 @@ from sim.config import PolicyConfig, RunConfig
 from sim.costmodel.model import CostModel, StepTable, v0_graph_batch_sizes
 from sim.disaggregated import disaggregated_section, run_disaggregated, transfer_columns
 from sim.errors import InputError
-from sim.limits import memory_problem, table_bytes
+from sim.limits import COUNT_MAX, memory_problem, table_bytes
 from sim.metrics import (StepTotals, by_label, per_request_spec_decode, replica_breakdown, scheduler_stats,
                          spec_decode_section, step_totals, summarize)
 from sim.costmodel.profile import CSV_NAME, META_NAME, Profile, resolve_profile_path
@@ -253,6 +253,7 @@ def _prepare(config: RunConfig, role: str | None = None) -> PreparedRun:
     alphas = config.acceptance.request_alphas(_stream(config, REQUEST_ALPHA), len(requests))
     if requests.alpha is not None:  # a trace's per-request acceptance overrides the distribution
         alphas = np.where(np.isnan(requests.alpha), alphas, requests.alpha)
+    _check_counts(config, requests, policy.max_k)
     reserve = kv_reserve(requests.prompt_tokens, requests.output_tokens, policy.max_k)
     budget = config.engine.kv_cache_tokens
     if config.engine.gpu_memory_utilization is not None:
@@ -403,6 +404,16 @@ def check_v1(config: RunConfig, requests: Requests, max_k: int) -> None:
             raise config.error("engine.max_num_batched_tokens",
                                f"without chunked prefill a step must hold a whole prompt and its recompute: "
                                f"{longest} tokens (prompt + output - 1) > {e.max_num_batched_tokens}")
+
+
+def _check_counts(config: RunConfig, requests: Requests, max_k: int) -> None:
+    """A request's counts are kept in int32 (sim/serving/state.py): its draft tokens, at most k a decode
+    step and so k times its output, must stay below 2**31."""
+    if max_k and len(requests) and int(requests.output_tokens.max()) * max_k > COUNT_MAX:
+        where = "workload.trace" if config.workload.trace is not None else "workload.output_tokens"
+        raise config.error(where, f"a request of {int(requests.output_tokens.max())} output tokens may draft up to "
+                                  f"{max_k} tokens a step, beyond the {COUNT_MAX} a request's counts hold; "
+                                  f"give at most {COUNT_MAX // max_k} output tokens")
 
 
 def _policy_error(config: RunConfig, exc: PolicyError) -> InputError:

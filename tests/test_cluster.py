@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specbatch.commands.cli import main
+from sim.errors import InputError
 from sim.router import ROUTERS
 from sim.simulate import execute, prepare, simulate
 
@@ -361,3 +362,24 @@ def test_each_replica_is_freed_as_it_merges_without_the_garbage_collector(run_co
         gc.collect()
         if enabled:
             gc.enable()
+
+
+def test_request_counts_are_int32_alike_for_one_replica_and_a_cluster(run_config):
+    """A request's counts are int32 (half the memory of a million requests); a cluster's merged records
+    keep the replicas' type, so a one-replica run's tables are the single replica's, types included."""
+    config = run_config(**SMALL, workload__rate=12.0, cluster__replicas=3)
+    cluster = execute(prepare(config))
+    single = execute(prepare(run_config(**SMALL, workload__rate=4.0)))
+    for result in (cluster, single):
+        for column in ("decode_steps", "drafted_tokens", "accepted_tokens"):
+            assert result.requests[column].dtype == np.int32
+        assert result.itl[1].dtype == np.int32 and result.itl[1].min() >= 1
+    assert cluster.requests["replica"].tolist() == [i % 3 for i in range(150)]
+
+
+def test_a_request_whose_drafts_could_overflow_its_counts_is_refused(run_config):
+    """Drafts are at most k a step, so k times the output tokens: past int32 the run is refused first."""
+    config = run_config(workload__num_requests=2, workload__output_tokens=str(2**31 // 3 + 1),
+                        policy__name="fixed", policy__k=3)
+    with pytest.raises(InputError, match="workload.output_tokens.*beyond the 2147483647"):
+        prepare(config)

@@ -236,3 +236,13 @@ def test_summarize_leaves_unfinished_requests_out():
     for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s",
                 "output_throughput"):
         assert partial[key] == pytest.approx(full[key]), key
+
+
+def test_int32_weights_summing_past_2_to_the_31_give_the_int64_answer():
+    """The engine's gap counts are int32; their running sums must not wrap (a long run's total)."""
+    from sim.metrics import distribution_stats
+
+    values = np.array([0.003, 0.001, 0.002])
+    big = np.array([2**30, 2**30, 2**30 + 5], dtype=np.int32)
+    assert distribution_stats("itl", values, big) == distribution_stats("itl", values, big.astype(np.int64))
+    assert distribution_stats("itl", values, big)["median_itl_ms"] == 2.0

@@ -22,7 +22,9 @@ class ReplicaState:
         cap = scheduler.max_batch_size
         self.rows = np.zeros((ROW_INTS, cap), dtype=np.int64)
         self.rowf = np.zeros((ROW_FLOATS, cap))
-        self.reci = np.zeros((REC_INTS, capacity), dtype=np.int64)
+        # int32: counts of tokens and steps of one request (< 2**31, sim.limits); half of int64's bytes
+        # at a million requests, where a cluster's per-request arrays are most of its memory
+        self.reci = np.zeros((REC_INTS, capacity), dtype=np.int32)
         self.recf = np.zeros((REC_FLOATS, capacity))
         self.recf[[REC_SCHEDULED, REC_FIRST_TOKEN, REC_FINISH]] = np.nan
         self.ctr = np.zeros(N_COUNTERS, dtype=np.int64)

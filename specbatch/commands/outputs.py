@@ -26,6 +26,7 @@ import numpy as np
 
 import sim
 from sim.atomic_write import staged_dir
+from sim.heap import release_freed
 from specbatch.commands.described import describe, policy_k_max
 from sim.config import RunConfig
 from sim.errors import InputError
@@ -338,6 +339,10 @@ class StepsFile:
 
     def _write(self, arrays: dict[str, np.ndarray], count: int) -> None:
         write_rows(self._sink, arrays, 0, count, STEP_FOLLOWS, self._formatter())
+        # Each block of steps was copied (and a cluster's merged) on its way here, and the copies freed:
+        # giving their pages back on this thread, a block at a time (1-2 ms), kept a million-request
+        # cluster's peak RSS 20-30 MB lower (sim/heap.py).
+        release_freed()
 
     def _formatter(self):
         """The compiled formatter, loaded by the file's thread at its first write: where the run hands rows
