@@ -432,19 +432,24 @@ def test_a_bad_cache_limit_falls_back_to_the_default(monkeypatch):
     assert cache.max_bytes() == cache.DEFAULT_MAX_MB * 1_000_000
 
 
-def test_freed_pages_are_given_back_after_each_doubling(monkeypatch):
-    """Every doubling of the records (and of a routed queue) returns the freed heap (sim/heap.py)."""
-    from sim import heap
-    from sim.serving import queues, records
+
+def test_freed_pages_are_given_back_after_each_block_written_and_each_replica_merged(run_config, monkeypatch,
+                                                                                       tmp_path):
+    """sim/heap.py's release runs where a long run frees most: each block of a steps file written while
+    the engine runs, and each replica's records merged into a cluster's."""
+    from sim import cluster, heap
+    from specbatch.commands import outputs
+    from sim.simulate import execute, prepare
 
     calls = []
-    monkeypatch.setattr(records, "release_freed", lambda: calls.append("records"))
-    monkeypatch.setattr(queues, "release_freed", lambda: calls.append("queue"))
-    ctr = np.zeros(N_COUNTERS, dtype=np.int64)
-    buffers = Buffers(ctr, capacity=4)
-    buffers.room(3, 3)
-    assert calls == []
-    buffers.room(9, 0)
-    buffers.room(0, 9)
-    assert calls == ["records", "records"] and buffers.steps.shape[0] == 16 and buffers.itl_values.shape[0] == 16
+    monkeypatch.setattr(cluster, "release_freed", lambda: calls.append("merged"))
+    monkeypatch.setattr(outputs, "release_freed", lambda: calls.append("written"))
+    execute(prepare(run_config(workload__num_requests=60, workload__rate=8.0, cluster__replicas=3)))
+    assert calls == ["merged"] * 3
+    steps = outputs.StepsFile(tmp_path / "steps.csv")
+    steps.start(["start_s"])
+    steps.rows(np.zeros(4, [("start_s", np.float64)]), 0, 4)
+    steps.holds(None)  # waits for the write
+    steps.close()
+    assert calls[3:] == ["written"]
     heap.release_freed()  # the real one: harmless wherever it runs (a no-op off glibc)

@@ -35,7 +35,6 @@ import numpy as np
 
 from sim.scheduler.layout import (C_ARRIVED, C_HEAD, REQ_OUTPUT, REQ_PREFIX_KEY, REQ_PROMPT, REQ_REMOTE, REQ_RESERVE,
                                   S_HELD_REQ, S_HELD_SLOT)
-from sim.heap import release_freed
 from sim.serving.records import grown
 
 REQ_INPUTS = 8  # rows of reqi (sim/scheduler/layout.py REQ_*)
@@ -266,7 +265,6 @@ class RoutedQueue:
         self.cum_tokens = grown(self.cum_tokens, capacity + 1)
         if self.on_grow is not None:
             self.on_grow(capacity)
-        release_freed()
 
 
 class PrefillQueue(RoutedQueue):

@@ -15,7 +15,6 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.heap import release_freed
 from sim.scheduler.layout import C_ITL_END, C_ITL_POS, C_REC_END, C_REC_POS, DECODE, MIXED, PREFILL
 
 __all__ = ["PREFILL", "DECODE", "MIXED", "STEP_DTYPE", "STEP_FIELDS", "V1_FIELDS", "Buffers", "ReplicaRecords",
@@ -122,12 +121,10 @@ class Buffers:
             self._hand_over(sink)
         if ctr[C_REC_POS] + records > self.steps.shape[0]:
             self.steps = _doubled(self.steps, ctr[C_REC_POS] + records, ctr[C_REC_POS])
-            release_freed()
         if ctr[C_ITL_POS] + gaps > self.itl_values.shape[0]:
             need, used = ctr[C_ITL_POS] + gaps, ctr[C_ITL_POS]
             self.itl_values = _doubled(self.itl_values, need, used)
             self.itl_weights = _doubled(self.itl_weights, need, used)
-            release_freed()
         end = self.steps.shape[0]
         if sink is not None:
             end = min(end, max(self.sent + sink.every, int(ctr[C_REC_POS]) + records))
