@@ -407,13 +407,18 @@ def check_v1(config: RunConfig, requests: Requests, max_k: int) -> None:
 
 
 def _check_counts(config: RunConfig, requests: Requests, max_k: int) -> None:
-    """A request's counts are kept in int32 (sim/serving/state.py): its draft tokens, at most k a decode
-    step and so k times its output, must stay below 2**31."""
-    if max_k and len(requests) and int(requests.output_tokens.max()) * max_k > COUNT_MAX:
+    """A request's counts are kept in int32 (sim/serving/state.py). The largest it can reach: its draft
+    tokens, at most k a decode step and so k times its output, and its cached tokens, at most its
+    prompt and output (a preempted request's recompute)."""
+    if not len(requests):
+        return
+    drafts = int(requests.output_tokens.max()) * max_k
+    tokens = int((requests.prompt_tokens + requests.output_tokens).max())
+    if max(drafts, tokens) > COUNT_MAX:
         where = "workload.trace" if config.workload.trace is not None else "workload.output_tokens"
-        raise config.error(where, f"a request of {int(requests.output_tokens.max())} output tokens may draft up to "
-                                  f"{max_k} tokens a step, beyond the {COUNT_MAX} a request's counts hold; "
-                                  f"give at most {COUNT_MAX // max_k} output tokens")
+        what = (f"a request of {int(requests.output_tokens.max())} output tokens may draft up to {max_k} tokens "
+                f"a step" if drafts > COUNT_MAX else f"a request of {tokens} prompt and output tokens")
+        raise config.error(where, f"{what}: beyond the {COUNT_MAX} a request's counts hold; give shorter requests")
 
 
 def _policy_error(config: RunConfig, exc: PolicyError) -> InputError:

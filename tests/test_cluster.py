@@ -377,9 +377,13 @@ def test_request_counts_are_int32_alike_for_one_replica_and_a_cluster(run_config
     assert cluster.requests["replica"].tolist() == [i % 3 for i in range(150)]
 
 
-def test_a_request_whose_drafts_could_overflow_its_counts_is_refused(run_config):
-    """Drafts are at most k a step, so k times the output tokens: past int32 the run is refused first."""
-    config = run_config(workload__num_requests=2, workload__output_tokens=str(2**31 // 3 + 1),
-                        policy__name="fixed", policy__k=3)
-    with pytest.raises(InputError, match="workload.output_tokens.*beyond the 2147483647"):
+@pytest.mark.parametrize("prompt,output,k,why", [
+    ("16", str(2**31 // 3 + 1), 3, "may draft up to 3 tokens a step"),  # drafts: at most k a step
+    (str(2**30), str(2**30), 0, "prompt and output tokens"),  # cached tokens: at most prompt and output
+])
+def test_a_request_whose_counts_could_pass_int32_is_refused(run_config, prompt, output, k, why):
+    """A request's counts are int32: a request that could overflow one is refused before the run."""
+    config = run_config(workload__num_requests=2, workload__prompt_tokens=prompt, workload__output_tokens=output,
+                        policy__name="fixed" if k else "none", **({"policy__k": k} if k else {}))
+    with pytest.raises(InputError, match=f"workload.output_tokens.*{why}: beyond the 2147483647"):
         prepare(config)
