@@ -25,6 +25,13 @@ step), which cost a third of a compiled step (the default scenario's 200k reques
 1.61 s -> 1.07 s, medians of 3 alternating runs), against about twice the compilation (``python -m
 sim.warm``: 44 s -> 95 s of CPU; a run's own, 14 s -> 46 s; once per machine and code version).
 
+A kernel another calls whole (the single replica's ``run_steps``, called by the routed cluster's kernel) is
+its own cached entry point, linked into its callers (a module's ``LINKED``): compiled into each caller
+instead, numba typed it again every time (the routed cluster's kernel: 119 s -> 64 s of a 2-core machine's
+CPU, the same code run). One process at a time compiles an entry point (a lock file beside its cached
+code); the others wait and load it: a test session's workers, a search's pool and a run beside the
+background warm-up do not compile the same minutes twice at once.
+
 Compiled code is cached on disk so that a process pays only numba's start (~0.3 s), not the
 compilation (tens of seconds, once per machine and code version); it is loaded without the
 refresh of numba's compilation context that loading does not need (:func:`_load_without_refresh`). The cache folder is keyed by
@@ -123,13 +130,35 @@ def prepare() -> None:
         numba.config.CACHE_DIR = str(folder)
     except OSError:  # an unwritable cache: compile in every process rather than fail
         pass
+    _folder = folder
     for name in RULE_MODULES:
         module = importlib.import_module(name)
-        inlined = getattr(module, "INLINED", ())
+        inlined, linked = getattr(module, "INLINED", ()), getattr(module, "LINKED", ())
         for rule in module.RULES:
-            register_jitable(_nrt=False, inline="always" if rule in inlined else "never")(rule)
-    _folder = folder
+            if rule in linked:
+                _register_linked(rule)
+            else:
+                register_jitable(_nrt=False, inline="always" if rule in inlined else "never")(rule)
     _READY = True
+
+
+def _register_linked(rule: Callable) -> None:
+    """Compiled code that calls ``rule`` calls its own cached entry point (:func:`compiled`), linked in,
+    instead of compiling ``rule`` again into every caller: for a rule whose callers call it, not inline it
+    (a module's ``LINKED``), each caller's compilation then loads it from the cache in milliseconds."""
+    import inspect
+
+    from numba.extending import overload
+
+    names = ", ".join(inspect.signature(rule).parameters)
+    scope: dict = {}
+    exec(f"def call({names}):\n    return twin({names})\n", scope)  # the rule's own parameters: numba checks them
+    call = scope["call"]
+
+    @overload(rule, jit_options={"_nrt": False}, inline="always", strict=False)
+    def typed(*args, **kwargs):
+        call.__globals__["twin"] = compiled(rule)  # made on first use, as every twin
+        return call
 
 
 _folder: Path | None = None  # this process's compiled-code folder (prepare)
@@ -238,8 +267,39 @@ def compiled(fn: Callable) -> Callable:
 
                 twin = numba.njit(cache=True, nogil=True, _nrt=False)(fn)
                 _load_without_refresh(twin)
+                _compile_once(twin, fn)
                 _TWINS[fn] = twin
     return twin
+
+
+def _compile_once(twin, fn: Callable) -> None:
+    """Let one process at a time compile ``twin`` (a lock file beside its cached code): the others wait
+    and then load what it wrote, rather than compile the same minutes of code again at the same time
+    (a test session's workers, a search's pool, a run beside the background warm-up). A process that
+    dies lets go of its lock; where there is no ``fcntl`` or the folder is unwritable, each compiles."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    if not hasattr(twin, "overloads"):  # NUMBA_DISABLE_JIT: the plain function
+        return
+    lock = cache_folder() / f"{fn.__module__}.{fn.__qualname__}.lock"
+    compile_types = twin.compile
+
+    def compile(sig):
+        if isinstance(sig, tuple) and sig in twin.overloads:  # made or loaded in this process already
+            return compile_types(sig)
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR)
+        except OSError:
+            return compile_types(sig)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return compile_types(sig)  # numba's own: the cache first (what another process wrote meanwhile)
+        finally:
+            os.close(fd)  # releases the lock
+
+    twin.compile = compile
 
 
 def _load_without_refresh(twin) -> None:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,6 +23,31 @@ from sim import jit  # noqa: E402
 
 if jit.numba_available():
     jit.prepare()
+
+
+_WARMING: subprocess.Popen | None = None  # the xdist controller's compile of the longest share (below)
+
+
+def pytest_sessionstart(session):
+    """On a cold compiled-code cache under xdist, the controller (which runs no tests) compiles the kernels
+    few tests need and that take longest (sim.warm.share 1 of 2: the disaggregated and the routed cluster
+    kernels) in a process of its own, while the workers compile the rest as their tests reach it. sim.jit
+    lets one process at a time compile an entry point and the others load it: without this, both workers
+    would reach each kernel in their first tests and compile it side by side, minutes each."""
+    global _WARMING
+    if not session.config.pluginmanager.hasplugin("dsession") or not jit.numba_available() or jit.is_warm():
+        return
+    code = "from sim import warm; warm.run_compiled(warm.share(1, 2))"
+    _WARMING = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+
+
+def pytest_sessionfinish(session):
+    """The controller's compile leaves no process behind (should the tests end first)."""
+    if _WARMING is not None and _WARMING.poll() is None:
+        _WARMING.kill()
+        _WARMING.wait()
+
 
 # The shipped defaults as they were before the default moved to the H100 profile (issue 18):
 # tests of scheduling logic layer on these, so that what they check keeps its meaning.

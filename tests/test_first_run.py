@@ -105,6 +105,44 @@ def test_a_failing_warm_up_says_why_and_releases_its_lock(cold):
     assert not (folder / jit.READY).exists() and not (folder / jit.WARMING).exists()
 
 
+def test_the_warm_up_reaches_every_kernel_and_its_two_shares_are_all_of_it(monkeypatch):
+    """sim.warm compiles what a run can call: the single replica's kernel, the routed cluster's (round-robin's
+    replicas run apart, so a routed run needs its own warm run) and the disaggregated one. Fresh twins, so
+    that what other tests made in this process does not count (they load from the session's cache)."""
+    from sim import warm as warm_module
+    from sim.serving import cluster_kernel, kernel, pd_kernel
+
+    monkeypatch.setattr(jit, "_TWINS", {})
+    warm_module.run_compiled(warm_module.WARM_RUNS)
+    assert {kernel.run_steps, cluster_kernel.run_cluster, pd_kernel.run_pd} <= set(jit._TWINS)
+    shares = warm_module.share(0, 2) + warm_module.share(1, 2)
+    assert sorted(map(repr, shares)) == sorted(map(repr, warm_module.WARM_RUNS)) and warm_module.share(2, 3) == ()
+
+
+def test_one_process_at_a_time_compiles_an_entry_point_the_others_wait_and_load(monkeypatch):
+    """A process that finds another compiling the same entry point (its lock file held) waits for it."""
+    import fcntl
+    import threading
+    import time
+
+    def tiny_rule(x):
+        return x + 1
+
+    monkeypatch.setattr(jit, "_TWINS", {})
+    twin = jit.compiled(tiny_rule)
+    lock = jit.cache_folder() / f"{tiny_rule.__module__}.{tiny_rule.__qualname__}.lock"
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as another process compiling it would
+    answers = []
+    caller = threading.Thread(target=lambda: answers.append(twin(41)))
+    caller.start()
+    time.sleep(2.0)  # a rule this small compiles in well under a second
+    waited = not answers
+    os.close(fd)
+    caller.join(timeout=120)
+    assert waited and answers == [42]
+
+
 def test_the_compiled_code_folder_is_keyed_by_every_file_whose_values_it_compiles_in():
     """numba compiles a global's value into the code: every project module a rule module imports from
     (the state's slot layout, the policies' constants) must key the cache, or a changed slot would run

@@ -155,3 +155,5 @@ def finish_pending(s, c, proposer, out):
 
 RULES = (choose, start_step, finish_step, run_steps, finish_pending)
 INLINED = (choose, start_step, finish_step)  # compiled into their callers (sim/jit.py)
+# Called by other kernels through their own cached entry points (sim/jit.py): compiled once, not into each caller
+LINKED = (run_steps, finish_pending)
