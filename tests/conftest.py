@@ -37,6 +37,8 @@ def pytest_sessionstart(session):
     global _WARMING
     if not session.config.pluginmanager.hasplugin("dsession") or not jit.numba_available() or jit.is_warm():
         return
+    if any(jit.cache_folder().rglob("pd_kernel.run_pd-*.nbi")):  # compiled by an earlier session
+        return
     code = "from sim import warm; warm.run_compiled(warm.share(1, 2))"
     _WARMING = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
@@ -132,4 +134,9 @@ def pytest_collection_modifyitems(config, items):
         return item.get_closest_marker("slow") is not None or item.nodeid.startswith(
             "tests/test_docs_generated.py::test_every_generated_block_is_fresh")
 
-    items.sort(key=lambda item: not long(item))  # stable: the rest keep their order
+    def clusters(item) -> bool:  # the long ones that run the cluster kernels, which compile longest (below)
+        return "disaggregat" in item.nodeid or "docs/cluster.md" in item.nodeid
+
+    # stable: the rest keep their order. On a cold cache the long ones that need the cluster kernels go last
+    # among the long, by when the session's controller has them compiled (pytest_sessionstart).
+    items.sort(key=lambda item: (not long(item), long(item) and clusters(item)))
