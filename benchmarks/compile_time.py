@@ -1,0 +1,99 @@
+"""What compiling the engine costs, kernel by kernel, from an empty cache: what a machine's first runs,
+the background warm-up (``python -m sim.warm``) and a cold test session pay once per code version.
+
+    python benchmarks/compile_time.py            # every warm-up run, in a fresh process and cache
+    python benchmarks/compile_time.py --update   # also write benchmarks/results/compile_time.txt
+
+Runs sim.warm's runs one after another (as the warm-up does) in a child process whose compiled-code
+cache is an empty temporary folder, and prints for each the wall time and the compiled entry points it
+made, each with its time and the part of it spent in LLVM (numba's compile events; an entry point's
+time includes the rules compiled into it). Single-threaded: run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from alternate import machine_line
+
+RESULTS = Path(__file__).resolve().parent / "results" / "compile_time.txt"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def measure() -> list[dict]:
+    """In this process (the child): each warm run's wall time and the entry points it compiled."""
+    import time
+
+    from numba.core import event
+
+    from sim import jit, warm
+
+    class EntryPoints(event.Listener):
+        """Top-level compilations (an entry point's, not the rules compiled into it), with LLVM's part."""
+
+        def __init__(self) -> None:
+            self.depth, self.made = 0, []
+
+        def on_start(self, ev) -> None:
+            if self.depth == 0:
+                self.started, self.llvm_at_start = time.perf_counter(), llvm.duration
+            self.depth += 1
+
+        def on_end(self, ev) -> None:
+            self.depth -= 1
+            if self.depth == 0:
+                fn = ev.data["dispatcher"].py_func
+                self.made.append({"entry": f"{fn.__module__}.{fn.__qualname__}",
+                                  "s": time.perf_counter() - self.started, "llvm_s": llvm.duration - self.llvm_at_start})
+
+    jit.prepare()
+    rows = []
+    with event.install_timer("numba:llvm_lock", lambda duration: None) as llvm:
+        listener = EntryPoints()
+        event.register("numba:compile", listener)
+        for overrides in warm.WARM_RUNS:
+            started = time.perf_counter()
+            warm.run_compiled((overrides,))
+            rows.append({"run": overrides, "s": time.perf_counter() - started, "made": listener.made})
+            listener.made = []
+    return rows
+
+
+def lines(rows: list[dict]) -> list[str]:
+    out = [machine_line("one process, an empty compiled-code cache"),
+           f"{'warm-up run':<62} {'wall':>7}   compiled entry points (s, of which LLVM)"]
+    for row in rows:
+        made = ", ".join(f"{m['entry'].split('.', 1)[1]} {m['s']:.0f} ({m['llvm_s']:.0f})" for m in row["made"]) or "-"
+        out.append(f"{json.dumps(row['run']):<62} {row['s']:6.1f}s   {made}")
+    out.append(f"{'all':<62} {sum(r['s'] for r in rows):6.1f}s")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--update", action="store_true", help=f"write {RESULTS.relative_to(ROOT)}")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure()))
+        return
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "SPECBATCH_CACHE_DIR": cache, "SPECBATCH_BACKGROUND_COMPILE": "0"}
+        done = subprocess.run([sys.executable, __file__, "--child"], cwd=ROOT, env=env, capture_output=True,
+                              text=True)
+    if done.returncode:
+        sys.exit(done.stderr)
+    text = "\n".join(lines(json.loads(done.stdout.splitlines()[-1]))) + "\n"
+    print(text, end="")
+    if args.update:
+        RESULTS.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
