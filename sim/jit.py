@@ -284,18 +284,18 @@ def _compile_once(twin, fn: Callable) -> None:
     if not hasattr(twin, "overloads"):  # NUMBA_DISABLE_JIT: the plain function
         return
     lock = cache_folder() / f"{fn.__module__}.{fn.__qualname__}.lock"
-    compile_types = twin.compile
+    numba_compile = twin.compile
 
     def compile(sig):
         if isinstance(sig, tuple) and sig in twin.overloads:  # made or loaded in this process already
-            return compile_types(sig)
+            return numba_compile(sig)
         try:
             fd = os.open(lock, os.O_CREAT | os.O_RDWR)
         except OSError:
-            return compile_types(sig)
+            return numba_compile(sig)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            return compile_types(sig)  # numba's own: the cache first (what another process wrote meanwhile)
+            return numba_compile(sig)  # numba's own: the cache first (what another process wrote meanwhile)
         finally:
             os.close(fd)  # releases the lock
 

@@ -432,7 +432,6 @@ def test_a_bad_cache_limit_falls_back_to_the_default(monkeypatch):
     assert cache.max_bytes() == cache.DEFAULT_MAX_MB * 1_000_000
 
 
-
 def test_freed_pages_are_given_back_after_each_block_written_and_each_replica_merged(run_config, monkeypatch,
                                                                                        tmp_path):
     """sim/heap.py's release runs where a long run frees most: each block of a steps file written while
