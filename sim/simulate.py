@@ -335,6 +335,13 @@ def model_names(profile: Profile) -> tuple[str, ...]:
     return tuple(str((models.get(role) or {}).get("name")) for role in ("target", "draft") if role in models)
 
 
+def checked_profile(name: str) -> Profile:
+    """A profile, loaded and validated as :func:`~sim.costmodel.profile.load_profile` does, for a command that
+    needs its facts before its runs: from the fitted-profile cache when these bytes were checked and fitted
+    before (then its points are not read, nor pandas imported), its problems otherwise the same one line."""
+    return _profile_and_costs(name)[0]
+
+
 def _profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
     """Load and fit a profile once per process, and once per machine through the disk cache
     (:mod:`sim.costmodel.cache`): sweeps and capacity searches run hundreds of scenarios on one profile,

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run_bytes(config, out: Path) -> dict[str, bytes]:
-    _fitted.cache_clear()  # the in-process cache would hide the disk cache
+    _fitted.cache_clear()  # the in-process caches would hide the disk cache
+    cache.forget_recent_tables()
     write_run(simulate(config), out)
     return {name: (out / name).read_bytes() for name in ("requests.csv", "steps.csv", "summary.json")}
 
@@ -78,6 +79,61 @@ def test_a_vllm_v1_table_caches_its_chunk_row_under_its_token_budget(tmp_path, m
     assert len(_entries(tmp_path / "cache")) == 3  # the model and one table per budget
     monkeypatch.setenv(cache.ENV, "")
     assert cold == warm == _run_bytes(config(512), tmp_path / "off")
+
+
+def test_runs_whose_longest_requests_round_to_the_same_columns_share_one_table(tmp_path, monkeypatch, run_config):
+    """A search runs many rates and seeds, each with another longest request; the step table is a function of
+    its column widths alone, so one entry serves them all, to the last bit of an uncached run's results."""
+    from sim.costmodel.model import column_widths
+    from sim.simulate import prepare
+
+    configs = [run_config(workload__num_requests=150, workload__rate=5.0, seed=seed) for seed in (0, 2, 3)]
+    longest = []
+    for config in configs:
+        requests = prepare(config).requests
+        longest.append((int((requests.prompt_tokens + requests.output_tokens).max()), int(requests.prompt_tokens.max())))
+    assert len(set(longest)) == 3 and len({column_widths(*pair) for pair in longest}) == 1, longest
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    cached = [_run_bytes(config, tmp_path / f"seed{config.seed}") for config in configs]
+    tables = [p for p in _entries(tmp_path / "cache") if "-" in p.stem and not p.name.startswith("stdtrit-")]
+    assert len(tables) == 1, tables
+    monkeypatch.setenv(cache.ENV, "")
+    assert cached == [_run_bytes(config, tmp_path / f"off{config.seed}") for config in configs]
+
+
+def test_a_process_keeps_its_recent_tables_in_memory_within_a_bound(tmp_path, monkeypatch, run_config):
+    """A worker that runs many scenarios reads each table from disk once; a run served from memory has the
+    bytes of one served from disk; the tables kept stay within RECENT_TABLES_BYTES (at least the last)."""
+    from sim.simulate import prepare
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    cache.forget_recent_tables()
+    reads = []
+    real_load = cache.load
+    monkeypatch.setattr(cache, "load", lambda key: reads.append(key) or real_load(key))
+    configs = [run_config(workload__num_requests=60, workload__rate=5.0, policy__k=k) for k in (1, 2, 3)]
+    first = [prepare(config).table for config in configs]
+    table_reads = [key for key in reads if "-" in key]
+    assert len(table_reads) == 3
+    again = [prepare(config).table for config in configs]
+    assert [key for key in reads if "-" in key] == table_reads  # from memory: not read again
+    assert all(a is b for a, b in zip(first, again))
+    from_memory = _written(simulate(configs[0]), tmp_path / "memory")
+    cache.forget_recent_tables()
+    assert _written(simulate(configs[0]), tmp_path / "disk") == from_memory
+    one = cache._table_bytes(first[0])
+    monkeypatch.setattr(cache, "RECENT_TABLES_BYTES", 2 * one + one // 2)
+    for config in configs:
+        prepare(config)
+    assert len(cache._recent) == 2 and cache._recent_table(list(cache._recent)[-1]) is not None
+    monkeypatch.setattr(cache, "RECENT_TABLES_BYTES", 0)
+    prepare(configs[0])
+    assert len(cache._recent) == 1  # the table just made is kept whatever the bound
+
+
+def _written(result, out: Path) -> dict[str, bytes]:
+    write_run(result, out)
+    return {name: (out / name).read_bytes() for name in ("requests.csv", "steps.csv", "summary.json")}
 
 
 def test_step_table_arrays_round_trip_with_and_without_chunks(tmp_path, monkeypatch):

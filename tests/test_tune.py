@@ -398,6 +398,43 @@ def test_the_pool_gives_the_bytes_of_the_serial_run(linear_profile, tuned, tmp_p
     assert len(batches) > 2 and started == [2]
 
 
+def test_a_pooled_tune_leaves_the_engine_and_pandas_to_its_workers(linear_profile, tmp_path, monkeypatch):
+    """Every run of a tune on a pool, the band placement's and the cell shares' too, runs on the pool: the tune's
+    own process imports neither numba nor pandas (each half a second or more on a small machine), and its
+    workers are forked with the engine's modules imported already (by the fork server, once for all)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import cache_with_compiled_engine
+
+    argv = ["tune", *flags(linear_profile, rate=SMALL["rate"], num_requests=SMALL["num_requests"]), "--no-progress",
+            "--workers", "2", "--jit", "off", "--out", str(tmp_path / "tune")]
+    for key in ("k_max", "bands", "seeds", "holdout_seeds"):
+        argv += [f"--{key.replace('_', '-')}", str(SMALL[key])]
+    check = "sorted(m for m in ('numba', 'sim.simulate') if m in __import__('sys').modules)"
+    script = ("import sys\n"
+              "from specbatch.commands.cli import main\n"
+              f"assert main({argv!r}) == 0\n"
+              "print([m for m in ('numba', 'pandas') if type(sys.modules.get(m)).__name__ not in ('NoneType', "
+              "'_LazyModule')])\n"  # a lazy module is not imported until used (sim.lazy)
+              "from specbatch.commands.workers import worker_pool\n"
+              f"print(worker_pool(1).submit(eval, {check!r}).result())\n")
+    from sim.costmodel import cache
+    from sim.simulate import _fitted, checked_profile
+
+    env = {"SPECBATCH_CACHE_DIR": str(cache_with_compiled_engine(tmp_path / "cache")), "PATH": "/usr/bin:/bin",
+           "SPECBATCH_BACKGROUND_COMPILE": "0"}
+    monkeypatch.setenv(cache.ENV, env["SPECBATCH_CACHE_DIR"])
+    _fitted.cache_clear()
+    checked_profile(str(linear_profile))  # fitted once on this machine, as any profile after its first run
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    main_modules, worker_modules = done.stdout.strip().splitlines()[-2:]
+    assert main_modules == "[]" and worker_modules == "['numba', 'sim.simulate']"
+    assert (tmp_path / "tune" / "tune.json").is_file()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--objective", "p95_e2el_ms"], "--objective: unknown objective 'p95_e2el_ms'"),
     (["--objective", "goodput"], "--objective: request goodput needs SLOs"),

@@ -9,7 +9,8 @@ on disk under a key that hashes exactly those:
 * the fitted model: ``<profile digest>.npz``, the digest over ``profile.csv``,
   ``profile.json`` and :data:`CODE_VERSION` (the code, numpy's build and the SIMD
   extensions it found, scipy's version and the CPU model);
-* a step table: ``<profile digest>-<reach digest>.npz``.
+* a step table: ``<profile digest>-<reach digest>.npz``, the reach taken as the table's column
+  widths (:func:`step_table`), and the most recent kept in the process's memory too.
 
 The folder is ``$SPECBATCH_CACHE_DIR`` if set (empty: no cache), else
 ``$XDG_CACHE_HOME/specbatch``, else ``~/.cache/specbatch``. Entries are arrays only
@@ -33,14 +34,16 @@ import json
 import math
 import os
 import sys
+import threading
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 import sim
 from sim.atomic_write import write_file
-from sim.costmodel.model import CostModel, StepTable
+from sim.costmodel.model import CostModel, StepTable, column_widths
 from sim.costmodel.profile import Profile, load_profile
 
 ENV = "SPECBATCH_CACHE_DIR"
@@ -243,17 +246,68 @@ def fitted_profile(directory: Path, key: str, fit=CostModel) -> tuple[Profile, C
 
 def step_table(model: CostModel, reach: dict, profile_key: str, chunk_tokens: int = 0,
                graphs: dict | None = None) -> StepTable:
-    """``model.tabulate(**reach, chunk_tokens=..., **graphs)``, from the cache when this profile's table for
-    this reach is there (a vllm-v1 table's token budget is part of the key; its chunk row is stored;
-    ``graphs``: tabulate's CUDA-graph padding arguments, part of the key when given)."""
+    """``model.tabulate(**reach, chunk_tokens=..., **graphs)``: from this process's recent tables, else from the
+    cache when this profile's table for this reach is there, else tabulated and stored (a vllm-v1 table's
+    token budget is part of the key; its chunk row is stored; ``graphs``: tabulate's CUDA-graph padding
+    arguments, part of the key when given).
+
+    The key holds the reach's column widths (:func:`~sim.costmodel.model.column_widths`), not its longest
+    context and prompt: the table is the same for every run whose longest request rounds to the same
+    columns, so a search's runs at other rates and seeds share a few tables instead of tabulating one each."""
     graphs = graphs or {}
-    key = f"{profile_key}-{reach_digest({**reach, 'chunk_tokens': chunk_tokens, **graphs})}"
+    key = f"{profile_key}-{reach_digest(table_inputs(reach, chunk_tokens, graphs))}"
+    table = _recent_table(key)
+    if table is not None:
+        return table
     arrays = load(key)
     if arrays is not None:
         try:
-            return StepTable.from_arrays(arrays)
+            table = StepTable.from_arrays(arrays)
         except (KeyError, ValueError, TypeError):
             pass
-    table = model.tabulate(**reach, chunk_tokens=chunk_tokens, **graphs)
-    store(key, table.arrays())
+    if table is None:
+        table = model.tabulate(**reach, chunk_tokens=chunk_tokens, **graphs)
+        store(key, table.arrays())
+    _remember_table(key, table)
     return table
+
+
+def table_inputs(reach: dict, chunk_tokens: int, graphs: dict) -> dict:
+    """What a step table is a function of (its cache key's part beside the profile's)."""
+    inputs = {name: value for name, value in reach.items() if name not in ("max_context", "max_prompt")}
+    inputs["context_step"], inputs["prompt_step"] = column_widths(reach["max_context"], reach["max_prompt"])
+    return {**inputs, "chunk_tokens": chunk_tokens, **graphs}
+
+
+# A process that runs many scenarios (a tune's or a capacity search's worker, a notebook) asks for the same
+# few tables again and again; reading one back from disk (~10 MB) costs about as much as a 3,000-request run's
+# engine. The most recent are kept in memory, never more than RECENT_TABLES_BYTES of them: a table is never
+# written to once made (the runs and the compiled code only read it), so runs may share one.
+RECENT_TABLES_BYTES = 100_000_000
+_recent: OrderedDict[str, StepTable] = OrderedDict()
+_recent_lock = threading.Lock()
+
+
+def _recent_table(key: str) -> StepTable | None:
+    with _recent_lock:
+        table = _recent.get(key)
+        if table is not None:
+            _recent.move_to_end(key)
+        return table
+
+
+def _remember_table(key: str, table: StepTable) -> None:
+    with _recent_lock:
+        _recent[key] = table
+        while len(_recent) > 1 and sum(_table_bytes(t) for t in _recent.values()) > RECENT_TABLES_BYTES:
+            _recent.popitem(last=False)
+
+
+def forget_recent_tables() -> None:
+    """Drop the tables kept in memory (for a test of the disk cache itself)."""
+    with _recent_lock:
+        _recent.clear()
+
+
+def _table_bytes(table: StepTable) -> int:
+    return sum(getattr(table, name).array.nbytes for name in StepTable._TABLES)

@@ -480,8 +480,7 @@ class CostModel:
             graph_sizes = cuda_graph_sizes(max_batch, widest - 1, chunk_tokens) if chunk_tokens and self.cuda_graphs \
                 else ()
         graph_sizes = tuple(int(g) for g in graph_sizes)
-        ctx_step = max(1, math.ceil(max_context / TABLE_COLUMNS))
-        prompt_step = max(1, math.ceil(max_prompt / TABLE_COLUMNS))
+        ctx_step, prompt_step = column_widths(max_context, max_prompt)
         b = np.arange(max_batch + 1, dtype=float)[:, None, None]
         c = (np.arange(TABLE_COLUMNS + 2) * ctx_step).astype(float)[None, None, :]
         pad = np.array([padded_tokens(t, graph_sizes) for t in range((max_batch + 1) * widest)], dtype=float)
@@ -513,6 +512,12 @@ class CostModel:
                                       "kv_read_cost": self.kv_read_cost(max_batch),
                                       "attention_coefficient": self.attention_coefficient, **chunk,
                                       **({"drafter_kind": self.drafter.kind} if self.drafter.kind is not DrafterKind.MODEL else {})})
+
+
+def column_widths(max_context: int, max_prompt: int) -> tuple[int, int]:
+    """The tokens a step table's context and prompt columns are apart: the table is a function of these,
+    not of the longest context and prompt themselves (runs whose longest request differs a little share it)."""
+    return max(1, math.ceil(max_context / TABLE_COLUMNS)), max(1, math.ceil(max_prompt / TABLE_COLUMNS))
 
 
 def cuda_graph_sizes(max_num_seqs: int, k: int = 0, max_num_batched_tokens: int | None = None) -> tuple[int, ...]:

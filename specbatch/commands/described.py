@@ -25,9 +25,9 @@ def describe(config: RunConfig, profile: Any = None, k_max: int | None = None) -
     num_speculative_tokens, else the rates given). Keys: ``method``, ``method_text``, ``drafter``,
     ``acceptance`` (the model and its parameters as used), ``acceptance_text`` and ``text`` (one line)."""
     if profile is None:
-        from sim.costmodel.profile import load_profile
+        from sim.simulate import checked_profile
 
-        profile = load_profile(config.profile)
+        profile = checked_profile(config.profile)
     spec = config.speculation
     acceptance = acceptance_as_used(config, spec, k_max)
     drafter = drafter_name(spec, profile)

@@ -117,6 +117,10 @@ class CapacityPlan:
 
         started = time.perf_counter()
         inputs = self.inputs
+        if self.jobs > 1:  # this process only waits on the pool's workers until the report
+            from specbatch.commands.figures import import_in_background
+
+            import_in_background()
         found = search_capacity(self.configs, inputs.slos, inputs.settings, jobs=self.jobs, progress=progress,
                                 curve_groups={label: name for label, (name, _) in self.members.items()})
         outcomes = {name: {} for name in inputs.profiles}
@@ -194,6 +198,10 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     _at_least(jobs, 1, "--jobs")
     if jobs > MAX_WORKERS:
         raise InputError(f"must be at most {MAX_WORKERS}, got {jobs}", source="--jobs")
+    if jobs > 1:
+        from specbatch.commands.workers import start_fork_server
+
+        start_fork_server()  # its imports go on while this process checks the inputs
     _at_least(min_requests, 10, "--min-requests")
     positive(service_times, "--service-times")
     if not 0 < max_growth < 1:
@@ -286,10 +294,11 @@ def _profile_bases(config: str | None, overrides: dict, profiles: str | None) ->
     """Profile name -> (base scenario, profile): the one of --profile/--config, or one per --profiles entry."""
     from specbatch.commands.capacity.inputs import base_config
     from sim.costmodel.profile import load_profile
+    from sim.simulate import checked_profile
 
     if profiles is None:
         base = base_config(config, overrides)
-        profile = load_profile(base.profile)
+        profile = checked_profile(base.profile)
         return {profile.name: (base, profile)}
     given = overrides.get("profile")  # the config key --profile sets: a plain value or a (value, source) pair
     if (given[0] if isinstance(given, tuple) else given) is not None:

@@ -18,7 +18,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-import pandas as pd
 import tomli_w
 
 import sim
@@ -26,6 +25,9 @@ from sim.atomic_write import staged_file, write_file
 from sim.config import RunConfig
 from sim.errors import InputError
 from sim.costmodel.profile import CSV_NAME, META_NAME, resolve_profile_path
+from sim.lazy import lazy_module
+
+pd = lazy_module("pandas")  # the tables only: a tune's or a search's runs never touch it
 
 CODE_PACKAGES = ("sim", "policies", "workloads")
 CELLS = "cells"

@@ -66,6 +66,10 @@ class TunePlan:
 
     def run(self, out: str | os.PathLike[str], progress: bool = False) -> "TuneResult":
         started = time.perf_counter()
+        if self.pool is not None:  # this process only waits on the pool's workers until the report
+            from specbatch.commands.figures import import_in_background
+
+            import_in_background()
         trials = Trials(self.base, Path(out), self.objective, executor=self.executor, workers=self.workers,
                         dask_address=self.dask_address, progress=progress, pool=self.pool)
         self.pool = None  # the trials own it now, and close it
@@ -78,10 +82,10 @@ class TunePlan:
             everyone = [tuned, *self.baselines]
             runs = trials.summaries_for([(c, seed) for c in everyone for seed in self.holdout], "holdout")
             by_label = {c.label: runs[i * len(self.holdout):(i + 1) * len(self.holdout)] for i, c in enumerate(everyone)}
+            shares = self.cell_shares(tuned, by_label[TUNED][0], trials.pool)
         finally:
             trials.close()
         rows = comparison(everyone, by_label, self.objective)
-        shares = self.cell_shares(tuned, by_label[TUNED][0])
         return TuneResult(self, found, rows, shares, trials.ran, trials.stored, time.perf_counter() - started)
 
     def run_into(self, out: str | os.PathLike[str], progress: bool = False) -> "TuneResult":
@@ -102,30 +106,13 @@ class TunePlan:
             raise
         return result
 
-    def cell_shares(self, tuned: Candidate, expected: dict) -> list[float]:
-        """Each cell's share of the decode steps of the tuned schedule on the first held-out seed."""
-        import numpy as np
-
-        from sim.serving.records import PREFILL
-        from sim.simulate import simulate
-
-        result = simulate(self.config(tuned, self.holdout[0]))
-        if not same_run(result.summary, expected):
-            raise RuntimeError("the tuned schedule's run in this process differs from the executor's: "
-                               "a run is no longer a pure function of its config and seed")
-        steps = result.step_columns
-        decode = steps["phase"] != PREFILL
-        batch = np.asarray(steps["batch_size"])[decode]
-        context = np.asarray(steps["mean_context_tokens"])[decode]
-        counts = []
-        for cell in range(self.space.size):
-            (lo, hi), ctx = self.space.cell(cell)
-            inside = (batch >= lo) & (batch <= hi)
-            if ctx is not None:
-                inside &= (context >= ctx[0]) & (context < ctx[1] + 1)
-            counts.append(int(inside.sum()))
-        total = max(1, int(decode.sum()))
-        return [c / total for c in counts]
+    def cell_shares(self, tuned: Candidate, expected: dict, pool=None) -> list[float]:
+        """Each cell's share of the decode steps of the tuned schedule on the first held-out seed (run again,
+        on ``pool`` where given: this process then never loads the engine)."""
+        cells = [self.space.cell(cell) for cell in range(self.space.size)]
+        counts = in_pool(pool, cell_counts, self.config(tuned, self.holdout[0]), cells, expected)
+        total = max(1, counts[-1])
+        return [c / total for c in counts[:-1]]
 
 
 @dataclass
@@ -218,16 +205,46 @@ def remove_contents(folder: Path, keep_folder: bool) -> None:
         folder.rmdir()
 
 
-def decode_steps_by_batch(run) -> list[int]:
-    """Decode steps per charged batch size (0..max batch) of a prepared run, simulated here."""
+def decode_steps_by_batch(config: RunConfig) -> list[int]:
+    """Decode steps per charged batch size (0..max batch) of a run of ``config``."""
     import numpy as np
 
     from sim.serving.records import PREFILL
-    from sim.simulate import execute
+    from sim.simulate import simulate
 
-    steps = execute(run).step_columns
+    steps = simulate(config).step_columns
     batch = np.asarray(steps["batch_size"])[np.asarray(steps["phase"]) != PREFILL]
-    return np.bincount(batch, minlength=run.config.engine.max_batch_size + 1).tolist()
+    return np.bincount(batch, minlength=config.engine.max_batch_size + 1).tolist()
+
+
+def cell_counts(config: RunConfig, cells: list, expected: dict) -> list[int]:
+    """The decode steps of a run of ``config`` in each cell ((batch lo, hi), context band or None), then all
+    its decode steps; the run must give the ``expected`` summary (the executor's run of it)."""
+    import numpy as np
+
+    from sim.serving.records import PREFILL
+    from sim.simulate import simulate
+
+    result = simulate(config)
+    if not same_run(result.summary, expected):
+        raise RuntimeError("the tuned schedule's run again differs from the executor's: "
+                           "a run is no longer a pure function of its config and seed")
+    steps = result.step_columns
+    decode = steps["phase"] != PREFILL
+    batch = np.asarray(steps["batch_size"])[decode]
+    context = np.asarray(steps["mean_context_tokens"])[decode]
+    counts = []
+    for (lo, hi), ctx in cells:
+        inside = (batch >= lo) & (batch <= hi)
+        if ctx is not None:
+            inside &= (context >= ctx[0]) & (context < ctx[1] + 1)
+        counts.append(int(inside.sum()))
+    return counts + [int(decode.sum())]
+
+
+def in_pool(pool, fn, *args):
+    """``fn(*args)`` on the tune's process pool where it has one (its workers have the engine loaded), else here."""
+    return fn(*args) if pool is None else pool.submit(fn, *args).result()
 
 
 def k_limit(base: RunConfig, profile) -> tuple[int, str]:
@@ -267,8 +284,7 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
     ``bands``: a count (placed where a run of the analytic lut at the first search seed spends
     its decode steps) or upper edges."""
     from sim.config import load_config
-    from sim.costmodel.profile import load_profile
-    from sim.simulate import prepare
+    from sim.simulate import checked_profile, prepare
 
     if fmt not in FORMATS:
         raise InputError(f"'{fmt}' is not one of {', '.join(FORMATS)}", source="--format")
@@ -284,6 +300,10 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
 
         if not have_dask():
             raise InputError("needs dask.distributed: pip install 'specbatch[sweep]'", source="--dask")
+    if pool_size(executor, workers):
+        from specbatch.commands.workers import start_fork_server
+
+        start_fork_server()  # its imports go on while this process reads and checks the inputs
     base = load_config(config, overrides)
     # The runs write nothing and draw no timeline (a scenario file's [output] may ask for both); the
     # SLOs of --goodput stay: they make request_goodput.
@@ -292,7 +312,7 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
     goal = parse_objective(objective, base.output.goodput)
     if base.seed + seeds + holdout - 1 > SEED_MAX:
         raise base.error("seed", f"the tune uses seeds {base.seed}..{base.seed + seeds + holdout - 1}, beyond {SEED_MAX}")
-    profile = load_profile(base.profile)
+    profile = checked_profile(base.profile)
     k_min = SGLANG_MIN_K if fmt == "sglang" else 0
     limit, why = k_limit(base, profile)
     top = min(DEFAULT_K_MAX, limit) if k_max is None else k_max
@@ -322,7 +342,7 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
         if problem is not None:
             raise InputError(f"{len(first.requests)} requests per run on {busy} worker(s): {problem}", source="--workers")
         lut_table = [list(row) for row in first.policy.table]
-        steps = decode_steps_by_batch(first)
+        steps = in_pool(pool, decode_steps_by_batch, first.config)
         if count is not None:
             batch = fitted_bands(steps, [row[1] for row in lut_table[:-1]], count)
         space = Space(batch, ctx, k_values)
@@ -347,14 +367,21 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
         raise
 
 
+def pool_size(executor: str, workers: int | None) -> int:
+    """The tune's process pool's workers: 0 unless it runs on a pool of more than one."""
+    from specbatch.commands.sweep.executors import default_workers
+
+    count = workers or default_workers()
+    return count if executor == "pool" and count >= 2 else 0
+
+
 def early_pool(base: RunConfig, executor: str, workers: int | None):
     """The tune's process pool, its workers warming on a few requests of the scenario (None unless it will
     run on a pool of more than one worker)."""
-    from specbatch.commands.sweep.executors import default_workers
     from specbatch.commands.workers import warmed_pool
 
-    count = workers or default_workers()
-    if executor != "pool" or count < 2:
+    count = pool_size(executor, workers)
+    if not count:
         return None
     w = base.workload
     generated = w.trace is None and w.trace_vllm is None and w.rate_profile is None

@@ -12,6 +12,7 @@ in the order it asked for them.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -144,15 +145,27 @@ class Trials:
         return executors.run_pool(tasks, self.workers or executors.default_workers(), pool=self.pool)
 
     def write(self) -> Path:
-        """trials.csv: one row per run, in the order the tune asked for them (whole or absent)."""
-        import pandas as pd
+        """trials.csv: one row per run, in the order the tune asked for them (whole or absent). The standard
+        library's writer: rewritten after every batch, it is not worth pandas's import to a tune's process."""
+        import csv
+        import io
 
         from sim.atomic_write import write_file
 
         path = self.out_dir / TRIALS
-        frame = pd.DataFrame(list(self.rows.values()))
-        write_file(path, frame.to_csv(index=False, lineterminator="\n"))
+        rows = list(self.rows.values())
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(name for row in rows for name in row)),
+                                lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({name: _cell(value) for name, value in row.items()} for row in rows)
+        write_file(path, buffer.getvalue())
         return path
+
+
+def _cell(value):
+    """A trials.csv cell: a missing or NaN figure is empty (as a CSV reader's null)."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
 def same_run(a: dict, b: dict) -> bool:
