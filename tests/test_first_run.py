@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from sim import jit
 from sim.warm import warm
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(not jit.numba_available(), reason="numba is not installed")
 
@@ -105,16 +108,24 @@ def test_a_failing_warm_up_says_why_and_releases_its_lock(cold):
     assert not (folder / jit.READY).exists() and not (folder / jit.WARMING).exists()
 
 
-def test_the_warm_up_reaches_every_kernel_and_its_two_shares_are_all_of_it(monkeypatch):
+def test_the_warm_up_reaches_every_kernel_and_its_two_shares_are_all_of_it(tmp_path):
     """sim.warm compiles what a run can call: the single replica's kernel, the routed cluster's (round-robin's
-    replicas run apart, so a routed run needs its own warm run) and the disaggregated one. Fresh twins, so
-    that what other tests made in this process does not count (they load from the session's cache)."""
+    replicas run apart, so a routed run needs its own warm run) and the disaggregated one. Its runs are made
+    in a process of their own with numba's compiler off (``NUMBA_DISABLE_JIT``: the same calls, each kernel's
+    twin made and called as plain Python), so that asking which kernels they reach compiles none of them."""
     from sim import warm as warm_module
-    from sim.serving import cluster_kernel, kernel, pd_kernel
 
-    monkeypatch.setattr(jit, "_TWINS", {})
-    warm_module.run_compiled(warm_module.WARM_RUNS)
-    assert {kernel.run_steps, cluster_kernel.run_cluster, pd_kernel.run_pd} <= set(jit._TWINS)
+    script = ("from sim import jit, warm\n"
+              "from sim.serving import cluster_kernel, kernel, pd_kernel\n"
+              "warm.run_compiled(warm.WARM_RUNS)\n"
+              "print(sorted(f.__name__ for f in (kernel.run_steps, cluster_kernel.run_cluster, pd_kernel.run_pd)"
+              " if f in jit._TWINS))\n")
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1", "SPECBATCH_CACHE_DIR": str(tmp_path / "cache"),
+           "SPECBATCH_BACKGROUND_COMPILE": "0"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['run_cluster', 'run_pd', 'run_steps']"
     shares = warm_module.share(0, 2) + warm_module.share(1, 2)
     assert sorted(map(repr, shares)) == sorted(map(repr, warm_module.WARM_RUNS)) and warm_module.share(2, 3) == ()
 
