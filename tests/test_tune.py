@@ -407,15 +407,17 @@ def test_a_pooled_tune_leaves_the_engine_and_pandas_to_its_workers(linear_profil
 
     from tests.conftest import cache_with_compiled_engine
 
-    argv = ["tune", *flags(linear_profile, rate=SMALL["rate"], num_requests=SMALL["num_requests"]), "--no-progress",
-            "--workers", "2", "--jit", "off", "--out", str(tmp_path / "tune")]
-    for key in ("k_max", "bands", "seeds", "holdout_seeds"):
-        argv += [f"--{key.replace('_', '-')}", str(SMALL[key])]
+    argv = ["tune", *flags(linear_profile, rate=SMALL["rate"], num_requests=60), "--no-progress", "--workers", "2",
+            "--jit", "off", "--k-max", "2", "--bands", "2", "--seeds", "1", "--holdout-seeds", "1",
+            "--out", str(tmp_path / "tune")]
     check = "sorted(m for m in ('numba', 'sim.simulate') if m in __import__('sys').modules)"
     script = ("import sys\n"
+              "import sim.simulate\n"
+              "ran, run = [], sim.simulate.execute\n"
+              "sim.simulate.execute = lambda *a, **k: ran.append(1) or run(*a, **k)\n"
               "from specbatch.commands.cli import main\n"
               f"assert main({argv!r}) == 0\n"
-              "print([m for m in ('numba', 'pandas') if type(sys.modules.get(m)).__name__ not in ('NoneType', "
+              "print(len(ran), [m for m in ('numba', 'pandas') if type(sys.modules.get(m)).__name__ not in ('NoneType', "
               "'_LazyModule')])\n"  # a lazy module is not imported until used (sim.lazy)
               "from specbatch.commands.workers import worker_pool\n"
               f"print(worker_pool(1).submit(eval, {check!r}).result())\n")
@@ -431,7 +433,7 @@ def test_a_pooled_tune_leaves_the_engine_and_pandas_to_its_workers(linear_profil
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     main_modules, worker_modules = done.stdout.strip().splitlines()[-2:]
-    assert main_modules == "[]" and worker_modules == "['numba', 'sim.simulate']"
+    assert main_modules == "0 []" and worker_modules == "['numba', 'sim.simulate']"  # no run here, nor their imports
     assert (tmp_path / "tune" / "tune.json").is_file()
 
 
