@@ -198,10 +198,6 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
     _at_least(jobs, 1, "--jobs")
     if jobs > MAX_WORKERS:
         raise InputError(f"must be at most {MAX_WORKERS}, got {jobs}", source="--jobs")
-    if jobs > 1:
-        from specbatch.commands.workers import start_fork_server
-
-        start_fork_server()  # its imports go on while this process checks the inputs
     _at_least(min_requests, 10, "--min-requests")
     positive(service_times, "--service-times")
     if not 0 < max_growth < 1:
@@ -215,6 +211,10 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
         raise InputError(f"must be inside (0, 1), got {tolerance:g}", source="--tolerance")
     if not 0 <= warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {warmup:g}", source="--warmup")
+    if jobs > 1:
+        from specbatch.commands.workers import start_fork_server
+
+        start_fork_server()  # its imports go on while this process loads and checks the scenario and profiles
     ask = None
     if pd_ratios is not None or gpu_budget is not None:  # serving name -> (base scenario, loaded profile)
         bases, ask = _disaggregated_bases(config, overrides, profiles, tp, pd_ratios, gpu_budget, gpus_per_replica,
