@@ -10,6 +10,10 @@ only ever run functions of ``sim``, so while one starts the caller's ``__main__`
 hidden (swapped for an empty module, under a lock) and nothing of it is run again. The
 same holds for a Dask LocalCluster's worker processes, started inside :func:`hidden_main`.
 
+The fork server imports what every worker needs first (numba and the simulator, :data:`PRELOAD`) once,
+and forks each worker from there; a command may start it early (:func:`start_fork_server`) so that it
+imports while the command checks its inputs.
+
 Every worker also exits as soon as the process that started it is gone (``die_with``), so
 ``kill -9`` of a sweep or a search leaves no pool behind, and runs a cluster's replicas one at a
 time (``SPECBATCH_THREADS=1``, sim/cluster.py): the pool already keeps every core busy.

@@ -300,10 +300,6 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
 
         if not have_dask():
             raise InputError("needs dask.distributed: pip install 'specbatch[sweep]'", source="--dask")
-    if pool_size(executor, workers):
-        from specbatch.commands.workers import start_fork_server
-
-        start_fork_server()  # its imports go on while this process reads and checks the inputs
     base = load_config(config, overrides)
     # The runs write nothing and draw no timeline (a scenario file's [output] may ask for both); the
     # SLOs of --goodput stay: they make request_goodput.
@@ -312,6 +308,10 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
     goal = parse_objective(objective, base.output.goodput)
     if base.seed + seeds + holdout - 1 > SEED_MAX:
         raise base.error("seed", f"the tune uses seeds {base.seed}..{base.seed + seeds + holdout - 1}, beyond {SEED_MAX}")
+    if pool_size(executor, workers):
+        from specbatch.commands.workers import start_fork_server
+
+        start_fork_server()  # its imports go on while this process checks the profile and prepares the scenario
     profile = checked_profile(base.profile)
     k_min = SGLANG_MIN_K if fmt == "sglang" else 0
     limit, why = k_limit(base, profile)
