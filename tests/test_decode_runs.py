@@ -237,7 +237,7 @@ def test_goodputs_choice_in_the_kernel_is_the_policys_on_exact_ties_too():
         none, no_ints = np.zeros((1, 1)), np.zeros(1, np.int64)
         state = step.Replica(step.Batch(engine_rows, none, no_ints, no_ints, np.zeros(1, np.bool_)),
                              step.Requests(np.zeros((1, 1), np.int64), none[0], np.zeros((1, 1), np.int64), none),
-                             step.Blocks(np.zeros((1, 1), np.int64), no_ints, np.zeros((1, 1), np.int64), no_ints),
+                             step.Blocks(np.zeros((1, 1), np.int64), no_ints, no_ints, np.zeros((1, 1), np.int64), no_ints),
                              ctr, none[0], np.zeros((1, 1), np.int64), no_ints, True, 1)
         chooser = kernel.Chooser(kernel.GOODPUT_K, no_ints, scalars, rows, True, k_max, np.zeros(k_max + 1),
                                  np.zeros((2, k_max + 2), np.int64))

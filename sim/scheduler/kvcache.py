@@ -30,11 +30,17 @@ block is the request's own (it can only be found again by the request itself, af
 preemption). ``key_block[key]`` is the block holding a key, or -1.
 
 Blocks are reference-counted: requests whose prompts share a prefix share its blocks. A block
-whose count falls to 0 goes to the tail of the *free queue* (a doubly linked list through
-``kv[block, KV_PREV]`` and ``kv[block, KV_NEXT]``, with a sentinel at index ``P_BLOCKS``) and keeps its
-contents; allocation takes blocks from the head, evicting whatever they held (least recently
-freed first; a request's blocks are freed last block first, so its tail goes before its
-shared prefix). A hit on a free block takes it back out of the queue. Blocks are registered
+whose count falls to 0 goes to the tail of the *free queue* and keeps its contents; allocation
+takes blocks from the head, evicting whatever they held (least recently freed first; a request's
+blocks are freed last block first, so its tail goes before its shared prefix). A hit on a free
+block takes it back out of the queue. vLLM keeps that queue as a doubly linked list; here it is a
+ring of block ids in the order they were freed (``queue``, positions ``C_QUEUE_HEAD`` to
+``C_QUEUE_TAIL``), each free block knowing its position (``kv[block, KV_QUEUED]``, -1 when in use):
+a block taken out from the middle leaves a stale entry that allocation skips. The order is the
+list's, but the blocks an admission allocates are read from consecutive entries, not each from
+the one before it: a long run's free blocks are scattered over the cache's arrays, and a list
+made every allocation wait for the previous one's cache miss (a quarter of a long run's compiled
+time went to allocating blocks: docs/performance.md). Blocks are registered
 when they are *scheduled* full (vLLM caches at allocation), so a second request with the same
 prompt admitted in the same step finds the first one's blocks. At most ``(tokens - 1) //
 P_BLOCK`` blocks can hit: the last token is always computed (its logits are needed).
@@ -44,8 +50,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_HELD_BLOCKS, C_RESERVED, KV_FIELDS, KV_KEY, KV_NEXT,
-                                  KV_PREV, KV_REF, NO_KEY, P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS,
+from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_HELD_BLOCKS, C_QUEUE_HEAD, C_QUEUE_TAIL, C_RESERVED,
+                                  KV_FIELDS, KV_KEY, KV_QUEUED, KV_REF, NO_KEY, P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS,
                                   REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY, REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY,
                                   S_FREE_SLOT)
 
@@ -66,27 +72,48 @@ def blocks_for(tokens, block):
     return (tokens + block - 1) // block
 
 
-def _unlink(kv, blk):
-    prev, nxt = kv[blk, KV_PREV], kv[blk, KV_NEXT]
-    kv[prev, KV_NEXT] = nxt
-    kv[nxt, KV_PREV] = prev
+def _unlink(kv, blk, ctr):
+    """A free block leaves the queue from wherever it is (a cache hit): its entry turns stale."""
+    kv[blk, KV_QUEUED] = -1
+    ctr[C_FREE_BLOCKS] -= 1
 
 
-def _push_free(kv, blk, ctr, par):
+def _compact(kv, queue, ctr):
+    """Drop the queue's stale entries, the live ones keeping their order; returns the new tail. The
+    ring has room for twice the blocks, so this runs at most once per blocks-many hits on free blocks."""
+    mask = queue.shape[0] - 1
+    write = ctr[C_QUEUE_HEAD]
+    for p in range(ctr[C_QUEUE_HEAD], ctr[C_QUEUE_TAIL]):
+        blk = queue[p & mask]
+        if kv[blk, KV_QUEUED] == p:
+            queue[write & mask] = blk
+            kv[blk, KV_QUEUED] = write
+            write += 1
+    ctr[C_QUEUE_TAIL] = write
+    return write
+
+
+def _push_free(kv, queue, blk, ctr):
     """``blk`` goes to the tail of the free queue (evicted last)."""
-    sentinel = par[P_BLOCKS]
-    tail = kv[sentinel, KV_PREV]
-    kv[tail, KV_NEXT] = blk
-    kv[blk, KV_PREV] = tail
-    kv[blk, KV_NEXT] = sentinel
-    kv[sentinel, KV_PREV] = blk
+    tail = ctr[C_QUEUE_TAIL]
+    if tail - ctr[C_QUEUE_HEAD] == queue.shape[0]:
+        tail = _compact(kv, queue, ctr)
+    queue[tail & (queue.shape[0] - 1)] = blk
+    kv[blk, KV_QUEUED] = tail
+    ctr[C_QUEUE_TAIL] = tail + 1
     ctr[C_FREE_BLOCKS] += 1
 
 
-def _pop_free(kv, key_block, ctr, par):
+def _pop_free(kv, queue, key_block, ctr):
     """The block at the head of the free queue, its contents evicted."""
-    blk = kv[par[P_BLOCKS], KV_NEXT]
-    _unlink(kv, blk)
+    mask = queue.shape[0] - 1
+    p = ctr[C_QUEUE_HEAD]
+    blk = queue[p & mask]
+    while kv[blk, KV_QUEUED] != p:  # a stale entry: that block left the queue from the middle
+        p += 1
+        blk = queue[p & mask]
+    ctr[C_QUEUE_HEAD] = p + 1
+    kv[blk, KV_QUEUED] = -1
     ctr[C_FREE_BLOCKS] -= 1
     key = kv[blk, KV_KEY]
     if key >= 0 and key_block[key] == blk:
@@ -148,7 +175,7 @@ def admission_need(hits, tokens, kv, scratch, par):
     return need
 
 
-def admit_slot(hits, tokens, kv, key_block, slot_blocks, sched, scratch, ctr, par):
+def admit_slot(hits, tokens, kv, queue, key_block, slot_blocks, sched, scratch, ctr, par):
     """A block table for a request whose first ``hits`` blocks (in ``scratch[0]``) are cached and
     whose step fills ``tokens`` slots in all; -1 when the free blocks do not cover it. A hit on a
     free block counts as an allocation (it leaves the free queue)."""
@@ -159,13 +186,12 @@ def admit_slot(hits, tokens, kv, key_block, slot_blocks, sched, scratch, ctr, pa
     for h in range(hits):
         blk = scratch[0, h]
         if kv[blk, KV_REF] == 0:
-            _unlink(kv, blk)
-            ctr[C_FREE_BLOCKS] -= 1
+            _unlink(kv, blk, ctr)
         kv[blk, KV_REF] += 1
         slot_blocks[slot, SLOT_FIRST + h] = blk
     slot_blocks[slot, SLOT_HELD] = hits
     slot_blocks[slot, SLOT_CACHED] = hits
-    grow_slot(slot, tokens, kv, key_block, slot_blocks, ctr, par)
+    grow_slot(slot, tokens, kv, queue, key_block, slot_blocks, ctr, par)
     return slot
 
 
@@ -174,12 +200,12 @@ def shortfall(slot, tokens, slot_blocks, ctr, par):
     return blocks_for(tokens, par[P_BLOCK]) - slot_blocks[slot, SLOT_HELD] - ctr[C_FREE_BLOCKS]
 
 
-def grow_slot(slot, tokens, kv, key_block, slot_blocks, ctr, par):
+def grow_slot(slot, tokens, kv, queue, key_block, slot_blocks, ctr, par):
     """Allocate blocks until the slot holds ``tokens`` slots (a table never shrinks, as in vLLM)."""
     need = blocks_for(tokens, par[P_BLOCK])
     held = slot_blocks[slot, SLOT_HELD]
     while held < need:
-        slot_blocks[slot, SLOT_FIRST + held] = _pop_free(kv, key_block, ctr, par)
+        slot_blocks[slot, SLOT_FIRST + held] = _pop_free(kv, queue, key_block, ctr)
         held += 1
     slot_blocks[slot, SLOT_HELD] = held
 
@@ -209,14 +235,14 @@ def cache_slot(slot, reqi, r, known_tokens, kv, key_block, slot_blocks, par):
         slot_blocks[slot, SLOT_CACHED] = full
 
 
-def free_slot(slot, kv, slot_blocks, sched, ctr, par):
+def free_slot(slot, kv, queue, slot_blocks, sched, ctr):
     """The slot's blocks go back (last block first: the tail is evicted before the prefix); the
     slot is free again."""
     for j in range(slot_blocks[slot, SLOT_HELD] - 1, -1, -1):
         blk = slot_blocks[slot, SLOT_FIRST + j]
         kv[blk, KV_REF] -= 1
         if kv[blk, KV_REF] == 0:
-            _push_free(kv, blk, ctr, par)
+            _push_free(kv, queue, blk, ctr)
     slot_blocks[slot, SLOT_HELD] = 0
     slot_blocks[slot, SLOT_CACHED] = 0
     sched[S_FREE_SLOT, ctr[C_FREE_SLOTS]] = slot
@@ -245,14 +271,14 @@ def hold_slot_into(slot, slot_blocks, sched, ctr, dest):
     return held
 
 
-def release_held(blocks, kv, ctr, par):
+def release_held(blocks, kv, queue, ctr):
     """Blocks kept by :func:`hold_slot` go back, as :func:`free_slot` gives a table's (last block first). A
     rule of its own (compiled where the engine is: sim.serving.loop.Rules), called once a transfer ends."""
     for j in range(blocks.shape[0] - 1, -1, -1):
         blk = blocks[j]
         kv[blk, KV_REF] -= 1
         if kv[blk, KV_REF] == 0:
-            _push_free(kv, blk, ctr, par)
+            _push_free(kv, queue, blk, ctr)
     ctr[C_HELD_BLOCKS] -= blocks.shape[0]
 
 
@@ -292,7 +318,7 @@ def usage(ctr, par):
     return 1.0 - available(ctr) / par[P_BLOCKS] if par[P_BLOCKS] else 0.0
 
 
-RULES = (key_of, blocks_for, _unlink, _push_free, _pop_free, lookup, available, admission_need, admit_slot, shortfall,
+RULES = (key_of, blocks_for, _unlink, _compact, _push_free, _pop_free, lookup, available, admission_need, admit_slot, shortfall,
          grow_slot, cache_slot, free_slot, hold_slot_into, release_held, reserve_blocks, remote_blocks, usage)
 
 
@@ -337,16 +363,22 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, max_blocks_per_request: int, slots: int, num_keys: int) -> None:
         self.num_blocks = num_blocks
-        self.kv = np.zeros((num_blocks + 1, KV_FIELDS), dtype=np.int64)  # a block's fields on one cache line
+        self.kv = np.zeros((max(num_blocks, 1), KV_FIELDS), dtype=np.int64)
         self.kv[:, KV_KEY] = NO_KEY
-        # the free queue: every block, in order, between the sentinel's next and prev
-        order = np.arange(num_blocks + 1, dtype=np.int64)
-        self.kv[:, KV_NEXT] = (order + 1) % (num_blocks + 1)
-        self.kv[:, KV_PREV] = (order - 1) % (num_blocks + 1)
+        # the free queue: every block, in order; a ring of a power of two (positions are masked, not
+        # divided) of at least twice the blocks (stale entries are compacted away when it fills)
+        self.queue = np.zeros(1 << (2 * max(int(num_blocks), 1) - 1).bit_length(), dtype=np.int64)
+        self.queue[:num_blocks] = np.arange(num_blocks)
+        self.kv[:num_blocks, KV_QUEUED] = np.arange(num_blocks)
         self.key_block = np.full(max(num_keys, 1), -1, dtype=np.int64)
         self.slot_blocks = np.zeros((slots, SLOT_FIRST + max_blocks_per_request), dtype=np.int64)
         self.scratch = np.zeros((2, max_blocks_per_request), dtype=np.int64)
         self.held: dict[int, np.ndarray] = {}  # a disaggregated prefill replica: finished requests' kept blocks
+
+    def start(self, ctr) -> None:
+        """The scheduler's counters as the cache starts: every block free, in the queue in order."""
+        ctr[C_FREE_BLOCKS] = self.num_blocks
+        ctr[C_QUEUE_HEAD], ctr[C_QUEUE_TAIL] = 0, self.num_blocks
 
     def hold(self, request: int, slot: int, sched, ctr) -> None:
         """``request`` (a queue position) finished on a disaggregated prefill replica: its blocks stay until
@@ -355,17 +387,20 @@ class KVCacheManager:
 
     def release(self, request: int, ctr, par, rule=release_held) -> None:
         """``request``'s held blocks go back (``rule``: :func:`release_held`, or its compiled twin)."""
-        rule(self.held.pop(request), self.kv, ctr, par)
+        rule(self.held.pop(request), self.kv, self.queue, ctr)
 
     def check(self, ctr) -> None:
         """The cache's invariants (tests): counts match the free queue and the tables."""
-        kv, n = self.kv, self.num_blocks
-        walked, blk = 0, kv[n, KV_NEXT]
-        while blk != n:
-            assert kv[blk, KV_REF] == 0, "a block in the free queue is referenced"
-            walked += 1
-            blk = kv[blk, KV_NEXT]
-        assert walked == ctr[C_FREE_BLOCKS], "free-block count and free queue disagree"
+        kv, n, queue = self.kv, self.num_blocks, self.queue
+        head, tail = int(ctr[C_QUEUE_HEAD]), int(ctr[C_QUEUE_TAIL])
+        assert 0 <= tail - head <= queue.shape[0], "the free queue overran its ring"
+        positions = np.arange(head, tail)
+        entries = queue[positions & (queue.shape[0] - 1)]
+        live = entries[kv[entries, KV_QUEUED] == positions]
+        assert (kv[live, KV_REF] == 0).all(), "a block in the free queue is referenced"
+        assert live.shape[0] == ctr[C_FREE_BLOCKS], "free-block count and free queue disagree"
+        queued = np.flatnonzero(kv[:n, KV_QUEUED] >= 0)
+        assert np.array_equal(np.sort(live), queued), "a free block is not in the queue once, at its position"
         assert (kv[:n, KV_REF] >= 0).all(), "a negative reference count"
         held = self.slot_blocks[:, SLOT_HELD]
         refs = np.zeros(n, dtype=np.int64)

@@ -63,8 +63,10 @@ REC_FLOATS = 4
  # the largest draft lag of the step's decoding rows (what the draft's catch-up is priced at)
  C_STEP_LAG,
  # disaggregated serving's KV held outside any running request (sim/disaggregated.py)
- C_HELD_BLOCKS, C_RESERVED) = range(42)
-N_COUNTERS = 42
+ C_HELD_BLOCKS, C_RESERVED,
+ # the free-block queue's first and next positions (sim/scheduler/kvcache.py)
+ C_QUEUE_HEAD, C_QUEUE_TAIL) = range(44)
+N_COUNTERS = 44
 # C_ADMISSIBLE: the waiting requests a step may admit (vllm-v1 with asynchronous scheduling: those that
 # had arrived when the previous step started, when it was planned); C_ARRIVED_PREV: C_ARRIVED then.
 # C_CACHE_*: prefix-cache look-ups of requests scheduled for the first time (tokens asked, tokens
@@ -104,8 +106,8 @@ N_PARAMS = 13
 # disaggregated prefill replica: a finished request keeps its blocks (S_HELD_*) until its KV has been read.
 
 # -------------------------------------------------------------- KV blocks ``kv[block, field]`` (vllm-v1)
-KV_KEY, KV_REF, KV_PREV, KV_NEXT = range(4)
-KV_FIELDS = 4
+KV_KEY, KV_REF, KV_QUEUED = range(3)
+KV_FIELDS = 4  # three fields, padded to 32 bytes: a block's fields never straddle a cache line
 NO_KEY = -1  # a block holding nothing reusable; keys >= 0 are shared; <= -2 a request's own (kvcache.py)
 
 # -------------------------------------------------------------- compiled runs' stop reasons

@@ -65,19 +65,19 @@ def _requeue(r, sched, reci, ctr, par):
     ctr[C_PREEMPTED_NOW] += 1
 
 
-def _preempt_prefilling(sched, reci, ctr, kv, slot_blocks, par):
+def _preempt_prefilling(sched, reci, ctr, kv, queue, slot_blocks, par):
     """Preempt the newest prefilling request: its blocks go back, its prefilled tokens are lost."""
     j = ctr[C_PREFILLING] - 1
-    free_slot(sched[S_PF_SLOT, j], kv, slot_blocks, sched, ctr, par)
+    free_slot(sched[S_PF_SLOT, j], kv, queue, slot_blocks, sched, ctr)
     ctr[C_PREFILLING] = j
     _requeue(sched[S_PF_REQ, j], sched, reci, ctr, par)
 
 
-def _preempt_row(rows, rowf, recf, sched, reci, ctr, kv, slot_blocks, par):
+def _preempt_row(rows, rowf, recf, sched, reci, ctr, kv, queue, slot_blocks, par):
     """Preempt the newest running row: its KV is dropped; it keeps what it emitted and when."""
     i = ctr[C_RUNNING] - 1
     r = rows[ROW_REQ, i]
-    free_slot(rows[ROW_SLOT, i], kv, slot_blocks, sched, ctr, par)
+    free_slot(rows[ROW_SLOT, i], kv, queue, slot_blocks, sched, ctr)
     recf[REC_LAST_EMIT, r] = rowf[ROW_LAST_EMIT, i]
     ctr[C_TOTAL_REMAINING] -= rows[ROW_REMAINING, i]
     ctr[C_TOTAL_CONTEXT] -= rows[ROW_CONTEXT, i]
@@ -90,7 +90,7 @@ def _schedule_rows(s, budget):
     ks, rows, rowf = s.batch.ks, s.batch.rows, s.batch.rowf
     reqi, reci, recf = s.requests.inputs, s.requests.ints, s.requests.floats
     ctr, sched, par = s.counters, s.sched, s.params
-    kv, key_block, slot_blocks = s.blocks.kv, s.blocks.key_block, s.blocks.slot_blocks
+    kv, queue, key_block, slot_blocks = s.blocks.kv, s.blocks.queue, s.blocks.key_block, s.blocks.slot_blocks
     lookahead, block, caching = par[P_LOOKAHEAD], par[P_BLOCK], par[P_CACHING]
     m = 0
     top = 0
@@ -105,16 +105,16 @@ def _schedule_rows(s, budget):
         if need > slot_blocks[slot, SLOT_HELD] * block:  # a new block (every block_size tokens; blocks_for, undivided)
             while shortfall(slot, need, slot_blocks, ctr, par) > 0:
                 if ctr[C_PREFILLING] > 0:
-                    _preempt_prefilling(sched, reci, ctr, kv, slot_blocks, par)
+                    _preempt_prefilling(sched, reci, ctr, kv, queue, slot_blocks, par)
                 else:
                     last = ctr[C_RUNNING] - 1
-                    _preempt_row(rows, rowf, recf, sched, reci, ctr, kv, slot_blocks, par)
+                    _preempt_row(rows, rowf, recf, sched, reci, ctr, kv, queue, slot_blocks, par)
                     if last == i:
                         budget = -1
                         break
             if budget < 0:
                 break
-            grow_slot(slot, need, kv, key_block, slot_blocks, ctr, par)
+            grow_slot(slot, need, kv, queue, key_block, slot_blocks, ctr, par)
         r = rows[ROW_REQ, i]
         known = reqi[REQ_PROMPT, r] + reci[REC_EMITTED, r]
         if caching and known >= (slot_blocks[slot, SLOT_CACHED] + 1) * block:  # a block newly full of known tokens
@@ -141,7 +141,7 @@ def _schedule_prefilling(s, budget):
     """Step 1 for the prefilling requests (the running list's tail); returns the budget left."""
     reqi, reci = s.requests.inputs, s.requests.ints
     ctr, sched, par = s.counters, s.sched, s.params
-    kv, key_block, slot_blocks = s.blocks.kv, s.blocks.key_block, s.blocks.slot_blocks
+    kv, queue, key_block, slot_blocks = s.blocks.kv, s.blocks.queue, s.blocks.key_block, s.blocks.slot_blocks
     lookahead = par[P_LOOKAHEAD]
     j = 0
     while j < ctr[C_PREFILLING] and budget > 0:
@@ -154,13 +154,13 @@ def _schedule_prefilling(s, budget):
         self_preempted = False
         while shortfall(slot, need, slot_blocks, ctr, par) > 0:
             last = ctr[C_PREFILLING] - 1
-            _preempt_prefilling(sched, reci, ctr, kv, slot_blocks, par)
+            _preempt_prefilling(sched, reci, ctr, kv, queue, slot_blocks, par)
             if last == j:
                 self_preempted = True
                 break
         if self_preempted:
             break
-        grow_slot(slot, need, kv, key_block, slot_blocks, ctr, par)
+        grow_slot(slot, need, kv, queue, key_block, slot_blocks, ctr, par)
         cache_slot(slot, reqi, sched[S_PF_REQ, j], done + t, kv, key_block, slot_blocks, par)
         c = ctr[C_CHUNKS]
         sched[S_CHUNK_ENTRY, c] = j
@@ -221,7 +221,8 @@ def _admit_waiting(s, budget, now):
     """Step 2: start prefilling waiting requests, FCFS, preempted ones first."""
     reqi, reci, recf = s.requests.inputs, s.requests.ints, s.requests.floats
     ctr, sched, par = s.counters, s.sched, s.params
-    kv, key_block, slot_blocks, scratch = s.blocks.kv, s.blocks.key_block, s.blocks.slot_blocks, s.blocks.scratch
+    kv, queue, key_block, slot_blocks, scratch = (s.blocks.kv, s.blocks.queue, s.blocks.key_block, s.blocks.slot_blocks,
+                                                  s.blocks.scratch)
     skip_requeued = False
     while budget > 0 and ctr[C_RUNNING] + ctr[C_PREFILLING] < par[P_MAX_SEQS]:
         resumed = ctr[C_REQUEUED] > 0 and not skip_requeued
@@ -239,7 +240,7 @@ def _admit_waiting(s, budget, now):
                 break
             t = budget
         ctr[C_RESERVED] -= reserved  # the blocks set aside while its KV was on its way are now its own
-        slot = admit_slot(hits, cached + t, kv, key_block, slot_blocks, sched, scratch, ctr, par)
+        slot = admit_slot(hits, cached + t, kv, queue, key_block, slot_blocks, sched, scratch, ctr, par)
         if slot < 0:
             ctr[C_RESERVED] += reserved
             if resumed and _reserved_idle(ctr):

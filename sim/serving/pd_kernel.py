@@ -363,7 +363,7 @@ def transferred(e, db, f, h, request, now):
     sender = h.prefill_replica[request]
     s = f.states[sender]
     row = h.held_row[request]
-    release_held(h.held_blocks[row, :h.held_len[row]], s.blocks.kv, s.counters, s.params)
+    release_held(h.held_blocks[row, :h.held_len[row]], s.blocks.kv, s.blocks.queue, s.counters)
     h.free_rows[e.ctl[FREE_ROWS]] = row
     e.ctl[FREE_ROWS] += 1
     wake(e, sender, now, end)

@@ -178,7 +178,7 @@ def retire(s, end):
             recf[REC_FINISH, r] = end
             ctr[C_TOTAL_CONTEXT] -= rows[ROW_CONTEXT, i]
             if s.paged:
-                free_slot(rows[ROW_SLOT, i], s.blocks.kv, s.blocks.slot_blocks, s.sched, ctr, s.params)
+                free_slot(rows[ROW_SLOT, i], s.blocks.kv, s.blocks.queue, s.blocks.slot_blocks, s.sched, ctr)
             else:
                 ctr[C_KV_USED] -= reqi[REQ_RESERVE, r]
         else:
@@ -253,7 +253,7 @@ def apply_chunks(s, out, end):
                 sched[S_HELD_REQ, finished] = r
                 sched[S_HELD_SLOT, finished] = sched[S_PF_SLOT, j]
             else:
-                free_slot(sched[S_PF_SLOT, j], s.blocks.kv, s.blocks.slot_blocks, sched, ctr, par)
+                free_slot(sched[S_PF_SLOT, j], s.blocks.kv, s.blocks.queue, s.blocks.slot_blocks, sched, ctr)
             finished += 1
         else:
             join_row(rows, rowf, ctr, r, remaining, sched[S_PF_TARGET, j], scale[r], sched[S_PF_SLOT, j], end)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.scheduler.kvcache import KVCacheManager
-from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_STATIC_BATCH, LAST_STEP_END, N_CLOCKS, N_COUNTERS, REC_FINISH,
+from sim.scheduler.layout import (C_FREE_SLOTS, C_STATIC_BATCH, LAST_STEP_END, N_CLOCKS, N_COUNTERS, REC_FINISH,
                                   REC_FIRST_TOKEN, REC_FLOATS, REC_INTS, REC_SCHEDULED, ROW_FLOATS, ROW_INTS,
                                   S_FREE_SLOT, SCHED_FIELDS)
 from sim.serving.records import Buffers, grown
@@ -38,7 +38,7 @@ class ReplicaState:
         if scheduler.paged:
             self.par = scheduler.params(max_blocks_per_request)
             self.kv = KVCacheManager(scheduler.total_blocks, max_blocks_per_request, cap, num_keys)
-            self.ctr[C_FREE_BLOCKS] = scheduler.total_blocks
+            self.kv.start(self.ctr)
         else:
             self.par = scheduler.params()
             self.kv = KVCacheManager(0, 1, cap, 0)  # unused: v0 reserves KV per request
@@ -63,7 +63,7 @@ class ReplicaState:
         if a is None or a.requests.inputs is not q.reqi or a.requests.scale is not q.scale:
             a = self._arrays = Replica(Batch(self.rows, self.rowf, self.ks, self.accepted, self.done),
                                        Requests(q.reqi, q.scale, self.reci, self.recf),
-                                       Blocks(self.kv.kv, self.kv.key_block, self.kv.slot_blocks, self.kv.scratch),
+                                       Blocks(self.kv.kv, self.kv.queue, self.kv.key_block, self.kv.slot_blocks, self.kv.scratch),
                                        self.ctr, self.clk, self.sched, self.par, self.paged, self.track_lag)
         return a
 

@@ -66,6 +66,7 @@ class Blocks(NamedTuple):
     """The KV-cache manager's arrays (sim/scheduler/kvcache.py; vllm-v1)."""
 
     kv: np.ndarray
+    queue: np.ndarray  # the free blocks, in the order they were freed
     key_block: np.ndarray
     slot_blocks: np.ndarray
     scratch: np.ndarray
