@@ -22,6 +22,7 @@ from sim.serving.records import STEP_DTYPE, StepSink, copied
 
 REPLICA_FIELD = "replica"  # steps.csv's column naming the replica that ran the step
 MERGED_DTYPE = np.dtype(STEP_DTYPE.descr + [(REPLICA_FIELD, np.int64)])
+RECORD = np.dtype((np.void, STEP_DTYPE.itemsize))  # a step record as one opaque value
 
 
 class StepMerge:
@@ -47,6 +48,8 @@ class StepMerge:
         self._waiting: list[list[np.ndarray]] = [[] for _ in range(replicas)]  # per replica: copies, in order
         self._frontier = [-math.inf] * replicas  # the start of each replica's last record handed over
         self._out = np.empty(self.block, MERGED_DTYPE)
+        # the merged records' step fields (their first bytes), as whole records
+        self._records = np.ndarray(self.block, RECORD, self._out, 0, (MERGED_DTYPE.itemsize,))
         self._filled = 0
         self._changed = threading.Condition()
         sink.start(self.columns)
@@ -104,16 +107,19 @@ class StepMerge:
                 waiting.pop(0)
         if not parts:
             return
-        rows, owner = np.concatenate(parts), np.concatenate(owners)
+        # Whole records moved at once, as opaque values: numpy moves a packed dtype field by field.
+        records = np.concatenate([part.view(RECORD) for part in parts])
+        starts, owner = np.concatenate([part["start_s"] for part in parts]), np.concatenate(owners)
         del parts, owners
-        order = np.lexsort((owner, rows["start_s"]))  # stable: a replica's own ties keep its order
+        # The parts are in replica order, each replica's in its own: a stable sort by start time alone
+        # gives the (start time, replica) order, a replica's own ties kept in its order.
+        order = np.argsort(starts, kind="stable")
         at = 0
         while at < order.shape[0]:
             count = min(self.block - self._filled, order.shape[0] - at)
-            taken, out = order[at:at + count], self._out[self._filled:self._filled + count]
-            for name in STEP_DTYPE.names:
-                out[name] = rows[name][taken]
-            out[REPLICA_FIELD] = owner[taken]
+            taken = order[at:at + count]
+            self._records[self._filled:self._filled + count] = records[taken]
+            self._out[REPLICA_FIELD][self._filled:self._filled + count] = owner[taken]
             self._filled += count
             at += count
             if self._filled == self.block:
