@@ -211,8 +211,14 @@ def replica_threads(replicas: int) -> int:
     """How many replicas run at once: ``SPECBATCH_THREADS`` (a pool's workers set 1: their pool already
     uses every core), else the cores this process may use. A compiled run holds no lock, so
     replicas run side by side; a replica stepped in Python holds the interpreter's lock and gains nothing."""
+    return max(1, min(usable_threads(), replicas))
+
+
+def usable_threads() -> int:
+    """Threads this process's compiled work may run on at once: ``SPECBATCH_THREADS`` where set (a pool's
+    workers set 1), else the cores it may use (a cluster's replicas; a table's rows formatted after its run)."""
     threads = _threads_asked()
-    return max(1, min(usable_cores() if threads is None else threads, replicas))
+    return usable_cores() if threads is None else threads
 
 
 def _threads_asked() -> int | None:

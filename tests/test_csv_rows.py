@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import specbatch.commands.outputs as outputs
-from sim import csv_rows, jit
+from sim import cluster, csv_rows, jit
 from specbatch.commands.outputs import write_table
 
 
@@ -87,7 +87,7 @@ def test_a_long_table_is_written_by_the_compiled_rows_with_the_same_bytes(tmp_pa
     columns = awkward_table()
     monkeypatch.setattr(csv_rows, "MIN_ROWS", 1000)
     monkeypatch.setattr(outputs, "COMPILED_SLICE_ROWS", 777)
-    monkeypatch.setattr(outputs, "writer_threads", lambda: threads)
+    monkeypatch.setattr(cluster, "usable_threads", lambda: threads)
     monkeypatch.setattr(jit, "is_warm", lambda: True)
     calls = []
     real = csv_rows.csv_rows

@@ -392,7 +392,9 @@ def write_table(columns: Columns, path: Path, fmt: str, *, compiled: bool = Fals
     if format_rows is not None:
         with open(path, "wb") as sink:
             sink.write((",".join(names) + "\n").encode())
-            write_rows(sink, arrays, 0, rows, follows or {}, format_rows, threads=writer_threads())
+            from sim.cluster import usable_threads
+
+            write_rows(sink, arrays, 0, rows, follows or {}, format_rows, threads=usable_threads())
         return
 
     def table(lo: int, hi: int):
@@ -413,14 +415,6 @@ def write_table(columns: Columns, path: Path, fmt: str, *, compiled: bool = Fals
             writer.write_table(first)
             for lo in range(SLICE_ROWS, rows, SLICE_ROWS):
                 writer.write_table(table(lo, min(rows, lo + SLICE_ROWS)))
-
-
-def writer_threads() -> int:
-    """Threads a table written after its run formats with: ``SPECBATCH_THREADS`` where set (a pool's workers
-    set 1), else the cores this process may use, as for a cluster's replicas (sim.cluster)."""
-    from sim.cluster import replica_threads
-
-    return replica_threads(1 << 30)
 
 
 def write_rows(sink, arrays: dict[str, np.ndarray], lo: int, hi: int, follows: dict[str, str], format_rows,
