@@ -23,7 +23,10 @@ into their callers (numba's ``inline="always"``): a call to a rule that takes th
 passes every field of its forty-odd arrays on the stack (about 150 pushes a call, ten calls a
 step), which cost a third of a compiled step (the default scenario's 200k requests, 760k steps:
 1.61 s -> 1.07 s, medians of 3 alternating runs), against about twice the compilation (``python -m
-sim.warm``: 44 s -> 95 s of CPU; a run's own, 14 s -> 46 s; once per machine and code version).
+sim.warm``: 44 s -> 95 s of CPU; a run's own, 14 s -> 46 s; once per machine and code version). Most of that
+compilation was numba's way with inlined functions, not the code: it typed the deepest rules dozens of times
+over and compiled every inlined rule on its own as well; here each is typed once per argument types and
+compiled only into its callers (:func:`_type_inlined_rules_once`), the same code coming out.
 
 A kernel another calls whole (the single replica's ``run_steps``, called by the routed cluster's kernel) is
 its own cached entry point, linked into its callers (a module's ``LINKED``): compiled into each caller
@@ -61,7 +64,8 @@ from typing import Callable
 
 JIT_MODES = ("auto", "on", "off")
 # A cold run of at most this many requests is interpreted rather than compiled first: interpreted,
-# the default scenario's 5,435 requests take about 5 s of CPU; compiling everything takes about 4 minutes of CPU.
+# the default scenario's 5,435 requests take about 5 s of CPU; compiling everything takes minutes of CPU
+# (benchmarks/results/compile_time.txt).
 SMALL_RUN = 10_000
 BACKGROUND_ENV = "SPECBATCH_BACKGROUND_COMPILE"
 READY = "ready"  # written in the cache folder once sim.warm has compiled every entry point
@@ -131,6 +135,7 @@ def prepare() -> None:
     except OSError:  # an unwritable cache: compile in every process rather than fail
         pass
     _folder = folder
+    _type_inlined_rules_once()
     for name in RULE_MODULES:
         module = importlib.import_module(name)
         inlined, linked = getattr(module, "INLINED", ()), getattr(module, "LINKED", ())
@@ -140,6 +145,95 @@ def prepare() -> None:
             else:
                 register_jitable(_nrt=False, inline="always" if rule in inlined else "never")(rule)
     _READY = True
+
+
+def _type_inlined_rules_once() -> None:
+    """Type each inlined rule once per argument types, and never compile it on its own.
+
+    For a function registered ``inline="always"``, numba compiles it whole on its own (typed, lowered,
+    optimised by LLVM: code nothing calls) and then types it again, each time a caller's type inference
+    resolves a call to it; each caller being itself compiled on its own and typed several times, the rules
+    nested deepest were typed dozens of times with the same types (the single replica's kernel: its
+    scheduler 30 times, one of its helpers 98) and every level's code was compiled once per level above it.
+    Here a rule is typed for inlining only (its IR and the signature type inference gives it), once per
+    argument types; each later call gets a fresh copy of that IR (inlining renames the variables of the IR
+    it is handed). The same IR is inlined, so the same code is compiled (the same bytes out,
+    tests/test_decode_runs.py). Every warm-up run from an empty cache: 577 s -> 218 s on a 2-core machine
+    (benchmarks/compile_time.py --against, the single replica's kernel 129 s -> 30 s).
+    A rule numba's way is needed for (defaults, a closure, keyword arguments) and numba's typing templates
+    not being what this was written against both leave it to numba."""
+    import copy
+
+    try:
+        from numba.core.typing.templates import _EmptyImplementationEntry, _OverloadFunctionTemplate
+    except ImportError:
+        return
+    numba_generic = _OverloadFunctionTemplate.__dict__.get("generic")
+    if numba_generic is None or getattr(numba_generic, "typed_once", False):
+        return
+
+    def generic(self, args, kws):
+        inline = getattr(self, "_inline", None)
+        if inline is None or not inline.is_always_inline:
+            return numba_generic(self, args, kws)
+        typed = type(self).__dict__.get("_typed_once")
+        if typed is None:
+            typed = type(self)._typed_once = {}
+        key = (self.context, tuple(args), tuple(kws.items()))
+        if key in typed:
+            sig, folded_args, info, pristine = typed[key]
+            self._inline_overloads[sig.args] = {"folded_args": folded_args,
+                                                "iinfo": info._replace(func_ir=copy.deepcopy(pristine))}
+            self._compiled_overloads.setdefault(sig.args, _EmptyImplementationEntry("always inlined"))
+            return sig
+        sig = None
+        if not kws:
+            try:
+                sig = _type_for_inlining(self, tuple(args))
+            except Exception:  # numba's way below says what is wrong, as it would have
+                sig = None
+        if sig is None:
+            sig = numba_generic(self, args, kws)
+        entry = self._inline_overloads.get(sig.args) if sig is not None else None
+        if entry is not None and "iinfo" in entry:
+            info = entry["iinfo"]
+            typed[key] = (sig, entry["folded_args"], info, copy.deepcopy(info.func_ir))
+        return sig
+
+    generic.typed_once = True
+    generic.__wrapped__ = numba_generic
+    _OverloadFunctionTemplate.generic = generic
+
+
+def _type_for_inlining(template, args: tuple):
+    """The signature of ``template``'s rule called with ``args``, and its typed IR recorded for numba's
+    inliner as numba's own typing for inlining records it; None for a rule this does not handle."""
+    import inspect
+
+    from numba.core import compiler, ir_utils, typed_passes
+    from numba.core.inline_closurecall import InlineWorker
+    from numba.core.registry import cpu_target
+    from numba.core.typing.templates import Signature, _EmptyImplementationEntry, _inline_info
+
+    rule = template._overload_func(*args)
+    if not inspect.isfunction(rule) or rule.__closure__:
+        return None
+    params = inspect.signature(rule).parameters.values()
+    if len(params) != len(args) or any(p.kind is not p.POSITIONAL_OR_KEYWORD or p.default is not p.empty
+                                       for p in params):
+        return None
+    target = cpu_target.target_context
+    flags = compiler.Flags()
+    worker = InlineWorker(template.context, target, {}, compiler.Compiler(template.context, target, None, None,
+                                                                          None, flags, None), flags, None)
+    ir = worker.run_untyped_passes(rule, enable_ssa=True)
+    typemap, return_type, calltypes, _ = typed_passes.type_inference_stage(template.context, target, ir, args, None)
+    ir = typed_passes.PreLowerStripPhis()._strip_phi_nodes(ir)
+    ir._definitions = ir_utils.build_definitions(ir.blocks)
+    sig = Signature(return_type, args, None)
+    template._inline_overloads[args] = {"folded_args": args, "iinfo": _inline_info(ir, typemap, calltypes, sig)}
+    template._compiled_overloads[args] = _EmptyImplementationEntry("always inlined")
+    return sig
 
 
 def _register_linked(rule: Callable) -> None:
