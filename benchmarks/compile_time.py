@@ -3,11 +3,13 @@ the background warm-up (``python -m sim.warm``) and a cold test session pay once
 
     python benchmarks/compile_time.py            # every warm-up run, in a fresh process and cache
     python benchmarks/compile_time.py --update   # also write benchmarks/results/compile_time.txt
+    python benchmarks/compile_time.py --against /tmp/before --update   # and another checkout's, run first
 
 Runs sim.warm's runs one after another (as the warm-up does) in a child process whose compiled-code
 cache is an empty temporary folder, and prints for each the wall time and the compiled entry points it
 made, each with its time and the part of it spent in LLVM (numba's compile events; an entry point's
-time includes the rules compiled into it). Single-threaded: run it on an idle machine.
+time includes the rules compiled into it). Single-threaded: run it on an idle machine. ``--against DIR``
+measures another checkout's code the same way first, in the same invocation, and adds its wall time per run.
 """
 
 from __future__ import annotations
@@ -65,31 +67,52 @@ def measure() -> list[dict]:
     return rows
 
 
-def lines(rows: list[dict]) -> list[str]:
+def lines(rows: list[dict], before: list[dict] | None = None, commit: str = "") -> list[str]:
     out = [machine_line("one process, an empty compiled-code cache"),
-           f"{'warm-up run':<62} {'wall':>7}   compiled entry points (s, of which LLVM)"]
-    for row in rows:
+           f"{'warm-up run':<62} {'wall':>7}" + (f" {'before':>7}" if before else "")
+           + "   compiled entry points (s, of which LLVM)"]
+    for i, row in enumerate(rows):
         made = ", ".join(f"{m['entry'].split('.', 1)[1]} {m['s']:.0f} ({m['llvm_s']:.0f})" for m in row["made"]) or "-"
-        out.append(f"{json.dumps(row['run']):<62} {row['s']:6.1f}s   {made}")
-    out.append(f"{'all':<62} {sum(r['s'] for r in rows):6.1f}s")
+        was = f" {before[i]['s']:6.1f}s" if before else ""
+        out.append(f"{json.dumps(row['run']):<62} {row['s']:6.1f}s{was}   {made}")
+    total = sum(r["s"] for r in rows)
+    if before:
+        was = sum(r["s"] for r in before)
+        out.append(f"{'all':<62} {total:6.1f}s {was:6.1f}s   {was / total:.2f}x faster than the code before "
+                   f"({commit}), measured first in the same invocation")
+    else:
+        out.append(f"{'all':<62} {total:6.1f}s")
     return out
+
+
+def compile_runs(checkout: Path) -> list[dict]:
+    """sim.warm's runs compiled by ``checkout``'s code in a child process, from an empty cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "SPECBATCH_CACHE_DIR": cache, "SPECBATCH_BACKGROUND_COMPILE": "0",
+               "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))}
+        done = subprocess.run([sys.executable, __file__, "--child"], cwd=checkout, env=env, capture_output=True,
+                              text=True)
+    if done.returncode:
+        sys.exit(done.stderr)
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--update", action="store_true", help=f"write {RESULTS.relative_to(ROOT)}")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another checkout (the code before a change), measured first the same way")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure()))
         return
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "SPECBATCH_CACHE_DIR": cache, "SPECBATCH_BACKGROUND_COMPILE": "0"}
-        done = subprocess.run([sys.executable, __file__, "--child"], cwd=ROOT, env=env, capture_output=True,
-                              text=True)
-    if done.returncode:
-        sys.exit(done.stderr)
-    text = "\n".join(lines(json.loads(done.stdout.splitlines()[-1]))) + "\n"
+    before = compile_runs(args.against.resolve()) if args.against else None
+    commit = ""
+    if args.against:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.against, capture_output=True,
+                                text=True).stdout.strip()
+    text = "\n".join(lines(compile_runs(ROOT), before, commit)) + "\n"
     print(text, end="")
     if args.update:
         RESULTS.write_text(text)
