@@ -161,7 +161,9 @@ def _type_inlined_rules_once() -> None:
     tests/test_decode_runs.py). Every warm-up run from an empty cache: 577 s -> 218 s on a 2-core machine
     (benchmarks/compile_time.py --against, the single replica's kernel 129 s -> 30 s).
     A rule numba's way is needed for (defaults, a closure, keyword arguments) and numba's typing templates
-    not being what this was written against both leave it to numba."""
+    not being what this was written against both leave it to numba. The change is numba's for the whole
+    process once specbatch has prepared it: other code's ``inline="always"`` functions in the same process
+    (a notebook's) are typed this way too."""
     import copy
 
     try:
