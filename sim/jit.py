@@ -167,7 +167,7 @@ def _type_inlined_rules_once() -> None:
     import copy
 
     try:
-        from numba.core.typing.templates import _EmptyImplementationEntry, _OverloadFunctionTemplate
+        from numba.core.typing.templates import _OverloadFunctionTemplate
     except ImportError:
         return
     numba_generic = _OverloadFunctionTemplate.__dict__.get("generic")
@@ -186,7 +186,6 @@ def _type_inlined_rules_once() -> None:
             sig, folded_args, info, pristine = typed[key]
             self._inline_overloads[sig.args] = {"folded_args": folded_args,
                                                 "iinfo": info._replace(func_ir=copy.deepcopy(pristine))}
-            self._compiled_overloads.setdefault(sig.args, _EmptyImplementationEntry("always inlined"))
             return sig
         sig = None
         if not kws:

@@ -71,7 +71,7 @@ def test_numba_s_own_way_types_the_leaf_more_often(monkeypatch):
     assert numbas > 2 * ours and len(compiled) > 1
 
 
-def test_a_rule_with_a_default_is_left_to_numba_and_still_inlined():
+def test_a_rule_with_a_default_is_left_to_numba_and_gives_the_same_answer():
     jit.prepare()
     scope: dict = {}
     exec("def leaf(x, step=1):\n    return x + step\n\ndef top(x):\n    return leaf(x) + leaf(x, 2)\n", scope)
