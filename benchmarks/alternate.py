@@ -18,10 +18,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def checkout_env(checkout: Path | None = None) -> dict:
+    """This process's environment with ``checkout``'s code (else this one's) first on the import path."""
+    return {**os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout or ROOT), os.environ.get("PYTHONPATH"))))}
+
+
 def run_timed(command: list[str], checkout: Path | None = None) -> float:
     """Wall seconds of one whole process of ``command`` (python -m ...) run from ``checkout``'s code."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout or ROOT), os.environ.get("PYTHONPATH"))))
+    env = checkout_env(checkout)
     started = time.perf_counter()
     # from the checkout's own folder: ``python -m`` puts the working directory first on sys.path
     done = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, cwd=checkout or ROOT)

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from alternate import machine_line
+from alternate import checkout_env, machine_line
 
 RESULTS = Path(__file__).resolve().parent / "results" / "compile_time.txt"
 ROOT = Path(__file__).resolve().parents[1]
+MACHINE_NOTE = "one process, an empty compiled-code cache"
 
 
 def measure() -> list[dict]:
@@ -67,19 +67,23 @@ def measure() -> list[dict]:
     return rows
 
 
-def lines(rows: list[dict], before: list[dict] | None = None, commit: str = "") -> list[str]:
-    out = [machine_line("one process, an empty compiled-code cache"),
-           f"{'warm-up run':<62} {'wall':>7}" + (f" {'before':>7}" if before else "")
+def lines(rows: list[dict], before: list[dict] | None = None, commit: str = "", machine: str = "") -> list[str]:
+    """The table: each warm-up run's wall time and what it compiled, with ``before``'s wall time for the same run
+    beside it (``-`` where the code before has no such run), under ``machine`` (the machine as it is now if
+    none is given)."""
+    was = {json.dumps(row["run"]): row["s"] for row in before or ()}
+    out = [machine or machine_line(MACHINE_NOTE), f"{'warm-up run':<62} {'wall':>7}" + (f" {'before':>7}" if before else "")
            + "   compiled entry points (s, of which LLVM)"]
-    for i, row in enumerate(rows):
+    for row in rows:
         made = ", ".join(f"{m['entry'].split('.', 1)[1]} {m['s']:.0f} ({m['llvm_s']:.0f})" for m in row["made"]) or "-"
-        was = f" {before[i]['s']:6.1f}s" if before else ""
-        out.append(f"{json.dumps(row['run']):<62} {row['s']:6.1f}s{was}   {made}")
+        then = json.dumps(row["run"])
+        beside = (f" {was[then]:6.1f}s" if then in was else f" {'-':>7}") if before else ""
+        out.append(f"{then:<62} {row['s']:6.1f}s{beside}   {made}")
     total = sum(r["s"] for r in rows)
     if before:
-        was = sum(r["s"] for r in before)
-        out.append(f"{'all':<62} {total:6.1f}s {was:6.1f}s   {was / total:.2f}x faster than the code before "
-                   f"({commit}), measured first in the same invocation")
+        was_total = sum(was.values())
+        out.append(f"{'all':<62} {total:6.1f}s {was_total:6.1f}s   {was_total / total:.2f}x faster than the code "
+                   f"before ({commit}), measured first in the same invocation")
     else:
         out.append(f"{'all':<62} {total:6.1f}s")
     return out
@@ -88,8 +92,7 @@ def lines(rows: list[dict], before: list[dict] | None = None, commit: str = "") 
 def compile_runs(checkout: Path) -> list[dict]:
     """sim.warm's runs compiled by ``checkout``'s code in a child process, from an empty cache."""
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "SPECBATCH_CACHE_DIR": cache, "SPECBATCH_BACKGROUND_COMPILE": "0",
-               "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))}
+        env = {**checkout_env(checkout), "SPECBATCH_CACHE_DIR": cache, "SPECBATCH_BACKGROUND_COMPILE": "0"}
         done = subprocess.run([sys.executable, __file__, "--child"], cwd=checkout, env=env, capture_output=True,
                               text=True)
     if done.returncode:
@@ -107,12 +110,13 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure()))
         return
+    machine = machine_line(MACHINE_NOTE)  # the load as it starts
     before = compile_runs(args.against.resolve()) if args.against else None
     commit = ""
     if args.against:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.against, capture_output=True,
                                 text=True).stdout.strip()
-    text = "\n".join(lines(compile_runs(ROOT), before, commit)) + "\n"
+    text = "\n".join(lines(compile_runs(ROOT), before, commit, machine)) + "\n"
     print(text, end="")
     if args.update:
         RESULTS.write_text(text)
