@@ -78,6 +78,12 @@ class Fleet(NamedTuple):
     ids: tuple
     cum_tokens: tuple
 
+    @property
+    def pinned(self) -> "Fleet":
+        """The fleet as a kernel reads it at a replica's number: compiled, each tuple kept in the kernel's
+        frame, one replica's entry loaded where it lies (sim/jit.py ``_register_pinned``); here, itself."""
+        return self
+
 
 class Arrivals(NamedTuple):
     """The cluster's requests, as the dispatcher holds them, and the router's rule."""
@@ -93,6 +99,7 @@ class Arrivals(NamedTuple):
 def run_cluster(b, f, r, p, itl_room):
     """Run the cluster from where the board says until every request has finished (DONE), or a stop
     that Python resolves (REFILL, GROW, STUCK: ``ctl[WHO]`` names the replica)."""
+    f = f.pinned  # f.states[i] at a run-time i reads replica i's state alone
     n = b.ctl[REPLICAS]
     total = r.arrivals.shape[0]
     while True:

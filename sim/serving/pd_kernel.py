@@ -110,6 +110,7 @@ def run_pd(e, pb, db, f, pr, dr, prices, h, itl_room):
 
     Each pass is one SimPy callback: an event's process runs until it waits again. The rules it calls are
     compiled into it (``INLINED``), each where one call site does, so that no call passes the fleet."""
+    f = f.pinned  # f.states[g] at a run-time g reads replica g's state alone
     cap = f.states[0].batch.rows.shape[1]  # a prefill step's most finishes
     n_prefill = e.ctl[PREFILL]
     total = pr.arrivals.shape[0]
