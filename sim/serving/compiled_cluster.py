@@ -25,7 +25,7 @@ from sim.serving.routing import PREFIX_AWARE, ROUND_ROBIN
 from sim.serving.rules import exact_delay
 
 # The replicas' tuples are padded to a power of two, at least this: numba compiles the kernel once per
-# tuple length (about a minute on a 2-core machine: benchmarks/compile_time.py), so clusters of one to
+# tuple length (tens of seconds on a 2-core machine: benchmarks/compile_time.py), so clusters of one to
 # eight replicas share the compiled kernel sim.warm makes (its routed run); a larger one compiles its own
 # once per code version.
 SMALLEST_FLEET = 8
