@@ -252,8 +252,8 @@ def _register_pinned() -> None:
 
     numba indexes a tuple at a run-time index by value: a switch over every element, each a copy of a
     replica's forty-odd arrays, at every such read; for the cluster kernels (eight replicas' tuples) that was
-    most of their compilation (the disaggregated kernel's 161 s -> 68 s, the routed cluster's 51 s -> 28 s,
-    the same machine code run).
+    most of their compilation (benchmarks/results/compile_time.txt: the disaggregated kernel's took 2.6 times
+    as long, the routed cluster's twice), for the same outputs.
 
     Reading ``.pinned`` is an attribute (numba's alias analysis then knows that what is read through it is
     the caller's arrays: a function call returning the same would have its writes dropped as dead code once
