@@ -243,7 +243,6 @@ def _type_for_inlining(template, args: tuple):
     return sig
 
 
-
 def _register_pinned() -> None:
     """``fleet.pinned`` compiled: a named tuple whose fields are tuples of one type (a cluster's ``Fleet``:
     one entry per replica), each kept in memory in the frame of the function that reads it, so that
@@ -540,4 +539,3 @@ def direct(fn: Callable) -> DirectCall | Callable:
     Under ``NUMBA_DISABLE_JIT=1`` numba hands back ``fn`` itself, which is then called as it is."""
     twin = compiled(fn)
     return DirectCall(twin) if hasattr(twin, "overloads") else twin
-
