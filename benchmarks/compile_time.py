@@ -107,6 +107,8 @@ def main() -> None:
                         help="another checkout (the code before a change), measured first the same way")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.against and not (args.against / "sim" / "warm.py").is_file():
+        parser.error(f"--against {args.against}: not a checkout of specbatch (no sim/warm.py there)")
     if args.child:
         print(json.dumps(measure()))
         return
