@@ -142,6 +142,7 @@ def prepare() -> None:
     _folder = folder
     _type_inlined_rules_once()
     _register_pinned()
+    _register_prefetch()
     for name in RULE_MODULES:
         module = importlib.import_module(name)
         inlined, linked = getattr(module, "INLINED", ()), getattr(module, "LINKED", ())
@@ -321,6 +322,41 @@ def _register_pinned() -> None:
             context.call_conv.return_user_exc(builder, IndexError, ("tuple index out of range",))
         element = builder.load(builder.gep(where, [ir.Constant(ir.IntType(32), 0), i]))
         return impl_ret_borrowed(context, builder, sig.return_type, element)
+
+
+def _register_prefetch() -> None:
+    """:func:`sim.prefetch.prefetch` compiled: LLVM's ``llvm.prefetch`` of the row's first element's address,
+    for writing, kept in every cache level (a hint: it changes no value, so compiled and interpreted runs
+    stay the same to the bit)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.core.imputils import lower_builtin
+    from numba.core.typing.templates import AbstractTemplate, infer_global, signature
+
+    from sim.prefetch import prefetch
+
+    @infer_global(prefetch)
+    class Prefetch(AbstractTemplate):
+        def generic(self, args, kws):
+            if len(args) == 2 and not kws and isinstance(args[0], types.Array) and isinstance(args[1], types.Integer):
+                return signature(types.none, *args)
+
+    @lower_builtin(prefetch, types.Array, types.Integer)
+    def lower_prefetch(context, builder, sig, args):
+        array_type, row_type = sig.args
+        array = context.make_array(array_type)(context, builder, args[0])
+        row = context.cast(builder, args[1], row_type, types.intp)
+        zero = context.get_constant(types.intp, 0)
+        where = cgutils.get_item_pointer2(context, builder, data=array.data,
+                                          shape=cgutils.unpack_tuple(builder, array.shape),
+                                          strides=cgutils.unpack_tuple(builder, array.strides),
+                                          layout=array_type.layout, inds=[row] + [zero] * (array_type.ndim - 1),
+                                          wraparound=False, boundscheck=False)
+        byte, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        hint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
+                                              "llvm.prefetch.p0i8")
+        builder.call(hint, [builder.bitcast(where, byte), i32(1), i32(3), i32(1)])  # write, keep, data
+        return context.get_dummy_value()
 
 
 def _register_linked(rule: Callable) -> None:

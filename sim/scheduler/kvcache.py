@@ -40,7 +40,9 @@ a block taken out from the middle leaves a stale entry that allocation skips. Th
 list's, but the blocks an admission allocates are read from consecutive entries, not each from
 the one before it: a long run's free blocks are scattered over the cache's arrays, and a list
 made every allocation wait for the previous one's cache miss (a quarter of a long run's compiled
-time went to allocating blocks: docs/performance.md). Blocks are registered
+time went to allocating blocks: docs/performance.md). Those rows are still scattered: an allocation
+and a free each ask for the row of a block :data:`PREFETCH_AHEAD` entries further on (sim/prefetch.py),
+which the cache then holds by the time its turn comes. Blocks are registered
 when they are *scheduled* full (vLLM caches at allocation), so a second request with the same
 prompt admitted in the same step finds the first one's blocks. At most ``(tokens - 1) //
 P_BLOCK`` blocks can hit: the last token is always computed (its logits are needed).
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.prefetch import prefetch
 from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_HELD_BLOCKS, C_QUEUE_HEAD, C_QUEUE_TAIL, C_RESERVED,
                                   KV_FIELDS, KV_KEY, KV_QUEUED, KV_REF, NO_KEY, P_BLOCK, P_BLOCKS, P_CACHING, P_MAX_BLOCKS,
                                   REQ_PREFIX_BLOCKS, REQ_PREFIX_KEY, REQ_PROMPT_BLOCKS, REQ_PROMPT_KEY,
@@ -57,6 +60,9 @@ from sim.scheduler.layout import (C_FREE_BLOCKS, C_FREE_SLOTS, C_HELD_BLOCKS, C_
 
 SLOT_HELD, SLOT_CACHED = 0, 1  # slot_blocks[slot, 0]: blocks held; [slot, 1]: blocks registered
 SLOT_FIRST = 2  # slot_blocks[slot, 2 + j]: the request's block j
+# Blocks ahead whose rows of ``kv`` an allocation or a free asks for (sim/prefetch.py): far enough for the
+# row to arrive before its turn, near enough that a decode's next allocation, steps later, still finds it.
+PREFETCH_AHEAD = 8
 
 
 def key_of(reqi, r, j, max_blocks):
@@ -113,6 +119,7 @@ def _pop_free(kv, queue, key_block, ctr):
         p += 1
         blk = queue[p & mask]
     ctr[C_QUEUE_HEAD] = p + 1
+    prefetch(kv, queue[(p + PREFETCH_AHEAD) & mask])  # a later allocation's block: its row is then at hand
     kv[blk, KV_QUEUED] = -1
     ctr[C_FREE_BLOCKS] -= 1
     key = kv[blk, KV_KEY]
@@ -239,6 +246,8 @@ def free_slot(slot, kv, queue, slot_blocks, sched, ctr):
     """The slot's blocks go back (last block first: the tail is evicted before the prefix); the
     slot is free again."""
     for j in range(slot_blocks[slot, SLOT_HELD] - 1, -1, -1):
+        if j >= PREFETCH_AHEAD:
+            prefetch(kv, slot_blocks[slot, SLOT_FIRST + j - PREFETCH_AHEAD])
         blk = slot_blocks[slot, SLOT_FIRST + j]
         kv[blk, KV_REF] -= 1
         if kv[blk, KV_REF] == 0:
@@ -318,6 +327,9 @@ def usage(ctr, par):
     return 1.0 - available(ctr) / par[P_BLOCKS] if par[P_BLOCKS] else 0.0
 
 
+# Called for every block a request fills (47M times in a million-request run): a call passed its four
+# arrays' fields on the stack, and LLVM did not inline it by itself.
+INLINED = (cache_slot,)  # compiled into its callers (sim/jit.py)
 RULES = (key_of, blocks_for, _unlink, _compact, _push_free, _pop_free, lookup, available, admission_need, admit_slot, shortfall,
          grow_slot, cache_slot, free_slot, hold_slot_into, release_held, reserve_blocks, remote_blocks, usage)
 
