@@ -299,9 +299,11 @@ def plan_v1(s, now):
     ctr[C_PREEMPTED_NOW] = 0
     ctr[C_CHUNKS] = 0
     budget = _schedule_rows(s, par[P_BUDGET])
-    if budget > 0:
+    # Each call passes the state's forty-odd arrays on the stack: made only when there is something to do,
+    # which most steps of a long run do not have (the same steps: each returns at once otherwise).
+    if budget > 0 and ctr[C_PREFILLING] > 0:
         budget = _schedule_prefilling(s, budget)
-    if budget > 0 and ctr[C_PREEMPTED_NOW] == 0:
+    if budget > 0 and ctr[C_PREEMPTED_NOW] == 0 and (ctr[C_REQUEUED] > 0 or ctr[C_HEAD] < ctr[C_ADMISSIBLE]):
         budget = _admit_waiting(s, budget, now)
     chunk_tokens = 0
     for c in range(ctr[C_CHUNKS]):

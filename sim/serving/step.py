@@ -262,7 +262,7 @@ def update(s, out, start, end, flag_done):
         emitted, accepted, drafted, drafts, finishing = apply_decode(s, m, out, end)
     finished = 0
     prefill_tokens = 0
-    if s.paged:
+    if s.paged and ctr[C_CHUNKS]:  # a call passes the state's arrays on the stack: only for a step with chunks
         more, prefill_tokens, finished = apply_chunks(s, out, end)
         emitted += more
     flagged = 0
