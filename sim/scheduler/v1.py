@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.prefetch import prefetch
 from sim.scheduler.kvcache import (SLOT_CACHED, SLOT_HELD, admission_need, admit_slot, available,
                                     cache_slot, free_slot, grow_slot, lookup, remote_blocks, shortfall)
 from sim.scheduler.layout import (C_ADMISSIBLE, C_ARRIVED, C_ARRIVED_PREV, C_CACHE_HITS, C_CACHE_QUERIES, C_CHUNK_TOKENS, C_CHUNKS, C_DECODE_TOKENS,
@@ -85,6 +86,9 @@ def _preempt_row(rows, rowf, recf, sched, reci, ctr, kv, queue, slot_blocks, par
     _requeue(r, sched, reci, ctr, par)
 
 
+SLOTS_AHEAD = 4  # rows ahead whose block-table heads _schedule_rows asks for (sim/prefetch.py)
+
+
 def _schedule_rows(s, budget):
     """Step 1 for the decoding rows; returns the budget left, or -1 when a row preempted itself."""
     ks, rows, rowf = s.batch.ks, s.batch.rows, s.batch.rowf
@@ -97,6 +101,8 @@ def _schedule_rows(s, budget):
     tokens = 0
     i = 0
     while i < ctr[C_RUNNING] and budget > 0:
+        if i + SLOTS_AHEAD < ctr[C_RUNNING]:  # each row's block table is a line of its own, far from the others'
+            prefetch(slot_blocks, rows[ROW_SLOT, i + SLOTS_AHEAD])
         t = 1 + ks[i]
         if t > budget:
             t = budget
