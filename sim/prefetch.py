@@ -12,5 +12,6 @@ from __future__ import annotations
 def prefetch(array, row) -> None:
     """Ask for the cache line that holds ``array[row]`` (its first element), to be written soon.
 
-    Compiled (sim/jit.py registers it with numba), one prefetch instruction: no bounds check, and no
-    fault, whatever ``row`` is. Interpreted, nothing: Python's own work dwarfs a cache miss."""
+    Compiled (sim/jit.py registers it with numba), one prefetch instruction and no bounds check (the rules
+    ask only for rows that exist; the instruction itself never faults). Interpreted, nothing: Python's own
+    work dwarfs a cache miss."""

@@ -27,7 +27,7 @@ def test_interpreted_it_is_nothing():
     table = np.arange(8).reshape(4, 2)
     before = table.copy()
     assert prefetch(table, 3) is None
-    assert prefetch(table, 10**9) is None  # no check: a hint never faults
+    assert prefetch(table, 10**9) is None  # interpreted, not even an index
     assert np.array_equal(table, before)
 
 
