@@ -84,8 +84,9 @@ RULE_MODULES = ("sim.serving.rules", "sim.scheduler.kvcache", "sim.scheduler.v0"
                 "sim.scheduler.work",
                 "sim.speculation.proposals", "sim.serving.step", "sim.serving.kernel", "policies.goodput_rules", "sim.costmodel.rules",
                 "sim.serving.routing", "sim.serving.cluster_kernel", "sim.serving.pd_kernel", "sim.csv_rows")
-# Modules whose constants the rules read (numba compiles a global's value in): their bytes key the cache too.
-CONSTANT_MODULES = ("sim.scheduler.layout", "policies.base")
+# Modules whose constants the rules read (numba compiles a global's value in), and sim.prefetch, whose hint
+# they call: their bytes key the cache too.
+CONSTANT_MODULES = ("sim.scheduler.layout", "policies.base", "sim.prefetch")
 
 _TWINS: dict[Callable, Callable] = {}
 _MAKING = threading.Lock()  # one twin per function, whichever threads ask at once (a run's writer, its replicas)
