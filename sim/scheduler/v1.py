@@ -223,8 +223,13 @@ def head_fits(s):
     return ctr[C_HEAD] < ctr[C_ARRIVED] and _fits(s, ctr[C_HEAD], False)
 
 
+def _has_waiting(ctr):
+    """Whether :func:`_admit_waiting` has a request to look at: a preempted one, or one admissible now."""
+    return ctr[C_REQUEUED] > 0 or ctr[C_HEAD] < ctr[C_ADMISSIBLE]
+
+
 def _admit_waiting(s, budget, now):
-    """Step 2: start prefilling waiting requests, FCFS, preempted ones first."""
+    """Step 2: start prefilling waiting requests, FCFS, preempted ones first (none: :func:`_has_waiting`)."""
     reqi, reci, recf = s.requests.inputs, s.requests.ints, s.requests.floats
     ctr, sched, par = s.counters, s.sched, s.params
     kv, queue, key_block, slot_blocks, scratch = (s.blocks.kv, s.blocks.queue, s.blocks.key_block, s.blocks.slot_blocks,
@@ -309,7 +314,7 @@ def plan_v1(s, now):
     # which most steps of a long run do not have (the same steps: each returns at once otherwise).
     if budget > 0 and ctr[C_PREFILLING] > 0:
         budget = _schedule_prefilling(s, budget)
-    if budget > 0 and ctr[C_PREEMPTED_NOW] == 0 and (ctr[C_REQUEUED] > 0 or ctr[C_HEAD] < ctr[C_ADMISSIBLE]):
+    if budget > 0 and ctr[C_PREEMPTED_NOW] == 0 and _has_waiting(ctr):
         budget = _admit_waiting(s, budget, now)
     chunk_tokens = 0
     for c in range(ctr[C_CHUNKS]):
@@ -331,7 +336,7 @@ def plan_v1(s, now):
 
 
 RULES = (drop_prefilled, _requeue, _preempt_prefilling, _preempt_row, _schedule_rows, _schedule_prefilling, _first_look,
-         _reserved_idle, _fits, head_fits, _admit_waiting, admission_horizon, plan_v1)
+         _reserved_idle, _fits, head_fits, _has_waiting, _admit_waiting, admission_horizon, plan_v1)
 INLINED = (_schedule_rows, plan_v1)  # compiled into their callers (sim/jit.py)
 
 
