@@ -53,13 +53,15 @@ class _Parser(argparse.ArgumentParser):
     one setting named twice in two spellings (``--request-rate 12 --rate 5``) is refused, in every
     command that takes the run flags."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, settings: bool = True, **kwargs) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
+        self.settings = settings  # False: a line without a command, which names no setting
 
     def parse_known_args(self, args=None, namespace=None):
-        from specbatch.commands.flags import flag_names, one_name_per_setting
+        if self.settings:
+            from specbatch.commands.flags import flag_names, one_name_per_setting
 
-        one_name_per_setting(flag_names(sys.argv[1:] if args is None else args))
+            one_name_per_setting(flag_names(sys.argv[1:] if args is None else args))
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # noqa: D401
@@ -74,27 +76,49 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None, *, every: bool = True) -> argparse.ArgumentParser:
-    """The command line's parser. ``every=False`` gives each module command of :data:`COMMANDS`
-    other than ``command`` its name and help but not its flags, so that a run (or ``--help``)
-    imports none of their modules: 0.02-0.03 s of every short run."""
-    from specbatch.commands import vllm_bench
-    from specbatch.commands.flags import add_run_flags, typed
+    """The command line's parser. ``every=False`` gives each command other than ``command`` its name and
+    help but not its flags, so that a run imports no other command's modules (0.02-0.03 s of every short
+    run) and ``specbatch --help`` none of the simulator's: not even numpy."""
+    def flags_of(name: str) -> bool:
+        return every or name == command
 
-    parser = _Parser(prog="specbatch", description="Simulate LLM serving with speculative decoding.")
+    parser = _Parser(prog="specbatch", description="Simulate LLM serving with speculative decoding.",
+                     settings=every or command is not None)
     parser.add_argument("--version", action="version", version=f"specbatch {_version()}")
     parser.add_argument("--debug", action="store_true",
                         help="on an error, also print its traceback (may be given anywhere on the line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     run = sub.add_parser("run", help="simulate serving a workload (no flags: the shipped default scenario)")
-    run.add_argument("--config", help="TOML scenario file; flags override its values")
-    add_run_flags(run)
-    run.add_argument("--quiet", action="store_true", help="print only the output folder")
-    vllm_bench.add_arguments(run)
+    if flags_of("run"):
+        _add_run_arguments(run)
     sub.add_parser("calibrate", help="time real draft/target passes and write a profile (needs torch)",
                    add_help=False)
     profiles = sub.add_parser("profiles", help="list shipped profiles, or describe one")
     profiles.add_argument("profile", nargs="?", help="profile name or directory to describe")
     lut = sub.add_parser("lut", help="build the lut policy's batch size -> k table from a profile")
+    if flags_of("lut"):
+        _add_lut_arguments(lut)
+    for name, (module, text) in COMMANDS.items():
+        if flags_of(name):
+            importlib.import_module(module).add_arguments(sub.add_parser(name, help=text))
+        else:
+            sub.add_parser(name, help=text)
+    return parser
+
+
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
+    from specbatch.commands import vllm_bench
+    from specbatch.commands.flags import add_run_flags
+
+    run.add_argument("--config", help="TOML scenario file; flags override its values")
+    add_run_flags(run)
+    run.add_argument("--quiet", action="store_true", help="print only the output folder")
+    vllm_bench.add_arguments(run)
+
+
+def _add_lut_arguments(lut: argparse.ArgumentParser) -> None:
+    from specbatch.commands.flags import typed
+
     lut.add_argument("--profile", default=None, help="profile directory or shipped profile name "
                      "(default: the shipped default profile)")
     lut.add_argument("--alpha", type=typed("--alpha", float), required=True,
@@ -110,12 +134,6 @@ def build_parser(command: str | None = None, *, every: bool = True) -> argparse.
     lut.add_argument("--format", choices=("vllm", "sglang", "trtllm"), default=None,
                      help="print the table as a ready-to-paste engine config instead: vLLM's speculative_config "
                           "JSON, SGLang's adaptive config JSON, or TensorRT-LLM's draft_len_schedule")
-    for name, (module, text) in COMMANDS.items():
-        if every or name == command:
-            importlib.import_module(module).add_arguments(sub.add_parser(name, help=text))
-        else:
-            sub.add_parser(name, help=text)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
