@@ -294,10 +294,10 @@ def main() -> int:
     from real_vllm import VALIDATION
 
     DATA = VALIDATION / "vllm-h100"  # the folder holding REAL_RUN
-    from scale import machine, warm_compiled  # one description of the machine for the benchmarks
+    from scale import check_unchanged, machine, warm_compiled  # one description of the machine for the benchmarks
 
-    for checkout in filter(None, (ROOT, args.against)):
-        warm_compiled(checkout)  # no measured process compiles, or runs interpreted meanwhile
+    # No measured process compiles, or runs interpreted meanwhile (check_unchanged: nor after an edit mid-run).
+    folders = {checkout: warm_compiled(checkout) for checkout in filter(None, (ROOT, args.against))}
 
     about = machine()
     print(f"machine        {about['cpu']}, {about['cores']} cores, Python {about['python']}, numpy {about['numpy']}")
@@ -319,6 +319,7 @@ def main() -> int:
                     rate = configs[case.rate_of].workload.rate
                 config = configs.setdefault(name, configure(case, args.requests, rate))
             rows.append(measure(name, case, config, args, folder))
+            check_unchanged(folders)
             print()
     if out is not None and rows:
         command = shlex.join(["python", "benchmarks/engine_speed.py", *sys.argv[1:]])

@@ -30,7 +30,9 @@ times, ``env.run()`` timed in a fresh process); a 200k-request run's whole run i
 multiple of it. ``--against DIR`` measures each case and size with another checkout's code too
 (e.g. ``git worktree add --detach /tmp/before main``), in turns with this one's, ``--repeat`` times
 each (medians), and records both, which the table quotes. Children run without
-``PYTHONDONTWRITEBYTECODE`` (with Python's bytecode cached, as an installed package runs).
+``PYTHONDONTWRITEBYTECODE`` (with Python's bytecode cached, as an installed package runs). Each
+checkout's engine is compiled before the first measurement, and the benchmark stops with an error
+where a checkout's rule files change under it (its runs would compile afresh, minutes in a figure).
 """
 
 from __future__ import annotations
@@ -155,11 +157,30 @@ def measure(case: str, size: int, trace: str | None = None, cache: str | None = 
     return row
 
 
-def warm_compiled(checkout: Path) -> None:
+def warm_compiled(checkout: Path) -> str:
     """Compile ``checkout``'s engine into its own cache folder now (nothing to do where it is warm), so
-    that no measured run of that code compiles, or runs interpreted while a background warm-up does."""
+    that no measured run of that code compiles, or runs interpreted while a background warm-up does.
+    Returns that folder (:func:`check_unchanged` holds the measurements to it)."""
     env = {**child_env(checkout), "SPECBATCH_BACKGROUND_COMPILE": "0"}
     subprocess.run([sys.executable, "-m", "sim.warm"], cwd=checkout, env=env, check=True, capture_output=True)
+    return compiled_folder(checkout)
+
+
+def compiled_folder(checkout: Path) -> str:
+    """``checkout``'s compiled-code folder, which sim/jit.py keys by the bytes of its rule files."""
+    done = subprocess.run([sys.executable, "-c", "from sim import jit; print(jit.cache_folder())"], cwd=checkout,
+                          env=child_env(checkout), check=True, capture_output=True, text=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def check_unchanged(folders: dict[Path, str]) -> None:
+    """Stop where a checkout's rule files changed since :func:`warm_compiled`: its compiled code is another
+    folder's, so the runs measured since compiled it afresh (minutes, in the figures) or ran interpreted."""
+    for checkout, folder in folders.items():
+        if compiled_folder(checkout) != folder:
+            raise SystemExit(f"error: {checkout}: its engine's code changed while it was measured (the compiled "
+                             f"code's folder is keyed by the rule files), so its runs compiled it afresh; "
+                             f"measure again")
 
 
 def alternated(case: str, size: int, trace: str | None, against: Path | None, repeat: int) -> dict:
@@ -288,8 +309,7 @@ def main() -> int:
            "load_average_at_start": os.getloadavg()[0], "simpy_1m_timeouts_s": statistics.median(simpy_runs),
            "rows": rows}
     print(f"bare SimPy loop of 1M timeouts: {doc['simpy_1m_timeouts_s']:.2f} s (median of 3)", flush=True)
-    for checkout in filter(None, (ROOT, args.against)):
-        warm_compiled(checkout)
+    folders = {checkout: warm_compiled(checkout) for checkout in filter(None, (ROOT, args.against))}
     with tempfile.TemporaryDirectory() as scratch:
         if args.keep and "cold_start" in kept:
             cold = kept["cold_start"]
@@ -308,6 +328,7 @@ def main() -> int:
                     write_default_trace(size, Path(trace))
                 warm(case, size, trace)
                 row = alternated(case, size, trace, args.against, args.repeat)
+                check_unchanged(folders)
                 row["load_average"] = os.getloadavg()[0]  # other work on the machine slows every figure
                 row["simpy_1m_timeouts_s"] = doc["simpy_1m_timeouts_s"]  # the yardstick of this invocation
                 rows.append(row)
