@@ -170,6 +170,64 @@ def test_a_corrupt_or_foreign_entry_is_ignored_and_rewritten(tmp_path, monkeypat
     assert _run_bytes(config, tmp_path / "c") == good
 
 
+def _entry_arrays() -> dict[str, np.ndarray]:
+    """What entries hold: float tables (C and Fortran order), integers, booleans, 0-d scalars, a JSON string."""
+    rng = np.random.default_rng(5)
+    return {"decode": rng.random((7, 300, 5)), "fortran": np.asfortranarray(rng.random((40, 3))),
+            "ints": np.arange(-50, 50, dtype=np.int64), "small": np.arange(9, dtype=np.int32).reshape(3, 3),
+            "flags": np.array([True, False, True]), "k_max": np.array(7), "step": np.array(2.5),
+            "meta": np.array(json.dumps({"name": "p", "grid": [1, 2, 4]})), "empty": np.zeros((0, 4))}
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_an_entry_reads_back_mapped_as_numpy_loads_it(tmp_path, monkeypatch, save):
+    """A stored entry's arrays are views of its file mapped copy-on-write (a compressed one, which cannot be,
+    is read whole): the names, dtypes, shapes, order and values numpy's own reader gives, writable without
+    writing the file."""
+    import mmap
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
+    arrays = _entry_arrays()
+    save(tmp_path / "k.npz", **arrays)
+    before = (tmp_path / "k.npz").read_bytes()
+    back = cache.load("k")
+    with np.load(tmp_path / "k.npz", allow_pickle=False) as entry:
+        assert list(back) == entry.files
+        for name in entry.files:
+            expected = entry[name]
+            assert back[name].dtype == expected.dtype and back[name].shape == expected.shape
+            assert back[name].flags.f_contiguous == expected.flags.f_contiguous
+            assert np.array_equal(back[name], expected)
+    assert all(isinstance(a.base, mmap.mmap) for a in back.values()) == (save is np.savez)
+    assert all(a.flags.writeable for a in back.values())
+    back["decode"][:] = 0.0
+    assert (tmp_path / "k.npz").read_bytes() == before
+
+
+def test_an_entry_whose_members_are_damaged_or_hold_objects_is_not_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
+    np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}], dtype=object))
+    assert cache.load("objects") is None  # as np.load without pickles refuses them
+    np.savez(tmp_path / "header.npz", **_entry_arrays())
+    data = bytearray((tmp_path / "header.npz").read_bytes())
+    at = data.index(b"\x93NUMPY")
+    data[at:at + 6] = b"XXXXXX"  # the first array's .npy magic
+    (tmp_path / "header.npz").write_bytes(bytes(data))
+    assert cache.load("header") is None
+    np.savez(tmp_path / "short.npz", **_entry_arrays())
+    data = bytearray((tmp_path / "short.npz").read_bytes())
+    at = data.index(b"'shape': (7, 300, 5)")
+    data[at:at + 20] = b"'shape': (9, 900, 9)"  # more values than the member holds
+    (tmp_path / "short.npz").write_bytes(bytes(data))
+    assert cache.load("short") is None
+    np.savez(tmp_path / "within.npz", **_entry_arrays())
+    data = bytearray((tmp_path / "within.npz").read_bytes())
+    at = data.index(b"'shape': (40, 3)")
+    data[at:at + 16] = b"'shape': (40, 4)"  # more than the member holds, fewer than the file does
+    (tmp_path / "within.npz").write_bytes(bytes(data))
+    assert cache.load("within") is None
+
+
 def test_an_unwritable_cache_folder_leaves_the_run_uncached(tmp_path, monkeypatch, run_config):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder would be")
