@@ -102,6 +102,43 @@ def test_step_table_agrees_with_exact_evaluation(roofline_model):
         assert table.prefill_time(b, p) == pytest.approx(exact_prefill, rel=5e-3)
 
 
+def test_a_curve_evaluates_a_repeated_point_once_with_the_values_of_whole_arrays(roofline_model):
+    """Broadcast coordinates (a step table's grid) repeat their points along an axis none of them varies
+    on; those are evaluated once, and the values are, to the bit, those of the same points given as whole
+    arrays, inside the grid and beyond it (extrapolated)."""
+    curve = roofline_model.decode_target
+    b = np.arange(1, 600, 7, dtype=float)[:, None, None]  # past the grid's largest batch too
+    q = np.array([1.0, 2.0, 5.0])[None, :, None]
+    c = np.linspace(16, 9000, 40)[None, None, :]
+    evaluated = []
+    interpolator = curve._interpolator()
+    curve._interp = lambda points: evaluated.append(len(points)) or interpolator(points)
+    try:
+        repeated = curve(batch_size=b, query_tokens=np.broadcast_to(1.0, q.shape), context_tokens=c)  # q = 1 throughout
+        whole = curve(batch_size=np.broadcast_to(b, (b.size, 3, c.size)).copy(),
+                      query_tokens=np.ones((b.size, 3, c.size)), context_tokens=np.broadcast_to(c, (b.size, 3, c.size)).copy())
+    finally:
+        curve._interp = interpolator
+    assert evaluated == [b.size * c.size, b.size * 3 * c.size]
+    assert repeated.shape == whole.shape and repeated.tobytes() == whole.tobytes()
+    assert repeated.flags.c_contiguous and repeated.flags.writeable
+    assert curve(batch_size=b, query_tokens=q, context_tokens=c).shape == whole.shape  # q varies: no point repeats
+
+
+def test_a_step_tables_values_do_not_depend_on_how_its_grid_is_laid_out(roofline_model):
+    """The table's decode times are, to the bit, those of every point of its grid evaluated in one call on
+    whole arrays (as before the curves evaluated a repeated point once, and k kept its own shape)."""
+    from sim.costmodel.model import TABLE_COLUMNS
+
+    table = roofline_model.tabulate(24, 4, 3000, 2000, True)
+    shape = (25, 5, TABLE_COLUMNS + 2)
+    b = np.broadcast_to(np.maximum(np.arange(25, dtype=float), 1.0)[:, None, None], shape).copy()
+    k = np.broadcast_to(np.arange(5, dtype=float)[None, :, None], shape).copy()
+    c = np.broadcast_to((np.arange(TABLE_COLUMNS + 2) * table.context_step).astype(float)[None, None, :], shape).copy()
+    whole = roofline_model.step_times(b, k, c)
+    assert np.asarray(table.decode.array)[1:].tobytes() == whole[1:].tobytes()
+
+
 def test_step_table_rows_become_lists_only_when_used(roofline_model):
     """A table's rows are made lists per batch size on first look-up (memory); their values are the
     array's, and what the cache stores is the array itself, visited rows or not."""

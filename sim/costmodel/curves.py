@@ -124,8 +124,19 @@ class Curve:
         return float(g[0]), float(g[-1])
 
     def __call__(self, **coords: np.ndarray | float) -> np.ndarray:
-        """Vectorised evaluation; broadcasting over the coordinate arrays."""
+        """Vectorised evaluation; broadcasting over the coordinate arrays.
+
+        An axis of the broadcast shape along which no coordinate varies (every array a broadcast view
+        there: a zero stride) holds the same points over and over: they are evaluated once and the
+        values repeated. A step table's verification does not vary with the context, nor its drafting
+        with k: evaluating each point once made a table quicker to build (0.66 s -> 0.37-0.47 s at
+        batch 256, k 7), with the same values to the bit (every shipped profile's tables, checked)."""
         arrays = np.broadcast_arrays(*(np.asarray(coords[a], dtype=float) for a in self.axes))
+        shape = arrays[0].shape
+        repeated = [i for i, n in enumerate(shape) if n > 1 and all(a.strides[i] == 0 for a in arrays)]
+        if repeated:
+            once = tuple(slice(0, 1) if i in repeated else slice(None) for i in range(len(shape)))
+            return np.ascontiguousarray(np.broadcast_to(self(**{a: v[once] for a, v in zip(self.axes, arrays)}), shape))
         x = dict(zip(self.axes, arrays))
         clamped = {a: np.clip(v, g[0], g[-1]) for (a, v), g in zip(x.items(), self.grid)}
         if not self._live:

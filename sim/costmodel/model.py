@@ -286,8 +286,8 @@ class CostModel:
     def decode_pass_times(self, batch_size, k, context_tokens) -> np.ndarray:
         """The passes of a decode step: the drafting at k (a draft model: k passes), the target over
         q(k) = k + 1 tokens (a tree: its tokens down to depth k), verification of q(k) - 1."""
-        b, k, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens)))
-        q = self.target_tokens(k)
+        b, k, c = (np.asarray(v, dtype=float) for v in (batch_size, k, context_tokens))
+        q = self.target_tokens(k)  # in k's own shape: each curve then evaluates a point once (Curve.__call__)
         target = self.decode_target(batch_size=b, query_tokens=q, context_tokens=c)
         verify = self.verify(batch_size=b, query_tokens=q - 1)
         return self.drafting_times(b, k, c) + target + verify
