@@ -217,7 +217,7 @@ def _prepare(config: RunConfig, role: str | None = None) -> PreparedRun:
     """One run's (or, ``role``, one disaggregated pool's) preparation: the checks of its inputs, its requests,
     cost model, step table, policy and replica."""
     try:
-        profile, cost_model, digest = _profile_and_costs(config.profile)
+        profile, cost_model, digest = profile_and_costs(config.profile)
     except InputError as exc:
         if exc.source is None:  # the name itself was bad: point at where it was given
             raise config.error("profile", exc.message) from None
@@ -339,10 +339,10 @@ def checked_profile(name: str) -> Profile:
     """A profile, loaded and validated as :func:`~sim.costmodel.profile.load_profile` does, for a command that
     needs its facts before its runs: from the fitted-profile cache when these bytes were checked and fitted
     before (then its points are not read, nor pandas imported), its problems otherwise the same one line."""
-    return _profile_and_costs(name)[0]
+    return profile_and_costs(name)[0]
 
 
-def _profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
+def profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
     """Load and fit a profile once per process, and once per machine through the disk cache
     (:mod:`sim.costmodel.cache`): sweeps and capacity searches run hundreds of scenarios on one profile,
     and fitting its curves costs far more than a small run."""

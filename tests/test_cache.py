@@ -141,9 +141,9 @@ def test_step_table_arrays_round_trip_with_and_without_chunks(tmp_path, monkeypa
 
     monkeypatch.setenv(cache.ENV, "")
     _fitted.cache_clear()
-    from sim.simulate import _profile_and_costs
+    from sim.simulate import profile_and_costs
 
-    _, model, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    _, model, _ = profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
     for chunk_tokens in (0, 2048):
         table = model.tabulate(4, 2, 300, 200, True, chunk_tokens=chunk_tokens)
         back = StepTable.from_arrays(dict(np.load(_saved(tmp_path, table.arrays()))))

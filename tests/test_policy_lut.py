@@ -182,6 +182,22 @@ def test_specbatch_lut_prints_and_writes_a_config_that_run_accepts(capsys, tmp_p
     assert code == 0, err
 
 
+def test_specbatch_lut_prices_each_batch_and_k_as_the_cost_model_does(synthetic_profile):
+    """The command evaluates its (batch, k) grid in one call on the machine's fitted model (the fit cache):
+    each entry is the model's step_time there, and the table the one a point-by-point build gives."""
+    from policies.lut import build_lut
+    from sim.simulate import profile_and_costs
+    from specbatch.commands.cli import step_times_at
+
+    _, model, _ = profile_and_costs(str(synthetic_profile))
+    grid = step_times_at(model, 3, 40, 700.0)
+    for b in (1, 2, 17, 40):
+        for k in range(4):
+            assert grid(b, k, 700.0) == pytest.approx(model.step_time(b, k, 700.0), rel=1e-12)
+    for alpha in (0.3, 0.7, 0.95):
+        assert build_lut(grid, alpha, 3, 40, 700.0) == build_lut(model.step_time, alpha, 3, 40, 700.0)
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["--alpha", "1.2"], "error: --alpha: must be inside (0, 1), got 1.2"),
     (["--alpha", "0.7", "--k-max", "9"], "error: --k-max: must be in 0..7 (the profile's measured k_max), got 9"),

@@ -343,9 +343,9 @@ def test_the_real_replay_refuses_the_v1_scheduler_asked_for():
 
 def test_the_step_table_prices_mixed_steps_as_the_cost_model_does(tmp_path):
     from sim.costmodel.model import cuda_graph_sizes
-    from sim.simulate import _profile_and_costs
+    from sim.simulate import profile_and_costs
 
-    _, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    _, cm, _ = profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
     table = cm.tabulate(64, 3, 6000, 4096, with_draft=True, chunk_tokens=8192)
     sizes = cuda_graph_sizes(64, 3, 8192)
     for b, k, c, q, s in [(0, 0, 0, 512, 0), (0, 0, 0, 8000, 0), (8, 3, 700, 300, 0), (64, 3, 2500, 4000, 0),
@@ -364,9 +364,9 @@ HAVE_DATA = importlib.util.find_spec("aiconfigurator_core") is not None
 @pytest.mark.skipif(not HAVE_DATA, reason="aiconfigurator-core not installed (pip install -e \".[gpu-data]\")")
 def test_the_mixed_step_formula_stays_close_to_the_kernel_composition():
     from specbatch.commands.compose import pricers_for
-    from sim.simulate import _profile_and_costs
+    from sim.simulate import profile_and_costs
 
-    profile, cm, _ = _profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
+    profile, cm, _ = profile_and_costs("h100-llama-3.1-8b-llama-3.2-1b")
     target = pricers_for(profile)["target"]
 
     def p(x):

@@ -48,6 +48,14 @@ def test_the_top_levels_help_imports_none_of_the_simulator():
     assert _python(code).stderr.strip().splitlines()[-1] == "True"  # (the test sees what a command's help loads)
 
 
+def test_specbatch_profiles_lists_from_the_sidecars_alone():
+    """The listing reads each profile.json, not its points (pandas and every profile.csv: 2 s)."""
+    code = ("import sys, io, contextlib\nfrom specbatch.commands.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    main(['profiles'])\n"
+            "print('pandas.core.frame' in sys.modules, 'scipy.interpolate' in sys.modules)")  # (pandas: lazy until used)
+    assert _python(code).stdout.split() == ["False", "False"]
+
+
 def test_every_commands_help_is_the_same_built_lazily_or_in_full():
     full = cli.build_parser()
     lazy = cli.build_parser(None, every=False)

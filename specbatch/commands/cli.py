@@ -302,15 +302,15 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _profiles(name: str | None) -> int:
-    from sim.costmodel.profile import DEFAULT_PROFILE, load_profile, shipped_profiles
+    from sim.costmodel.profile import DEFAULT_PROFILE, gpus_per_replica, load_meta, load_profile, shipped_profiles
 
-    if name is None:
+    if name is None:  # from the sidecars alone
         print(f"{'profile':<40} {'source':<9} {'GPUs':>4}  device")
         for shipped in shipped_profiles():
-            profile = load_profile(shipped)
+            meta = load_meta(shipped)
             mark = " (default)" if shipped == DEFAULT_PROFILE else ""
-            print(f"{shipped + mark:<40} {profile_source(profile.meta):<9} {profile.gpus_per_replica:>4}  "
-                  f"{profile.meta.get('device', {}).get('name', '?')}")
+            print(f"{shipped + mark:<40} {profile_source(meta):<9} {gpus_per_replica(meta):>4}  "
+                  f"{meta.get('device', {}).get('name', '?')}")
         return 0
     profile = load_profile(name)
     meta = profile.meta
@@ -372,9 +372,9 @@ def _lut(args: argparse.Namespace) -> int:
     from sim.atomic_write import write_file
     from sim.config import load_config
     from sim.atomic_write import check_output
-    from sim.costmodel.model import CostModel
     from sim.limits import MAX_BATCH
-    from sim.costmodel.profile import DEFAULT_PROFILE, load_profile
+    from sim.costmodel.profile import DEFAULT_PROFILE
+    from sim.simulate import profile_and_costs
 
     alpha = args.alpha
     if not (0.0 < alpha < 1.0):
@@ -391,11 +391,11 @@ def _lut(args: argparse.Namespace) -> int:
                          source="--max-batch")
     if args.out:
         check_output(args.out, folder=False, source=f"--out {args.out}")
-    profile = load_profile(args.profile or DEFAULT_PROFILE)
+    profile, model, _ = profile_and_costs(args.profile or DEFAULT_PROFILE)  # fitted once per machine, as a run's
     if not 0 <= k_max <= profile.k_max:
         raise InputError(f"must be in 0..{profile.k_max} (the profile's measured k_max), got {k_max}",
                          source="--k-max")
-    step_time = CostModel(profile).step_time
+    step_time = step_times_at(model, k_max, max_batch, context)
     table = build_lut(step_time, alpha, k_max, max_batch, context)
     out = Path(args.out) if args.out else None
     if args.format:
@@ -414,6 +414,20 @@ def _lut(args: argparse.Namespace) -> int:
     if out is not None:
         print(f"Wrote {out}")
     return 0
+
+
+def step_times_at(model, k_max: int, max_batch: int, context: float):
+    """``model.step_time(b, k, context)`` for b in 1..max_batch and k in 0..k_max, evaluated in one call
+    (one at a time, the 1,285 a default table asks for took 1.6 s), as a function of (b, k, c)."""
+    import numpy as np
+
+    times = model.step_times(np.arange(1, max_batch + 1)[:, None], np.arange(k_max + 1)[None, :], context)
+
+    def step_time(batch_size: int, k: int, context_tokens: float) -> float:
+        assert context_tokens == context, "tabulated at one context"
+        return float(times[batch_size - 1, k])
+
+    return step_time
 
 
 def _lut_engine_config(fmt: str, table: list, out) -> int:
