@@ -228,7 +228,7 @@ def resolve_profile_path(name_or_path: str | os.PathLike[str]) -> Path:
 def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     """Load and validate a profile; every problem is one :class:`InputError`."""
     directory = resolve_profile_path(name_or_path)
-    csv_path = directory / CSV_NAME
+    csv_path, meta_path = directory / CSV_NAME, directory / META_NAME
     meta = load_meta(directory)
     table = read_points(csv_path)
     ok = table[table.status == "ok"].reset_index(drop=True)
