@@ -260,7 +260,7 @@ def test_a_warm_run_imports_neither_pandas_nor_scipy(tmp_path):
     env = {"SPECBATCH_CACHE_DIR": str(cache_with_compiled_engine(tmp_path / "cache")), "PATH": "/usr/bin:/bin",
            "SPECBATCH_BACKGROUND_COMPILE": "0"}
     script = ("import sys; from specbatch.commands.cli import main; "
-              f"main(['run', '--num-requests', '200', '--out', sys.argv[1]]); "
+              "main(['run', '--num-requests', '200', '--out', sys.argv[1]]); "
               "loaded = [m for m in ('pandas', 'scipy.optimize', 'scipy.interpolate', 'scipy.stats') if m in sys.modules "
               "and type(sys.modules[m]).__name__ != '_LazyModule']; print(loaded)")
     first = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a")], cwd=ROOT, env=env,

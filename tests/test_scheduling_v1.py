@@ -27,7 +27,6 @@ from sim.serving.clock import simulate_replica
 from sim.scheduler.layout import C_FREE_BLOCKS, C_PREFILLING, C_REQUEUED, C_RUNNING
 from sim.serving.queues import arrival_queue
 from sim.serving.records import DECODE, MIXED, PREFILL
-from sim.simulate import simulate
 from tests.synthetic import make_profile
 
 
