@@ -32,19 +32,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_HOME))
 
 
-__all__ = [
-    "LengthSpec",
-    "RateProfile",
-    "Requests",
-    "TraceError",
-    "VllmResult",
-    "burstiness_from_cv",
-    "gamma_arrivals",
-    "parse_length_spec",
-    "parse_rate_profile",
-    "poisson_arrivals",
-    "profile_arrivals",
-    "read_trace",
-    "read_vllm_result",
-    "write_trace",
-]
+__all__ = sorted(_HOME)
