@@ -849,3 +849,38 @@ def test_a_certain_miss_needs_enough_of_the_first_seed_over_the_limit():
     tpot = SLO("p90_tpot_ms", 40.0)
     assert certain_miss(_point_run([10.0] * 6, [50.0] * 4 + [np.nan] * 2), (tpot,), 0, 0) == tpot.metric
     assert certain_miss(_point_run([10.0] * 6, [50.0] * 2 + [10.0] * 2 + [np.nan] * 2), (tpot,), 0, 0) is None
+
+
+def test_the_report_figures_keep_every_label_inside_and_apart(report, monkeypatch):
+    """The figures are placed by fixed margins (no tight_layout): with two profiles, rates up to 1000 req/s and
+    latencies over five decades, every label stays inside its figure and clear of the others."""
+    from dataclasses import replace
+
+    from specbatch.commands.capacity import report as report_module
+    from specbatch.commands.capacity.search import Point
+    from tests.test_figures import labels_fit
+
+    inputs, outcomes, costs = _small_outcome(report)
+    (base,) = outcomes["p"].values()
+    queue = {"growth": 0.0, "low": -0.001, "high": 0.001, "tolerated": 0.01, "verdict": "stable"}
+    points = {rate: Point(rate, 100, 0, 100, {**base.points[1.0].stats, "p99_e2el_ms": rate ** 1.6, "goodput": rate,
+                                              "throughput": rate}, queue, "pass", "shown")
+              for rate in (1.0, 10.0, 100.0, 1000.0)}
+    wide = replace(base, points=points, max_rate=1000.0)
+    outcomes = {"p": {"none": wide, "fixed": replace(wide, label="fixed")},
+                "h100-llama-3.1-8b-eagle3-second": {"none": wide, "fixed": replace(wide, label="fixed")}}
+    inputs = replace(inputs, profiles={name: inputs.profiles["p"] for name in outcomes})
+    drawn = []
+    real_png = report_module._png
+
+    def checked_png(plt, fig):
+        labels_fit(fig)
+        drawn.append(fig)
+        return real_png(plt, fig)
+
+    monkeypatch.setattr(report_module, "_png", checked_png)
+    from specbatch.commands.capacity.costing import Costing
+
+    costs = {name: {label: Costing(None, None, 0.25) for label in by_policy} for name, by_policy in outcomes.items()}
+    report_module.render_figures(inputs, outcomes, costs)
+    assert len(drawn) >= 3

@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 
+from specbatch.commands.figures import plain_log_labels
 from specbatch.commands.regress import assert_no_regression, check_baseline
 from sim.config import RunConfig, key_for, load_config
 from sim.errors import InputError
@@ -231,6 +232,7 @@ def latency_cdf_svg(requests: pd.DataFrame) -> str | None:
         if len(values):
             ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=label)
     ax.set_xscale("log")
+    plain_log_labels(ax.xaxis)
     ax.set_xlabel("latency (ms)")
     ax.set_ylabel("fraction of requests")
     ax.set_title("latency CDF")

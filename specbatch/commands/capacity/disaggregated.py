@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.errors import InputError
+from specbatch.commands.figures import plain_log_labels
 
 AGGREGATED = "aggregated"
 RATIOS_FLAG, BUDGET_FLAG = "--pd-ratios", "--gpu-budget"
@@ -226,6 +227,7 @@ def frontier_figure(plt, inputs, outcomes: dict, colors: dict):
                             markersize=11, color=colors[name])
         ax.axvline(slo.limit_ms, color="dimgrey", ls="--", lw=1.5)
         ax.set_xscale("log")
+        plain_log_labels(ax.xaxis)
         ax.set_xlabel(f"{slo.metric} (ms)")
         ax.set_ylabel("request rate per GPU (req/s)")
         ax.grid(alpha=0.3)

@@ -26,7 +26,7 @@ from specbatch.commands.capacity.costing import Costing
 from specbatch.commands.capacity.formats import money_text, num_text, policy_text
 from specbatch.commands.capacity.inputs import LONGEST, SLO, SearchSettings
 from specbatch.commands.capacity.search import PolicyOutcome
-from specbatch.commands.figures import NO_MATPLOTLIB, have_matplotlib
+from specbatch.commands.figures import NO_MATPLOTLIB, have_matplotlib, place_axes, plain_log_labels
 from sim.errors import InputError
 from sim.stability import CONFIDENCE
 
@@ -484,14 +484,15 @@ def _latency_figure(plt, inputs, outcomes, colors):
                     ax.axvline(o.max_rate, color=colors[label], ls=":", lw=1)
             ax.axhline(slo.limit_ms / 1e3, color="dimgrey", ls="--", lw=1.5, label="SLO")
             ax.set_yscale("log")
+            plain_log_labels(ax.yaxis)
             ax.set_xlabel("request rate (req/s)")
             ax.set_ylabel(f"{slo.metric[:-3]} (s)")
             if rows > 1:
                 ax.set_title(name, fontsize=9)
             ax.grid(alpha=0.3)
         ax_row[0].legend(fontsize=7)
-    fig.suptitle("Latency vs rate (pooled over seeds); dotted: each policy's max rate")
-    fig.tight_layout()
+    place_axes(fig, axes, "Latency vs rate (pooled over seeds); dotted: each policy's max rate",
+               top=0.5 + (0.25 if rows > 1 else 0.0), row_gap=1.0)
     return fig
 
 
@@ -512,9 +513,8 @@ def _goodput_figure(plt, outcomes, colors):
         ax.set_title("Goodput vs rate, per replica (dotted: throughput)" if n == 1 else name, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    if n > 1:
-        fig.suptitle("Goodput vs rate, per replica (dotted: throughput over the measured window)")
-    fig.tight_layout()
+    place_axes(fig, axes, "Goodput vs rate, per replica (dotted: throughput over the measured window)" if n > 1 else None,
+               top=0.55 if n > 1 else 0.3)
     return fig
 
 
@@ -536,13 +536,14 @@ def _operating_figure(plt, outcomes, colors):
                 smooth = np.convolve(values, np.ones(window) / window, mode="valid")
                 ax.plot(minutes[window - 1:], smooth, color=colors[label], lw=1.2)
             ax.set_ylabel(name)
-            ax.set_title(f"{title} at {o.max_rate:.4g} req/s: {name}", fontsize=9)
             ax.grid(alpha=0.3)
+        # one title a row, from the left panel's edge: room for a long profile name across both panels
+        row[0].set_title(f"{title} at {o.max_rate:.4g} req/s", fontsize=9, loc="left")
         row[0].set_ylim(-0.3, max(1.0, float(steps["k"].max())) + 0.3)
     for ax in axes[-1]:
         ax.set_xlabel("simulated time (min)")
-    fig.suptitle("At each policy's max rate (first seed): k and batch size, mean over a sliding 1/200 of the decode steps")
-    fig.tight_layout()
+    place_axes(fig, axes, "At each policy's max rate (first seed): k and batch size, mean over a sliding 1/200 of the "
+               "decode steps", top=0.6, row_gap=0.55, column_gap=0.75)
     return fig
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import sim
 from sim.atomic_write import write_file
-from specbatch.commands.figures import NO_MATPLOTLIB, have_matplotlib
+from specbatch.commands.figures import NO_MATPLOTLIB, have_matplotlib, plain_log_labels
 from sim.errors import InputError
 
 MARKER = "tune.json"
@@ -322,6 +322,7 @@ def render_figure(result: "TuneResult") -> bytes:
         shares.set_ylabel("share of decode steps (tuned, bars)")
         shares.set_ylim(0, 1)
         ax_k.set_xscale("log", base=2)
+        plain_log_labels(ax_k.xaxis)
         ax_k.set_xlabel("batch size")
         ax_k.set_ylabel("k")
         ax_k.set_ylim(-0.3, space.k_values[-1] + 0.3)
