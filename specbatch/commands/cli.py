@@ -262,7 +262,6 @@ def _simulate(args: argparse.Namespace) -> int:
     from sim.atomic_write import check_output
     from specbatch.commands import vllm_bench
     from specbatch.commands.flags import run_overrides
-    from specbatch.commands.outputs import format_summary, run_to_folder
     from sim.config import load_config
 
     overrides = run_overrides(args)
@@ -275,6 +274,8 @@ def _simulate(args: argparse.Namespace) -> int:
     saved = vllm_bench.result_path(args, config)
     if saved is not None:
         check_output(saved, folder=False, field="result", source="--result-filename")
+    from specbatch.commands.outputs import format_summary, run_to_folder  # the simulator: after the inputs' checks
+
     result, out = run_to_folder(config, default_folder=True,  # a vLLM result file reads the steps: keep them
                                 warn=lambda warning: print(f"warning: {warning}", file=sys.stderr),
                                 keep_steps=saved is not None)
