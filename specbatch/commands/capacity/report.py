@@ -513,8 +513,8 @@ def _goodput_figure(plt, outcomes, colors):
         ax.set_title("Goodput vs rate, per replica (dotted: throughput)" if n == 1 else name, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    place_axes(fig, axes, "Goodput vs rate, per replica (dotted: throughput over the measured window)" if n > 1 else None,
-               top=0.55 if n > 1 else 0.3)
+    title = "Goodput vs rate, per replica (dotted: throughput over the measured window)" if n > 1 else None
+    place_axes(fig, axes, title, top=0.55 if n > 1 else 0.3)
     return fig
 
 
