@@ -37,8 +37,11 @@ def tune(profile: Path, out: Path, *extra: str) -> int:
 def test_the_method_s_num_speculative_tokens_caps_every_baseline_and_trial(eagle_profile, tmp_path):
     from policies.registry import make_policy
 
+    from specbatch.commands import cli
+
     out = tmp_path / "tune"
     assert tune(eagle_profile, out, "--speculative-config", EAGLE3_K2) == 0  # no --k-max: the method's k
+    assert cli._NOTHING_LEFT_TO_DO  # the console script may end without the interpreter's teardown
     doc = json.loads((out / "tune.json").read_text())
     assert doc["space"]["k_values"] == [0, 1, 2]
     rows = {row["label"]: row["policy"] for row in doc["holdout"]}
@@ -168,3 +171,6 @@ def test_a_dask_tune_opens_one_client_for_all_its_batches_and_closes_it(eagle_pr
                  "--workers", "2"]) == 0
     assert json.loads((out / "tune.json").read_text())
     assert len(batches) >= 2 and opened == [("local", 2)] and closed == [1]
+    from specbatch.commands import cli
+
+    assert not cli._NOTHING_LEFT_TO_DO  # Dask's own exit handlers run

@@ -270,6 +270,7 @@ def main(args: argparse.Namespace) -> int:
     from sim.atomic_write import check_output, output_lock
     from specbatch.commands.capacity.report import check_out_dir
     from specbatch.commands.capacity.search import stderr_progress
+    from specbatch.commands.cli import nothing_left_to_do
     from specbatch.commands.figures import have_matplotlib
 
     if args.out:  # a named folder is checked before the plan fits its profiles
@@ -279,8 +280,9 @@ def main(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out if args.out else plan.default_out())  # before the search, not after
     check_output(out, folder=True, field="out", source=f"--out {out}" if args.out else None)
     with output_lock(out, field="out", source=f"--out {out}" if args.out else None):
-        result = plan.search(progress=None if args.quiet else stderr_progress)
+        result = plan.search(progress=None if args.quiet else stderr_progress)  # (its pool is shut down)
         result.write(out)
+    nothing_left_to_do()
     print(result.table_text())
     figures = "figures" if have_matplotlib() else "no figures: matplotlib is not installed, pip install 'specbatch[report]'"
     print(f"Search took {result.wall_s:.1f} s wall on {args.jobs} worker(s), {result.runs} runs, "

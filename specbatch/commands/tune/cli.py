@@ -88,8 +88,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"interrupted: the runs finished so far are in {out / 'cells'}; the same command resumes",
               file=sys.stderr)
         return 130
+    from specbatch.commands.cli import nothing_left_to_do
     from specbatch.commands.figures import have_matplotlib
 
+    if args.dask is None:  # (with --dask, Dask's own exit handlers are left to run)
+        nothing_left_to_do()
     print(result.text())
     figure = "" if have_matplotlib() else "; no figure: matplotlib is not installed, pip install 'specbatch[report]'"
     print(f"{result.ran} runs now, {result.stored} from the store; the tune took {result.wall_s:.1f} s. "
