@@ -473,8 +473,9 @@ def test_report_is_deterministic_in_process_or_on_a_pool(report, synthetic_profi
 
 def test_the_console_script_ends_without_teardown_once_the_report_is_written(synthetic_profile, tmp_path):
     """After a search its process ends by os._exit (the interpreter's teardown took 0.27-0.32 s after the
-    default search's last line): exit status 0, the report whole, the output flushed, the exit handlers (here one that would
-    print) never run, and the pool's workers and fork server gone without a word (no leaked semaphore)."""
+    default search's last line): exit status 0, the report whole, the output flushed, the exit handlers
+    (here one that would print) never run, and the pool's workers and fork server gone without a leaked
+    semaphore's warning."""
     import subprocess
     import sys
 
@@ -483,7 +484,8 @@ def test_the_console_script_ends_without_teardown_once_the_report_is_written(syn
             "atexit.register(lambda: print('teardown ran')); sys.argv = ['specbatch', *sys.argv[1:]]; entry_point()")
     done = subprocess.run([sys.executable, "-c", code, "capacity", "--quiet", "--profile", str(synthetic_profile),
                            "--jobs", "2", "--out", str(out), *REPORT_ARGS], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
+    # (stderr may carry a fresh machine's one-time notes, matplotlib's font cache say: not the tracker's warning)
+    assert done.returncode == 0 and "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert "teardown ran" not in done.stdout and done.stdout.splitlines()[-1].startswith("Search took")
     assert (out / "capacity.json").is_file() and (out / "report.html").is_file()
 

@@ -41,7 +41,8 @@ def label_of(plan, profile: str | None, policy: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, profile, policy", [("cpu", None, "fixed"), ("cpu", None, "goodput"), ("gpus", H100, "none")])
+@pytest.mark.parametrize("name, profile, policy", [("cpu", None, "fixed"), ("cpu", None, "goodput"),
+                                                   ("gpus", H100, "none")])
 def test_the_committed_example_is_what_the_code_gives_today(examples, name, profile, policy):
     from specbatch.commands.capacity.search import search_capacity
 
