@@ -25,7 +25,7 @@ import tomli_w
 from sim.speculation.acceptance import DISTRIBUTIONS, MODELS, PROPOSERS, AcceptanceSpec, parse_rates
 from sim.errors import InputError, missing_file, read_text
 from sim.limits import INT64_MAX, MAX_BATCH, MAX_REPLICAS, MAX_TIME_S, MAX_TOKENS, SEED_MAX, memory_problem, request_bytes
-from sim.costmodel.profile import SAMPLERS
+from sim.costmodel.profile import SAMPLERS, resolve_profile_path
 from sim.metrics import SPEC_DECODE_DETAIL, parse_goodput
 from sim.router import CACHE_ROUTERS, ROUTERS, parse_router, router_text
 from sim.serving.transfer import KV_LINKS, KV_TRANSFERS
@@ -519,6 +519,31 @@ class RunConfig:
     def error(self, key: str, message: str) -> InputError:
         """An InputError naming ``key`` and where its value came from."""
         return error_at(self.sources, key, message)
+
+    def profile_path(self) -> Path:
+        """The profile's directory. A name that is neither a directory nor a shipped profile is the ``profile``
+        key's error, naming the flag or the file's line that gave it: a command checks this before it loads
+        the simulator, so that a mistyped name answers as soon as a bad setting does."""
+        try:
+            return resolve_profile_path(self.profile)
+        except InputError as exc:
+            raise self.error("profile", exc.message) from None
+
+    def policy_class(self) -> type:
+        """The class ``policy.name`` stands for (built in, or a user's ``module:Class``, imported); an unknown
+        name, or a module that cannot be imported, is the ``policy.name`` key's error. Checked, like
+        :meth:`profile_path`, before the simulator is loaded."""
+        from policies import PolicyError, policy_class
+
+        try:
+            return policy_class(self.policy.name)
+        except PolicyError as exc:
+            raise self.policy_error(exc) from None
+
+    def policy_error(self, exc) -> InputError:
+        """A policy's :class:`~policies.PolicyError` as the error of the policy key it is about."""
+        key = "policy.name" if exc.field in (None, "name") else f"policy.{exc.field}"
+        return self.error(key, exc.message)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as TOML-ready data (None values are left out), in :data:`KEYS` order."""

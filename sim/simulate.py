@@ -216,12 +216,7 @@ def _prepare_pools(config: RunConfig) -> PreparedRun:
 def _prepare(config: RunConfig, role: str | None = None) -> PreparedRun:
     """One run's (or, ``role``, one disaggregated pool's) preparation: the checks of its inputs, its requests,
     cost model, step table, policy and replica."""
-    try:
-        profile, cost_model, digest = profile_and_costs(config.profile)
-    except InputError as exc:
-        if exc.source is None:  # the name itself was bad: point at where it was given
-            raise config.error("profile", exc.message) from None
-        raise
+    profile, cost_model, digest = profile_and_costs(config.profile_path())
     cost_model, digest = _with_sampling(config, profile, cost_model, digest)
     try:
         policy = make_policy(config.policy.name, config.policy.params)
@@ -231,7 +226,7 @@ def _prepare(config: RunConfig, role: str | None = None) -> PreparedRun:
         if policy.max_k > profile.k_max:
             raise policy.max_k_error(profile.k_max)
     except PolicyError as exc:
-        raise _policy_error(config, exc) from None
+        raise config.policy_error(exc) from None
     speculation = plan_run(config, cost_model, policy.max_k)
     problem = memory_problem(table_bytes(config.engine.max_batch_size, policy.max_k))
     if problem is not None:  # before the first arrival is drawn (sim.limits)
@@ -297,7 +292,7 @@ def _prepare(config: RunConfig, role: str | None = None) -> PreparedRun:
     try:
         policy.bind(profile.k_max, table)  # the fast table: policies may price every step
     except PolicyError as exc:
-        raise _policy_error(config, exc) from None
+        raise config.policy_error(exc) from None
     # vllm-v1 holds its budget as arrays of blocks: beyond every request at its longest at once (which never
     # evicts nor preempts) more blocks change nothing, so a budget of 2**40 tokens allocates what the run can use.
     held = min(budget, int(reserve.sum())) if v1 else budget
@@ -426,11 +421,6 @@ def _check_counts(config: RunConfig, requests: Requests, max_k: int) -> None:
         what = (f"a request of {int(requests.output_tokens.max())} output tokens may draft up to {max_k} tokens "
                 f"a step" if drafts > COUNT_MAX else f"a request of {tokens} prompt and output tokens")
         raise config.error(where, f"{what}: beyond the {COUNT_MAX} a request's counts hold; give shorter requests")
-
-
-def _policy_error(config: RunConfig, exc: PolicyError) -> InputError:
-    key = "policy.name" if exc.field in (None, "name") else f"policy.{exc.field}"
-    return config.error(key, exc.message)
 
 
 def make_requests(config: RunConfig, rng: np.random.Generator) -> Requests:

@@ -279,6 +279,8 @@ def _simulate(args: argparse.Namespace) -> int:
     overrides.update(vllm_bench.sampling_overrides({k: getattr(args, k) for k in vllm_bench.SAMPLING_KEYWORDS},
                                                    overrides["workload.sampling"][0] is not None))
     config = load_config(args.config, overrides)
+    config.profile_path()  # the names a run is most often given wrong: checked before the simulator is loaded
+    config.policy_class()
     chosen = vllm_bench.selection(args)
     saved = vllm_bench.result_path(args, config)
     if saved is not None:

@@ -211,6 +211,7 @@ def plan_capacity(config: str | None, overrides: dict[str, Any], *, slos: list[s
         raise InputError(f"must be inside (0, 1), got {tolerance:g}", source="--tolerance")
     if not 0 <= warmup < 0.9:
         raise InputError(f"must be in [0, 0.9), got {warmup:g}", source="--warmup")
+    _check_names(overrides, profiles, specs)  # a mistyped name answers before the pool's server takes the cores
     if jobs > 1:
         from specbatch.commands.workers import start_fork_server
 
@@ -296,10 +297,12 @@ def _profile_bases(config: str | None, overrides: dict, profiles: str | None) ->
     """Profile name -> (base scenario, profile): the one of --profile/--config, or one per --profiles entry."""
     from specbatch.commands.capacity.inputs import base_config
     from sim.costmodel.profile import load_profile
-    from sim.simulate import checked_profile
 
     if profiles is None:
         base = base_config(config, overrides)
+        base.profile_path()  # a mistyped name, before the simulator is loaded
+        from sim.simulate import checked_profile
+
         profile = checked_profile(base.profile)
         return {profile.name: (base, profile)}
     given = overrides.get("profile")  # the config key --profile sets: a plain value or a (value, source) pair
@@ -320,6 +323,28 @@ def _profile_bases(config: str | None, overrides: dict, profiles: str | None) ->
             raise InputError(f"profile {profile.name} is listed twice", source="--profiles")
         bases[profile.name] = (base_config(config, {**overrides, "profile": (name, "--profiles")}), profile)
     return bases
+
+
+def _check_names(overrides: dict, profiles: str | None, specs) -> None:
+    """That the profiles and policies named on the command line exist (a directory or a shipped profile; a
+    built-in policy or an importable ``module:Class``): the lookups the plan makes as it loads them, made
+    first. (A name in a ``--config`` file is looked up as the plan reads the file.)"""
+    from policies import PolicyError, policy_class
+    from specbatch.commands.capacity.inputs import policies_error
+    from sim.costmodel.profile import resolve_profile_path
+
+    flag, names = ("--profiles", [part.strip() for part in profiles.split(",")]) if profiles is not None else \
+        ("--profile", [_given(overrides, "profile")])
+    for name in filter(None, names):
+        try:
+            resolve_profile_path(name)
+        except InputError as exc:
+            raise InputError(exc.message, source=flag, field="profile" if flag == "--profile" else None) from None
+    for spec in specs:
+        try:
+            policy_class(spec.name)
+        except PolicyError as exc:
+            raise policies_error(spec.label, exc.message, "policy.name") from None
 
 
 def _given(overrides: dict, key: str):
@@ -496,6 +521,7 @@ def _at_least(value: int, minimum: int, flag: str, what: str | None = None) -> N
 
 def _prepared(config, label: str):
     """The config as the run resolves it (policy defaults filled in); a bad policy fails here."""
+    from specbatch.commands.capacity.inputs import policies_error
     from sim.simulate import prepare
 
     probe = replace(config, workload=replace(config.workload, num_requests=2, duration_s=None))
@@ -503,7 +529,7 @@ def _prepared(config, label: str):
         resolved = prepare(probe).config
     except InputError as exc:
         if exc.field and exc.field.startswith("policy"):
-            raise InputError(f"{label}: {exc.message}", field=exc.field, source="--policies") from None
+            raise policies_error(label, exc.message, exc.field) from None
         raise
     return replace(config, policy=resolved.policy)
 

@@ -122,6 +122,11 @@ def parse_policies(text: str) -> tuple[PolicySpec, ...]:
     return tuple(specs)
 
 
+def policies_error(label: str, message: str, field: str | None) -> InputError:
+    """A problem with one of --policies' entries, named by its label."""
+    return InputError(f"{label}: {message}", field=field, source="--policies")
+
+
 def base_config(path: str | None, overrides: dict[str, tuple[Any, str]], split: bool = False) -> RunConfig:
     """The scenario the search varies the rate of; it must generate its arrivals at one constant rate.
     Disaggregated pools come from --pd-ratios (``split``: a split's config, its pools set there), never from

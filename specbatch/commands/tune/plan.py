@@ -284,7 +284,6 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
     ``bands``: a count (placed where a run of the analytic lut at the first search seed spends
     its decode steps) or upper edges."""
     from sim.config import load_config
-    from sim.simulate import checked_profile, prepare
 
     if fmt not in FORMATS:
         raise InputError(f"'{fmt}' is not one of {', '.join(FORMATS)}", source="--format")
@@ -301,6 +300,7 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
         if not have_dask():
             raise InputError("needs dask.distributed: pip install 'specbatch[sweep]'", source="--dask")
     base = load_config(config, overrides)
+    base.profile_path()  # a mistyped name answers before the simulator is loaded and the pool's server starts
     # The runs write nothing and draw no timeline (a scenario file's [output] may ask for both); the
     # SLOs of --goodput stay: they make request_goodput.
     base = replace(base, output=replace(base.output, dir=None, records="none", timeline=None, timeline_window=None,
@@ -312,6 +312,8 @@ def plan_tune(config: str | os.PathLike[str] | None, overrides: dict[str, Any], 
         from specbatch.commands.workers import start_fork_server
 
         start_fork_server()  # its imports go on while this process checks the profile and prepares the scenario
+    from sim.simulate import checked_profile, prepare
+
     profile = checked_profile(base.profile)
     k_min = SGLANG_MIN_K if fmt == "sglang" else 0
     limit, why = k_limit(base, profile)
