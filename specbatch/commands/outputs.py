@@ -10,7 +10,9 @@ column is one more entry in those columns; the writer takes them all, in order.
 CSV floats are written at full precision: pyarrow prints the shortest decimal that
 reads back as the same float64, so a value read from requests.csv or steps.csv is the
 value the run computed (step durations summed from steps.csv give summary.json's busy
-time to the last bit of rounding), and NaN is an empty cell.
+time to the last bit of rounding), and NaN is an empty cell. A long table of numbers is
+written by compiled code instead (sim/csv_rows.py, its floats by sim/float_text.py), to
+the same bytes.
 """
 
 from __future__ import annotations
