@@ -680,7 +680,7 @@ def request_columns(requests: Requests, alphas: np.ndarray, rec: ReplicaRecords,
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2el - ttft) / (out - 1), np.nan)
     return {
-        "request_id": np.arange(len(requests))[rows],
+        "request_id": np.arange(*rows.indices(len(requests))),  # just these: a long run asks for 60-odd slices
         "arrival_s": arrival,
         "prompt_tokens": requests.prompt_tokens[rows],
         "output_tokens": out,
