@@ -148,8 +148,13 @@ class AcceptanceSampler:
         """Count with its replica's rules (sim.serving.loop.Rules: compiled or interpreted, sim/jit.py)."""
         self.rules = rules
 
-    def _fresh(self, n: int) -> np.ndarray:
-        return self._rng.standard_exponential(n)
+    def _fresh(self, n: int, room: int = 0) -> np.ndarray:
+        """The stream's next ``n`` draws, after ``room`` slots left unset (:meth:`reserve` fills them), drawn
+        into the array they are handed over in: a temporary of a block's size took longer to get from the
+        system (its pages) than its draws took to make, a third of the draws' thread at a million requests."""
+        out = np.empty(room + n)
+        self._rng.standard_exponential(out=out[room:])
+        return out
 
     def watch(self, loop) -> None:
         """The serving loop whose rows it draws for (a sampler that reads the rows' state keeps it)."""
@@ -177,19 +182,21 @@ class AcceptanceSampler:
         stream is kept (this block, then any more asked for, then the next block on the side), so
         the draws are those :meth:`_fresh` would give in one call."""
         if self._ahead is None:
-            head = _with_room(self._fresh(self._block), room)
+            head = self._fresh(self._block, room)
         else:
             head, self._ahead = self._ahead.result(), None
             room = head.shape[0] - self._block
         if size > self._block:
             head = np.concatenate((head, self._fresh(size - self._block)))
         if self.draws_ahead:
-            self._ahead = _draw_thread().submit(lambda: _with_room(self._fresh(self._block), room))
+            self._ahead = _draw_thread().submit(lambda: self._fresh(self._block, room))
         return head, room
 
     def __getstate__(self) -> dict:
         """A block being drawn on the side is waited for and kept as drawn (a future cannot be pickled)."""
         state = dict(self.__dict__)
+        if "_drawn" in state:
+            state["_drawn"] = np.empty(0)  # scratch: remade at the next block
         if state.get("_ahead") is not None:
             state["_ahead"] = _Drawn(state["_ahead"].result())
         return state
@@ -223,15 +230,6 @@ class _Drawn:
 
     def result(self) -> np.ndarray:
         return self.block
-
-
-def _with_room(block: np.ndarray, room: int) -> np.ndarray:
-    """``block`` after ``room`` unset slots (AcceptanceSampler.reserve fills them)."""
-    if not room:
-        return block
-    out = np.empty(room + block.shape[0], block.dtype)
-    out[room:] = block
-    return out
 
 
 @lru_cache(maxsize=1)
@@ -268,10 +266,20 @@ class SharedAlphaSampler(AcceptanceSampler):
 
     def __init__(self, rng: np.random.Generator, scale: float, block: int | None = None) -> None:
         self._scale = scale
+        self._drawn = np.empty(0)  # the exponentials of the block being drawn, before their cast
         super().__init__(rng, block)
 
-    def _fresh(self, n: int) -> np.ndarray:
-        return (self._rng.standard_exponential(n) * self._scale).astype(np.int64)
+    def _fresh(self, n: int, room: int = 0) -> np.ndarray:
+        """As the exponentials times the scale, cast to int64 (truncated), with no temporary of a block's size:
+        the exponentials go into an array the sampler keeps (its blocks are drawn one at a time)."""
+        if self._drawn.shape[0] < n:
+            self._drawn = np.empty(n)
+        drawn = self._drawn[:n]
+        self._rng.standard_exponential(out=drawn)
+        drawn *= self._scale
+        out = np.empty(room + n, np.int64)
+        out[room:] = drawn
+        return out
 
 
 class PositionSampler(AcceptanceSampler):
@@ -286,8 +294,12 @@ class PositionSampler(AcceptanceSampler):
         super().__init__(rng, block)
         self.negative_rates = -np.asarray(rates, dtype=float)  # ascending: a draw keeps those below it
 
-    def _fresh(self, n: int) -> np.ndarray:
-        return -self._rng.random(n)
+    def _fresh(self, n: int, room: int = 0) -> np.ndarray:
+        out = np.empty(room + n)
+        drawn = out[room:]
+        self._rng.random(out=drawn)
+        np.negative(drawn, out=drawn)
+        return out
 
 
 def position_rates(rates: tuple[float, ...], k_max: int) -> np.ndarray:
@@ -546,8 +558,8 @@ class RunLengthSampler(AcceptanceSampler):
 
     draws_ahead = False  # nothing to draw
 
-    def _fresh(self, n: int) -> np.ndarray:
-        return np.zeros(0)  # nothing is drawn
+    def _fresh(self, n: int, room: int = 0) -> np.ndarray:
+        return np.zeros(room)  # nothing is drawn
 
     def watch(self, loop) -> None:
         self._loop = loop
