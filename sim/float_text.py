@@ -2,13 +2,14 @@
 
 A run folder's tables print every float at full precision (specbatch/commands/outputs.py): the
 shortest decimal that round-trips, and of those the nearest to the float. pyarrow's cast to strings
-(Google's double-conversion) did that for sim/csv_rows.py at about 150 ns a value, most of a long
+(Google's double-conversion) did that for sim/csv_rows.py at 115-160 ns a value, most of a long
 run's writing (a million requests: some 16 million floats). :func:`write_shortest` finds the same
 digits by Ryu (Ulf Adams, "Ryū: fast float-to-string conversion", PLDI 2018), the published
 algorithm that gives the shortest, nearest digits with 64-bit arithmetic and two tables of powers
 of five, and lays them out as double-conversion does for pyarrow: plain decimals for a decimal
 exponent from -6 to 9 (``0.000001``, ``1234567890``), otherwise ``1.5e+20`` and ``1e-7``; ``-0``;
-``inf``. tests/test_float_text.py holds it to pyarrow's bytes over millions of values.
+``inf``. tests/test_float_text.py holds it to pyarrow's bytes over some 600,000 values, every kind there is.
+The tables are made at import, from Python's integers (2 ms).
 
 The functions are in the subset of Python numba compiles, on unsigned 64-bit integers: a product's
 high half is put together from 32-bit halves (numba has no 128-bit integer), and every constant is
