@@ -337,7 +337,7 @@ def checked_profile(name: str) -> Profile:
     return profile_and_costs(name)[0]
 
 
-def profile_and_costs(name: str) -> tuple[Profile, CostModel, str]:
+def profile_and_costs(name: str | Path) -> tuple[Profile, CostModel, str]:
     """Load and fit a profile once per process, and once per machine through the disk cache
     (:mod:`sim.costmodel.cache`): sweeps and capacity searches run hundreds of scenarios on one profile,
     and fitting its curves costs far more than a small run."""
