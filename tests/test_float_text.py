@@ -80,3 +80,17 @@ def test_the_longest_texts_fit_the_rows_room():
     values = -(1 + np.random.default_rng(2).random(300)) * 1e-6
     assert {len(line) for line in pyarrow_text(values).splitlines()} >= {25}
     assert our_text(values, compiled=False) == pyarrow_text(values) == our_text(values)
+
+
+def test_the_benchmark_prints_a_line_a_kind():
+    """benchmarks/float_text_speed.py, which docs/performance.md quotes, runs and prints each kind's times."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "float_text_speed.py"
+    done = subprocess.run([sys.executable, str(script), "--values", "3000", "--repeats", "1"], capture_output=True,
+                          text=True, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:1] == ["values"] and len(lines) == 4
+    assert all(line.count(" ns") == 2 and line.endswith("x") for line in lines[1:]), lines
