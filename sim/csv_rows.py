@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.float_text import DIGIT_PAIRS, LONGEST, write_shortest
+from sim.float_text import LONGEST, decimal_length, write_digits, write_shortest
 
 RULES = ()  # nothing registered for the engine's rules: this module is compiled on its own (sim.jit)
 # Shorter tables go to pyarrow's writer: loading the compiled code (about 10 ms, numba already up) costs
@@ -60,20 +60,19 @@ def csv_rows(arrays: dict[str, np.ndarray], lo: int, hi: int, follows: dict[str,
                       for row, name in enumerate(floats)], np.int64)
     spans = np.zeros((2, max(len(floats), 1), 2), np.int64)  # each float's text in the row above and in this one
     out = np.empty(n * (int_width + LONGEST * len(floats) + len(names)), np.uint8)
-    written = format_rows(kinds, int_block, float_bits, above, spans, n, out, DIGIT_PAIRS)
+    written = format_rows(kinds, int_block, float_bits, above, spans, n, out)
     return out[:written]
 
 
 def format_rows(kinds: np.ndarray, ints: np.ndarray, floats: np.ndarray, above: np.ndarray, spans: np.ndarray,
-                n: int, out: np.ndarray, pairs: np.ndarray) -> int:
+                n: int, out: np.ndarray) -> int:
     """Write ``n`` CSV rows into ``out``, returning the bytes written. Column c is the int row
-    ``kinds[c]`` of ``ints`` (printed here: two digits at a time from ``pairs``) or, for
-    ``kinds[c] = -1 - f``, the float64 whose bits are ``floats[f, r]`` in row r: the text of float
-    ``above[f]`` one row above where the bits are the same, else its own (NaN: none). ``spans``: scratch,
-    where each float's text lies in the row above (``spans[0]``) and in this one (``spans[1]``)."""
+    ``kinds[c]`` of ``ints`` or, for ``kinds[c] = -1 - f``, the float64 whose bits are ``floats[f, r]``
+    in row r: the text of float ``above[f]`` one row above where the bits are the same, else its own
+    (NaN: none). ``spans``: scratch, where each float's text lies in the row above (``spans[0]``) and in
+    this one (``spans[1]``)."""
     pos = 0
     columns = kinds.shape[0]
-    ten, hundred = np.uint64(10), np.uint64(100)
     for r in range(n):
         for c in range(columns):
             kind = kinds[c]
@@ -85,26 +84,9 @@ def format_rows(kinds: np.ndarray, ints: np.ndarray, floats: np.ndarray, above: 
                     u = np.uint64(-(value + 1)) + np.uint64(1)  # int64's least value too
                 else:
                     u = np.uint64(value)
-                digits = 1
-                rest = u
-                while rest >= ten:
-                    rest //= ten
-                    digits += 1
-                end = pos + digits
-                while u >= hundred:
-                    q = u // hundred
-                    d = (u - q * hundred) * np.uint64(2)
-                    out[end - 1] = pairs[d + np.uint64(1)]
-                    out[end - 2] = pairs[d]
-                    end -= 2
-                    u = q
-                if u >= ten:
-                    d = u * np.uint64(2)
-                    out[end - 1] = pairs[d + np.uint64(1)]
-                    out[end - 2] = pairs[d]
-                else:
-                    out[end - 1] = np.uint8(48) + np.uint8(u)
-                pos += digits
+                length = decimal_length(u)
+                write_digits(u, length, out, pos, 0)
+                pos += length
             else:
                 f = -1 - kind
                 bits = floats[f, r]

@@ -192,7 +192,7 @@ def write_shortest(bits, out, pos):
         out[pos], out[pos + 1], out[pos + 2] = 105, 110, 102  # 'inf'
         return pos + 3
     digits, exponent = shortest_digits(bits)
-    length = _decimal_length(digits)
+    length = decimal_length(digits)
     scientific = exponent + length - 1
     if DECIMAL_LOW <= scientific < DECIMAL_HIGH:
         point = scientific + 1  # digits before the decimal point (<= 0: zeros after "0." first)
@@ -202,18 +202,18 @@ def write_shortest(bits, out, pos):
             for _ in range(-point):
                 out[pos] = 48
                 pos += 1
-            _write_digits(digits, length, out, pos, 0)
+            write_digits(digits, length, out, pos, 0)
             return pos + length
         if point >= length:
-            _write_digits(digits, length, out, pos, 0)
+            write_digits(digits, length, out, pos, 0)
             pos += length
             for _ in range(point - length):
                 out[pos] = 48
                 pos += 1
             return pos
-        _write_digits(digits, length, out, pos, point)
+        write_digits(digits, length, out, pos, point)
         return pos + length + 1
-    _write_digits(digits, length, out, pos, 1 if length > 1 else 0)
+    write_digits(digits, length, out, pos, 1 if length > 1 else 0)
     pos += length + (1 if length > 1 else 0)
     out[pos] = 101  # 'e'
     if scientific < 0:
@@ -229,9 +229,10 @@ def write_shortest(bits, out, pos):
     return pos + width
 
 
-def _write_digits(digits, length, out, pos, point):
-    """``length`` decimal digits at ``out[pos:]``, two at a time, a '.' after the first ``point`` of them where
-    ``point`` > 0 (the digits are written one place on, then the first ``point`` of them moved back)."""
+def write_digits(digits, length, out, pos, point):
+    """The uint64 ``digits``' ``length`` decimal digits at ``out[pos:]``, two at a time, a '.' after the first
+    ``point`` of them where ``point`` > 0 (the digits are written one place on, then the first ``point`` of them
+    moved back). sim/csv_rows.py prints its integers with it too."""
     end = pos + length + (1 if point > 0 else 0)
     while digits >= _U100:
         q = digits // _U100
@@ -250,8 +251,8 @@ def _write_digits(digits, length, out, pos, point):
         out[pos + point] = 46  # '.'
 
 
-def _decimal_length(digits):
-    """How many decimal digits ``digits`` (> 0, < 10**17 here) has."""
+def decimal_length(digits):
+    """How many decimal digits the uint64 ``digits`` (at most 2**63: an int64's magnitude) has; 1 for 0."""
     length = 1
     while length < 20 and digits >= POWERS_OF_TEN[length]:
         length += 1
@@ -259,4 +260,4 @@ def _decimal_length(digits):
 
 
 RULES = (_pow5bits, _log10_pow2, _log10_pow5, _multiple_of_pow5, _high_product, _mul_shift, shortest_digits,
-         write_shortest, _write_digits, _decimal_length)
+         write_shortest, write_digits, decimal_length)
