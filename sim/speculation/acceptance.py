@@ -195,8 +195,6 @@ class AcceptanceSampler:
     def __getstate__(self) -> dict:
         """A block being drawn on the side is waited for and kept as drawn (a future cannot be pickled)."""
         state = dict(self.__dict__)
-        if "_drawn" in state:
-            state["_drawn"] = np.empty(0)  # scratch: remade at the next block
         if state.get("_ahead") is not None:
             state["_ahead"] = _Drawn(state["_ahead"].result())
         return state
@@ -280,6 +278,9 @@ class SharedAlphaSampler(AcceptanceSampler):
         out = np.empty(room + n, np.int64)
         out[room:] = drawn
         return out
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_drawn": np.empty(0)}  # the scratch is remade at the next block
 
 
 class PositionSampler(AcceptanceSampler):
