@@ -24,6 +24,13 @@ def checkout_env(checkout: Path | None = None) -> dict:
             "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout or ROOT), os.environ.get("PYTHONPATH"))))}
 
 
+def cli_module(checkout: Path | None = None) -> str:
+    """``checkout``'s command-line module: ``specbatch.commands.cli``, or ``sim.commands.cli`` in code from
+    before the commands moved out of the simulator's package (0356564), so that older code can be timed too."""
+    moved = ((checkout or ROOT) / "specbatch" / "commands" / "cli.py").is_file()
+    return "specbatch.commands.cli" if moved else "sim.commands.cli"
+
+
 def run_timed(command: list[str], checkout: Path | None = None) -> float:
     """Wall seconds of one whole process of ``command`` (python -m ...) run from ``checkout``'s code."""
     env = checkout_env(checkout)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from alternate import machine_line, medians, order, run_timed
+from alternate import cli_module, machine_line, medians, order, run_timed
 
 RESULTS = Path(__file__).resolve().parent / "results" / "capacity_speed.txt"
 SLOS = ("p99_ttft_ms=1000", "p90_tpot_ms=40")
@@ -71,7 +71,7 @@ def main() -> int:
     for name, checkout in order(args.repeat, args.against):
         with tempfile.TemporaryDirectory(prefix="capacity-speed-") as tmp:
             out = Path(tmp) / "capacity"
-            argv = ["-m", "specbatch.commands.cli", "capacity", *(w for s in SLOS for w in ("--slo", s)),
+            argv = ["-m", cli_module(checkout), "capacity", *(w for s in SLOS for w in ("--slo", s)),
                     "--jobs", str(args.jobs), "--quiet", "--out", str(out)]
             wall = run_timed(argv, checkout)
             doc = json.loads((out / "capacity.json").read_text())

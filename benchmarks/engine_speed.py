@@ -152,10 +152,12 @@ def fastest(config, repeats: int):
 def whole_process(config, folder: Path, repeats: int, against: Path | None = None) -> dict[str, list[float]]:
     """Wall seconds of ``repeats`` fresh processes of ``specbatch run --config`` (after one warm-up
     each), from this checkout ("after") and, with ``against``, from that one ("before") in turns."""
+    from alternate import cli_module  # (here: docs/generate.py loads this file by its path for its table)
+
     path = folder / "config.toml"
     path.write_text(config.to_toml())
-    command = [sys.executable, "-m", "specbatch.commands.cli", "run", "--config", str(path), "--out", str(folder / "out"),
-               "--quiet", "--jit", config.engine.jit]  # (config.toml leaves out how the rules run)
+    arguments = ["run", "--config", str(path), "--out", str(folder / "out"), "--quiet",
+                 "--jit", config.engine.jit]  # (config.toml leaves out how the rules run)
     sides = {"before": against, "after": ROOT} if against is not None else {"after": ROOT}
     times: dict[str, list[float]] = {name: [] for name in sides}
     for i in range(repeats + 1):
@@ -164,7 +166,8 @@ def whole_process(config, folder: Path, repeats: int, against: Path | None = Non
             env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))
             shutil.rmtree(folder / "out", ignore_errors=True)
             started = time.perf_counter()
-            subprocess.run(command, cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([sys.executable, "-m", cli_module(checkout), *arguments], cwd=checkout, env=env, check=True,
+                           stdout=subprocess.DEVNULL)
             if i:
                 times[name].append(time.perf_counter() - started)
     return times

@@ -67,7 +67,10 @@ CASES = {  # name: (label, run flags as config overrides)
 
 def child(case: str, size: int, trace: str | None) -> dict:
     """One measurement, in this (fresh) process."""
-    from specbatch.commands.outputs import write_run
+    try:
+        from specbatch.commands import outputs
+    except ImportError:  # a checkout from before the commands moved out of sim/ (0356564)
+        from sim.commands import outputs
     from sim.config import load_config
     from sim.simulate import execute, prepare
 
@@ -90,10 +93,8 @@ def child(case: str, size: int, trace: str | None) -> dict:
     wants_compiled(run.config.engine.jit)  # numba's import is start-up, not the metrics after the engine
     prepared = time.perf_counter()
     peaks = {"startup": peak_mb()}
-    try:  # as specbatch run writes: steps.csv while the engine runs, where it applies (not in older checkouts)
-        from specbatch.commands.outputs import StepsFile, fill_run_folder
-    except ImportError:
-        StepsFile = None
+    # as specbatch run writes: steps.csv while the engine runs, where it applies (not in older checkouts)
+    StepsFile = getattr(outputs, "StepsFile", None)
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "run"
         folder.mkdir()
@@ -103,10 +104,10 @@ def child(case: str, size: int, trace: str | None) -> dict:
         executed = time.perf_counter()
         peaks["engine_and_metrics"] = peak_mb()
         if steps_file is not None:
-            fill_run_folder(result, folder, steps_file)
+            outputs.fill_run_folder(result, folder, steps_file)
             steps_file.close()
         else:
-            write_run(result, Path(scratch) / "written")
+            outputs.write_run(result, Path(scratch) / "written")
         written = time.perf_counter()
     peaks["writing"] = peak_mb()
     engine = result.engine_wall_s

@@ -27,11 +27,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from alternate import machine_line, medians, order, run_timed
+from alternate import cli_module, machine_line, medians, order, run_timed
 
 
 def tune(folder: Path, args: argparse.Namespace, checkout: Path | None) -> tuple[float, dict]:
-    command = ["-m", "specbatch.commands.cli", "tune", "--num-requests", str(args.requests), "--bands", "8",
+    command = ["-m", cli_module(checkout), "tune", "--num-requests", str(args.requests), "--bands", "8",
                "--k-max", "7", "--no-progress", "--out", str(folder)]
     if args.rate is not None:
         command += ["--rate", str(args.rate)]
