@@ -28,7 +28,9 @@ bytecode, as an installed package has them: ``PYTHONDONTWRITEBYTECODE`` is dropp
 processes, which otherwise compile every module of the project from source, 0.15 s a process).
 ``--against DIR`` times the whole process of another checkout (e.g. ``git worktree add --detach
 /tmp/before main``) in turns with this one, before, after, before, after ..., and prints and
-records both medians and their ratio, which the README's table quotes. ``--update`` writes
+records both medians and their ratio, which the README's table quotes. That checkout is given the
+case's settings that differ from the defaults and that its code knows, so that code older than a
+setting runs too (a note names what it runs without). ``--update`` writes
 ``benchmarks/results/engine_speed.json``, from which docs/generate.py's ``engine-speed`` block
 renders the README's table; otherwise the JSON goes to ``runs/benchmarks/`` (or ``--out``).
 Compare two versions of the code in alternating runs on one machine (``--against``), not across runs of
@@ -149,6 +151,42 @@ def fastest(config, repeats: int):
     return best
 
 
+def away_from(settings: dict, defaults: dict) -> dict:
+    """The settings (``table.key``, each value whole: a length distribution is one setting) of ``settings``
+    whose values differ from ``defaults``, by table."""
+    kept: dict = {}
+    for table, values in settings.items():
+        if not isinstance(values, dict):  # a top-level setting (seed, profile)
+            if defaults.get(table) != values:
+                kept[table] = values
+            continue
+        for key, value in values.items():
+            if defaults.get(table, {}).get(key) != value:
+                kept.setdefault(table, {})[key] = value
+    return kept
+
+
+def known_to(checkout: Path, settings: dict) -> tuple[dict, list[str]]:
+    """``settings`` less the keys ``checkout``'s code does not know (its config's ``KNOWN``; a policy's options
+    are the policy's), and those keys with their values."""
+    known = set(json.loads(subprocess.run(
+        [sys.executable, "-c", "import json; from sim.config import KNOWN; print(json.dumps(sorted(KNOWN)))"],
+        cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)}, check=True, capture_output=True,
+        text=True).stdout))
+    kept: dict = {}
+    unknown = []
+    for table, values in settings.items():
+        if not isinstance(values, dict):
+            kept[table] = values
+            continue
+        for key, value in values.items():
+            if table == "policy" or f"{table}.{key}" in known:
+                kept.setdefault(table, {})[key] = value
+            else:
+                unknown.append(f"{table}.{key} = {value!r}")
+    return kept, unknown
+
+
 def whole_process(config, folder: Path, repeats: int, against: Path | None = None) -> dict[str, list[float]]:
     """Wall seconds of ``repeats`` fresh processes of ``specbatch run --config`` (after one warm-up
     each), from this checkout ("after") and, with ``against``, from that one ("before") in turns."""
@@ -156,7 +194,15 @@ def whole_process(config, folder: Path, repeats: int, against: Path | None = Non
 
     path = folder / "config.toml"
     path.write_text(config.to_toml())
-    arguments = ["run", "--config", str(path), "--out", str(folder / "out"), "--quiet",
+    if against is not None:  # the code before may predate some settings: it reads those set away from the defaults
+        import tomli_w
+        from sim.config import load_config
+
+        settings, unknown = known_to(against, away_from(config.to_dict(), load_config(None, {}).to_dict()))
+        if unknown:
+            print(f"note: the code before ({against}) runs without {', '.join(unknown)}: it has no such setting")
+        (folder / "before.toml").write_text(tomli_w.dumps(settings))
+    arguments = ["run", "--out", str(folder / "out"), "--quiet",
                  "--jit", config.engine.jit]  # (config.toml leaves out how the rules run)
     sides = {"before": against, "after": ROOT} if against is not None else {"after": ROOT}
     times: dict[str, list[float]] = {name: [] for name in sides}
@@ -166,8 +212,9 @@ def whole_process(config, folder: Path, repeats: int, against: Path | None = Non
             env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))
             shutil.rmtree(folder / "out", ignore_errors=True)
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-m", cli_module(checkout), *arguments], cwd=checkout, env=env, check=True,
-                           stdout=subprocess.DEVNULL)
+            config_file = folder / "before.toml" if name == "before" else path
+            subprocess.run([sys.executable, "-m", cli_module(checkout), *arguments, "--config", str(config_file)],
+                           cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
             if i:
                 times[name].append(time.perf_counter() - started)
     return times

@@ -293,7 +293,8 @@ def main() -> int:
     parser.add_argument("--update", action="store_true",
                         help=f"write the tracked {RESULTS.relative_to(ROOT)} (then run python docs/generate.py)")
     parser.add_argument("--keep", action="store_true",
-                        help="keep the rows of --out that this invocation does not measure again (and its cold start)")
+                        help="keep the rows of --out that this invocation does not measure again (and its cold "
+                             "start, unless the fixed row it is quoted beside is measured again)")
     parser.add_argument("--against", type=Path, default=None,
                         help="another checkout (e.g. of main) measured in turns with this one, each case and size")
     parser.add_argument("--repeat", type=int, default=1, help="measurements of each case and size (medians)")
@@ -312,7 +313,9 @@ def main() -> int:
     print(f"bare SimPy loop of 1M timeouts: {doc['simpy_1m_timeouts_s']:.2f} s (median of 3)", flush=True)
     folders = {checkout: warm_compiled(checkout) for checkout in filter(None, (ROOT, args.against))}
     with tempfile.TemporaryDirectory() as scratch:
-        if args.keep and "cold_start" in kept:
+        # the cold start is kept beside the warm start it is quoted with: both come from the smallest fixed row
+        warm_row_again = "fixed" in args.cases and min(args.sizes) == kept.get("cold_start", {}).get("requests")
+        if args.keep and "cold_start" in kept and not warm_row_again:
             cold = kept["cold_start"]
             doc.update({key: kept.get(key) for key in ("cold_start", "warm_start_s", "warm_import_s")})
         else:
@@ -333,7 +336,7 @@ def main() -> int:
                 row["load_average"] = os.getloadavg()[0]  # other work on the machine slows every figure
                 row["simpy_1m_timeouts_s"] = doc["simpy_1m_timeouts_s"]  # the yardstick of this invocation
                 rows.append(row)
-                if case == "fixed" and size == min(args.sizes):
+                if case == "fixed" and size == cold["requests"]:  # the warm start quoted beside the cold one
                     doc.update(warm_start_s=row["startup_s"], warm_import_s=row["import_s"])
                 print(f"{case:>8} {row['requests']:>9,} requests {row['steps']:>10,} steps: start-up "
                       f"{row['startup_s']:.2f} s, engine {row['engine_s']:.1f} s, metrics {row['metrics_s']:.2f} s, "
