@@ -45,3 +45,15 @@ def test_a_setting_the_code_before_does_not_know_is_left_out_and_named(engine_sp
     kept, unknown = engine_speed.known_to(ROOT, settings)
     assert kept == {"profile": "q", "workload": {"rate": 2.0}, "policy": {"name": "fixed", "k": 2}}
     assert unknown == ["workload.no_such_setting = 'x'"]
+
+
+def test_the_scale_tables_cold_and_warm_start_come_from_one_invocation():
+    """benchmarks/results/scale.json quotes a cold start beside a warm one: the warm start is the fixed row of
+    the cold start's size, measured with it (scale.py --keep keeps the two together or neither)."""
+    import json
+
+    doc = json.loads((ROOT / "benchmarks" / "results" / "scale.json").read_text())
+    cold = doc["cold_start"]
+    beside = [r for r in doc["rows"] if r["case"] == "fixed" and r["requests"] == cold["requests"]]
+    assert len(beside) == 1
+    assert (doc["warm_start_s"], doc["warm_import_s"]) == (beside[0]["startup_s"], beside[0]["import_s"])
