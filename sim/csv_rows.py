@@ -1,4 +1,4 @@
-"""A long table's CSV rows, compiled: the bytes pyarrow's CSV writer writes, sooner.
+"""A table's CSV rows, compiled: the bytes pyarrow's CSV writer writes, sooner.
 
 pyarrow's writer turns every cell into text through its cast to strings, integers included, and
 then copies the texts into rows: at a million requests (four million steps, sixty million cells)
@@ -10,9 +10,9 @@ float reads back as the value the run computed and the bytes are pyarrow's.
 A float equal, bit for bit, to the one a row above it (in its own column, or in a column it is
 said to follow: a step starts when the one before it ended) reuses that text instead of being
 formatted again; a fixed alpha is formatted once per slice. NaN is an empty cell, as pyarrow
-writes a null. The writer (specbatch/commands/outputs.py) takes this path for long tables of
-numbers only, where the compiled code is already on disk (sim.warm compiles it with the engine);
-anything else goes to pyarrow's writer, which gives the same bytes (tests/test_csv_rows.py).
+writes a null. The writer (specbatch/commands/outputs.py) takes this path for tables of
+numbers, of any length, where the compiled code is already on disk (sim.warm compiles it with the
+engine); anything else goes to pyarrow's writer, which gives the same bytes (tests/test_csv_rows.py).
 """
 
 from __future__ import annotations
@@ -22,19 +22,16 @@ import numpy as np
 from sim.float_text import LONGEST, decimal_length, write_digits, write_shortest
 
 RULES = ()  # nothing registered for the engine's rules: this module is compiled on its own (sim.jit)
-# Shorter tables go to pyarrow's writer: loading the compiled code (about 10 ms, numba already up) costs
-# about what 30,000 steps save (the 16,800-request real run's steps: 30,000 in 18 ms either way, 60,000 in
-# 30 against 38 ms, all 108,000 in 43 against 68 ms).
-MIN_ROWS = 50_000
 _NAN_ABOVE = np.uint64(0x7FF0000000000000)  # a float64's magnitude bits above this: NaN
 _MAGNITUDE = np.uint64((1 << 63) - 1)
 
 
-def applies(arrays: dict[str, np.ndarray], rows: int) -> bool:
-    """Whether this path writes ``arrays``: long, and every column a float64 or an integer of at most 64 bits
-    that prints as an int64 does (unsigned 64-bit ints and labels go to pyarrow)."""
-    return rows >= MIN_ROWS and all(a.dtype == np.float64 or a.dtype.kind == "i" or
-                                    (a.dtype.kind == "u" and a.dtype.itemsize < 8) for a in arrays.values())
+def applies(arrays: dict[str, np.ndarray]) -> bool:
+    """Whether this path writes ``arrays``: every column a float64 or an integer of at most 64 bits that prints
+    as an int64 does (unsigned 64-bit ints and labels go to pyarrow). A short table too: loading the compiled
+    code once numba is up costs less than importing pyarrow, which a run that reads no trace need not import."""
+    return all(a.dtype == np.float64 or a.dtype.kind == "i" or (a.dtype.kind == "u" and a.dtype.itemsize < 8)
+               for a in arrays.values())
 
 
 def csv_rows(arrays: dict[str, np.ndarray], lo: int, hi: int, follows: dict[str, str], format_rows) -> np.ndarray:

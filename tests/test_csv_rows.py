@@ -81,11 +81,10 @@ def test_the_rows_room_holds_repeated_texts_and_the_widest_integers(tmp_path, di
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_a_long_table_is_written_by_the_compiled_rows_with_the_same_bytes(tmp_path, monkeypatch, threads):
-    """write_table takes the compiled path for a long numeric CSV where the code is compiled (here: made
+    """write_table takes the compiled path for a numeric CSV where the code is compiled (here: made
     so), in slices (formatted on ``threads`` threads, written in order), and writes pyarrow's bytes; a table
     with a label, or Parquet, stays with pyarrow."""
     columns = awkward_table()
-    monkeypatch.setattr(csv_rows, "MIN_ROWS", 1000)
     monkeypatch.setattr(outputs, "COMPILED_SLICE_ROWS", 777)
     monkeypatch.setattr(cluster, "usable_threads", lambda: threads)
     monkeypatch.setattr(jit, "is_warm", lambda: True)
@@ -105,10 +104,22 @@ def test_a_long_table_is_written_by_the_compiled_rows_with_the_same_bytes(tmp_pa
 
 
 def test_which_tables_it_takes():
-    long = csv_rows.MIN_ROWS
-    assert csv_rows.applies({"x": np.zeros(long), "i": np.zeros(long, np.int8), "u": np.zeros(long, np.uint32)}, long)
-    assert not csv_rows.applies({"x": np.zeros(long)}, long - 1)  # short: pyarrow
-    assert not csv_rows.applies({"u": np.zeros(long, np.uint64)}, long)  # beyond int64
-    assert not csv_rows.applies({"x": np.zeros(long, np.float32)}, long)  # float32 prints its own shortest text
-    assert not csv_rows.applies({"b": np.zeros(long, bool)}, long)
-    assert not csv_rows.applies({"label": np.array(["a"] * long, dtype=object)}, long)
+    n = 5
+    assert csv_rows.applies({"x": np.zeros(n), "i": np.zeros(n, np.int8), "u": np.zeros(n, np.uint32)})
+    assert not csv_rows.applies({"u": np.zeros(n, np.uint64)})  # beyond int64
+    assert not csv_rows.applies({"x": np.zeros(n, np.float32)})  # float32 prints its own shortest text
+    assert not csv_rows.applies({"b": np.zeros(n, bool)})
+    assert not csv_rows.applies({"label": np.array(["a"] * n, dtype=object)})
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7])
+def test_a_short_table_is_written_by_the_compiled_rows_with_the_same_bytes(tmp_path, monkeypatch, rows):
+    """However short (a run of a few requests; none at all): pyarrow's bytes, with no pyarrow in the way."""
+    monkeypatch.setattr(jit, "is_warm", lambda: True)
+    calls = []
+    real = csv_rows.csv_rows
+    monkeypatch.setattr(csv_rows, "csv_rows", lambda *args: calls.append(args[1]) or real(*args))
+    columns = {name: values[:rows] for name, values in awkward_table().items()}
+    write_table(columns, tmp_path / "short.csv", "csv", compiled=True, follows={"start_s": "end_s"})
+    assert calls == ([0] if rows else [])
+    assert (tmp_path / "short.csv").read_bytes() == pyarrow_bytes(columns, tmp_path)

@@ -10,7 +10,7 @@ column is one more entry in those columns; the writer takes them all, in order.
 CSV floats are written at full precision: pyarrow prints the shortest decimal that
 reads back as the same float64, so a value read from requests.csv or steps.csv is the
 value the run computed (step durations summed from steps.csv give summary.json's busy
-time to the last bit of rounding), and NaN is an empty cell. A long table of numbers is
+time to the last bit of rounding), and NaN is an empty cell. A table of numbers is
 written by compiled code instead (sim/csv_rows.py, its floats by sim/float_text.py), to
 the same bytes.
 """
@@ -381,16 +381,14 @@ def write_table(columns: Columns, path: Path, fmt: str, *, compiled: bool = Fals
     """Write named columns (a dict of arrays or a DataFrame) as CSV or Parquet, in their order.
 
     Rows go out in slices of :data:`SLICE_ROWS` (:data:`COMPILED_SLICE_ROWS`), so the writer's own
-    memory (the formatted text) stays a slice's, whatever the run's length. ``compiled``: a long CSV table of numbers
+    memory (the formatted text) stays a slice's, whatever the run's length. ``compiled``: a CSV table of numbers
     goes through sim.csv_rows where its compiled code is on disk (the same bytes, sooner);
     ``follows`` tells it which float column often repeats another's previous row.
     """
-    import pyarrow as pa
-
     names = list(columns)
     arrays = {name: np.asarray(columns[name]) for name in names}
     rows = len(next(iter(arrays.values()))) if arrays else 0
-    format_rows = _compiled_rows(arrays, rows) if compiled and fmt == "csv" else None
+    format_rows = _compiled_rows(arrays) if compiled and fmt == "csv" else None
     if format_rows is not None:
         with open(path, "wb") as sink:
             sink.write((",".join(names) + "\n").encode())
@@ -398,6 +396,7 @@ def write_table(columns: Columns, path: Path, fmt: str, *, compiled: bool = Fals
 
             write_rows(sink, arrays, 0, rows, follows or {}, format_rows, threads=usable_threads())
         return
+    import pyarrow as pa
 
     def table(lo: int, hi: int):
         return pa.table([_arrow_column(arrays[name][lo:hi], fmt) for name in names], names=names)
@@ -449,12 +448,12 @@ def write_rows(sink, arrays: dict[str, np.ndarray], lo: int, hi: int, follows: d
             sink.write(pending.popleft().result())
 
 
-def _compiled_rows(arrays: dict[str, np.ndarray], rows: int):
+def _compiled_rows(arrays: dict[str, np.ndarray]):
     """sim.csv_rows' compiled row formatter where it applies to the table and this machine has it
     compiled already (sim.warm compiles it with the engine: a run never waits for it), else None."""
     from sim import csv_rows, jit
 
-    if not csv_rows.applies(arrays, rows) or not jit.numba_available() or not jit.is_warm():
+    if not csv_rows.applies(arrays) or not jit.numba_available() or not jit.is_warm():
         return None
     return jit.compiled(csv_rows.format_rows)
 
