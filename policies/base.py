@@ -95,7 +95,7 @@ class StepFeedback:
         self.k_per_sequence: np.ndarray | None = None
 
 
-BY_BATCH_SIZE, GOODPUT_RULE = 0, 1  # the rules a compiled run can make a policy's choice with
+BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE = 0, 1, 2  # the rules a compiled run can make a policy's choice with
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,7 +105,9 @@ class CompiledForm:
     ``rule`` BY_BATCH_SIZE: ``k_by_batch[b]`` is the k at charged batch size b. ``rule``
     GOODPUT_RULE: goodput's argmax and learning (policies/goodput_rules.py) over the policy's own
     state arrays ``scalars`` and ``rows``, read and updated in place, for k up to ``k_max``, with the
-    draft's catch-up priced when ``catch_up``.
+    draft's catch-up priced when ``catch_up``. ``rule`` LADDER_RULE: SGLang's adaptive ladder
+    (policies/ladder_rules.py) over ``scalars`` and the slots' ``rows``, ``k_by_batch[b]`` being the
+    slot of charged batch size b.
     """
 
     rule: int
@@ -124,6 +126,10 @@ class CompiledForm:
     @classmethod
     def goodput(cls, scalars: np.ndarray, rows: np.ndarray, catch_up: bool, k_max: int) -> "CompiledForm":
         return cls(GOODPUT_RULE, np.zeros(1, dtype=np.int64), scalars, rows, catch_up, k_max)
+
+    @classmethod
+    def ladder(cls, slot_of_batch: np.ndarray, scalars: np.ndarray, slots: np.ndarray) -> "CompiledForm":
+        return cls(LADDER_RULE, slot_of_batch, scalars, slots)
 
 
 class Policy:

@@ -25,7 +25,9 @@ at ``initial_steps`` (SGLang's ``--speculative-num-steps``) or the middle step.
 
 Unlike SGLang, slots are chosen by the batch size itself (SGLang first pads it to its
 CUDA-graph batch size). Per step: a bisection and, after a speculative step, one mean
-over the batch. See docs/policy-engines.md.
+over the batch. The controller's state is two arrays that its rules (policies/ladder_rules.py)
+read and move, called here step by step and by the simulator's compiled runs alike, so a run
+under this policy runs compiled. See docs/policy-engines.md.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BatchView, Policy, PolicyError, StepFeedback
+from policies import ladder_rules as rules
+from policies.base import BatchView, CompiledForm, CostModelLike, Policy, PolicyError, StepFeedback
 from policies.knobs import named, batch_key, load_knob, number, whole
 
 PARAM = "adaptive_config"
@@ -49,31 +52,40 @@ DEFAULT_HYSTERESIS = (-0.25, 0.0)
 
 
 class Ladder:
-    """One slot's state: its candidate steps, hysteresis, EMA and verify count."""
+    """One slot's ladder, read from (and moved in) the policy's state arrays (policies/ladder_rules.py)."""
 
-    __slots__ = ("steps", "down", "up", "index", "ema", "verifies")
+    __slots__ = ("_slots", "_slot")
 
-    def __init__(self, steps: list[int], down: float, up: float, initial: int | None) -> None:
-        self.steps, self.down, self.up = steps, down, up
-        self.index = steps.index(initial) if initial in steps else len(steps) // 2
-        self.ema = float(steps[self.index] - 1)
-        self.verifies = 0
+    def __init__(self, slots: np.ndarray, slot: int) -> None:
+        self._slots, self._slot = slots, slot
+
+    @property
+    def steps(self) -> list[int]:
+        row = self._slots[self._slot]
+        return [int(s) for s in row[rules.STEPS:rules.STEPS + int(row[rules.N_STEPS])]]
+
+    @property
+    def down(self) -> float:
+        return float(self._slots[self._slot, rules.DOWN])
+
+    @property
+    def up(self) -> float:
+        return float(self._slots[self._slot, rules.UP])
 
     @property
     def current(self) -> int:
-        return self.steps[self.index]
+        return self.steps[int(self._slots[self._slot, rules.INDEX])]
+
+    @property
+    def ema(self) -> float:
+        return float(self._slots[self._slot, rules.EMA])
+
+    @property
+    def verifies(self) -> int:
+        return int(self._slots[self._slot, rules.VERIFIES])
 
     def update(self, mean_accepted: float, ema_alpha: float, warmup: int, interval: int) -> None:
-        self.ema = (1.0 - ema_alpha) * self.ema + ema_alpha * mean_accepted
-        self.verifies += 1
-        if self.verifies <= warmup or (self.verifies - warmup) % interval:
-            return
-        steps, i = self.steps, self.index
-        while i > 0 and self.ema <= steps[i - 1] - 0.5 + self.down:
-            i -= 1
-        while i < len(steps) - 1 and self.ema > steps[i] - 0.5 + self.up:
-            i += 1
-        self.index = i
+        rules.advance(self._slots, self._slot, mean_accepted, ema_alpha, warmup, interval)
 
 
 def engine_config(table: list[list[int]]) -> tuple[dict[str, Any], list[list[int]]]:
@@ -154,9 +166,28 @@ class SglangAdaptive(Policy):
         return _steps(entry["steps"], f"slot \"{bs}\" steps"), down, up
 
     def _reset(self) -> None:
+        """Each slot at its starting step (``initial_steps`` if on a single ladder, else the middle), its EMA
+        at that step less one, no verifies yet."""
         initial = self.initial_steps if self._single else None
-        self.ladders = [Ladder(steps, down, up, initial) for steps, down, up in self._slot_specs.values()]
-        self._played: Ladder | None = None
+        specs = list(self._slot_specs.values())
+        self._scalars = np.zeros(rules.N_SCALARS)
+        self._scalars[[rules.EMA_ALPHA, rules.WARMUP, rules.INTERVAL, rules.PLAYED]] = (
+            self.ema_alpha, self.warmup_batches, self.update_interval, -1)
+        self._slots = np.zeros((len(specs), rules.STEPS + max(len(steps) for steps, _, _ in specs)))
+        for row, (steps, down, up) in zip(self._slots, specs):
+            index = steps.index(initial) if initial in steps else len(steps) // 2
+            row[[rules.INDEX, rules.EMA, rules.DOWN, rules.UP, rules.N_STEPS]] = (
+                index, float(steps[index] - 1), down, up, len(steps))
+            row[rules.STEPS:rules.STEPS + len(steps)] = steps
+
+    def state_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The controller's state (scalars, slots: policies/ladder_rules.py) a compiled run reads and moves."""
+        return self._scalars, self._slots
+
+    @property
+    def ladders(self) -> list[Ladder]:
+        """Each slot's ladder, in the order of its batch-size key."""
+        return [Ladder(self._slots, i) for i in range(self._slots.shape[0])]
 
     @property
     def max_k(self) -> int:
@@ -172,19 +203,23 @@ class SglangAdaptive(Policy):
 
     def choose_k(self, view: BatchView) -> int:
         i = self.slot(view.batch_size)
-        ladder = self._played = self.ladders[i]
         if view.explain is not None:
+            ladder = Ladder(self._slots, i)
             view.explain.update(rule=f"slot \"{self._keys[i]}\" steps {ladder.steps}",
                                 ema_accept_len=round(ladder.ema, 4), verifies=ladder.verifies)
-        return ladder.current
+        return rules.play(self._scalars, self._slots, i)
 
     def observe(self, feedback: StepFeedback) -> None:
-        ladder, self._played = self._played, None
         accepted = feedback.accepted_per_sequence
-        if ladder is None or feedback.k == 0 or accepted is None or not accepted.shape[0]:
+        if accepted is None or not accepted.shape[0]:
+            rules.learn(self._scalars, self._slots, 0.0, 0)
             return
-        ladder.update(float(np.add.reduce(accepted)) / accepted.shape[0], self.ema_alpha, self.warmup_batches,
-                      self.update_interval)
+        rules.learn(self._scalars, self._slots, float(np.add.reduce(accepted)) / accepted.shape[0], feedback.k)
+
+    def compiled_form(self, max_batch: int, cost_model: CostModelLike | None) -> CompiledForm:
+        """The ladder rules over this policy's own state arrays, with each batch size's slot looked up."""
+        slot_of_batch = np.array([self.slot(b) for b in range(max_batch + 1)], dtype=np.int64)
+        return CompiledForm.ladder(slot_of_batch, self._scalars, self._slots)
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {PARAM: {str(k): v for k, v in self.config.items()}}

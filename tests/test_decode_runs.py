@@ -51,11 +51,16 @@ def assert_identical(off, on):
     assert _text(off.replicas) == _text(on.replicas)
 
 
+# SGLang's ladder per batch-size slot, moving at every verify after two (its defaults wait 10, then every 5)
+SGLANG_SLOTS = ('{"1": [1, 2], "3": {"steps": [1, 3, 5], "up_hysteresis": 0.1}, "warmup_batches": 2, '
+                '"update_interval": 1, "ema_alpha": 0.5}')
 POLICIES = [{"policy__name": "fixed", "policy__k": 3}, {"policy__name": "fixed", "policy__k": 1},
             {"policy__name": "none"}, {"policy__name": "lut", "policy__table": [[1, 2, 3], [3, 4, 0], [5, 256, 2]]},
             {"policy__name": "goodput", "policy__k": None},
             {"policy__name": "goodput", "policy__k": None, "policy__k_max": 3, "policy__smoothing": 0.5,
-            "policy__alpha_init": 0.3, "policy__tie_break": 0.05}]
+            "policy__alpha_init": 0.3, "policy__tie_break": 0.05},
+            {"policy__name": "sglang-adaptive", "policy__k": None},
+            {"policy__name": "sglang-adaptive", "policy__k": None, "policy__adaptive_config": SGLANG_SLOTS}]
 ACCEPTANCE = [{}, {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
               {"acceptance__model": "per-position", "acceptance__per_position": [0.8, 0.5, 0.3]},
               {"acceptance__alpha": 0.97}]
@@ -162,9 +167,37 @@ def test_goodput_learns_in_the_kernel_as_it_does_in_python(run_config, lagging_p
         assert len(set(on.step_columns["k"].tolist())) > 1  # it did choose, not sit at one k
 
 
-def test_only_static_k_policies_that_learn_nothing_run_compiled(run_config):
+def test_sglangs_ladder_moves_in_the_kernel_as_it_does_in_python(run_config):
+    """SGLang's adaptive controller, stepped in the kernel: every record, and the policy object's ladders
+    after the run, the policy's own to the bit."""
+    from sim.serving.loop import ServingLoop
+
+    states = []
+    original = ServingLoop.records
+
+    def keep_state(self):
+        scalars, slots = self.policy.state_arrays()
+        states.append((scalars.tolist(), slots.tolist()))
+        return original(self)
+
+    for config in (None, SGLANG_SLOTS):
+        states.clear()
+        extra = {} if config is None else {"policy__adaptive_config": config}
+        overrides = dict(workload__num_requests=300, workload__rate=40.0, engine__max_batch_size=8,
+                         policy__name="sglang-adaptive", policy__k=None, workload__output_tokens="uniform:20:120",
+                         acceptance__alpha=0.6, **extra)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(ServingLoop, "records", keep_state)
+            off, on = _both(run_config, **overrides)
+        assert_identical(off, on)
+        assert states[0] == states[1]
+        assert len(set(on.step_columns["k"].tolist())) > 1  # the ladder moved
+
+
+def test_which_policies_run_compiled(run_config):
     from policies.fixed import FixedK
     from policies.goodput import Goodput
+    from policies.sglang_adaptive import SglangAdaptive
 
     class Peeking(FixedK):  # overrides choose_k but not k_by_batch_size: not trusted with the table
         def choose_k(self, view):
@@ -178,18 +211,23 @@ def test_only_static_k_policies_that_learn_nothing_run_compiled(run_config):
     assert compiled.policy_form(Peeking(2), 4, 4) is None
     assert compiled.policy_form(Learning(2), 4, 4) is None
     assert compiled.policy_form(Goodput(), 4, 4) is None
+    assert compiled.policy_form(SglangAdaptive(), 4, 7).k_by_batch.tolist() == [0] * 5
+    assert compiled.policy_form(SglangAdaptive({"2": [1], "4": [2, 3]}), 4, 7).k_by_batch.tolist() == [0, 0, 0, 0, 1]
+    assert compiled.policy_form(SglangAdaptive(), 4, 6) is None  # its ladder's 7 is beyond the run's k_max
 
 
 def test_what_does_not_run_compiled(run_config, monkeypatch):
     """A timeline's reasons, per-request speculation metrics, a concurrency limit, a learning policy
-    other than goodput or goodput per request: step by step (a compiled run would raise here)."""
+    other than goodput and SGLang's ladder, or goodput per request: step by step (a compiled run would
+    raise here)."""
     def refuse(self, now, stop_at):
         raise AssertionError("a compiled decode run")
 
     base = dict(workload__num_requests=30, workload__rate=5.0, engine__jit="on", policy__name="fixed", policy__k=2)
     execute(prepare(run_config(**base, engine__max_batch_size=4)))  # it does run compiled ...
     monkeypatch.setattr(compiled.CompiledRuns, "run", refuse)
-    for runs in ({}, {"policy__name": "goodput", "policy__k": None}, {"engine__scheduler": "vllm-v1"}):
+    for runs in ({}, {"policy__name": "goodput", "policy__k": None}, {"engine__scheduler": "vllm-v1"},
+                 {"policy__name": "sglang-adaptive", "policy__k": None}):
         with pytest.raises(AssertionError, match="compiled"):
             execute(prepare(run_config(**{**base, **runs})))
     for extra in ({"output__per_request_spec_decode_metrics": "summary"}, {"workload__max_concurrency": 4},

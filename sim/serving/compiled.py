@@ -11,8 +11,8 @@ finish in a few calls.
 
 It runs where the kernel can make every decision the step-by-step loop would, identically
 (``tests/test_decode_runs.py`` compares every record): a policy whose k depends on the batch
-size alone (fixed, none, lut) or ``goodput`` (batch-level, pricing with the run's own step
-table): each says so itself (:meth:`~policies.base.Policy.compiled_form`); a sampler whose draws
+size alone (fixed, none, lut), ``goodput`` (batch-level, pricing with the run's own step
+table) or ``sglang-adaptive`` (SGLang's ladder): each says so itself (:meth:`~policies.base.Policy.compiled_form`); a sampler whose draws
 the kernel makes from its buffer (the shared-alpha, per-request alpha and per-position models:
 ``draws_compiled``, without per-request speculation metrics: ``RecordingSampler.compilable``); a
 backend that prices steps as the kernel does (``steps_compiled``: the simulator's own); a queue
@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from policies.base import BY_BATCH_SIZE, CompiledForm
+from policies.base import BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE, CompiledForm
 from sim.jit import direct
 from sim.serving import kernel
 from sim.serving.priced import prices_of
@@ -40,6 +40,8 @@ def policy_form(policy, max_batch: int, k_max: int, cost_model=None) -> Compiled
     """The policy's own word on how a compiled run makes its choices (:meth:`~policies.base.Policy.compiled_form`),
     with a table's ks checked as the loop checks each answer; None: it runs step by step."""
     form = policy.compiled_form(max_batch, cost_model)
+    if form is not None and form.rule == LADDER_RULE and policy.max_k > k_max:
+        return None  # a step beyond what the run may draft: step by step, which refuses it when it is played
     if form is None or form.rule != BY_BATCH_SIZE:
         return form
     from sim.serving.loop import checked_k
@@ -56,7 +58,7 @@ class CompiledRuns:
         self.source = sampler.inner
         # The policy's choice as the kernel makes it: a k by batch size, or goodput's rule over its own
         # state arrays (the kernel makes the policy's choices and does its learning).
-        k_max = table.k_max if form.rule == BY_BATCH_SIZE else form.k_max
+        k_max = form.k_max if form.rule == GOODPUT_RULE else table.k_max
         self.chooser = kernel.Chooser(form.rule, form.k_by_batch, form.scalars, form.rows, form.catch_up, k_max,
                                       np.zeros(k_max + 1), np.zeros((2, k_max + 2), dtype=np.int64))
         self.prices = prices_of(table)

@@ -1,7 +1,8 @@
 """A compiled run: the step (sim/serving/step.py) in a loop, many steps of one replica in one call.
 
 :func:`run_steps` calls :func:`sim.serving.step.begin`, the policy's compiled choice
-(:func:`choose`: a k per batch size, or goodput's argmax, :mod:`policies.goodput_rules`),
+(:func:`choose`: a k per batch size, goodput's argmax, :mod:`policies.goodput_rules`, or SGLang's
+ladder, :mod:`policies.ladder_rules`),
 ``plan``, ``price``, ``draw`` and ``update``: the functions the step-by-step loop
 (sim/serving/loop.py) calls around a Python policy and a backend, so its records are the loop's
 to the bit (tests/test_decode_runs.py). sim/serving/compiled.py says when it runs and hands it
@@ -32,8 +33,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from policies.base import BY_BATCH_SIZE, GOODPUT_RULE
+from policies.base import BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE
 from policies.goodput_rules import EXPECTED, MARGIN, choose_priced, fade, observe_rows
+from policies.ladder_rules import learn, play
 from sim.costmodel.rules import blend, catch_up_price
 from sim.scheduler.layout import (ARRIVAL, C_ARRIVED, C_DRAW_POS, C_ITL_END, C_ITL_POS, C_OFFERED_K, C_PHASE, C_REC_END,
                                   C_REC_POS, C_STEP_K, C_STEPS, IDLE, LIMIT, NOW, PENDING_END, REFILL,
@@ -42,8 +44,9 @@ from sim.scheduler.work import has_work
 from sim.serving.rules import exact_delay, routed_wake, step_rows_stats
 from sim.serving.step import begin, decode_rows, draw, plan, price, update
 
-# How a run picks k, as the policy's compiled_form says: a table by batch size, or goodput's argmax.
-STATIC_K, GOODPUT_K = BY_BATCH_SIZE, GOODPUT_RULE
+# How a run picks k, as the policy's compiled_form says: a table by batch size, goodput's argmax, or SGLang's
+# adaptive ladder.
+STATIC_K, GOODPUT_K, LADDER_K = BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE
 # ``timed``: the arrivals are not the run's to release (0), are (TIMED), and an idle replica wakes for the
 # next as a routed replica does (AS_ROUTED: a round-robin replica run apart, sim/cluster.py).
 TIMED, AS_ROUTED = 1, 2
@@ -52,8 +55,8 @@ TIMED, AS_ROUTED = 1, 2
 class Chooser(NamedTuple):
     """A policy's compiled form (policies.base.CompiledForm) with the scratch its rule needs."""
 
-    kind: int  # STATIC_K or GOODPUT_K
-    k_by_batch: np.ndarray
+    kind: int  # STATIC_K, GOODPUT_K or LADDER_K
+    k_by_batch: np.ndarray  # STATIC_K: the k of each charged batch size; LADDER_K: its slot
     scalars: np.ndarray  # goodput's learnt state, read and updated in place
     rows: np.ndarray
     catch_up: bool  # goodput prices the draft's catch-up
@@ -64,8 +67,10 @@ class Chooser(NamedTuple):
 
 def choose(s, p, c, b, charged, context):
     """The policy's k for the ``b`` rows :func:`~sim.serving.step.begin` offered (its view)."""
-    if c.kind != GOODPUT_K:
+    if c.kind == STATIC_K:
         return c.k_by_batch[charged]
+    if c.kind == LADDER_K:
+        return play(c.scalars, c.rows, c.k_by_batch[charged])
     x = context / p.context_step
     for k in range(c.k_max + 1):  # Goodput.choose_k: the step table's price of each candidate
         c.prices[k] = blend(p.decode[charged][k], x)
@@ -95,7 +100,8 @@ def start_step(s, p, c, proposer, d, now):
 
 
 def finish_step(s, c, proposer, out, start, end):
-    """Apply the step :func:`start_step` planned; goodput learns from it. Returns the requests finished."""
+    """Apply the step :func:`start_step` planned; goodput and the ladder learn from it. Returns the requests
+    finished."""
     m = decode_rows(s)
     finished = update(s, out, start, end, False)[0]
     k = s.counters[C_STEP_K] if m else 0
@@ -105,6 +111,11 @@ def finish_step(s, c, proposer, out, start, end):
             observe_rows(c.scalars, c.rows, s.batch.accepted, s.sched[S_ROW_K], m, c.k_max, c.scratch)
         else:  # a step at k = 0 tests nothing: the estimates drift back towards the prior
             fade(c.scalars, c.rows, c.k_max)
+    elif m and c.kind == LADDER_K:
+        kept = 0
+        for i in range(m):
+            kept += s.batch.accepted[i]
+        learn(c.scalars, c.rows, kept / m, offered)  # (its mean as the policy's observe takes it)
     return finished
 
 
