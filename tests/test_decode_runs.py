@@ -141,57 +141,39 @@ def test_long_runs_refill_draws_and_record_room(run_config, monkeypatch):
     assert_identical(off, on)
 
 
-def test_goodput_learns_in_the_kernel_as_it_does_in_python(run_config, lagging_profile):
-    """goodput's choices and estimates, stepped in the kernel, are the policy's own to the bit: every
-    record, and the policy object's state after the run (a run can go on step by step from it)."""
+def _learns_alike(run_config, **overrides):
+    """A learning policy's run interpreted and compiled: every record, and the policy object's state after
+    the run (``state_arrays``: a run can go on step by step from it), the same to the bit."""
     from sim.serving.loop import ServingLoop
 
     states = []
     original = ServingLoop.records
 
     def keep_state(self):
-        scalars, rows = self.policy.state_arrays()
-        states.append((scalars.tolist(), rows.tolist()))
+        states.append([array.tolist() for array in self.policy.state_arrays()])
         return original(self)
 
-    for profile in (None, str(lagging_profile)):
-        states.clear()
-        extra = {} if profile is None else {"profile": profile}
-        overrides = dict(workload__num_requests=300, workload__rate=40.0, engine__max_batch_size=8,
-                         policy__name="goodput", policy__k=None, workload__output_tokens="uniform:20:120", **extra)
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(ServingLoop, "records", keep_state)
-            off, on = _both(run_config, **overrides)
-        assert_identical(off, on)
-        assert states[0] == states[1]
-        assert len(set(on.step_columns["k"].tolist())) > 1  # it did choose, not sit at one k
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ServingLoop, "records", keep_state)
+        off, on = _both(run_config, workload__num_requests=300, workload__rate=40.0, engine__max_batch_size=8,
+                        policy__k=None, workload__output_tokens="uniform:20:120", **overrides)
+    assert_identical(off, on)
+    assert states[0] == states[1]
+    decoding = on.step_columns["batch_size"] > 0
+    assert len(set(on.step_columns["k"][decoding].tolist())) > 1  # it did choose, not sit at one k
+
+
+def test_goodput_learns_in_the_kernel_as_it_does_in_python(run_config, lagging_profile):
+    """goodput's choices and estimates, stepped in the kernel, are the policy's own."""
+    _learns_alike(run_config, policy__name="goodput")
+    _learns_alike(run_config, policy__name="goodput", profile=str(lagging_profile))
 
 
 def test_sglangs_ladder_moves_in_the_kernel_as_it_does_in_python(run_config):
-    """SGLang's adaptive controller, stepped in the kernel: every record, and the policy object's ladders
-    after the run, the policy's own to the bit."""
-    from sim.serving.loop import ServingLoop
-
-    states = []
-    original = ServingLoop.records
-
-    def keep_state(self):
-        scalars, slots = self.policy.state_arrays()
-        states.append((scalars.tolist(), slots.tolist()))
-        return original(self)
-
-    for config in (None, SGLANG_SLOTS):
-        states.clear()
-        extra = {} if config is None else {"policy__adaptive_config": config}
-        overrides = dict(workload__num_requests=300, workload__rate=40.0, engine__max_batch_size=8,
-                         policy__name="sglang-adaptive", policy__k=None, workload__output_tokens="uniform:20:120",
-                         acceptance__alpha=0.6, **extra)
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(ServingLoop, "records", keep_state)
-            off, on = _both(run_config, **overrides)
-        assert_identical(off, on)
-        assert states[0] == states[1]
-        assert len(set(on.step_columns["k"].tolist())) > 1  # the ladder moved
+    """SGLang's adaptive controller, its ladders moved in the kernel, on one ladder and per batch-size slot."""
+    _learns_alike(run_config, policy__name="sglang-adaptive", acceptance__alpha=0.6)
+    _learns_alike(run_config, policy__name="sglang-adaptive", acceptance__alpha=0.6,
+                  policy__adaptive_config=SGLANG_SLOTS)
 
 
 def test_which_policies_run_compiled(run_config):
