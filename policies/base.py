@@ -95,7 +95,7 @@ class StepFeedback:
         self.k_per_sequence: np.ndarray | None = None
 
 
-BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE = 0, 1, 2  # the rules a compiled run can make a policy's choice with
+BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE, CONTEXT_RULE = 0, 1, 2, 3  # the rules a compiled run chooses k by
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +107,9 @@ class CompiledForm:
     state arrays ``scalars`` and ``rows``, read and updated in place, for k up to ``k_max``, with the
     draft's catch-up priced when ``catch_up``. ``rule`` LADDER_RULE: SGLang's adaptive ladder
     (policies/ladder_rules.py) over ``scalars`` and the slots' ``rows``, ``k_by_batch[b]`` being the
-    slot of charged batch size b.
+    slot of charged batch size b. ``rule`` CONTEXT_RULE: the ``context`` table's grid lookup
+    (policies/context_rules.py): ``rows`` the grid, ``scalars`` its context bands' edges and
+    ``k_by_batch[b]`` the grid's column of batch size b.
     """
 
     rule: int
@@ -130,6 +132,10 @@ class CompiledForm:
     @classmethod
     def ladder(cls, slot_of_batch: np.ndarray, scalars: np.ndarray, slots: np.ndarray) -> "CompiledForm":
         return cls(LADDER_RULE, slot_of_batch, scalars, slots)
+
+    @classmethod
+    def context(cls, column_of_batch: np.ndarray, context_edges: np.ndarray, grid: np.ndarray) -> "CompiledForm":
+        return cls(CONTEXT_RULE, column_of_batch, context_edges, grid)
 
 
 class Policy:

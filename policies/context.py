@@ -27,7 +27,9 @@ A point (b, c) that no row covers takes the k of the nearest row below it in bat
 size at that context (as ``lut`` does), else of the nearest above; a context that no
 row covers at all takes the nearest context band below it, else above. Below the
 table's smallest batch size or context the first band applies, above the largest the
-last. All of that is resolved once into a grid, so a step costs two bisections.
+last. All of that is resolved once into a grid, so a step costs two bisections. The grid's
+lookup (policies/context_rules.py) is the one a compiled run makes too, so a run under this
+policy runs compiled.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Sequence
 
-from policies.base import BatchView, PolicyError
+import numpy as np
+
+from policies import context_rules as rules
+from policies.base import BatchView, CompiledForm, CostModelLike, PolicyError
 from policies.lut import TablePolicy, check_alpha, build_lut
 
 DEFAULT_CONTEXT_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -117,7 +122,7 @@ class ContextTable(TablePolicy):
             return
         self.context_buckets = _check_buckets(DEFAULT_CONTEXT_BUCKETS if context_buckets is None
                                               else context_buckets)
-        self._bs_edges, self._ctx_edges, self._grid = [], [], [[0]]  # k = 0 until bind()
+        self._set_grid([], [], [[0]])  # k = 0 until bind()
 
     def check_table(self, table: Any) -> list[list[int]]:
         return check_context_table(table)
@@ -135,8 +140,15 @@ class ContextTable(TablePolicy):
                 for i in range(bisect_right(bs_edges, min_bs) - 1, bisect_right(bs_edges, max_bs)):
                     grid[j][i] = k
         filled = [None if all(v is None for v in col) else self._fill(col) for col in grid]
-        self._grid = self._fill(filled)  # a context band no row covers takes its neighbour's whole band
-        self._bs_edges, self._ctx_edges = bs_edges, ctx_edges
+        # a context band no row covers takes its neighbour's whole band
+        self._set_grid(bs_edges, ctx_edges, self._fill(filled))
+
+    def _set_grid(self, bs_edges: list[int], ctx_edges: list[int], grid: list[list[int]]) -> None:
+        """The grid as its lookup reads it (policies/context_rules.py): the k of each context band (row) and
+        batch-size band (column), and the context bands' edges."""
+        self._bs_edges = bs_edges
+        self._ctx_edges = np.array(ctx_edges, dtype=np.float64)
+        self._grid = np.array(grid, dtype=np.float64)
 
     @staticmethod
     def _fill(cells: list) -> list:
@@ -152,16 +164,21 @@ class ContextTable(TablePolicy):
 
     def k_for(self, batch_size: int, context_tokens: float) -> int:
         """The k for this batch size and mean context (covered, in a gap, or beyond the table)."""
-        j = max(bisect_right(self._ctx_edges, context_tokens) - 1, 0)
-        i = max(bisect_right(self._bs_edges, batch_size) - 1, 0)
-        return self._grid[j][i]
+        return rules.table_k(self._grid, self._ctx_edges, self._column(batch_size), context_tokens)
+
+    def _column(self, batch_size: int) -> int:
+        """The grid's column of a batch size: its batch-size band."""
+        return max(bisect_right(self._bs_edges, batch_size) - 1, 0)
 
     def choose_k(self, view: BatchView) -> int:
-        j = bisect_right(self._ctx_edges, view.mean_context_tokens) - 1
-        i = bisect_right(self._bs_edges, view.batch_size) - 1
         if view.explain is not None:
             view.explain["row"] = self.row_for(view.batch_size, view.mean_context_tokens)
-        return self._grid[j if j > 0 else 0][i if i > 0 else 0]
+        return rules.table_k(self._grid, self._ctx_edges, self._column(view.batch_size), view.mean_context_tokens)
+
+    def compiled_form(self, max_batch: int, cost_model: CostModelLike | None) -> CompiledForm:
+        """The grid's lookup, with each batch size's column looked up once."""
+        columns = np.array([self._column(b) for b in range(max_batch + 1)], dtype=np.int64)
+        return CompiledForm.context(columns, self._ctx_edges, self._grid)
 
     def row_for(self, batch_size: int, context_tokens: float) -> list[int] | None:
         """The table row [min_bs, max_bs, min_ctx, max_ctx, k] covering this point (None in a gap)."""

@@ -83,8 +83,8 @@ WARM_TIMEOUT_S = 600.0  # ... or after this long
 RULE_MODULES = ("sim.serving.rules", "sim.scheduler.kvcache", "sim.scheduler.v0", "sim.scheduler.v1",
                 "sim.scheduler.work",
                 "sim.speculation.proposals", "sim.serving.step", "sim.serving.kernel", "policies.goodput_rules",
-                "policies.ladder_rules", "sim.costmodel.rules", "sim.serving.routing", "sim.serving.cluster_kernel",
-                "sim.serving.pd_kernel", "sim.float_text", "sim.csv_rows")
+                "policies.ladder_rules", "policies.context_rules", "sim.costmodel.rules", "sim.serving.routing",
+                "sim.serving.cluster_kernel", "sim.serving.pd_kernel", "sim.float_text", "sim.csv_rows")
 # Modules whose constants the rules read (numba compiles a global's value in), and sim.prefetch, whose hint
 # they call: their bytes key the cache too.
 CONSTANT_MODULES = ("sim.scheduler.layout", "policies.base", "sim.prefetch")

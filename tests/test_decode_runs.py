@@ -54,13 +54,16 @@ def assert_identical(off, on):
 # SGLang's ladder per batch-size slot, moving at every verify after two (its defaults wait 10, then every 5)
 SGLANG_SLOTS = ('{"1": [1, 2], "3": {"steps": [1, 3, 5], "up_hysteresis": 0.1}, "warmup_batches": 2, '
                 '"update_interval": 1, "ema_alpha": 0.5}')
+# k by batch size and mean context: the runs below reach contexts of a few hundred tokens, and a gap (batch 4)
+CONTEXT_TABLE = [[1, 3, 0, 100, 3], [1, 3, 101, 100000, 1], [5, 256, 0, 150, 2], [5, 256, 151, 100000, 0]]
 POLICIES = [{"policy__name": "fixed", "policy__k": 3}, {"policy__name": "fixed", "policy__k": 1},
             {"policy__name": "none"}, {"policy__name": "lut", "policy__table": [[1, 2, 3], [3, 4, 0], [5, 256, 2]]},
             {"policy__name": "goodput", "policy__k": None},
             {"policy__name": "goodput", "policy__k": None, "policy__k_max": 3, "policy__smoothing": 0.5,
             "policy__alpha_init": 0.3, "policy__tie_break": 0.05},
             {"policy__name": "sglang-adaptive", "policy__k": None},
-            {"policy__name": "sglang-adaptive", "policy__k": None, "policy__adaptive_config": SGLANG_SLOTS}]
+            {"policy__name": "sglang-adaptive", "policy__k": None, "policy__adaptive_config": SGLANG_SLOTS},
+            {"policy__name": "context", "policy__table": CONTEXT_TABLE}]
 ACCEPTANCE = [{}, {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
               {"acceptance__model": "per-position", "acceptance__per_position": [0.8, 0.5, 0.3]},
               {"acceptance__alpha": 0.97}]
@@ -179,6 +182,7 @@ def test_sglangs_ladder_moves_in_the_kernel_as_it_does_in_python(run_config):
 def test_which_policies_run_compiled(run_config):
     from policies.fixed import FixedK
     from policies.goodput import Goodput
+    from policies.context import ContextTable
     from policies.sglang_adaptive import SglangAdaptive
 
     class Peeking(FixedK):  # overrides choose_k but not k_by_batch_size: not trusted with the table
@@ -196,12 +200,15 @@ def test_which_policies_run_compiled(run_config):
     assert compiled.policy_form(SglangAdaptive(), 4, 7).k_by_batch.tolist() == [0] * 5
     assert compiled.policy_form(SglangAdaptive({"2": [1], "4": [2, 3]}), 4, 7).k_by_batch.tolist() == [0, 0, 0, 0, 1]
     assert compiled.policy_form(SglangAdaptive(), 4, 6) is None  # its ladder's 7 is beyond the run's k_max
+    context = compiled.policy_form(ContextTable(CONTEXT_TABLE), 6, 7)  # columns: bands from batch 1, 4, 5, 257
+    assert context.k_by_batch.tolist() == [0, 0, 0, 0, 1, 2, 2] and context.scalars.tolist() == [0, 101, 151, 100001]
+    assert compiled.policy_form(ContextTable(CONTEXT_TABLE), 6, 2) is None  # its k = 3 is beyond the run's k_max
 
 
 def test_what_does_not_run_compiled(run_config, monkeypatch):
     """A timeline's reasons, per-request speculation metrics, a concurrency limit, a learning policy
     other than goodput and SGLang's ladder, or goodput per request: step by step (a compiled run would
-    raise here)."""
+    raise here); the static tables, by batch size or by batch size and context, compiled."""
     def refuse(self, now, stop_at):
         raise AssertionError("a compiled decode run")
 
@@ -209,7 +216,8 @@ def test_what_does_not_run_compiled(run_config, monkeypatch):
     execute(prepare(run_config(**base, engine__max_batch_size=4)))  # it does run compiled ...
     monkeypatch.setattr(compiled.CompiledRuns, "run", refuse)
     for runs in ({}, {"policy__name": "goodput", "policy__k": None}, {"engine__scheduler": "vllm-v1"},
-                 {"policy__name": "sglang-adaptive", "policy__k": None}):
+                 {"policy__name": "sglang-adaptive", "policy__k": None},
+                 {"policy__name": "context", "policy__k": None, "policy__table": CONTEXT_TABLE}):
         with pytest.raises(AssertionError, match="compiled"):
             execute(prepare(run_config(**{**base, **runs})))
     for extra in ({"output__per_request_spec_decode_metrics": "summary"}, {"workload__max_concurrency": 4},

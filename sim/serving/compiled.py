@@ -12,7 +12,8 @@ finish in a few calls.
 It runs where the kernel can make every decision the step-by-step loop would, identically
 (``tests/test_decode_runs.py`` compares every record): a policy whose k depends on the batch
 size alone (fixed, none, lut), ``goodput`` (batch-level, pricing with the run's own step
-table) or ``sglang-adaptive`` (SGLang's ladder): each says so itself (:meth:`~policies.base.Policy.compiled_form`); a sampler whose draws
+table), ``sglang-adaptive`` (SGLang's ladder) or ``context`` (a table by batch size and mean
+context): each says so itself (:meth:`~policies.base.Policy.compiled_form`); a sampler whose draws
 the kernel makes from its buffer (the shared-alpha, per-request alpha and per-position models:
 ``draws_compiled``, without per-request speculation metrics: ``RecordingSampler.compilable``); a
 backend that prices steps as the kernel does (``steps_compiled``: the simulator's own); a queue
@@ -27,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from policies.base import BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE, CompiledForm
+from policies.base import BY_BATCH_SIZE, CONTEXT_RULE, GOODPUT_RULE, LADDER_RULE, CompiledForm
 from sim.jit import direct
 from sim.serving import kernel
 from sim.serving.priced import prices_of
@@ -40,8 +41,8 @@ def policy_form(policy, max_batch: int, k_max: int, cost_model=None) -> Compiled
     """The policy's own word on how a compiled run makes its choices (:meth:`~policies.base.Policy.compiled_form`),
     with a table's ks checked as the loop checks each answer; None: it runs step by step."""
     form = policy.compiled_form(max_batch, cost_model)
-    if form is not None and form.rule == LADDER_RULE and policy.max_k > k_max:
-        return None  # a step beyond what the run may draft: step by step, which refuses it when it is played
+    if form is not None and form.rule in (LADDER_RULE, CONTEXT_RULE) and policy.max_k > k_max:
+        return None  # a k beyond what the run may draft: step by step, which refuses it when it is chosen
     if form is None or form.rule != BY_BATCH_SIZE:
         return form
     from sim.serving.loop import checked_k

@@ -1,8 +1,8 @@
 """A compiled run: the step (sim/serving/step.py) in a loop, many steps of one replica in one call.
 
 :func:`run_steps` calls :func:`sim.serving.step.begin`, the policy's compiled choice
-(:func:`choose`: a k per batch size, goodput's argmax, :mod:`policies.goodput_rules`, or SGLang's
-ladder, :mod:`policies.ladder_rules`),
+(:func:`choose`: a k per batch size, goodput's argmax, :mod:`policies.goodput_rules`, SGLang's
+ladder, :mod:`policies.ladder_rules`, or the context table's grid, :mod:`policies.context_rules`),
 ``plan``, ``price``, ``draw`` and ``update``: the functions the step-by-step loop
 (sim/serving/loop.py) calls around a Python policy and a backend, so its records are the loop's
 to the bit (tests/test_decode_runs.py). sim/serving/compiled.py says when it runs and hands it
@@ -33,7 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from policies.base import BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE
+from policies.base import BY_BATCH_SIZE, CONTEXT_RULE, GOODPUT_RULE, LADDER_RULE
+from policies.context_rules import table_k
 from policies.goodput_rules import EXPECTED, MARGIN, choose_priced, fade, observe_rows
 from policies.ladder_rules import learn, play
 from sim.costmodel.rules import blend, catch_up_price
@@ -44,9 +45,9 @@ from sim.scheduler.work import has_work
 from sim.serving.rules import exact_delay, routed_wake, step_rows_stats
 from sim.serving.step import begin, decode_rows, draw, plan, price, update
 
-# How a run picks k, as the policy's compiled_form says: a table by batch size, goodput's argmax, or SGLang's
-# adaptive ladder.
-STATIC_K, GOODPUT_K, LADDER_K = BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE
+# How a run picks k, as the policy's compiled_form says: a table by batch size, goodput's argmax, SGLang's
+# adaptive ladder, or a table by batch size and mean context.
+STATIC_K, GOODPUT_K, LADDER_K, CONTEXT_K = BY_BATCH_SIZE, GOODPUT_RULE, LADDER_RULE, CONTEXT_RULE
 # ``timed``: the arrivals are not the run's to release (0), are (TIMED), and an idle replica wakes for the
 # next as a routed replica does (AS_ROUTED: a round-robin replica run apart, sim/cluster.py).
 TIMED, AS_ROUTED = 1, 2
@@ -55,8 +56,8 @@ TIMED, AS_ROUTED = 1, 2
 class Chooser(NamedTuple):
     """A policy's compiled form (policies.base.CompiledForm) with the scratch its rule needs."""
 
-    kind: int  # STATIC_K, GOODPUT_K or LADDER_K
-    k_by_batch: np.ndarray  # STATIC_K: the k of each charged batch size; LADDER_K: its slot
+    kind: int  # STATIC_K, GOODPUT_K, LADDER_K or CONTEXT_K
+    k_by_batch: np.ndarray  # STATIC_K: the k of each charged batch size; LADDER_K: its slot; CONTEXT_K: its column
     scalars: np.ndarray  # goodput's learnt state, read and updated in place
     rows: np.ndarray
     catch_up: bool  # goodput prices the draft's catch-up
@@ -71,6 +72,8 @@ def choose(s, p, c, b, charged, context):
         return c.k_by_batch[charged]
     if c.kind == LADDER_K:
         return play(c.scalars, c.rows, c.k_by_batch[charged])
+    if c.kind == CONTEXT_K:
+        return table_k(c.rows, c.scalars, c.k_by_batch[charged], context)
     x = context / p.context_step
     for k in range(c.k_max + 1):  # Goodput.choose_k: the step table's price of each candidate
         c.prices[k] = blend(p.decode[charged][k], x)
