@@ -84,6 +84,10 @@ class TrtllmSchedule(Policy):
                                 f"batch {view.batch_size} > largest key {self._keys[-1]}: no speculation")
         return self._lengths[i]
 
+    def k_by_batch_size(self, max_batch: int) -> list[int]:
+        """The schedule depends on the batch size alone: a compiled run reads it as a table."""
+        return [self.k_for(b) for b in range(max_batch + 1)]
+
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {PARAM: {str(k): v for k, v in self.schedule.items()}}
         if self.max_draft_len is not None:

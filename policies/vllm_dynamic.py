@@ -92,6 +92,11 @@ class VllmDynamic(Policy):
         """vLLM's K at this batch size (0 for an empty batch, as vLLM's lookup[0])."""
         return self._ks[self.row_for(batch_size)] if batch_size >= 1 else 0
 
+    def k_by_batch_size(self, max_batch: int) -> list[int]:
+        """K depends on the batch size alone: a compiled run reads it as a table (what :meth:`choose_k`
+        returns; a step is never chosen for at batch size 0)."""
+        return [self._ks[self.row_for(b)] for b in range(max_batch + 1)]
+
     def choose_k(self, view: BatchView) -> int:
         i = self.row_for(view.batch_size)
         if view.explain is not None:

@@ -63,7 +63,10 @@ POLICIES = [{"policy__name": "fixed", "policy__k": 3}, {"policy__name": "fixed",
             "policy__alpha_init": 0.3, "policy__tie_break": 0.05},
             {"policy__name": "sglang-adaptive", "policy__k": None},
             {"policy__name": "sglang-adaptive", "policy__k": None, "policy__adaptive_config": SGLANG_SLOTS},
-            {"policy__name": "context", "policy__table": CONTEXT_TABLE}]
+            {"policy__name": "context", "policy__table": CONTEXT_TABLE},
+            {"policy__name": "trtllm-schedule", "policy__draft_len_schedule": '{"2": 3, "5": 1}'},
+            {"policy__name": "vllm-dynamic", "policy__speculative_config":
+             '{"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 256, 1]]}'}]
 ACCEPTANCE = [{}, {"acceptance__distribution": "beta", "acceptance__concentration": 4.0},
               {"acceptance__model": "per-position", "acceptance__per_position": [0.8, 0.5, 0.3]},
               {"acceptance__alpha": 0.97}]
@@ -184,6 +187,8 @@ def test_which_policies_run_compiled(run_config):
     from policies.goodput import Goodput
     from policies.context import ContextTable
     from policies.sglang_adaptive import SglangAdaptive
+    from policies.trtllm_schedule import TrtllmSchedule
+    from policies.vllm_dynamic import VllmDynamic
 
     class Peeking(FixedK):  # overrides choose_k but not k_by_batch_size: not trusted with the table
         def choose_k(self, view):
@@ -203,6 +208,10 @@ def test_which_policies_run_compiled(run_config):
     context = compiled.policy_form(ContextTable(CONTEXT_TABLE), 6, 7)  # columns: bands from batch 1, 4, 5, 257
     assert context.k_by_batch.tolist() == [0, 0, 0, 0, 1, 2, 2] and context.scalars.tolist() == [0, 101, 151, 100001]
     assert compiled.policy_form(ContextTable(CONTEXT_TABLE), 6, 2) is None  # its k = 3 is beyond the run's k_max
+    # the engines' own schedules by batch size: TensorRT-LLM's up to each key, vLLM's by range
+    assert compiled.policy_form(TrtllmSchedule({2: 3, 5: 1}), 6, 7).k_by_batch.tolist() == [3, 3, 3, 1, 1, 1, 0]
+    vllm = VllmDynamic({"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 4, 1]]})
+    assert compiled.policy_form(vllm, 6, 7).k_by_batch.tolist() == [3, 3, 3, 1, 1, 1, 1]
 
 
 def test_what_does_not_run_compiled(run_config, monkeypatch):
