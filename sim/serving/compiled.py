@@ -57,8 +57,8 @@ class CompiledRuns:
         self.loop = loop
         self.sampler = sampler  # the RecordingSampler: its source's draw buffer is read in place
         self.source = sampler.inner
-        # The policy's choice as the kernel makes it: a k by batch size, or goodput's rule over its own
-        # state arrays (the kernel makes the policy's choices and does its learning).
+        # The policy's choice as the kernel makes it: a k by batch size, or a rule the kernel knows over the
+        # policy's own arrays (goodput's, SGLang's ladder, the context grid: the kernel chooses and learns).
         k_max = form.k_max if form.rule == GOODPUT_RULE else table.k_max
         self.chooser = kernel.Chooser(form.rule, form.k_by_batch, form.scalars, form.rows, form.catch_up, k_max,
                                       np.zeros(k_max + 1), np.zeros((2, k_max + 2), dtype=np.int64))

@@ -58,8 +58,8 @@ class Chooser(NamedTuple):
 
     kind: int  # STATIC_K, GOODPUT_K, LADDER_K or CONTEXT_K
     k_by_batch: np.ndarray  # STATIC_K: the k of each charged batch size; LADDER_K: its slot; CONTEXT_K: its column
-    scalars: np.ndarray  # goodput's learnt state, read and updated in place
-    rows: np.ndarray
+    scalars: np.ndarray  # goodput's and the ladder's state, read and updated in place; CONTEXT_K: the band edges
+    rows: np.ndarray  # goodput's per-position rows, the ladder's slots, or CONTEXT_K's grid
     catch_up: bool  # goodput prices the draft's catch-up
     k_max: int
     prices: np.ndarray
