@@ -40,6 +40,7 @@ this script. ``--keep`` keeps the rows of the results file that this invocation 
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import os
@@ -166,13 +167,20 @@ def away_from(settings: dict, defaults: dict) -> dict:
     return kept
 
 
-def known_to(checkout: Path, settings: dict) -> tuple[dict, list[str]]:
-    """``settings`` less the keys ``checkout``'s code does not know (its config's ``KNOWN``; a policy's options
-    are the policy's), and those keys with their values."""
-    known = set(json.loads(subprocess.run(
+@functools.lru_cache(maxsize=None)
+def known_settings(checkout: Path) -> frozenset[str]:
+    """The settings ``checkout``'s code knows (its config's ``KNOWN``), asked once per checkout."""
+    from alternate import checkout_env
+
+    return frozenset(json.loads(subprocess.run(
         [sys.executable, "-c", "import json; from sim.config import KNOWN; print(json.dumps(sorted(KNOWN)))"],
-        cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)}, check=True, capture_output=True,
-        text=True).stdout))
+        cwd=checkout, env=checkout_env(checkout), check=True, capture_output=True, text=True).stdout))
+
+
+def known_to(checkout: Path, settings: dict) -> tuple[dict, list[str]]:
+    """``settings`` less the keys ``checkout``'s code does not know (:func:`known_settings`; a policy's options
+    are the policy's), and those keys with their values."""
+    known = known_settings(checkout)
     kept: dict = {}
     unknown = []
     for table, values in settings.items():
@@ -205,6 +213,8 @@ def whole_process(config, folder: Path, repeats: int, against: Path | None = Non
     arguments = ["run", "--out", str(folder / "out"), "--quiet",
                  "--jit", config.engine.jit]  # (config.toml leaves out how the rules run)
     sides = {"before": against, "after": ROOT} if against is not None else {"after": ROOT}
+    commands = {name: [sys.executable, "-m", cli_module(checkout), *arguments, "--config",
+                       str(folder / "before.toml" if name == "before" else path)] for name, checkout in sides.items()}
     times: dict[str, list[float]] = {name: [] for name in sides}
     for i in range(repeats + 1):
         for name, checkout in sides.items():
@@ -212,9 +222,7 @@ def whole_process(config, folder: Path, repeats: int, against: Path | None = Non
             env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))
             shutil.rmtree(folder / "out", ignore_errors=True)
             started = time.perf_counter()
-            config_file = folder / "before.toml" if name == "before" else path
-            subprocess.run([sys.executable, "-m", cli_module(checkout), *arguments, "--config", str(config_file)],
-                           cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(commands[name], cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
             if i:
                 times[name].append(time.perf_counter() - started)
     return times

@@ -173,7 +173,7 @@ class ContextTable(TablePolicy):
     def choose_k(self, view: BatchView) -> int:
         if view.explain is not None:
             view.explain["row"] = self.row_for(view.batch_size, view.mean_context_tokens)
-        return rules.table_k(self._grid, self._ctx_edges, self._column(view.batch_size), view.mean_context_tokens)
+        return self.k_for(view.batch_size, view.mean_context_tokens)
 
     def compiled_form(self, max_batch: int, cost_model: CostModelLike | None) -> CompiledForm:
         """The grid's lookup, with each batch size's column looked up once."""
